@@ -1,0 +1,28 @@
+// A stand-in origin for local runs and tests: answers every request with a
+// small page and counts what reached it, so tests can prove that denied
+// requests never did. GET /__origin/hits returns the counts as JSON.
+import http from "node:http";
+
+const port = Number(process.env.ORIGIN_PORT ?? process.argv[2] ?? 8081);
+const hits = { total: 0, paths: {} };
+
+const server = http.createServer((req, res) => {
+  const path = req.url.split("?")[0];
+  if (path === "/__origin/hits") {
+    res.writeHead(200, { "content-type": "application/json" });
+    res.end(JSON.stringify(hits));
+    return;
+  }
+  hits.total += 1;
+  hits.paths[path] = (hits.paths[path] ?? 0) + 1;
+  // Drain the body so keep-alive connections stay usable.
+  req.resume();
+  req.on("end", () => {
+    res.writeHead(200, { "content-type": "text/plain", "x-demo-origin": "1" });
+    res.end(`hello from the demo origin: ${req.method} ${req.url}\n`);
+  });
+});
+
+server.listen(port, "127.0.0.1", () => {
+  console.log(`listening on http://127.0.0.1:${server.address().port}`);
+});

@@ -1,0 +1,563 @@
+//! The limiter's configuration, read from the `LIMITER` object in
+//! `wrangler.toml`'s `[vars]`, and checked before any request is served.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::policy::{Gcra, Policy, Window};
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The rules, in the order they were written.
+    pub rules: Vec<Rule>,
+}
+
+/// One rule: which requests, keyed how, limited by what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// Unique name; part of every Redis key and header the rule produces.
+    pub name: String,
+    /// Requests whose path starts with this; `/` matches all.
+    pub path_prefix: String,
+    /// Upper-case methods this rule applies to; empty means all.
+    pub methods: Vec<String>,
+    /// What identifies a client; several parts are joined.
+    pub key: Vec<KeyPart>,
+    /// The algorithm and its numbers.
+    pub policy: Policy,
+    /// Units each matching request costs.
+    pub cost: u64,
+    /// What to do when Redis cannot decide in time.
+    pub fail: FailMode,
+    /// Total time allowed for the Redis call, milliseconds.
+    pub budget_ms: u64,
+}
+
+/// A piece of the request that identifies the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPart {
+    /// `CF-Connecting-IP`, set by Cloudflare and not forgeable by the client.
+    Ip,
+    /// A request header, e.g. an API key (name lower-cased).
+    Header(String),
+    /// A cookie's value.
+    Cookie(String),
+    /// A query parameter's value.
+    Query(String),
+    /// The request path.
+    Path,
+    /// The `User-Agent` header.
+    UserAgent,
+}
+
+/// Behaviour when Redis is unreachable, slow, or answers nonsense.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailMode {
+    /// Forward the request unlimited, and say so in a header and a log line.
+    Open,
+    /// Answer 503 with `Retry-After`.
+    Closed,
+}
+
+/// A configuration that cannot be served, with what to fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The `LIMITER` variable is missing or not an object.
+    Missing(String),
+    /// A top-level field is wrong.
+    Field {
+        /// The field, e.g. `origin`.
+        field: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A field of one rule is wrong.
+    Rule {
+        /// The rule's name, or `#N` (1-based) when it has none yet.
+        rule: String,
+        /// The field, e.g. `burst` or `windows[1].precision`.
+        field: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::Missing(why) => write!(f, "LIMITER configuration: {why}"),
+            ConfigError::Field { field, problem } => {
+                write!(f, "LIMITER configuration, field `{field}`: {problem}")
+            }
+            ConfigError::Rule {
+                rule,
+                field,
+                problem,
+            } => {
+                write!(f, "rule `{rule}`, field `{field}`: {problem}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    rules: Vec<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    name: String,
+    #[serde(default)]
+    path_prefix: Option<String>,
+    #[serde(default)]
+    methods: Vec<String>,
+    key: Vec<String>,
+    algorithm: String,
+    #[serde(default)]
+    rate: Option<u64>,
+    #[serde(default)]
+    period: Option<Value>,
+    #[serde(default)]
+    burst: Option<u64>,
+    #[serde(default)]
+    windows: Option<Vec<(Value, u64, Value)>>,
+    #[serde(default)]
+    cost: Option<u64>,
+    #[serde(default)]
+    fail: Option<String>,
+    #[serde(default)]
+    budget: Option<Value>,
+}
+
+/// Checks `ORIGIN_URL`, where allowed requests go instead of the request's
+/// own URL (scheme, host and port; the path and query are kept). It is unset
+/// in production, where the route's origin is the request's own URL.
+pub fn parse_origin(url: &str) -> Result<String, ConfigError> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"));
+    match rest {
+        Some(host)
+            if !host.trim_end_matches('/').is_empty()
+                && !host.trim_end_matches('/').contains('/') =>
+        {
+            Ok(url.trim_end_matches('/').to_owned())
+        }
+        _ => Err(ConfigError::Field {
+            field: "ORIGIN_URL".into(),
+            problem: format!("`{url}` must be http:// or https:// and a host, with no path"),
+        }),
+    }
+}
+
+/// Default time budget for the Redis call.
+pub const DEFAULT_BUDGET_MS: u64 = 1000;
+
+impl Config {
+    /// Parses and checks the configuration from its JSON form (what
+    /// `[vars.LIMITER]` in `wrangler.toml` becomes).
+    pub fn from_json(value: &Value) -> Result<Config, ConfigError> {
+        if !value.is_object() {
+            return Err(ConfigError::Missing(
+                "expected a table `[vars.LIMITER]` with `rules`".into(),
+            ));
+        }
+        let raw: RawConfig =
+            serde_json::from_value(value.clone()).map_err(|e| ConfigError::Field {
+                field: "LIMITER".into(),
+                problem: e.to_string(),
+            })?;
+        if raw.rules.is_empty() {
+            return Err(ConfigError::Field {
+                field: "rules".into(),
+                problem: "give at least one rule".into(),
+            });
+        }
+        let mut rules: Vec<Rule> = Vec::with_capacity(raw.rules.len());
+        for (i, v) in raw.rules.iter().enumerate() {
+            let rule = parse_rule(v, i)?;
+            if rules.iter().any(|r| r.name == rule.name) {
+                return Err(rule_error(&rule.name, "name", "is used by an earlier rule"));
+            }
+            rules.push(rule);
+        }
+        Ok(Config { rules })
+    }
+
+    /// Parses the configuration from JSON text.
+    pub fn from_str(text: &str) -> Result<Config, ConfigError> {
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| ConfigError::Missing(e.to_string()))?;
+        Config::from_json(&value)
+    }
+}
+
+fn rule_error(rule: &str, field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Rule {
+        rule: rule.to_owned(),
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+fn parse_rule(value: &Value, index: usize) -> Result<Rule, ConfigError> {
+    let fallback = format!("#{}", index + 1);
+    let label = value
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or(&fallback)
+        .to_owned();
+    let raw: RawRule = serde_json::from_value(value.clone()).map_err(|e| ConfigError::Rule {
+        rule: label.clone(),
+        field: "(rule)".into(),
+        problem: e.to_string(),
+    })?;
+    let err = |field: &str, problem: String| rule_error(&label, field, problem);
+
+    let name_ok = !raw.name.is_empty()
+        && raw.name.len() <= 64
+        && raw
+            .name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if !name_ok {
+        return Err(err(
+            "name",
+            "use 1 to 64 characters from a-z, A-Z, 0-9, - and _".into(),
+        ));
+    }
+
+    let path_prefix = raw.path_prefix.unwrap_or_else(|| "/".into());
+    if !path_prefix.starts_with('/') {
+        return Err(err(
+            "path_prefix",
+            format!("`{path_prefix}` must start with /"),
+        ));
+    }
+    let methods: Vec<String> = raw.methods.iter().map(|m| m.to_ascii_uppercase()).collect();
+    if let Some(bad) = methods
+        .iter()
+        .find(|m| m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphabetic()))
+    {
+        return Err(err("methods", format!("`{bad}` is not an HTTP method")));
+    }
+
+    if raw.key.is_empty() {
+        return Err(err("key", "give at least one part, e.g. [\"ip\"]".into()));
+    }
+    let key = raw
+        .key
+        .iter()
+        .map(|k| parse_key_part(k).ok_or_else(|| err("key", format!("`{k}` is not a key part; use ip, path, user-agent, header:NAME, cookie:NAME or query:NAME"))))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let policy = match raw.algorithm.as_str() {
+        "gcra" => {
+            if raw.windows.is_some() {
+                return Err(err(
+                    "windows",
+                    "belongs to algorithm \"windowed\"; GCRA takes rate, period and burst".into(),
+                ));
+            }
+            let rate = raw
+                .rate
+                .ok_or_else(|| err("rate", "is required for GCRA".into()))?;
+            let period = raw
+                .period
+                .as_ref()
+                .ok_or_else(|| err("period", "is required for GCRA".into()))?;
+            let period_ms = parse_duration(period).map_err(|p| err("period", p))?;
+            Policy::Gcra(Gcra {
+                rate,
+                period_ms,
+                burst: raw.burst.unwrap_or(rate),
+            })
+        }
+        "windowed" => {
+            for (field, set) in [
+                ("rate", raw.rate.is_some()),
+                ("period", raw.period.is_some()),
+                ("burst", raw.burst.is_some()),
+            ] {
+                if set {
+                    return Err(err(
+                        field,
+                        "belongs to algorithm \"gcra\"; windowed takes windows".into(),
+                    ));
+                }
+            }
+            let raw_windows = raw.windows.ok_or_else(|| {
+                err(
+                    "windows",
+                    "is required: [[duration, limit, precision], ...]".into(),
+                )
+            })?;
+            let mut windows = Vec::with_capacity(raw_windows.len());
+            for (i, (d, limit, p)) in raw_windows.iter().enumerate() {
+                let duration_ms =
+                    parse_duration(d).map_err(|e| err(&format!("windows[{i}].duration"), e))?;
+                let precision_ms =
+                    parse_duration(p).map_err(|e| err(&format!("windows[{i}].precision"), e))?;
+                windows.push(Window {
+                    duration_ms,
+                    limit: *limit,
+                    precision_ms,
+                });
+            }
+            Policy::Windowed(windows)
+        }
+        other => {
+            return Err(err(
+                "algorithm",
+                format!("`{other}` is not one of \"gcra\", \"windowed\""),
+            ))
+        }
+    };
+    policy.validate().map_err(|e| err(&e.field, e.problem))?;
+
+    let cost = raw.cost.unwrap_or(1);
+    if cost > policy.capacity() {
+        return Err(err(
+            "cost",
+            format!(
+                "{cost} exceeds what the policy can ever admit ({}); no request would pass",
+                policy.capacity()
+            ),
+        ));
+    }
+    let fail = match raw.fail.as_deref() {
+        None | Some("closed") => FailMode::Closed,
+        Some("open") => FailMode::Open,
+        Some(other) => {
+            return Err(err(
+                "fail",
+                format!("`{other}` is not \"open\" or \"closed\""),
+            ))
+        }
+    };
+    let budget_ms = match &raw.budget {
+        None => DEFAULT_BUDGET_MS,
+        Some(b) => parse_duration(b).map_err(|p| err("budget", p))?,
+    };
+    if !(10..=30_000).contains(&budget_ms) {
+        return Err(err("budget", "must be between 10ms and 30s".into()));
+    }
+    Ok(Rule {
+        name: raw.name,
+        path_prefix,
+        methods,
+        key,
+        policy,
+        cost,
+        fail,
+        budget_ms,
+    })
+}
+
+fn parse_key_part(text: &str) -> Option<KeyPart> {
+    let named = |rest: &str| (!rest.is_empty()).then(|| rest.to_ascii_lowercase());
+    Some(match text {
+        "ip" => KeyPart::Ip,
+        "path" => KeyPart::Path,
+        "user-agent" => KeyPart::UserAgent,
+        _ => match text.split_once(':')? {
+            ("header", name) => KeyPart::Header(named(name)?),
+            ("cookie", name) if !name.is_empty() => KeyPart::Cookie(name.to_owned()),
+            ("query", name) if !name.is_empty() => KeyPart::Query(name.to_owned()),
+            _ => return None,
+        },
+    })
+}
+
+/// Parses a duration: whole milliseconds as a number, or a string with a unit
+/// (`250ms`, `1s`, `5m`, `1h`, `1d`).
+pub fn parse_duration(value: &Value) -> Result<u64, String> {
+    let problem = || {
+        format!("`{value}` is not a duration; write e.g. 500 (ms), \"250ms\", \"1s\", \"5m\", \"1h\" or \"1d\"")
+    };
+    let ms = match value {
+        Value::Number(n) => n.as_u64().ok_or_else(problem)?,
+        Value::String(s) => {
+            let split = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(problem)?;
+            let (digits, unit) = s.split_at(split);
+            let n: u64 = digits.parse().map_err(|_| problem())?;
+            let scale = match unit {
+                "ms" => 1,
+                "s" => 1000,
+                "m" => 60_000,
+                "h" => 3_600_000,
+                "d" => 86_400_000,
+                _ => return Err(problem()),
+            };
+            n.checked_mul(scale).ok_or_else(problem)?
+        }
+        _ => return Err(problem()),
+    };
+    if ms == 0 {
+        return Err(format!("`{value}` must be longer than zero"));
+    }
+    Ok(ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn one_rule(rule: Value) -> Result<Config, ConfigError> {
+        Config::from_json(&json!({ "rules": [rule] }))
+    }
+
+    #[test]
+    fn parses_a_gcra_rule_with_defaults() {
+        let c = one_rule(json!({"name": "per-ip", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s"})).unwrap();
+        let r = &c.rules[0];
+        assert_eq!(
+            r.policy,
+            Policy::Gcra(Gcra {
+                rate: 10,
+                period_ms: 1000,
+                burst: 10
+            })
+        );
+        assert_eq!(
+            (r.cost, r.fail, r.budget_ms),
+            (1, FailMode::Closed, DEFAULT_BUDGET_MS)
+        );
+        assert_eq!(r.path_prefix, "/");
+    }
+
+    #[test]
+    fn parses_a_windowed_rule() {
+        let c = one_rule(json!({"name": "w", "key": ["header:X-Api-Key", "ip"], "algorithm": "windowed",
+            "windows": [["1s", 10, "100ms"], ["1h", 1000, "1m"]], "fail": "open", "budget": 250, "methods": ["post"]}))
+        .unwrap();
+        let r = &c.rules[0];
+        assert_eq!(
+            r.key,
+            vec![KeyPart::Header("x-api-key".into()), KeyPart::Ip]
+        );
+        assert_eq!(r.methods, vec!["POST"]);
+        assert_eq!((r.fail, r.budget_ms), (FailMode::Open, 250));
+        assert_eq!(
+            r.policy,
+            Policy::Windowed(vec![
+                Window {
+                    duration_ms: 1000,
+                    limit: 10,
+                    precision_ms: 100
+                },
+                Window {
+                    duration_ms: 3_600_000,
+                    limit: 1000,
+                    precision_ms: 60_000
+                },
+            ])
+        );
+    }
+
+    #[test]
+    fn errors_name_the_rule_and_field() {
+        let cases = [
+            (
+                json!({"name": "a", "key": ["ip"], "algorithm": "gcra", "period": "1s"}),
+                "rule `a`, field `rate`",
+            ),
+            (
+                json!({"name": "a", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1 sec"}),
+                "rule `a`, field `period`",
+            ),
+            (
+                json!({"name": "a", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1s", "burst": 0}),
+                "rule `a`, field `burst`",
+            ),
+            (
+                json!({"name": "a", "key": ["ip"], "algorithm": "gcra", "rate": 5, "period": "1s", "cost": 6}),
+                "rule `a`, field `cost`",
+            ),
+            (
+                json!({"name": "a", "key": ["mac"], "algorithm": "gcra", "rate": 1, "period": "1s"}),
+                "rule `a`, field `key`",
+            ),
+            (
+                json!({"name": "a b", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1s"}),
+                "rule `a b`, field `name`",
+            ),
+            (
+                json!({"name": "a", "key": ["ip"], "algorithm": "leaky", "rate": 1, "period": "1s"}),
+                "rule `a`, field `algorithm`",
+            ),
+            (
+                json!({"name": "a", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1s", "fail": "maybe"}),
+                "rule `a`, field `fail`",
+            ),
+            (
+                json!({"name": "a", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1s", "rat": 1}),
+                "rule `a`, field `(rule)`: unknown field `rat`",
+            ),
+            (
+                json!({"name": "a", "key": ["ip"], "algorithm": "windowed", "windows": [["1s", 5, "300ms"]]}),
+                "rule `a`, field `windows[0].precision`",
+            ),
+            (json!({"key": ["ip"]}), "rule `#1`"),
+        ];
+        for (rule, expected) in cases {
+            let msg = one_rule(rule.clone()).unwrap_err().to_string();
+            assert!(msg.starts_with(expected), "{rule}: {msg}");
+        }
+    }
+
+    #[test]
+    fn duplicate_names_and_bad_origins_are_rejected() {
+        let r = json!({"name": "a", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1s"});
+        let msg = Config::from_json(&json!({"rules": [r.clone(), r.clone()]}))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("field `name`"), "{msg}");
+        assert!(Config::from_json(&json!("nope")).is_err());
+        assert_eq!(
+            parse_origin("http://127.0.0.1:8081/"),
+            Ok("http://127.0.0.1:8081".into())
+        );
+        for bad in ["ftp://x", "http://", "https://h/path", "127.0.0.1"] {
+            assert!(
+                parse_origin(bad)
+                    .unwrap_err()
+                    .to_string()
+                    .contains("ORIGIN_URL"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn durations_take_units() {
+        for (text, ms) in [
+            (json!("250ms"), 250),
+            (json!("2s"), 2000),
+            (json!("5m"), 300_000),
+            (json!("1h"), 3_600_000),
+            (json!("1d"), 86_400_000),
+            (json!(40), 40),
+        ] {
+            assert_eq!(parse_duration(&text), Ok(ms), "{text}");
+        }
+        for bad in [
+            json!("0s"),
+            json!("s"),
+            json!("10x"),
+            json!(-1),
+            json!(1.5),
+            json!("99999999999999999999d"),
+        ] {
+            assert!(parse_duration(&bad).is_err(), "{bad}");
+        }
+    }
+}

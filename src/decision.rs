@@ -1,0 +1,219 @@
+//! One decision for one request: the script call that asks for it, and the
+//! reply read back into plain numbers.
+
+use serde_json::Value;
+
+use crate::{
+    config::Rule,
+    keys::{redis_key, window_offset},
+    redis_rest::RestError,
+};
+
+/// How one rule stands after the decision. Times are milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuleState {
+    /// Whether this rule alone would admit the request.
+    pub allowed: bool,
+    /// The binding window's limit (GCRA: the burst).
+    pub limit: u64,
+    /// Units left in the binding window after this decision.
+    pub remaining: u64,
+    /// Milliseconds until the binding window holds no admitted cost.
+    pub reset_after_ms: u64,
+    /// Milliseconds until this rule could admit the request; `None` when it
+    /// never can (the cost exceeds the limit).
+    pub retry_after_ms: Option<u64>,
+    /// 1-based index of the binding window (GCRA: always 1).
+    pub window: usize,
+}
+
+/// The verdict on a whole request: all rules admitted it, or none consumed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether every rule admitted the request.
+    pub allowed: bool,
+    /// When denied, milliseconds until it could be admitted; `None` if never.
+    pub retry_after_ms: Option<u64>,
+    /// 0-based index of the rule that denied it (or, if admitted, has the
+    /// fewest units left).
+    pub binding: usize,
+    /// One state per rule, in call order.
+    pub rules: Vec<RuleState>,
+}
+
+/// A rule applied to one request, with its cost.
+#[derive(Debug, Clone, Copy)]
+pub struct Check<'a> {
+    /// The rule.
+    pub rule: &'a Rule,
+    /// Units this request costs under it (0 peeks).
+    pub cost: u64,
+}
+
+/// `KEYS` and `ARGV` for the limiter script.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptCall {
+    /// One key per rule.
+    pub keys: Vec<String>,
+    /// Operation, clock, then each rule's arguments.
+    pub args: Vec<String>,
+}
+
+impl ScriptCall {
+    /// A decision over `checks`, each with its client's identifier parts;
+    /// `now_ms` pins the clock (tests, simulation), `None` uses Redis's.
+    pub fn decide(checks: &[(Check<'_>, Vec<&str>)], now_ms: Option<u64>) -> ScriptCall {
+        let mut keys = Vec::with_capacity(checks.len());
+        let mut args = vec![
+            "decide".to_owned(),
+            now_ms.map(|n| n.to_string()).unwrap_or_default(),
+        ];
+        for (check, id) in checks {
+            let key = redis_key(&check.rule.name, id);
+            let offset = window_offset(&key, check.rule.policy.longest_ms());
+            check.rule.policy.push_args(check.cost, offset, &mut args);
+            keys.push(key);
+        }
+        ScriptCall { keys, args }
+    }
+
+    /// Forgets the state of the given rules for these clients.
+    pub fn reset(rules: &[(&Rule, Vec<&str>)]) -> ScriptCall {
+        ScriptCall {
+            keys: rules.iter().map(|(r, id)| redis_key(&r.name, id)).collect(),
+            args: vec!["reset".to_owned(), String::new()],
+        }
+    }
+}
+
+/// Fields per rule in the script's reply.
+const PER_RULE: usize = 6;
+
+impl Decision {
+    /// Reads the script's reply for a call over `rules` rules.
+    pub fn from_reply(reply: &Value, rules: usize) -> Result<Decision, RestError> {
+        let malformed =
+            |why: &str| RestError::Malformed(format!("limiter script reply {why}: {reply}"));
+        let items = reply
+            .as_array()
+            .ok_or_else(|| malformed("is not an array"))?;
+        if items.len() != 3 + PER_RULE * rules {
+            return Err(malformed(&format!(
+                "has {} items, expected {}",
+                items.len(),
+                3 + PER_RULE * rules
+            )));
+        }
+        let ints = items
+            .iter()
+            .map(Value::as_i64)
+            .collect::<Option<Vec<i64>>>()
+            .ok_or_else(|| malformed("holds a non-integer"))?;
+        let never_or = |v: i64| u64::try_from(v).ok();
+        let count = |v: i64| u64::try_from(v).map_err(|_| malformed("holds a negative count"));
+        let binding = usize::try_from(ints[2] - 1)
+            .ok()
+            .filter(|b| *b < rules.max(1))
+            .ok_or_else(|| malformed("names no rule"))?;
+        let states = ints[3..]
+            .chunks(PER_RULE)
+            .map(|c| {
+                Ok(RuleState {
+                    allowed: c[0] == 1,
+                    limit: count(c[1])?,
+                    // A windowed rule can hold more than its limit after the limit was lowered.
+                    remaining: c[2].max(0) as u64,
+                    reset_after_ms: count(c[3])?,
+                    retry_after_ms: never_or(c[4]),
+                    window: count(c[5])? as usize,
+                })
+            })
+            .collect::<Result<Vec<_>, RestError>>()?;
+        Ok(Decision {
+            allowed: ints[0] == 1,
+            retry_after_ms: never_or(ints[1]),
+            binding,
+            rules: states,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use serde_json::json;
+
+    #[test]
+    fn replies_parse_into_states() {
+        let reply = json!([0, 1000, 2, 1, 3, 1, 200, 0, 1, 0, 2, 0, 1000, 1000, 1]);
+        let d = Decision::from_reply(&reply, 2).unwrap();
+        assert!(!d.allowed);
+        assert_eq!((d.retry_after_ms, d.binding), (Some(1000), 1));
+        assert_eq!(
+            d.rules[1],
+            RuleState {
+                allowed: false,
+                limit: 2,
+                remaining: 0,
+                reset_after_ms: 1000,
+                retry_after_ms: Some(1000),
+                window: 1
+            }
+        );
+        let never = Decision::from_reply(&json!([0, -1, 1, 0, 3, 0, 5, -1, 1]), 1).unwrap();
+        assert_eq!(never.retry_after_ms, None);
+    }
+
+    #[test]
+    fn malformed_replies_are_typed_errors() {
+        for bad in [
+            json!("OK"),
+            json!([1, 0]),
+            json!([1, 0, 1, 1, 3, 2, 0, 0, "x"]),
+            json!([1, 0, 5, 1, 3, 2, 0, 0, 1]),
+            json!([1, 0, 1, 1, -3, 2, 0, 0, 1]),
+        ] {
+            assert!(
+                matches!(Decision::from_reply(&bad, 1), Err(RestError::Malformed(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn calls_carry_one_key_per_rule() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "a", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s", "burst": 5},
+            {"name": "b", "key": ["ip"], "algorithm": "windowed", "windows": [["1m", 100, "1m"]]}
+        ]}))
+        .unwrap();
+        let checks = vec![
+            (
+                Check {
+                    rule: &c.rules[0],
+                    cost: 1,
+                },
+                vec!["1.2.3.4"],
+            ),
+            (
+                Check {
+                    rule: &c.rules[1],
+                    cost: 2,
+                },
+                vec!["1.2.3.4"],
+            ),
+        ];
+        let call = ScriptCall::decide(&checks, Some(5));
+        assert_eq!(call.keys, ["el:{a|1.2.3.4}", "el:{b|1.2.3.4}"]);
+        let offset = window_offset("el:{b|1.2.3.4}", 60_000).to_string();
+        assert_eq!(
+            call.args,
+            [
+                "decide", "5", "gcra", "1", "100000", "5", "window", "2", &offset, "1", "60000",
+                "100", "60000"
+            ]
+        );
+        assert_eq!(ScriptCall::decide(&checks, None).args[1], "");
+    }
+}

@@ -1,0 +1,147 @@
+//! The wasm32-only edge: turns a `worker::Request` into [`RequestMeta`], lets
+//! [`gateway::handle`] decide, and turns its [`Outcome`] into a response.
+
+use worker::{
+    console_error, console_log, event, Context, Env, Fetch, Headers, Request, RequestInit,
+    Response, Result,
+};
+
+use crate::{
+    config::{parse_origin, Config},
+    gateway::{self, Action, Outcome},
+    redis_rest::RestClient,
+    rules::RequestMeta,
+};
+
+/// The `[vars]` entry holding the rules.
+pub const CONFIG_VAR: &str = "LIMITER";
+
+#[event(fetch)]
+async fn fetch(req: Request, env: Env, _ctx: Context) -> Result<Response> {
+    let loaded = load_config(&env).and_then(|c| Ok((c, origin(&env)?)));
+    let (config, origin) = match loaded {
+        Ok(c) => c,
+        Err(message) => {
+            console_error!("edge-limiter: {message}");
+            return problem(500, "edge-limiter is misconfigured; see the worker's log.");
+        }
+    };
+    let client = match (
+        env.secret("UPSTASH_REDIS_REST_URL"),
+        env.secret("UPSTASH_REDIS_REST_TOKEN"),
+    ) {
+        (Ok(url), Ok(token)) => RestClient::new(&url.to_string(), &token.to_string()),
+        _ => {
+            console_error!("edge-limiter: set UPSTASH_REDIS_REST_URL and UPSTASH_REDIS_REST_TOKEN (wrangler secret put, or .dev.vars locally)");
+            return problem(500, "edge-limiter is misconfigured; see the worker's log.");
+        }
+    };
+    let meta = request_meta(&req)?;
+    let outcome = gateway::handle(&config, &meta, &client).await;
+    if let Some(line) = &outcome.log {
+        console_log!("{line}");
+    }
+    match &outcome.action {
+        Action::Respond {
+            status,
+            content_type,
+            body,
+        } => {
+            let headers = Headers::new();
+            headers.set("Content-Type", content_type)?;
+            add_headers(&headers, &outcome)?;
+            Ok(Response::ok(body.clone())?
+                .with_status(*status)
+                .with_headers(headers))
+        }
+        Action::Forward => {
+            let response = forward(req, origin.as_deref()).await?;
+            with_outcome_headers(response, &outcome)
+        }
+    }
+}
+
+fn load_config(env: &Env) -> std::result::Result<Config, String> {
+    let value: serde_json::Value = env
+        .object_var(CONFIG_VAR)
+        .map_err(|e| format!("no `[vars.{CONFIG_VAR}]` table in wrangler.toml ({e})"))?;
+    Config::from_json(&value).map_err(|e| e.to_string())
+}
+
+fn origin(env: &Env) -> std::result::Result<Option<String>, String> {
+    match env.var("ORIGIN_URL") {
+        Ok(v) => parse_origin(&v.to_string())
+            .map(Some)
+            .map_err(|e| e.to_string()),
+        Err(_) => Ok(None),
+    }
+}
+
+fn problem(status: u16, detail: &str) -> Result<Response> {
+    let body = serde_json::json!({ "type": "about:blank", "status": status, "detail": detail })
+        .to_string();
+    let headers = Headers::new();
+    headers.set("Content-Type", "application/problem+json")?;
+    Ok(Response::ok(body)?
+        .with_status(status)
+        .with_headers(headers))
+}
+
+/// Reads the parts of a request the rules look at.
+pub fn request_meta(req: &Request) -> Result<RequestMeta> {
+    let url = req.url()?;
+    Ok(RequestMeta {
+        method: req.method().to_string().to_ascii_uppercase(),
+        path: url.path().to_owned(),
+        query: url.query().map(str::to_owned),
+        headers: req
+            .headers()
+            .entries()
+            .map(|(n, v)| (n.to_ascii_lowercase(), v))
+            .collect(),
+    })
+}
+
+/// Sends the request to `origin` (scheme, host and port; path and query
+/// kept) or, with none configured, to its own URL: the route's origin.
+async fn forward(req: Request, origin: Option<&str>) -> Result<Response> {
+    let Some(origin) = origin else {
+        return Fetch::Request(req).send().await;
+    };
+    let url = req.url()?;
+    let mut target = format!("{origin}{}", url.path());
+    if let Some(q) = url.query() {
+        target.push('?');
+        target.push_str(q);
+    }
+    let mut init = RequestInit::new();
+    init.with_method(req.method())
+        .with_headers(req.headers().clone());
+    if let Some(body) = req.inner().body() {
+        init.with_body(Some(body.into()));
+    }
+    Fetch::Request(Request::new_with_init(&target, &init)?)
+        .send()
+        .await
+}
+
+fn add_headers(headers: &Headers, outcome: &Outcome) -> Result<()> {
+    for (name, value) in &outcome.headers {
+        headers.set(name, value)?;
+    }
+    Ok(())
+}
+
+/// Copies the origin's response with the limiter's headers added (a fetched
+/// response's own headers are immutable).
+pub fn with_outcome_headers(response: Response, outcome: &Outcome) -> Result<Response> {
+    if outcome.headers.is_empty() {
+        return Ok(response);
+    }
+    let headers = Headers::new();
+    for (name, value) in response.headers().entries() {
+        headers.append(&name, &value)?;
+    }
+    add_headers(&headers, outcome)?;
+    Ok(response.with_headers(headers))
+}

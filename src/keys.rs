@@ -1,0 +1,108 @@
+//! Turns a rule and a client's identifier into the Redis key holding its
+//! state, so that no identifier can reach another rule's or client's key.
+
+use sha1_smol::Sha1;
+
+/// Longest identifier kept readable in the key; longer ones are hashed, so a
+/// client cannot make Redis store arbitrarily long keys.
+pub const MAX_PLAIN_ID: usize = 64;
+
+/// Builds `el:{<rule>|<identifier>}`.
+///
+/// The braces are a Redis Cluster hash tag, so every key of one rule and
+/// client lands in one slot. Identifier parts made only of characters that
+/// cannot end a tag or separate parts (`A-Z a-z 0-9 . _ : @ / -`) are kept as
+/// they are, joined by `|`; anything else, or anything longer than
+/// [`MAX_PLAIN_ID`], becomes `#` and the SHA1 of the parts, each
+/// length-prefixed. Plain forms never contain `#` or `|` inside a part, so
+/// the two forms cannot collide, and rule names cannot contain `|`.
+pub fn redis_key(rule: &str, parts: &[&str]) -> String {
+    let plain_len: usize = parts.iter().map(|p| p.len() + 1).sum();
+    let plain = plain_len <= MAX_PLAIN_ID + 1 && parts.iter().all(|p| p.bytes().all(is_plain));
+    let id = if plain {
+        parts.join("|")
+    } else {
+        let mut h = Sha1::new();
+        for p in parts {
+            h.update(&(p.len() as u64).to_be_bytes());
+            h.update(p.as_bytes());
+        }
+        format!("#{}", h.digest())
+    };
+    format!("el:{{{rule}|{id}}}")
+}
+
+fn is_plain(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'@' | b'/' | b'-')
+}
+
+/// A stable offset in `[0, span_ms)` derived from the key, so that windowed
+/// rules' bucket edges differ between clients and they do not all roll over
+/// at the same instant.
+pub fn window_offset(key: &str, span_ms: u64) -> u64 {
+    // FNV-1a: stable across builds and platforms; it only spreads offsets.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h % span_ms.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_identifiers_stay_readable() {
+        assert_eq!(
+            redis_key("per-ip", &["203.0.113.7"]),
+            "el:{per-ip|203.0.113.7}"
+        );
+        assert_eq!(
+            redis_key("api", &["2001:db8::1", "key-1"]),
+            "el:{api|2001:db8::1|key-1}"
+        );
+    }
+
+    #[test]
+    fn hostile_identifiers_are_hashed_inside_the_tag() {
+        for id in [
+            "a}b",
+            "{x}",
+            "a|b",
+            "new\nline",
+            "nul\0",
+            "#abc",
+            &"x".repeat(65),
+        ] {
+            let key = redis_key("r", &[id]);
+            assert!(key.starts_with("el:{r|#") && key.ends_with('}'), "{key}");
+            assert_eq!(
+                key.matches('{').count() + key.matches('}').count(),
+                2,
+                "{key}"
+            );
+        }
+    }
+
+    #[test]
+    fn joins_cannot_collide() {
+        assert_ne!(redis_key("r", &["a|b", "c"]), redis_key("r", &["a", "b|c"]));
+        assert_ne!(redis_key("r", &["a b", ""]), redis_key("r", &["a", " b"]));
+        assert_ne!(redis_key("r", &["a"]), redis_key("r2", &["a"]));
+        assert_eq!(
+            redis_key("r", &[&"x".repeat(64)]).len(),
+            "el:{r|}".len() + 64
+        );
+    }
+
+    #[test]
+    fn offsets_are_stable_and_in_range() {
+        let a = window_offset("el:{r|1.2.3.4}", 60_000);
+        assert_eq!(a, window_offset("el:{r|1.2.3.4}", 60_000));
+        assert!(a < 60_000);
+        assert_eq!(window_offset("x", 1), 0);
+        assert_ne!(a, window_offset("el:{r|1.2.3.5}", 60_000));
+    }
+}

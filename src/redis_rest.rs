@@ -1,0 +1,262 @@
+//! A client for the Upstash-style Redis REST protocol (see
+//! `shared/upstash-rest-protocol.md`): one HTTP POST per command, JSON in and
+//! out. The same code runs in the worker (fetch) and natively (tests).
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::{budget, scripts::Script};
+
+/// Why a REST call gave no result. The token never appears in any message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RestError {
+    /// The endpoint refused the token (HTTP 401).
+    Auth,
+    /// Redis does not know the script's SHA1 (`NOSCRIPT`): send it with `EVAL`.
+    NoScript,
+    /// Redis answered with an error; its text, verbatim.
+    Redis(String),
+    /// The endpoint answered with an unexpected HTTP status.
+    Status {
+        /// The HTTP status code.
+        status: u16,
+        /// The start of the body, for the log.
+        body: String,
+    },
+    /// The request did not complete: connection refused, reset, DNS...
+    Transport(String),
+    /// The call took longer than its budget.
+    Timeout {
+        /// The budget that ran out, milliseconds.
+        budget_ms: u64,
+    },
+    /// The endpoint answered something that is not the protocol's JSON.
+    Malformed(String),
+}
+
+impl std::fmt::Display for RestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RestError::Auth => write!(
+                f,
+                "the Redis REST endpoint rejected the token (check UPSTASH_REDIS_REST_TOKEN)"
+            ),
+            RestError::NoScript => write!(f, "Redis does not have the script loaded (NOSCRIPT)"),
+            RestError::Redis(text) => write!(f, "Redis error: {text}"),
+            RestError::Status { status, body } => {
+                write!(f, "the Redis REST endpoint answered HTTP {status}: {body}")
+            }
+            RestError::Transport(why) => write!(
+                f,
+                "could not reach the Redis REST endpoint (check UPSTASH_REDIS_REST_URL): {why}"
+            ),
+            RestError::Timeout { budget_ms } => write!(
+                f,
+                "the Redis REST endpoint did not answer within {budget_ms} ms"
+            ),
+            RestError::Malformed(why) => write!(
+                f,
+                "the Redis REST endpoint answered outside the protocol: {why}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RestError {}
+
+/// A REST endpoint and its token.
+#[derive(Clone)]
+pub struct RestClient {
+    http: reqwest::Client,
+    url: String,
+    token: String,
+}
+
+impl std::fmt::Debug for RestClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is a secret: keep it out of every debug print.
+        f.debug_struct("RestClient")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How much of an unexpected body goes into an error message.
+const BODY_EXCERPT: usize = 200;
+
+impl RestClient {
+    /// A client for the endpoint at `url` (e.g. `https://xyz.upstash.io`).
+    pub fn new(url: &str, token: &str) -> RestClient {
+        RestClient {
+            http: reqwest::Client::new(),
+            url: url.trim_end_matches('/').to_owned(),
+            token: token.to_owned(),
+        }
+    }
+
+    /// Sends one command (`["GET", "k"]`) and returns its `result`.
+    pub async fn command(&self, args: &[&str]) -> Result<Value, RestError> {
+        self.post(json!(args)).await
+    }
+
+    /// Runs `script` by SHA1 and, if Redis does not have it (after a restart
+    /// or `SCRIPT FLUSH`), once more by source, which also caches it. The
+    /// whole exchange, fallback included, must finish within `budget`.
+    pub async fn run_script(
+        &self,
+        script: &Script,
+        keys: &[String],
+        args: &[String],
+        budget: Duration,
+    ) -> Result<Value, RestError> {
+        let exchange = async {
+            match self
+                .post(eval_body("EVALSHA", script.sha1, keys, args))
+                .await
+            {
+                Err(RestError::NoScript) => {
+                    self.post(eval_body("EVAL", script.source, keys, args))
+                        .await
+                }
+                other => other,
+            }
+        };
+        budget::within(budget, exchange)
+            .await
+            .unwrap_or(Err(RestError::Timeout {
+                budget_ms: budget.as_millis() as u64,
+            }))
+    }
+
+    async fn post(&self, body: Value) -> Result<Value, RestError> {
+        let response = self
+            .http
+            .post(&self.url)
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| RestError::Transport(e.without_url().to_string()))?;
+        let status = response.status().as_u16();
+        let text = response
+            .text()
+            .await
+            .map_err(|e| RestError::Transport(e.without_url().to_string()))?;
+        parse_reply(status, &text)
+    }
+}
+
+fn eval_body(verb: &str, script: &str, keys: &[String], args: &[String]) -> Value {
+    let mut body = Vec::with_capacity(3 + keys.len() + args.len());
+    body.push(Value::from(verb));
+    body.push(Value::from(script));
+    body.push(Value::from(keys.len()));
+    body.extend(keys.iter().chain(args).map(|s| Value::from(s.as_str())));
+    Value::Array(body)
+}
+
+/// Reads one reply of `POST /`: `{"result": X}` or `{"error": "..."}`.
+pub fn parse_reply(status: u16, body: &str) -> Result<Value, RestError> {
+    if status == 401 {
+        return Err(RestError::Auth);
+    }
+    let excerpt = || body.chars().take(BODY_EXCERPT).collect::<String>();
+    let parsed: Option<Value> = serde_json::from_str(body).ok();
+    let object = parsed.as_ref().and_then(Value::as_object);
+    match object {
+        Some(o) if o.contains_key("error") => {
+            let text = match &o["error"] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            if text.starts_with("NOSCRIPT") {
+                Err(RestError::NoScript)
+            } else if status >= 500 {
+                Err(RestError::Status { status, body: text })
+            } else {
+                Err(RestError::Redis(text))
+            }
+        }
+        Some(o) if (200..300).contains(&status) && o.contains_key("result") => {
+            Ok(o["result"].clone())
+        }
+        _ if !(200..300).contains(&status) => Err(RestError::Status {
+            status,
+            body: excerpt(),
+        }),
+        _ => Err(RestError::Malformed(format!(
+            "expected {{\"result\": ...}}, got `{}`",
+            excerpt()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_map_to_results_and_typed_errors() {
+        assert_eq!(parse_reply(200, r#"{"result":"OK"}"#), Ok(json!("OK")));
+        assert_eq!(parse_reply(200, r#"{"result":null}"#), Ok(Value::Null));
+        assert_eq!(
+            parse_reply(
+                401,
+                r#"{"error":"WRONGPASS invalid or missing auth token"}"#
+            ),
+            Err(RestError::Auth)
+        );
+        assert_eq!(
+            parse_reply(
+                400,
+                r#"{"error":"NOSCRIPT No matching script. Please use EVAL."}"#
+            ),
+            Err(RestError::NoScript)
+        );
+        assert_eq!(
+            parse_reply(
+                400,
+                r#"{"error":"WRONGTYPE Operation against a key holding the wrong kind of value"}"#
+            ),
+            Err(RestError::Redis(
+                "WRONGTYPE Operation against a key holding the wrong kind of value".into()
+            ))
+        );
+        assert!(matches!(
+            parse_reply(503, r#"{"error":"ERR redis unreachable"}"#),
+            Err(RestError::Status { status: 503, .. })
+        ));
+        assert!(matches!(
+            parse_reply(502, "<html>bad gateway</html>"),
+            Err(RestError::Status { status: 502, .. })
+        ));
+        assert!(matches!(
+            parse_reply(200, "not json"),
+            Err(RestError::Malformed(_))
+        ));
+        assert!(matches!(
+            parse_reply(200, r#"{"result":[1,2"#),
+            Err(RestError::Malformed(_))
+        ));
+        assert!(matches!(
+            parse_reply(200, r#"[1,2]"#),
+            Err(RestError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn eval_bodies_put_keys_before_arguments() {
+        let body = eval_body("EVALSHA", "abc", &["k1".into(), "k2".into()], &["a".into()]);
+        assert_eq!(body, json!(["EVALSHA", "abc", 2, "k1", "k2", "a"]));
+    }
+
+    #[test]
+    fn debug_output_hides_the_token() {
+        let c = RestClient::new("http://127.0.0.1:1/", "s3cret-token");
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("http://127.0.0.1:1"), "{shown}");
+    }
+}
