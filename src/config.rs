@@ -190,9 +190,13 @@ impl Config {
         }
         Ok(Config { rules })
     }
+}
+
+impl std::str::FromStr for Config {
+    type Err = ConfigError;
 
     /// Parses the configuration from JSON text.
-    pub fn from_str(text: &str) -> Result<Config, ConfigError> {
+    fn from_str(text: &str) -> Result<Config, ConfigError> {
         let value: Value =
             serde_json::from_str(text).map_err(|e| ConfigError::Missing(e.to_string()))?;
         Config::from_json(&value)

@@ -47,7 +47,7 @@ impl RequestMeta {
 impl Rule {
     /// Whether this rule applies to the request.
     pub fn matches(&self, req: &RequestMeta) -> bool {
-        let method_ok = self.methods.is_empty() || self.methods.iter().any(|m| *m == req.method);
+        let method_ok = self.methods.is_empty() || self.methods.contains(&req.method);
         method_ok && req.path.starts_with(&self.path_prefix)
     }
 

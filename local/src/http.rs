@@ -1,0 +1,266 @@
+//! HTTP routing, auth, body limits and status codes, the way hosted Upstash answers.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{json, Value as Json};
+
+use crate::exec::{Executor, TxOutcome, Unavailable};
+use crate::json::{self, Command};
+use crate::resp::Value;
+
+/// Everything a request needs, shared by all connections.
+pub struct App {
+    token: String,
+    max_body_bytes: usize,
+    executor: Executor,
+    sync_token: AtomicU64,
+}
+
+impl App {
+    /// State for a server in front of `redis`.
+    pub fn new(redis: String, token: String, max_body_bytes: usize) -> App {
+        App {
+            token,
+            max_body_bytes,
+            executor: Executor::new(redis),
+            sync_token: AtomicU64::new(0),
+        }
+    }
+
+    /// Answers one request; failures become JSON error responses.
+    pub async fn handle(
+        &self,
+        req: Request<Incoming>,
+    ) -> Result<Response<Full<Bytes>>, Infallible> {
+        let mut response = self.route(req).await.unwrap_or_else(|e| e);
+        // Any increasing value will do: clients only echo it back.
+        let sync = self.sync_token.fetch_add(1, Ordering::Relaxed) + 1;
+        response
+            .headers_mut()
+            .insert("upstash-sync-token", HeaderValue::from(sync));
+        Ok(response)
+    }
+
+    async fn route(
+        &self,
+        req: Request<Incoming>,
+    ) -> Result<Response<Full<Bytes>>, Response<Full<Bytes>>> {
+        let query = query_pairs(req.uri().query().unwrap_or(""));
+        if !self.authorized(&req, &query) {
+            return Err(error(
+                StatusCode::UNAUTHORIZED,
+                "WRONGPASS invalid or missing auth token",
+            ));
+        }
+        let base64 = req
+            .headers()
+            .get("upstash-encoding")
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"base64"));
+        let path = req.uri().path().to_string();
+        let method = req.method().clone();
+        match (path.as_str(), &method) {
+            ("/", &Method::POST) => {
+                let command =
+                    json::parse_command_body(&self.body(req).await?).map_err(bad_request)?;
+                self.single(command, base64).await
+            }
+            ("/pipeline", &Method::POST) => {
+                let commands =
+                    json::parse_batch_body(&self.body(req).await?).map_err(bad_request)?;
+                let replies = self
+                    .executor
+                    .pipeline(commands)
+                    .await
+                    .map_err(unavailable)?;
+                Ok(entries(replies, base64))
+            }
+            ("/multi-exec", &Method::POST) => {
+                let commands =
+                    json::parse_batch_body(&self.body(req).await?).map_err(bad_request)?;
+                match self
+                    .executor
+                    .transaction(commands)
+                    .await
+                    .map_err(unavailable)?
+                {
+                    TxOutcome::Committed(replies) => Ok(entries(replies, base64)),
+                    TxOutcome::Discarded(why) => Err(bad_request(why)),
+                }
+            }
+            ("/" | "/pipeline" | "/multi-exec", _) => Err(method_not_allowed()),
+            (_, &Method::GET | &Method::POST) => {
+                let mut command: Command = path
+                    .strip_prefix('/')
+                    .unwrap_or(&path)
+                    .split('/')
+                    .map(percent_decode)
+                    .collect();
+                if method == Method::POST {
+                    let body = self.body(req).await?;
+                    if !body.is_empty() {
+                        command.push(body.to_vec());
+                    }
+                }
+                for (key, value) in query.into_iter().filter(|(k, _)| k != b"_token") {
+                    command.push(key);
+                    command.push(value);
+                }
+                self.single(command, base64).await
+            }
+            _ => Err(method_not_allowed()),
+        }
+    }
+
+    async fn single(
+        &self,
+        command: Command,
+        base64: bool,
+    ) -> Result<Response<Full<Bytes>>, Response<Full<Bytes>>> {
+        let mut replies = self
+            .executor
+            .pipeline(vec![command])
+            .await
+            .map_err(unavailable)?;
+        match replies.pop().expect("one reply per command") {
+            Value::Error(text) => Err(error(StatusCode::BAD_REQUEST, &text)),
+            reply => Ok(ok(json!({ "result": json::result(reply, base64) }))),
+        }
+    }
+
+    fn authorized(&self, req: &Request<Incoming>, query: &[(Vec<u8>, Vec<u8>)]) -> bool {
+        let token = self.token.as_bytes();
+        let bearer = req
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+            .is_some_and(|t| t == token);
+        bearer || query.iter().any(|(k, v)| k == b"_token" && v == token)
+    }
+
+    async fn body(&self, req: Request<Incoming>) -> Result<Bytes, Response<Full<Bytes>>> {
+        let too_large = || {
+            error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("ERR request body exceeds {} bytes", self.max_body_bytes),
+            )
+        };
+        let declared = req
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > self.max_body_bytes as u64) {
+            return Err(too_large());
+        }
+        match Limited::new(req.into_body(), self.max_body_bytes)
+            .collect()
+            .await
+        {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
+            Err(e) => Err(bad_request(format!(
+                "ERR could not read the request body: {e}"
+            ))),
+        }
+    }
+}
+
+fn ok(body: Json) -> Response<Full<Bytes>> {
+    respond(StatusCode::OK, &body)
+}
+
+/// The reply to `/pipeline` and `/multi-exec`: one entry per command, always 200.
+fn entries(replies: Vec<Value>, base64: bool) -> Response<Full<Bytes>> {
+    let entries = replies.into_iter().map(|r| json::entry(r, base64));
+    ok(Json::Array(entries.collect()))
+}
+
+fn error(status: StatusCode, text: &str) -> Response<Full<Bytes>> {
+    respond(status, &json!({ "error": text }))
+}
+
+fn bad_request(text: String) -> Response<Full<Bytes>> {
+    error(StatusCode::BAD_REQUEST, &text)
+}
+
+fn method_not_allowed() -> Response<Full<Bytes>> {
+    error(StatusCode::METHOD_NOT_ALLOWED, "ERR method not allowed")
+}
+
+fn unavailable(e: Unavailable) -> Response<Full<Bytes>> {
+    error(StatusCode::SERVICE_UNAVAILABLE, &e.0)
+}
+
+fn respond(status: StatusCode, body: &Json) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// `application/x-www-form-urlencoded` pairs, decoded to bytes.
+fn query_pairs(query: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let form = |s: &str| percent_decode(&s.replace('+', " "));
+            (form(k), form(v))
+        })
+        .collect()
+}
+
+/// Decodes `%XX` escapes; a malformed escape stays as it is.
+fn percent_decode(s: &str) -> Vec<u8> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_paths_and_queries() {
+        assert_eq!(
+            percent_decode("a%20b%zz%+1%F0%9F%98%80"),
+            "a b%zz%+1😀".as_bytes()
+        );
+        assert_eq!(
+            query_pairs("EX=10&_token=t%2B+x&flag"),
+            vec![
+                (b"EX".to_vec(), b"10".to_vec()),
+                (b"_token".to_vec(), b"t+ x".to_vec()),
+                (b"flag".to_vec(), b"".to_vec()),
+            ]
+        );
+    }
+}

@@ -1,0 +1,292 @@
+//! Process guards for tests: a throwaway `redis-server` and the `upstash-local` binary,
+//! each killed when its guard drops.
+//!
+//! Everything here is synchronous and panics on failure, so it works the same from a
+//! plain `#[test]` and from a tokio test.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::resp::{encode_command, Decoder, Value};
+
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A `redis-server` on a free loopback port, without persistence.
+///
+/// The binary is `redis-server` from `PATH`, or `$REDIS_SERVER_BIN`.
+pub struct RedisServer {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts a server and waits until it answers.
+    pub fn start() -> RedisServer {
+        let mut last_error = String::new();
+        // Another process may take the port between our probe and Redis's bind.
+        for _ in 0..5 {
+            let port = free_port();
+            match spawn_redis(port) {
+                Ok(child) => {
+                    return RedisServer {
+                        port,
+                        child: Some(child),
+                    }
+                }
+                Err(e) => last_error = e,
+            }
+        }
+        panic!("could not start redis-server: {last_error}");
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The port it listens on, the same across [`RedisServer::restart`].
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Kills the server abruptly, as a crash would. Does nothing if already stopped.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops the server if running and starts an empty one on the same port.
+    pub fn restart(&mut self) {
+        self.stop();
+        let mut last_error = String::new();
+        for _ in 0..20 {
+            match spawn_redis(self.port) {
+                Ok(child) => {
+                    self.child = Some(child);
+                    return;
+                }
+                Err(e) => last_error = e,
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "could not restart redis-server on port {}: {last_error}",
+            self.port
+        );
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("cannot bind 127.0.0.1:0")
+        .port()
+}
+
+fn spawn_redis(port: u16) -> Result<Child, String> {
+    let bin = std::env::var_os("REDIS_SERVER_BIN").unwrap_or_else(|| "redis-server".into());
+    let port_arg = port.to_string();
+    let mut child = Command::new(&bin)
+        .args(["--port", &port_arg, "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot run {bin:?}: {e}"))?;
+    let addr = format!("127.0.0.1:{port}");
+    // Checking the pid, not just PING, tells our server from another one that already
+    // had the port (ours then exits on its failed bind).
+    let ours = format!("process_id:{}\r\n", child.id());
+    let deadline = Instant::now() + STARTUP_TIMEOUT;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("redis-server on port {port} exited: {status}"));
+        }
+        if let Ok(info) = try_redis_call(&addr, &["INFO", "server"]) {
+            if info.to_string().contains(&ours) {
+                return Ok(child);
+            }
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("redis-server on port {port} did not come up"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A running `upstash-local` binary on a free loopback port.
+pub struct Endpoint {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Endpoint {
+    /// Starts [`endpoint_binary`] in front of `redis_addr`, accepting `token`, and waits
+    /// for it to listen.
+    pub fn start(redis_addr: &str, token: &str) -> Endpoint {
+        let bin = endpoint_binary();
+        let mut child = Command::new(&bin)
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--redis",
+                redis_addr,
+                "--token",
+                token,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (first_line, lines) = mpsc::channel();
+        // The reader stays to drain stdout, so the child never blocks writing to it.
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = lines.next() {
+                let _ = first_line.send(line);
+            }
+            for _ in lines {}
+        });
+        let line = match lines.recv_timeout(STARTUP_TIMEOUT) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                let status = child.wait();
+                panic!(
+                    "{} printed no `listening on` line ({status:?})",
+                    bin.display()
+                );
+            }
+        };
+        let addr = line
+            .strip_prefix("listening on http://")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected first line from upstash-local: {line:?}"));
+        Endpoint { child, addr }
+    }
+
+    /// `http://127.0.0.1:PORT`, without a trailing slash.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `upstash-local` binary: `$UPSTASH_LOCAL_BIN` if set, else the one in the target
+/// directory of the running test executable (`target/<profile>/upstash-local`), built
+/// with cargo first if it is missing or older than the test executable.
+pub fn endpoint_binary() -> PathBuf {
+    if let Some(bin) = std::env::var_os("UPSTASH_LOCAL_BIN") {
+        return bin.into();
+    }
+    // Parallel tests in one process should build once, not race each other.
+    static BUILD: Mutex<()> = Mutex::new(());
+    let _building = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut dir = exe
+        .parent()
+        .expect("executable has a directory")
+        .to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let bin = dir.join(format!("upstash-local{}", std::env::consts::EXE_SUFFIX));
+    let modified = |p: &Path| p.metadata().and_then(|m| m.modified()).ok();
+    // A test built against newer library code than the binary would test stale code.
+    if modified(&bin).is_none() || modified(&bin) < modified(&exe) {
+        build_endpoint(&dir);
+    }
+    bin
+}
+
+fn build_endpoint(profile_dir: &Path) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args([
+        "build",
+        "--quiet",
+        "--bin",
+        "upstash-local",
+        "--manifest-path",
+    ])
+    .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+    match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => {}
+        Some("release") => {
+            cmd.arg("--release");
+        }
+        Some(profile) => {
+            cmd.args(["--profile", profile]);
+        }
+    }
+    // Builds into the directory holding the test executable, wherever that is.
+    if let Some(target_dir) = profile_dir.parent() {
+        cmd.env("CARGO_TARGET_DIR", target_dir);
+    }
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run cargo to build upstash-local: {e}"));
+    assert!(status.success(), "building upstash-local failed: {status}");
+}
+
+/// Sends one command to Redis at `addr` on a fresh connection and returns the reply;
+/// an error reply comes back as [`Value::Error`]. Panics if Redis cannot be reached.
+pub fn redis_call<A: AsRef<[u8]>>(addr: &str, args: &[A]) -> Value {
+    try_redis_call(addr, args).unwrap_or_else(|e| panic!("redis at {addr}: {e}"))
+}
+
+/// Like [`redis_call`], rendered as `redis-cli --raw` would print it: `TTL` gives
+/// `"42"`, `GET` of a missing key `""`, arrays one element per line.
+pub fn redis_cli<A: AsRef<[u8]>>(addr: &str, args: &[A]) -> String {
+    redis_call(addr, args).to_string()
+}
+
+fn try_redis_call<A: AsRef<[u8]>>(addr: &str, args: &[A]) -> io::Result<Value> {
+    let sock = addr
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address"))?;
+    let mut stream = TcpStream::connect_timeout(&sock, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut wire = Vec::new();
+    encode_command(args, &mut wire);
+    stream.write_all(&wire)?;
+    let (mut buf, mut pos, mut decoder) = (Vec::new(), 0, Decoder::default());
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        if let Some(value) = decoder.decode(&buf, &mut pos)? {
+            return Ok(value);
+        }
+        match stream.read(&mut chunk)? {
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            n => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}

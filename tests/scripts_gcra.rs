@@ -1,0 +1,111 @@
+//! The GCRA script against a real redis-server, through the REST endpoint.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod support;
+
+use edge_limiter::scripts::LIMITER;
+use serde_json::json;
+use support::{rules, Backend};
+
+#[tokio::test]
+async fn embedded_sha1_is_the_sources_and_what_redis_computes() {
+    assert_eq!(
+        LIMITER.sha1,
+        sha1_smol::Sha1::from(LIMITER.source).digest().to_string()
+    );
+    assert!(LIMITER
+        .source
+        .starts_with("#!lua flags=allow-key-locking\n"));
+    let b = Backend::start();
+    let loaded = b
+        .client
+        .command(&["SCRIPT", "LOAD", LIMITER.source])
+        .await
+        .unwrap();
+    assert_eq!(loaded, json!(LIMITER.sha1));
+}
+
+#[tokio::test]
+async fn admits_exactly_the_burst_back_to_back_then_denies() {
+    let b = Backend::start();
+    // One unit per hour: nothing refills while the test runs, on Redis's clock.
+    let r = rules(
+        json!([{"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1h", "burst": 5}]),
+    );
+    for i in 0..5 {
+        let d = b.decide(&[&r[0]], "198.51.100.1", 1, None).await;
+        assert!(d.allowed, "request {i}: {d:?}");
+        assert_eq!(d.rules[0].remaining, 4 - i);
+        assert_eq!(d.rules[0].limit, 5);
+    }
+    for _ in 0..3 {
+        let d = b.decide(&[&r[0]], "198.51.100.1", 1, None).await;
+        assert!(!d.allowed, "{d:?}");
+        assert_eq!(d.rules[0].remaining, 0);
+        let retry = d.retry_after_ms.unwrap();
+        assert!(retry > 3_590_000 && retry <= 3_600_000, "{retry}");
+    }
+    // Another client is untouched.
+    assert!(b.decide(&[&r[0]], "198.51.100.2", 1, None).await.allowed);
+}
+
+#[tokio::test]
+async fn retry_after_is_exact_to_the_millisecond() {
+    let b = Backend::start();
+    // 3 per second: one unit per 333 333 us, so retry-after is not a round number.
+    let r = rules(
+        json!([{"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 3, "period": "1s", "burst": 2}]),
+    );
+    let t0 = 1_700_000_000_000;
+    assert!(b.decide(&[&r[0]], "c", 1, Some(t0)).await.allowed);
+    assert!(b.decide(&[&r[0]], "c", 1, Some(t0)).await.allowed);
+    let denied = b.decide(&[&r[0]], "c", 1, Some(t0)).await;
+    assert!(!denied.allowed);
+    let retry = denied.retry_after_ms.unwrap();
+    assert_eq!(retry, 334, "333.333 ms, rounded up");
+    let early = b.decide(&[&r[0]], "c", 1, Some(t0 + retry - 1)).await;
+    assert!(
+        !early.allowed,
+        "one millisecond early must still be denied: {early:?}"
+    );
+    assert_eq!(early.retry_after_ms, Some(1));
+    let on_time = b.decide(&[&r[0]], "c", 1, Some(t0 + retry)).await;
+    assert!(
+        on_time.allowed,
+        "a call at retry-after must be admitted: {on_time:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_key_expires_when_its_debt_is_paid() {
+    let b = Backend::start();
+    let r = rules(
+        json!([{"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1m", "burst": 10}]),
+    );
+    let d = b.decide(&[&r[0]], "ttl", 3, None).await;
+    assert!(d.allowed);
+    let pttl: i64 = b.redis(&["PTTL", "el:{g|ttl}"]).parse().unwrap();
+    // Three units of 6 s each: the TAT is 18 s ahead, and so is the expiry.
+    assert!(pttl > 17_000 && pttl <= 18_000, "{pttl}");
+    assert_eq!(d.rules[0].reset_after_ms, 18_000);
+    // A denied request writes nothing, so it cannot extend the expiry.
+    let before = b.redis(&["GET", "el:{g|ttl}"]);
+    let denied = b.decide(&[&r[0]], "ttl", 8, None).await;
+    assert!(!denied.allowed);
+    assert_eq!(b.redis(&["GET", "el:{g|ttl}"]), before);
+    let after: i64 = b.redis(&["PTTL", "el:{g|ttl}"]).parse().unwrap();
+    assert!(after <= pttl, "{after} > {pttl}");
+}
+
+#[tokio::test]
+async fn a_flushed_script_is_sent_again() {
+    let b = Backend::start();
+    let r = rules(
+        json!([{"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1h", "burst": 3}]),
+    );
+    assert!(b.decide(&[&r[0]], "f", 1, None).await.allowed);
+    b.redis(&["SCRIPT", "FLUSH"]);
+    let d = b.decide(&[&r[0]], "f", 1, None).await;
+    assert!(d.allowed);
+    assert_eq!(d.rules[0].remaining, 1, "the state survived the flush");
+}

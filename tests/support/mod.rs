@@ -1,0 +1,77 @@
+//! What the native integration tests share: a real redis-server behind the
+//! local REST endpoint, and helpers to run the limiter script through it.
+#![allow(dead_code)] // Each test binary uses its own subset.
+
+pub mod worker;
+
+use std::time::Duration;
+
+use edge_limiter::{
+    config::{Config, Rule},
+    decision::{Check, Decision, ScriptCall},
+    redis_rest::RestClient,
+    scripts::LIMITER,
+};
+use edge_limiter_local::testenv::{Endpoint, RedisServer};
+use serde_json::{json, Value};
+
+/// The token the test endpoints accept.
+pub const TOKEN: &str = "test-token-8f2c";
+
+/// Generous: these tests are about correctness, not speed.
+pub const BUDGET: Duration = Duration::from_secs(10);
+
+/// A redis-server, the REST endpoint in front of it, and a client for it.
+/// Both processes die with this value, even when a test panics.
+pub struct Backend {
+    pub client: RestClient,
+    pub endpoint: Endpoint,
+    pub redis: RedisServer,
+}
+
+impl Backend {
+    pub fn start() -> Backend {
+        let redis = RedisServer::start();
+        let endpoint = Endpoint::start(&redis.addr(), TOKEN);
+        let client = RestClient::new(&endpoint.url(), TOKEN);
+        Backend {
+            client,
+            endpoint,
+            redis,
+        }
+    }
+
+    /// Runs a decision over `rules` for one client, `cost` each, at `now_ms`
+    /// (`None`: Redis's clock).
+    pub async fn decide(
+        &self,
+        rules: &[&Rule],
+        id: &str,
+        cost: u64,
+        now_ms: Option<u64>,
+    ) -> Decision {
+        let checks: Vec<_> = rules
+            .iter()
+            .map(|r| (Check { rule: r, cost }, vec![id]))
+            .collect();
+        let call = ScriptCall::decide(&checks, now_ms);
+        let reply = self
+            .client
+            .run_script(&LIMITER, &call.keys, &call.args, BUDGET)
+            .await
+            .expect("script call");
+        Decision::from_reply(&reply, rules.len()).expect("script reply")
+    }
+
+    /// A command straight to Redis, bypassing the endpoint.
+    pub fn redis(&self, args: &[&str]) -> String {
+        edge_limiter_local::testenv::redis_cli(&self.redis.addr(), args)
+    }
+}
+
+/// Rules from their JSON form, e.g. `json!({"name": "a", ...})`.
+pub fn rules(list: Value) -> Vec<Rule> {
+    Config::from_json(&json!({ "rules": list }))
+        .expect("test rules are valid")
+        .rules
+}

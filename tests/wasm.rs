@@ -1,0 +1,89 @@
+//! The code that touches JS values, run as wasm32 in node.
+#![cfg(target_arch = "wasm32")]
+
+use std::time::Duration;
+
+use edge_limiter::{
+    budget,
+    entry::{request_meta, with_outcome_headers},
+    gateway::{Action, Outcome},
+    redis_rest::{RestClient, RestError},
+    scripts::LIMITER,
+};
+use wasm_bindgen_test::wasm_bindgen_test;
+use worker::{Headers, Method, Request, RequestInit, Response};
+
+#[wasm_bindgen_test]
+fn request_meta_reads_method_path_query_and_headers() {
+    let headers = Headers::new();
+    headers.set("CF-Connecting-IP", "203.0.113.5").unwrap();
+    headers.set("X-Api-Key", "k1").unwrap();
+    let mut init = RequestInit::new();
+    init.with_method(Method::Post).with_headers(headers);
+    let req = Request::new_with_init("https://example.com/api/v1?x=1&y=%7B", &init).unwrap();
+    let meta = request_meta(&req).unwrap();
+    assert_eq!(meta.method, "POST");
+    assert_eq!(meta.path, "/api/v1");
+    assert_eq!(meta.query.as_deref(), Some("x=1&y=%7B"));
+    assert_eq!(meta.header("cf-connecting-ip"), Some("203.0.113.5"));
+    assert_eq!(meta.header("x-api-key"), Some("k1"));
+}
+
+#[wasm_bindgen_test]
+fn outcome_headers_are_added_and_the_origins_kept() {
+    let origin_headers = Headers::new();
+    origin_headers.set("Content-Type", "text/html").unwrap();
+    origin_headers.append("Set-Cookie", "a=1").unwrap();
+    let response = Response::ok("page").unwrap().with_headers(origin_headers);
+    let outcome = Outcome {
+        action: Action::Forward,
+        headers: vec![
+            ("RateLimit".into(), "\"r\";r=1;t=2".into()),
+            ("RateLimit-Policy".into(), "\"r\";q=3;w=4".into()),
+        ],
+        log: None,
+    };
+    let out = with_outcome_headers(response, &outcome).unwrap();
+    assert_eq!(out.status_code(), 200);
+    let h = out.headers();
+    assert_eq!(h.get("content-type").unwrap().as_deref(), Some("text/html"));
+    assert_eq!(h.get("set-cookie").unwrap().as_deref(), Some("a=1"));
+    assert_eq!(
+        h.get("ratelimit").unwrap().as_deref(),
+        Some("\"r\";r=1;t=2")
+    );
+    assert_eq!(
+        h.get("ratelimit-policy").unwrap().as_deref(),
+        Some("\"r\";q=3;w=4")
+    );
+}
+
+#[wasm_bindgen_test]
+async fn the_budget_runs_on_a_js_timer() {
+    let never = std::future::pending::<()>();
+    assert_eq!(budget::within(Duration::from_millis(20), never).await, None);
+    assert_eq!(
+        budget::within(Duration::from_secs(5), async { 7 }).await,
+        Some(7)
+    );
+}
+
+#[wasm_bindgen_test]
+async fn an_unreachable_endpoint_is_a_typed_error_within_budget() {
+    // Port 1 on loopback: nothing listens there.
+    let client = RestClient::new("http://127.0.0.1:1", "secret-token");
+    let err = client
+        .run_script(
+            &LIMITER,
+            &["k".into()],
+            &["decide".into(), "".into()],
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, RestError::Transport(_) | RestError::Timeout { .. }),
+        "{err:?}"
+    );
+    assert!(!err.to_string().contains("secret-token"));
+}
