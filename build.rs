@@ -3,8 +3,13 @@
 
 use std::{env, fs, path::Path};
 
-/// The order matters: the algorithms define the tables `limiter.lua` uses.
-const PARTS: [&str; 3] = ["lua/gcra.lua", "lua/windowed.lua", "lua/limiter.lua"];
+/// The order matters: each part uses locals the earlier ones define.
+const PARTS: [&str; 4] = [
+    "lua/common.lua",
+    "lua/gcra.lua",
+    "lua/windowed.lua",
+    "lua/limiter.lua",
+];
 
 /// Hosted Upstash then locks only the keys in `KEYS`, not the whole database;
 /// our scripts touch no other key, which is what that flag promises.

@@ -1,6 +1,6 @@
 -- The entry point: decides every rule that matches one request, all or
--- nothing, in one call. gcra.lua and windowed.lua are joined in front of this
--- file at build time (see build.rs), behind the `#!lua` shebang.
+-- nothing, in one call. common.lua, gcra.lua and windowed.lua are joined in
+-- front of this file at build time (see build.rs), behind the `#!lua` shebang.
 --
 -- KEYS[i]   state of rule i (all under one hash tag when run on a cluster)
 -- ARGV[1]   operation: 'decide', or 'reset' to forget every key given
@@ -14,8 +14,8 @@
 -- limit):
 --   { allowed (1/0), retry_after, binding rule (1-based),
 --     then per rule: allowed, limit, remaining, reset_after, retry_after, window }
--- The binding rule and window are the ones that denied the request (the one
--- that frees up last) or, when admitted, the one with the fewest units left.
+-- The binding rule and window are, when denied, the first of those that free
+-- up last; when admitted, the first of those with the fewest units left.
 
 if ARGV[1] == 'reset' then
   return redis.call('DEL', unpack(KEYS))
@@ -66,9 +66,7 @@ for i = 1, #KEYS do
   local r = check(KEYS[i], cost)
   results[i] = r
   if r.allowed == 0 then
-    local worst = results[binding]
-    if allowed == 1 or r.retry_after < 0 or
-        (worst.retry_after >= 0 and r.retry_after > worst.retry_after) then
+    if allowed == 1 or later(r.retry_after, results[binding].retry_after) then
       binding = i
     end
     allowed = 0

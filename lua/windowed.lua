@@ -99,8 +99,7 @@ function windowed.check(key, now, cost, offset, windows)
 
     local remaining = limit - w.total
     if not allowed then
-      if result.allowed == 1 or retry_after < 0 or
-          (result.retry_after >= 0 and retry_after > result.retry_after) then
+      if result.allowed == 1 or later(retry_after, result.retry_after) then
         result.window, result.retry_after = i, retry_after
       end
       result.allowed = 0

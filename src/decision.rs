@@ -205,8 +205,8 @@ mod tests {
             ),
         ];
         let call = ScriptCall::decide(&checks, Some(5));
-        assert_eq!(call.keys, ["el:{a|1.2.3.4}", "el:{b|1.2.3.4}"]);
-        let offset = window_offset("el:{b|1.2.3.4}", 60_000).to_string();
+        assert_eq!(call.keys, ["el:{1.2.3.4}:a", "el:{1.2.3.4}:b"]);
+        let offset = window_offset("el:{1.2.3.4}:b", 60_000).to_string();
         assert_eq!(
             call.args,
             [

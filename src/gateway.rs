@@ -207,7 +207,7 @@ mod tests {
         let out = block_on(handle(&config("open"), &req("/"), &store));
         assert_eq!(out.action, Action::Forward);
         let seen = store.seen.borrow();
-        assert_eq!(seen[0].0.keys, ["el:{ip|192.0.2.1}"]);
+        assert_eq!(seen[0].0.keys, ["el:{192.0.2.1}:ip"]);
         assert_eq!(seen[0].1, Duration::from_millis(300));
     }
 

@@ -7,18 +7,23 @@ use sha1_smol::Sha1;
 /// client cannot make Redis store arbitrarily long keys.
 pub const MAX_PLAIN_ID: usize = 64;
 
-/// Builds `el:{<rule>|<identifier>}`.
+/// Builds `el:{<identifier>}:<rule>`.
 ///
-/// The braces are a Redis Cluster hash tag, so every key of one rule and
-/// client lands in one slot. Identifier parts made only of characters that
-/// cannot end a tag or separate parts (`A-Z a-z 0-9 . _ : @ / -`) are kept as
-/// they are, joined by `|`; anything else, or anything longer than
-/// [`MAX_PLAIN_ID`], becomes `#` and the SHA1 of the parts, each
-/// length-prefixed. Plain forms never contain `#` or `|` inside a part, so
-/// the two forms cannot collide, and rule names cannot contain `|`.
+/// The braces are a Redis Cluster hash tag holding only the client's
+/// identifier, so every rule keyed on the same identifier lands in the same
+/// slot and one script call can decide them together. Identifier parts made
+/// only of characters that cannot end a tag or separate parts
+/// (`A-Z a-z 0-9 . _ : @ / -`) are kept as they are, joined by `|`; anything
+/// else, or anything longer than [`MAX_PLAIN_ID`], becomes `#` and the SHA1
+/// of the parts, each length-prefixed. Plain forms never contain `#`, `|` or
+/// `}` inside a part, so the two forms cannot collide, and rule names (no
+/// `}`) cannot reach into the tag.
 pub fn redis_key(rule: &str, parts: &[&str]) -> String {
     let plain_len: usize = parts.iter().map(|p| p.len() + 1).sum();
-    let plain = plain_len <= MAX_PLAIN_ID + 1 && parts.iter().all(|p| p.bytes().all(is_plain));
+    // An empty tag `{}` would not be a hash tag at all, so empty is hashed too.
+    let plain = plain_len > parts.len()
+        && plain_len <= MAX_PLAIN_ID + parts.len()
+        && parts.iter().all(|p| p.bytes().all(is_plain));
     let id = if plain {
         parts.join("|")
     } else {
@@ -29,7 +34,7 @@ pub fn redis_key(rule: &str, parts: &[&str]) -> String {
         }
         format!("#{}", h.digest())
     };
-    format!("el:{{{rule}|{id}}}")
+    format!("el:{{{id}}}:{rule}")
 }
 
 fn is_plain(b: u8) -> bool {
@@ -57,11 +62,11 @@ mod tests {
     fn plain_identifiers_stay_readable() {
         assert_eq!(
             redis_key("per-ip", &["203.0.113.7"]),
-            "el:{per-ip|203.0.113.7}"
+            "el:{203.0.113.7}:per-ip"
         );
         assert_eq!(
             redis_key("api", &["2001:db8::1", "key-1"]),
-            "el:{api|2001:db8::1|key-1}"
+            "el:{2001:db8::1|key-1}:api"
         );
     }
 
@@ -77,7 +82,7 @@ mod tests {
             &"x".repeat(65),
         ] {
             let key = redis_key("r", &[id]);
-            assert!(key.starts_with("el:{r|#") && key.ends_with('}'), "{key}");
+            assert!(key.starts_with("el:{#") && key.ends_with("}:r"), "{key}");
             assert_eq!(
                 key.matches('{').count() + key.matches('}').count(),
                 2,
@@ -91,18 +96,22 @@ mod tests {
         assert_ne!(redis_key("r", &["a|b", "c"]), redis_key("r", &["a", "b|c"]));
         assert_ne!(redis_key("r", &["a b", ""]), redis_key("r", &["a", " b"]));
         assert_ne!(redis_key("r", &["a"]), redis_key("r2", &["a"]));
+        assert!(
+            redis_key("r", &[""]).starts_with("el:{#"),
+            "an empty tag is no hash tag"
+        );
         assert_eq!(
             redis_key("r", &[&"x".repeat(64)]).len(),
-            "el:{r|}".len() + 64
+            "el:{}:r".len() + 64
         );
     }
 
     #[test]
     fn offsets_are_stable_and_in_range() {
-        let a = window_offset("el:{r|1.2.3.4}", 60_000);
-        assert_eq!(a, window_offset("el:{r|1.2.3.4}", 60_000));
+        let a = window_offset("el:{1.2.3.4}:r", 60_000);
+        assert_eq!(a, window_offset("el:{1.2.3.4}:r", 60_000));
         assert!(a < 60_000);
         assert_eq!(window_offset("x", 1), 0);
-        assert_ne!(a, window_offset("el:{r|1.2.3.5}", 60_000));
+        assert_ne!(a, window_offset("el:{1.2.3.5}:r", 60_000));
     }
 }

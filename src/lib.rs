@@ -31,6 +31,7 @@ pub mod entry;
 pub mod gateway;
 pub mod headers;
 pub mod keys;
+pub mod model;
 pub mod policy;
 pub mod redis_rest;
 pub mod rules;

@@ -9,7 +9,7 @@ pub struct Script {
     pub sha1: &'static str,
 }
 
-/// `lua/gcra.lua`, `lua/windowed.lua` and `lua/limiter.lua` joined behind a
+/// `lua/common.lua`, `lua/gcra.lua`, `lua/windowed.lua` and `lua/limiter.lua` joined behind a
 /// `#!lua flags=allow-key-locking` shebang (see `build.rs`).
 pub const LIMITER: Script = Script {
     source: include_str!(concat!(env!("OUT_DIR"), "/limiter.lua")),

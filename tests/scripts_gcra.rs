@@ -84,16 +84,16 @@ async fn the_key_expires_when_its_debt_is_paid() {
     );
     let d = b.decide(&[&r[0]], "ttl", 3, None).await;
     assert!(d.allowed);
-    let pttl: i64 = b.redis(&["PTTL", "el:{g|ttl}"]).parse().unwrap();
+    let pttl: i64 = b.redis(&["PTTL", "el:{ttl}:g"]).parse().unwrap();
     // Three units of 6 s each: the TAT is 18 s ahead, and so is the expiry.
     assert!(pttl > 17_000 && pttl <= 18_000, "{pttl}");
     assert_eq!(d.rules[0].reset_after_ms, 18_000);
     // A denied request writes nothing, so it cannot extend the expiry.
-    let before = b.redis(&["GET", "el:{g|ttl}"]);
+    let before = b.redis(&["GET", "el:{ttl}:g"]);
     let denied = b.decide(&[&r[0]], "ttl", 8, None).await;
     assert!(!denied.allowed);
-    assert_eq!(b.redis(&["GET", "el:{g|ttl}"]), before);
-    let after: i64 = b.redis(&["PTTL", "el:{g|ttl}"]).parse().unwrap();
+    assert_eq!(b.redis(&["GET", "el:{ttl}:g"]), before);
+    let after: i64 = b.redis(&["PTTL", "el:{ttl}:g"]).parse().unwrap();
     assert!(after <= pttl, "{after} > {pttl}");
 }
 

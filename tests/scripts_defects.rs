@@ -1,0 +1,307 @@
+//! The classic Redis rate-limiter defects, one test each, against the real
+//! script on a real redis-server through the REST endpoint.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod support;
+
+use std::sync::Arc;
+
+use edge_limiter::{
+    decision::{Check, Decision, ScriptCall},
+    scripts::LIMITER,
+};
+use serde_json::json;
+use support::{rules, Backend, BUDGET};
+
+fn gcra_and_windowed() -> Vec<edge_limiter::config::Rule> {
+    rules(json!([
+        {"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1m", "burst": 5},
+        {"name": "w", "key": ["ip"], "algorithm": "windowed", "windows": [["1s", 3, "100ms"], ["1m", 6, "1s"], ["1h", 50, "1m"]]}
+    ]))
+}
+
+fn all_keys(b: &Backend) -> Vec<String> {
+    b.redis(&["KEYS", "*"])
+        .lines()
+        .map(str::to_owned)
+        .filter(|k| !k.is_empty())
+        .collect()
+}
+
+fn pttl(b: &Backend, key: &str) -> i64 {
+    b.redis(&["PTTL", key]).parse().unwrap()
+}
+
+#[tokio::test]
+async fn lost_expire_and_keys_without_ttl_cannot_happen() {
+    // The expiry is written in the same atomic script as the state, so no
+    // crash between two round trips can leave a key without one.
+    let b = Backend::start();
+    let rs = gcra_and_windowed();
+    for i in 0..40 {
+        let id = format!("client-{}", i % 7);
+        b.decide(&[&rs[0], &rs[1]], &id, 1 + i % 2, None).await;
+        b.decide(&[&rs[i as usize % 2]], &id, 1, None).await;
+        for key in all_keys(&b) {
+            let ttl = pttl(&b, &key);
+            // Never -1 (no expiry); never longer than the longest window (1 h).
+            assert!(
+                ttl > 0 && ttl <= 3_600_000,
+                "{key} has PTTL {ttl} after step {i}"
+            );
+        }
+    }
+    assert!(!all_keys(&b).is_empty());
+}
+
+#[tokio::test]
+async fn a_flood_of_denied_requests_grows_nothing() {
+    let b = Backend::start();
+    let rs = gcra_and_windowed();
+    while b
+        .decide(&[&rs[0], &rs[1]], "flooder", 1, None)
+        .await
+        .allowed
+    {}
+    let keys = all_keys(&b);
+    let hlen = b.redis(&["HLEN", "el:{flooder}:w"]);
+    let memory = |b: &Backend| b.redis(&["MEMORY", "USAGE", "el:{flooder}:w"]);
+    let before = (b.redis(&["GET", "el:{flooder}:g"]), memory(&b));
+    for _ in 0..500 {
+        assert!(
+            !b.decide(&[&rs[0], &rs[1]], "flooder", 1, None)
+                .await
+                .allowed
+        );
+    }
+    assert_eq!(all_keys(&b), keys);
+    assert_eq!(b.redis(&["HLEN", "el:{flooder}:w"]), hlen);
+    assert_eq!((b.redis(&["GET", "el:{flooder}:g"]), memory(&b)), before);
+    // Clients that can never be admitted (cost above every limit) write nothing at all.
+    for i in 0..200 {
+        let d = b
+            .decide(&[&rs[0], &rs[1]], &format!("new-{i}"), 99, None)
+            .await;
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after_ms, None, "never: the cost exceeds the limit");
+    }
+    assert_eq!(all_keys(&b), keys);
+}
+
+#[tokio::test]
+async fn denied_requests_never_extend_the_expiry_into_a_lockout() {
+    let b = Backend::start();
+    let rs = gcra_and_windowed();
+    // GCRA on an explicit clock: hammer every millisecond while denied.
+    let t0 = 1_800_000_000_000;
+    for _ in 0..5 {
+        assert!(b.decide(&[&rs[0]], "hammer", 1, Some(t0)).await.allowed);
+    }
+    let denied = b.decide(&[&rs[0]], "hammer", 1, Some(t0)).await;
+    let retry = denied.retry_after_ms.unwrap();
+    assert_eq!(retry, 6000, "one unit per 6 s");
+    let ttl = pttl(&b, "el:{hammer}:g");
+    for t in (0..retry).step_by(97) {
+        assert!(!b.decide(&[&rs[0]], "hammer", 1, Some(t0 + t)).await.allowed);
+        assert!(
+            pttl(&b, "el:{hammer}:g") <= ttl,
+            "a denial extended the expiry"
+        );
+    }
+    assert!(
+        b.decide(&[&rs[0]], "hammer", 1, Some(t0 + retry))
+            .await
+            .allowed,
+        "admitted at retry-after despite the hammering"
+    );
+
+    // Windowed: same, across the bucket edges of all three windows.
+    let t1 = t0 + 10_000_000;
+    let mut now = t1;
+    while b.decide(&[&rs[1]], "hammer", 1, Some(now)).await.allowed {
+        now += 50;
+    }
+    let denied = b.decide(&[&rs[1]], "hammer", 1, Some(now)).await;
+    let free_at = now + denied.retry_after_ms.unwrap();
+    let ttl = pttl(&b, "el:{hammer}:w");
+    while now < free_at {
+        assert!(!b.decide(&[&rs[1]], "hammer", 1, Some(now)).await.allowed);
+        assert!(pttl(&b, "el:{hammer}:w") <= ttl);
+        now += 7;
+    }
+    assert!(
+        b.decide(&[&rs[1]], "hammer", 1, Some(free_at))
+            .await
+            .allowed
+    );
+}
+
+/// 64 clients at once, each one request through the REST endpoint.
+async fn concurrent_admissions(
+    b: &Backend,
+    rule_set: &[edge_limiter::config::Rule],
+    id: &str,
+) -> (usize, Vec<Decision>) {
+    let b_client = Arc::new(b.client.clone());
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let client = b_client.clone();
+        let checks: Vec<_> = rule_set
+            .iter()
+            .map(|r| (Check { rule: r, cost: 1 }, vec![id]))
+            .collect();
+        let call = ScriptCall::decide(&checks, None);
+        let n = rule_set.len();
+        tasks.push(tokio::spawn(async move {
+            let reply = client
+                .run_script(&LIMITER, &call.keys, &call.args, BUDGET)
+                .await
+                .expect("script call");
+            Decision::from_reply(&reply, n).unwrap()
+        }));
+    }
+    let mut decisions = Vec::new();
+    for t in tasks {
+        decisions.push(t.await.unwrap());
+    }
+    (decisions.iter().filter(|d| d.allowed).count(), decisions)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn check_then_act_races_admit_exactly_the_limit() {
+    let b = Backend::start();
+    let gcra = rules(
+        json!([{"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 20, "period": "1h", "burst": 20}]),
+    );
+    assert_eq!(concurrent_admissions(&b, &gcra, "race").await.0, 20);
+    let windowed = rules(
+        json!([{"name": "w", "key": ["ip"], "algorithm": "windowed", "windows": [["1h", 20, "1m"], ["1d", 100, "1h"]]}]),
+    );
+    assert_eq!(concurrent_admissions(&b, &windowed, "race").await.0, 20);
+    // Several rules at once: the tighter one binds, and the looser one is
+    // charged for exactly the admitted requests, not the denied ones.
+    let both = rules(json!([
+        {"name": "g2", "key": ["ip"], "algorithm": "gcra", "rate": 30, "period": "1h", "burst": 30},
+        {"name": "w2", "key": ["ip"], "algorithm": "windowed", "windows": [["1h", 20, "1m"]]}
+    ]));
+    let (admitted, _) = concurrent_admissions(&b, &both, "race").await;
+    assert_eq!(admitted, 20);
+    let peek = b.decide(&[&both[0]], "race", 0, None).await;
+    assert_eq!(peek.rules[0].remaining, 10);
+}
+
+#[tokio::test]
+async fn fixed_windows_do_not_reset_every_client_at_once() {
+    let b = Backend::start();
+    let fixed = rules(
+        json!([{"name": "f", "key": ["ip"], "algorithm": "windowed", "windows": [["1m", 10, "1m"]]}]),
+    );
+    let mut resets = std::collections::BTreeSet::new();
+    for i in 0..100 {
+        let d = b
+            .decide(
+                &[&fixed[0]],
+                &format!("198.51.100.{i}"),
+                1,
+                Some(1_800_000_000_000),
+            )
+            .await;
+        resets.insert(d.rules[0].reset_after_ms);
+    }
+    // Each client's window is offset by its key: resets spread over the minute.
+    assert!(
+        resets.len() > 90,
+        "only {} distinct reset instants among 100 clients",
+        resets.len()
+    );
+    assert!(*resets.last().unwrap() - *resets.first().unwrap() > 50_000);
+}
+
+#[tokio::test]
+async fn a_script_flush_mid_run_loses_nothing() {
+    let b = Backend::start();
+    let rs = gcra_and_windowed();
+    let mut admitted = 0;
+    for i in 0..12 {
+        if i % 4 == 2 {
+            b.redis(&["SCRIPT", "FLUSH"]);
+        }
+        if b.decide(&[&rs[0], &rs[1]], "flush", 1, Some(1_800_000_000_000))
+            .await
+            .allowed
+        {
+            admitted += 1;
+        }
+    }
+    // The 1 s window allows 3; every flush was recovered through EVAL.
+    assert_eq!(admitted, 3);
+}
+
+#[tokio::test]
+async fn cost_zero_peeks_without_writing_and_reset_forgets() {
+    let b = Backend::start();
+    let rs = gcra_and_windowed();
+    let peek = b.decide(&[&rs[0], &rs[1]], "peek", 0, None).await;
+    assert!(peek.allowed);
+    assert_eq!((peek.rules[0].remaining, peek.rules[1].remaining), (5, 3));
+    assert!(all_keys(&b).is_empty(), "a peek wrote {:?}", all_keys(&b));
+    b.decide(&[&rs[0], &rs[1]], "peek", 2, None).await;
+    let state = (
+        b.redis(&["GET", "el:{peek}:g"]),
+        b.redis(&["HGETALL", "el:{peek}:w"]),
+    );
+    let ttl = pttl(&b, "el:{peek}:w");
+    let peek = b.decide(&[&rs[0], &rs[1]], "peek", 0, None).await;
+    assert_eq!((peek.rules[0].remaining, peek.rules[1].remaining), (3, 1));
+    assert_eq!(
+        (
+            b.redis(&["GET", "el:{peek}:g"]),
+            b.redis(&["HGETALL", "el:{peek}:w"])
+        ),
+        state
+    );
+    assert!(pttl(&b, "el:{peek}:w") <= ttl);
+
+    let reset = ScriptCall::reset(&[(&rs[0], vec!["peek"]), (&rs[1], vec!["peek"])]);
+    let deleted = b
+        .client
+        .run_script(&LIMITER, &reset.keys, &reset.args, BUDGET)
+        .await
+        .unwrap();
+    assert_eq!(deleted, json!(2));
+    assert!(all_keys(&b).is_empty());
+    let fresh = b.decide(&[&rs[0], &rs[1]], "peek", 0, None).await;
+    assert_eq!((fresh.rules[0].remaining, fresh.rules[1].remaining), (5, 3));
+}
+
+#[tokio::test]
+async fn edges_with_skewed_clocks_agree_because_redis_keeps_time() {
+    // The worker never sends its own clock: the script reads Redis's TIME,
+    // so two edge locations minutes apart in local time see one timeline.
+    let b = Backend::start();
+    let rs = gcra_and_windowed();
+    let checks = vec![(
+        Check {
+            rule: &rs[0],
+            cost: 1,
+        },
+        vec!["skew"],
+    )];
+    assert_eq!(
+        ScriptCall::decide(&checks, None).args[1],
+        "",
+        "no clock is sent"
+    );
+    b.decide(&[&rs[0]], "skew", 1, None).await;
+    let time = b.redis(&["TIME"]);
+    let mut parts = time.lines().map(|l| l.parse::<u64>().unwrap());
+    let redis_now_us = parts.next().unwrap() * 1_000_000 + parts.next().unwrap();
+    let tat: u64 = b.redis(&["GET", "el:{skew}:g"]).parse().unwrap();
+    // The TAT is one interval (6 s) past Redis's own now, give or take the
+    // milliseconds between the two calls.
+    let ahead = tat as i64 - redis_now_us as i64;
+    assert!(
+        (5_900_000..=6_000_000).contains(&ahead),
+        "TAT is {ahead} us ahead of Redis's clock"
+    );
+}

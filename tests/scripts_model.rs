@@ -1,0 +1,164 @@
+//! The real script on a real redis-server, held to the reference model
+//! (`src/model.rs`): random rule sets and request sequences, every reply
+//! field compared exactly.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod support;
+
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use edge_limiter::{
+    config::{FailMode, Rule},
+    decision::{Check, Decision, ScriptCall},
+    model::Model,
+    policy::{Gcra, Policy, Window},
+    scripts::LIMITER,
+};
+use proptest::{prelude::*, test_runner::TestCaseError};
+use support::{Backend, BUDGET};
+
+fn gcra() -> impl Strategy<Value = Policy> {
+    (1u64..6, 50u64..3000, 1u64..6).prop_map(|(rate, period_ms, burst)| {
+        Policy::Gcra(Gcra {
+            rate,
+            period_ms,
+            burst,
+        })
+    })
+}
+
+fn window() -> impl Strategy<Value = Window> {
+    (10u64..400, 1u64..8, 1u64..8).prop_map(|(precision_ms, buckets, limit)| Window {
+        duration_ms: precision_ms * buckets,
+        limit,
+        precision_ms,
+    })
+}
+
+fn windowed() -> impl Strategy<Value = Policy> {
+    prop::collection::vec(window(), 1..4).prop_map(|mut ws| {
+        // Two windows with the same duration and precision would share counters; config rejects that.
+        ws.dedup_by(|a, b| a.duration_ms == b.duration_ms && a.precision_ms == b.precision_ms);
+        ws.sort_by_key(|w| (w.duration_ms, w.precision_ms));
+        ws.dedup_by(|a, b| a.duration_ms == b.duration_ms && a.precision_ms == b.precision_ms);
+        Policy::Windowed(ws)
+    })
+}
+
+/// One request: how long after the previous one, which rules it falls under
+/// (a bit mask), which client, what it costs (0 peeks; above the limit is
+/// allowed here, to test "never").
+#[derive(Debug, Clone)]
+struct Step {
+    wait_ms: u64,
+    rules: u8,
+    client: u8,
+    cost: u64,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    (
+        prop_oneof![3 => 0u64..5, 3 => 5u64..400, 1 => 400u64..4000],
+        1u8..8,
+        0u8..2,
+        prop_oneof![1 => Just(0u64), 8 => 1u64..3, 1 => 3u64..9],
+    )
+        .prop_map(|(wait_ms, rules, client, cost)| Step {
+            wait_ms,
+            rules,
+            client,
+            cost,
+        })
+}
+
+static CASE: AtomicU64 = AtomicU64::new(0);
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn run_case(
+    backend: &Backend,
+    rt: &tokio::runtime::Runtime,
+    policies: &[Policy],
+    steps: &[Step],
+) -> Result<(), TestCaseError> {
+    // Fresh names per case, so cases never see each other's keys.
+    let case = CASE.fetch_add(1, Ordering::Relaxed);
+    let rules: Vec<Rule> = policies
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Rule {
+            name: format!("c{case}r{i}"),
+            path_prefix: "/".into(),
+            methods: vec![],
+            key: vec![edge_limiter::config::KeyPart::Ip],
+            policy: p.clone(),
+            cost: 1,
+            fail: FailMode::Closed,
+            budget_ms: 1000,
+        })
+        .collect();
+    let mut model = Model::new();
+    // Simulated time never runs slower than the real clock, so a key can
+    // only expire in Redis once the model, too, holds it worthless.
+    let mut skew = 0;
+    for (n, s) in steps.iter().enumerate() {
+        skew += s.wait_ms;
+        let now = now_ms() + skew;
+        let client = format!("client{}", s.client);
+        let checks: Vec<_> = rules
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| s.rules & (1 << i) != 0)
+            .map(|(_, r)| {
+                (
+                    Check {
+                        rule: r,
+                        cost: s.cost,
+                    },
+                    vec![client.as_str()],
+                )
+            })
+            .collect();
+        if checks.is_empty() {
+            continue;
+        }
+        let call = ScriptCall::decide(&checks, Some(now));
+        let reply = rt
+            .block_on(
+                backend
+                    .client
+                    .run_script(&LIMITER, &call.keys, &call.args, BUDGET),
+            )
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let real = Decision::from_reply(&reply, checks.len())
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let expected = model.decide(&checks, now);
+        prop_assert_eq!(&real, &expected, "step {} ({:?}) at {}", n, s, now);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_script_decides_exactly_as_the_model(
+        policies in prop::collection::vec(prop_oneof![gcra(), windowed()], 1..4),
+        steps in prop::collection::vec(step(), 1..40),
+    ) {
+        BACKEND.with(|b| run_case(&b.0, &b.1, &policies, &steps))?;
+    }
+}
+
+thread_local! {
+    // One Redis and endpoint for all cases of this test (they use fresh keys).
+    static BACKEND: (Backend, tokio::runtime::Runtime) = (Backend::start(), tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap());
+}
