@@ -6,7 +6,9 @@
 -- ARGV[1]   operation: 'decide', or 'reset' to forget every key given
 -- ARGV[2]   now in milliseconds, or '' to read Redis's own clock (TIME), so
 --           that edge locations with skewed clocks still agree
--- ARGV[3..] per rule, in KEYS order:
+-- ARGV[3]   one letter per rule: 'e' enforces, 's' is a shadow rule whose
+--           denial is reported but blocks nothing (and it is then not charged)
+-- ARGV[4..] per rule, in KEYS order:
 --             'gcra',   cost, interval (us), burst
 --             'window', cost, offset (ms), n, then n x (duration, limit, precision) (ms)
 --
@@ -14,8 +16,10 @@
 -- limit):
 --   { allowed (1/0), retry_after, binding rule (1-based),
 --     then per rule: allowed, limit, remaining, reset_after, retry_after, window }
--- The binding rule and window are, when denied, the first of those that free
--- up last; when admitted, the first of those with the fewest units left.
+-- The request is allowed when every enforced rule admits it; then every rule
+-- that admits it is charged, and otherwise none is. The binding rule and
+-- window are, when denied, the first enforced ones that free up last; when
+-- admitted, the first with the fewest units left.
 
 if ARGV[1] == 'reset' then
   return redis.call('DEL', unpack(KEYS))
@@ -55,7 +59,8 @@ end
 
 local rules, results = {}, {}
 local allowed, binding = 1, 1
-local at = 3
+local modes = ARGV[3]
+local at = 4
 for i = 1, #KEYS do
   local check, commit, cost, next_at = parse(at)
   if type(check) ~= 'function' then
@@ -65,7 +70,7 @@ for i = 1, #KEYS do
   rules[i] = { check = check, commit = commit }
   local r = check(KEYS[i], cost)
   results[i] = r
-  if r.allowed == 0 then
+  if r.allowed == 0 and string.sub(modes, i, i) ~= 's' then
     if allowed == 1 or later(r.retry_after, results[binding].retry_after) then
       binding = i
     end

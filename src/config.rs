@@ -1,5 +1,6 @@
 //! The limiter's configuration, read from the `LIMITER` object in
 //! `wrangler.toml`'s `[vars]`, and checked before any request is served.
+//! The worker and the native `edge-limiter check` command use this same code.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -11,6 +12,9 @@ use crate::policy::{Gcra, Policy, Window};
 pub struct Config {
     /// The rules, in the order they were written.
     pub rules: Vec<Rule>,
+    /// Whether to send `X-RateLimit-Limit/Remaining/Reset` besides the
+    /// standard `RateLimit` headers.
+    pub x_ratelimit_headers: bool,
 }
 
 /// One rule: which requests, keyed how, limited by what.
@@ -18,20 +22,35 @@ pub struct Config {
 pub struct Rule {
     /// Unique name; part of every Redis key and header the rule produces.
     pub name: String,
-    /// Requests whose path starts with this; `/` matches all.
+    /// Host the request must be for: exact, or `*.example.com` for any
+    /// subdomain. `None`: any host.
+    pub host: Option<String>,
+    /// Requests whose normalized path is this or lies below it; `/` matches all.
     pub path_prefix: String,
+    /// A path pattern the normalized path must match as a whole: `*` stands
+    /// for any run of characters within one segment, `**` for anything.
+    pub path: Option<String>,
     /// Upper-case methods this rule applies to; empty means all.
     pub methods: Vec<String>,
+    /// Headers (lower-case names) the request must carry, e.g. an API key:
+    /// with [`Rule::without_headers`] this splits traffic into classes.
+    pub with_headers: Vec<String>,
+    /// Headers (lower-case names) the request must not carry.
+    pub without_headers: Vec<String>,
     /// What identifies a client; several parts are joined.
     pub key: Vec<KeyPart>,
     /// The algorithm and its numbers.
     pub policy: Policy,
     /// Units each matching request costs.
-    pub cost: u64,
+    pub cost: Cost,
+    /// Enforce the rule, or only report what it would do.
+    pub mode: Mode,
     /// What to do when Redis cannot decide in time.
     pub fail: FailMode,
     /// Total time allowed for the Redis call, milliseconds.
     pub budget_ms: u64,
+    /// A body to send with this rule's 429 instead of the problem document.
+    pub deny_body: Option<DenyBody>,
 }
 
 /// A piece of the request that identifies the client.
@@ -39,16 +58,63 @@ pub struct Rule {
 pub enum KeyPart {
     /// `CF-Connecting-IP`, set by Cloudflare and not forgeable by the client.
     Ip,
-    /// A request header, e.g. an API key (name lower-cased).
+    /// A request header, e.g. an API key (name lower-cased). Naming
+    /// `x-forwarded-for` here is how a deployment behind a trusted proxy opts
+    /// in to that header; it is never used otherwise.
     Header(String),
     /// A cookie's value.
     Cookie(String),
     /// A query parameter's value.
     Query(String),
-    /// The request path.
+    /// The normalized request path.
     Path,
     /// The `User-Agent` header.
     UserAgent,
+}
+
+/// Units a request costs: one figure, or one per method with a default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cost {
+    /// Cost of methods not listed.
+    pub default: u64,
+    /// Upper-case method and its cost.
+    pub per_method: Vec<(String, u64)>,
+}
+
+impl Cost {
+    /// The same cost for every method.
+    pub fn flat(units: u64) -> Cost {
+        Cost {
+            default: units,
+            per_method: vec![],
+        }
+    }
+
+    /// Units a request with this (upper-case) method costs; 0 means it is
+    /// reported on but never consumes or is denied.
+    pub fn for_method(&self, method: &str) -> u64 {
+        self.per_method
+            .iter()
+            .find(|(m, _)| m == method)
+            .map_or(self.default, |(_, c)| *c)
+    }
+
+    fn max(&self) -> u64 {
+        self.per_method
+            .iter()
+            .map(|(_, c)| *c)
+            .fold(self.default, u64::max)
+    }
+}
+
+/// Whether a rule blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Requests beyond the limit get 429.
+    Enforce,
+    /// The decision is made, logged and put in the headers, but never
+    /// blocks; a request this rule alone would deny is not counted by it.
+    Shadow,
 }
 
 /// Behaviour when Redis is unreachable, slow, or answers nonsense.
@@ -60,6 +126,15 @@ pub enum FailMode {
     Closed,
 }
 
+/// A configured 429 body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DenyBody {
+    /// The body, sent as is.
+    pub body: String,
+    /// Its media type.
+    pub content_type: String,
+}
+
 /// A configuration that cannot be served, with what to fix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -68,7 +143,7 @@ pub enum ConfigError {
     Missing(String),
     /// A top-level field is wrong.
     Field {
-        /// The field, e.g. `origin`.
+        /// The field, e.g. `rules`.
         field: String,
         /// What is wrong with it.
         problem: String,
@@ -108,6 +183,8 @@ impl std::error::Error for ConfigError {}
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     rules: Vec<Value>,
+    #[serde(default)]
+    x_ratelimit_headers: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -115,9 +192,17 @@ struct RawConfig {
 struct RawRule {
     name: String,
     #[serde(default)]
+    host: Option<String>,
+    #[serde(default)]
     path_prefix: Option<String>,
     #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
     methods: Vec<String>,
+    #[serde(default)]
+    with_headers: Vec<String>,
+    #[serde(default)]
+    without_headers: Vec<String>,
     key: Vec<String>,
     algorithm: String,
     #[serde(default)]
@@ -129,11 +214,17 @@ struct RawRule {
     #[serde(default)]
     windows: Option<Vec<(Value, u64, Value)>>,
     #[serde(default)]
-    cost: Option<u64>,
+    cost: Option<Value>,
+    #[serde(default)]
+    mode: Option<String>,
     #[serde(default)]
     fail: Option<String>,
     #[serde(default)]
     budget: Option<Value>,
+    #[serde(default)]
+    deny_body: Option<String>,
+    #[serde(default)]
+    deny_content_type: Option<String>,
 }
 
 /// Checks `ORIGIN_URL`, where allowed requests go instead of the request's
@@ -188,7 +279,10 @@ impl Config {
             }
             rules.push(rule);
         }
-        Ok(Config { rules })
+        Ok(Config {
+            rules,
+            x_ratelimit_headers: raw.x_ratelimit_headers.unwrap_or(true),
+        })
     }
 }
 
@@ -203,12 +297,55 @@ impl std::str::FromStr for Config {
     }
 }
 
+impl Rule {
+    /// A rule matching every request, keyed on the client IP, with `policy`
+    /// and every other field at its default; for tests and simulations.
+    pub fn with_policy(name: &str, policy: Policy) -> Rule {
+        Rule {
+            name: name.to_owned(),
+            host: None,
+            path_prefix: "/".into(),
+            path: None,
+            methods: vec![],
+            with_headers: vec![],
+            without_headers: vec![],
+            key: vec![KeyPart::Ip],
+            policy,
+            cost: Cost::flat(1),
+            mode: Mode::Enforce,
+            fail: FailMode::Closed,
+            budget_ms: DEFAULT_BUDGET_MS,
+            deny_body: None,
+        }
+    }
+}
+
 fn rule_error(rule: &str, field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
     ConfigError::Rule {
         rule: rule.to_owned(),
         field: field.into(),
         problem: problem.into(),
     }
+}
+
+fn header_names(
+    names: &[String],
+    field: &str,
+    err: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<Vec<String>, ConfigError> {
+    names
+        .iter()
+        .map(|n| {
+            let ok = !n.is_empty()
+                && n.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+            if ok {
+                Ok(n.to_ascii_lowercase())
+            } else {
+                Err(err(field, format!("`{n}` is not a header name")))
+            }
+        })
+        .collect()
 }
 
 fn parse_rule(value: &Value, index: usize) -> Result<Rule, ConfigError> {
@@ -238,12 +375,34 @@ fn parse_rule(value: &Value, index: usize) -> Result<Rule, ConfigError> {
         ));
     }
 
+    let host = match raw.host {
+        None => None,
+        Some(h) => {
+            let bare = h.strip_prefix("*.").unwrap_or(&h);
+            let ok = !bare.is_empty()
+                && bare
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b':');
+            if !ok {
+                return Err(err(
+                    "host",
+                    format!("`{h}` is not a host name (use example.com or *.example.com)"),
+                ));
+            }
+            Some(h.to_ascii_lowercase())
+        }
+    };
     let path_prefix = raw.path_prefix.unwrap_or_else(|| "/".into());
     if !path_prefix.starts_with('/') {
         return Err(err(
             "path_prefix",
             format!("`{path_prefix}` must start with /"),
         ));
+    }
+    if let Some(p) = &raw.path {
+        if !p.starts_with('/') {
+            return Err(err("path", format!("`{p}` must start with /")));
+        }
     }
     let methods: Vec<String> = raw.methods.iter().map(|m| m.to_ascii_uppercase()).collect();
     if let Some(bad) = methods
@@ -252,6 +411,8 @@ fn parse_rule(value: &Value, index: usize) -> Result<Rule, ConfigError> {
     {
         return Err(err("methods", format!("`{bad}` is not an HTTP method")));
     }
+    let with_headers = header_names(&raw.with_headers, "with_headers", &err)?;
+    let without_headers = header_names(&raw.without_headers, "without_headers", &err)?;
 
     if raw.key.is_empty() {
         return Err(err("key", "give at least one part, e.g. [\"ip\"]".into()));
@@ -259,7 +420,11 @@ fn parse_rule(value: &Value, index: usize) -> Result<Rule, ConfigError> {
     let key = raw
         .key
         .iter()
-        .map(|k| parse_key_part(k).ok_or_else(|| err("key", format!("`{k}` is not a key part; use ip, path, user-agent, header:NAME, cookie:NAME or query:NAME"))))
+        .map(|k| {
+            parse_key_part(k).ok_or_else(|| {
+                err("key", format!("`{k}` is not a key part; use ip, path, user-agent, header:NAME, cookie:NAME or query:NAME"))
+            })
+        })
         .collect::<Result<Vec<_>, _>>()?;
 
     let policy = match raw.algorithm.as_str() {
@@ -326,16 +491,30 @@ fn parse_rule(value: &Value, index: usize) -> Result<Rule, ConfigError> {
     };
     policy.validate().map_err(|e| err(&e.field, e.problem))?;
 
-    let cost = raw.cost.unwrap_or(1);
-    if cost > policy.capacity() {
+    let cost = match &raw.cost {
+        None => Cost::flat(1),
+        Some(v) => parse_cost(v).map_err(|p| err("cost", p))?,
+    };
+    if cost.max() > policy.capacity() {
         return Err(err(
             "cost",
             format!(
-                "{cost} exceeds what the policy can ever admit ({}); no request would pass",
+                "{} exceeds what the policy can ever admit ({}); no such request would pass",
+                cost.max(),
                 policy.capacity()
             ),
         ));
     }
+    let mode = match raw.mode.as_deref() {
+        None | Some("enforce") => Mode::Enforce,
+        Some("shadow") => Mode::Shadow,
+        Some(other) => {
+            return Err(err(
+                "mode",
+                format!("`{other}` is not \"enforce\" or \"shadow\""),
+            ))
+        }
+    };
     let fail = match raw.fail.as_deref() {
         None | Some("closed") => FailMode::Closed,
         Some("open") => FailMode::Open,
@@ -353,16 +532,60 @@ fn parse_rule(value: &Value, index: usize) -> Result<Rule, ConfigError> {
     if !(10..=30_000).contains(&budget_ms) {
         return Err(err("budget", "must be between 10ms and 30s".into()));
     }
+    let deny_body = match (raw.deny_body, raw.deny_content_type) {
+        (None, None) => None,
+        (None, Some(_)) => return Err(err("deny_content_type", "goes with deny_body".into())),
+        (Some(body), content_type) => {
+            let content_type = content_type.unwrap_or_else(|| "text/plain; charset=utf-8".into());
+            if content_type.is_empty() || content_type.contains(['\r', '\n']) {
+                return Err(err(
+                    "deny_content_type",
+                    format!("`{content_type}` is not a media type"),
+                ));
+            }
+            Some(DenyBody { body, content_type })
+        }
+    };
     Ok(Rule {
         name: raw.name,
+        host,
         path_prefix,
+        path: raw.path,
         methods,
+        with_headers,
+        without_headers,
         key,
         policy,
         cost,
+        mode,
         fail,
         budget_ms,
+        deny_body,
     })
+}
+
+fn parse_cost(value: &Value) -> Result<Cost, String> {
+    let units = |v: &Value| {
+        v.as_u64()
+            .ok_or_else(|| format!("`{v}` is not a whole number of units (0 or more)"))
+    };
+    match value {
+        Value::Object(map) => {
+            let mut cost = Cost::flat(1);
+            for (method, v) in map {
+                let n = units(v)?;
+                if method == "default" {
+                    cost.default = n;
+                } else if !method.is_empty() && method.bytes().all(|b| b.is_ascii_alphabetic()) {
+                    cost.per_method.push((method.to_ascii_uppercase(), n));
+                } else {
+                    return Err(format!("`{method}` is not an HTTP method (or `default`)"));
+                }
+            }
+            Ok(cost)
+        }
+        v => Ok(Cost::flat(units(v)?)),
+    }
 }
 
 fn parse_key_part(text: &str) -> Option<KeyPart> {
@@ -432,9 +655,15 @@ mod tests {
             })
         );
         assert_eq!(
-            (r.cost, r.fail, r.budget_ms),
-            (1, FailMode::Closed, DEFAULT_BUDGET_MS)
+            (&r.cost, r.fail, r.budget_ms, r.mode),
+            (
+                &Cost::flat(1),
+                FailMode::Closed,
+                DEFAULT_BUDGET_MS,
+                Mode::Enforce
+            )
         );
+        assert!(c.x_ratelimit_headers);
         assert_eq!(r.path_prefix, "/");
     }
 
@@ -539,6 +768,80 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn parses_classes_costs_modes_and_bodies() {
+        let c = Config::from_json(&json!({"x_ratelimit_headers": false, "rules": [{
+            "name": "keyed", "key": ["header:x-api-key"], "algorithm": "gcra", "rate": 100, "period": "1m",
+            "host": "*.Example.com", "path": "/api/*/items", "with_headers": ["X-Api-Key"], "without_headers": ["x-internal"],
+            "cost": {"GET": 1, "post": 5, "default": 2, "OPTIONS": 0}, "mode": "shadow",
+            "deny_body": "{\"error\":\"slow down\"}", "deny_content_type": "application/json"
+        }]}))
+        .unwrap();
+        assert!(!c.x_ratelimit_headers);
+        let r = &c.rules[0];
+        assert_eq!(r.host.as_deref(), Some("*.example.com"));
+        assert_eq!(r.path.as_deref(), Some("/api/*/items"));
+        assert_eq!(
+            (r.with_headers.as_slice(), r.without_headers.as_slice()),
+            (
+                &["x-api-key".to_owned()][..],
+                &["x-internal".to_owned()][..]
+            )
+        );
+        assert_eq!(
+            (
+                r.cost.for_method("GET"),
+                r.cost.for_method("POST"),
+                r.cost.for_method("PUT"),
+                r.cost.for_method("OPTIONS")
+            ),
+            (1, 5, 2, 0)
+        );
+        assert_eq!(r.mode, Mode::Shadow);
+        assert_eq!(
+            r.deny_body.as_ref().unwrap().content_type,
+            "application/json"
+        );
+    }
+
+    #[test]
+    fn bad_classes_costs_and_modes_name_their_field() {
+        let base =
+            json!({"name": "a", "key": ["ip"], "algorithm": "gcra", "rate": 5, "period": "1s"});
+        let with = |k: &str, v: Value| {
+            let mut r = base.clone();
+            r[k] = v;
+            one_rule(r).unwrap_err().to_string()
+        };
+        for (field, value) in [
+            ("cost", json!(-1)),
+            ("cost", json!(1.5)),
+            ("cost", json!("3")),
+            ("cost", json!({"GET": 9})),
+            ("cost", json!({"G E T": 1})),
+            ("mode", json!("dry-run")),
+            ("host", json!("exa mple.com")),
+            ("path", json!("api/*")),
+            ("with_headers", json!(["bad header"])),
+            ("deny_content_type", json!("text/plain")),
+        ] {
+            let msg = with(field, value.clone());
+            assert!(
+                msg.starts_with(&format!("rule `a`, field `{field}`")),
+                "{field}={value}: {msg}"
+            );
+        }
+        assert!(
+            one_rule({
+                let mut r = base.clone();
+                r["cost"] = json!(0);
+                r
+            })
+            .is_ok(),
+            "cost 0 only reports"
+        );
     }
 
     #[test]

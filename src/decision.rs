@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use crate::{
-    config::Rule,
+    config::{Mode, Rule},
     keys::{redis_key, window_offset},
     redis_rest::RestError,
 };
@@ -64,9 +64,20 @@ impl ScriptCall {
     /// `now_ms` pins the clock (tests, simulation), `None` uses Redis's.
     pub fn decide(checks: &[(Check<'_>, Vec<&str>)], now_ms: Option<u64>) -> ScriptCall {
         let mut keys = Vec::with_capacity(checks.len());
+        let modes: String = checks
+            .iter()
+            .map(|(c, _)| {
+                if c.rule.mode == Mode::Shadow {
+                    's'
+                } else {
+                    'e'
+                }
+            })
+            .collect();
         let mut args = vec![
             "decide".to_owned(),
             now_ms.map(|n| n.to_string()).unwrap_or_default(),
+            modes,
         ];
         for (check, id) in checks {
             let key = redis_key(&check.rule.name, id);
@@ -81,7 +92,7 @@ impl ScriptCall {
     pub fn reset(rules: &[(&Rule, Vec<&str>)]) -> ScriptCall {
         ScriptCall {
             keys: rules.iter().map(|(r, id)| redis_key(&r.name, id)).collect(),
-            args: vec!["reset".to_owned(), String::new()],
+            args: vec!["reset".to_owned(), String::new(), String::new()],
         }
     }
 }
@@ -210,8 +221,8 @@ mod tests {
         assert_eq!(
             call.args,
             [
-                "decide", "5", "gcra", "1", "100000", "5", "window", "2", &offset, "1", "60000",
-                "100", "60000"
+                "decide", "5", "ee", "gcra", "1", "100000", "5", "window", "2", &offset, "1",
+                "60000", "100", "60000"
             ]
         );
         assert_eq!(ScriptCall::decide(&checks, None).args[1], "");

@@ -1,5 +1,7 @@
 //! The wasm32-only edge: turns a `worker::Request` into [`RequestMeta`], lets
-//! [`gateway::handle`] decide, and turns its [`Outcome`] into a response.
+//! [`Limiter::handle`] decide, and turns its [`Outcome`] into a response.
+
+use std::{cell::RefCell, rc::Rc};
 
 use worker::{
     console_error, console_log, event, Context, Env, Fetch, Headers, Request, RequestInit,
@@ -7,11 +9,18 @@ use worker::{
 };
 
 use crate::{
+    cache::BlockCache,
     config::{parse_origin, Config},
-    gateway::{self, Action, Outcome},
+    gateway::{Action, Limiter, Outcome},
     redis_rest::RestClient,
-    rules::RequestMeta,
+    rules::{normalize_path, RequestMeta},
 };
+
+thread_local! {
+    // One per isolate: a worker runs one thread, and the requests an isolate
+    // serves share what it learned about denied clients.
+    static CACHE: Rc<RefCell<BlockCache>> = Rc::new(RefCell::new(BlockCache::new()));
+}
 
 /// The `[vars]` entry holding the rules.
 pub const CONFIG_VAR: &str = "LIMITER";
@@ -37,8 +46,15 @@ async fn fetch(req: Request, env: Env, _ctx: Context) -> Result<Response> {
         }
     };
     let meta = request_meta(&req)?;
-    let outcome = gateway::handle(&config, &meta, &client).await;
-    if let Some(line) = &outcome.log {
+    let now_ms = js_sys::Date::now() as u64;
+    let cache = CACHE.with(Rc::clone);
+    let limiter = Limiter {
+        config: &config,
+        store: &client,
+        cache: &cache,
+    };
+    let outcome = limiter.handle(&meta, now_ms).await;
+    for line in &outcome.log {
         console_log!("{line}");
     }
     match &outcome.action {
@@ -92,7 +108,8 @@ pub fn request_meta(req: &Request) -> Result<RequestMeta> {
     let url = req.url()?;
     Ok(RequestMeta {
         method: req.method().to_string().to_ascii_uppercase(),
-        path: url.path().to_owned(),
+        host: url.host_str().unwrap_or_default().to_ascii_lowercase(),
+        path: normalize_path(url.path()),
         query: url.query().map(str::to_owned),
         headers: req
             .headers()

@@ -24,6 +24,9 @@
 //! Everything except [`entry`] is plain Rust that builds and tests natively.
 
 pub mod budget;
+pub mod cache;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod check;
 pub mod config;
 pub mod decision;
 #[cfg(target_arch = "wasm32")]

@@ -1,4 +1,5 @@
-//! A reference model of both algorithms in plain Rust, written from their
+//! A reference model of both algorithms, and of how one request's rules are
+//! decided together (enforced and shadow), in plain Rust, written from their
 //! definitions rather than from the Lua: counts are summed over the buckets
 //! inside each window, not kept as running totals. Property tests hold the
 //! real script to it field by field; a policy simulator can run on it.
@@ -6,6 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::{
+    config::Mode,
     decision::{Check, Decision, RuleState},
     keys::{redis_key, window_offset},
     policy::{Gcra, Policy, Window},
@@ -59,7 +61,8 @@ impl Model {
         let mut allowed = true;
         let mut binding = 0;
         for (i, s) in states.iter().enumerate() {
-            if !s.allowed {
+            let enforced = checks[i].0.rule.mode == Mode::Enforce;
+            if !s.allowed && enforced {
                 if allowed || later(s.retry_after_ms, states[binding].retry_after_ms) {
                     binding = i;
                 }

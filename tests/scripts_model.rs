@@ -11,7 +11,7 @@ use std::{
 };
 
 use edge_limiter::{
-    config::{FailMode, Rule},
+    config::{Mode, Rule},
     decision::{Check, Decision, ScriptCall},
     model::Model,
     policy::{Gcra, Policy, Window},
@@ -86,7 +86,7 @@ fn now_ms() -> u64 {
 fn run_case(
     backend: &Backend,
     rt: &tokio::runtime::Runtime,
-    policies: &[Policy],
+    policies: &[(Policy, bool)],
     steps: &[Step],
 ) -> Result<(), TestCaseError> {
     // Fresh names per case, so cases never see each other's keys.
@@ -94,15 +94,9 @@ fn run_case(
     let rules: Vec<Rule> = policies
         .iter()
         .enumerate()
-        .map(|(i, p)| Rule {
-            name: format!("c{case}r{i}"),
-            path_prefix: "/".into(),
-            methods: vec![],
-            key: vec![edge_limiter::config::KeyPart::Ip],
-            policy: p.clone(),
-            cost: 1,
-            fail: FailMode::Closed,
-            budget_ms: 1000,
+        .map(|(i, (p, shadow))| Rule {
+            mode: if *shadow { Mode::Shadow } else { Mode::Enforce },
+            ..Rule::with_policy(&format!("c{case}r{i}"), p.clone())
         })
         .collect();
     let mut model = Model::new();
@@ -151,7 +145,7 @@ proptest! {
 
     #[test]
     fn the_script_decides_exactly_as_the_model(
-        policies in prop::collection::vec(prop_oneof![gcra(), windowed()], 1..4),
+        policies in prop::collection::vec((prop_oneof![gcra(), windowed()], prop::bool::weighted(0.25)), 1..4),
         steps in prop::collection::vec(step(), 1..40),
     ) {
         BACKEND.with(|b| run_case(&b.0, &b.1, &policies, &steps))?;

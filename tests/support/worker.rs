@@ -106,6 +106,16 @@ pub struct Worker {
 impl Worker {
     /// Starts a worker in front of `origin`, limited through `rest_url`.
     pub fn start(rules_toml: &str, rest_url: &str, origin: &Origin) -> Worker {
+        Worker::start_with_token(rules_toml, rest_url, TOKEN, origin)
+    }
+
+    /// Like [`Worker::start`], with the REST token the worker sends.
+    pub fn start_with_token(
+        rules_toml: &str,
+        rest_url: &str,
+        token: &str,
+        origin: &Origin,
+    ) -> Worker {
         let shim = repo().join("build/worker/shim.mjs");
         assert!(
             shim.exists(),
@@ -119,11 +129,17 @@ impl Worker {
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let config = format!(
-            "name = \"edge-limiter-e2e\"\nmain = \"{}\"\ncompatibility_date = \"2026-04-01\"\n\n[vars]\nUPSTASH_REDIS_REST_URL = \"{rest_url}\"\nUPSTASH_REDIS_REST_TOKEN = \"{TOKEN}\"\nORIGIN_URL = \"{}\"\n\n{rules_toml}\n",
+            "name = \"edge-limiter-e2e\"\nmain = \"{}\"\ncompatibility_date = \"2026-04-01\"\n\n{rules_toml}\n",
             shim.display(),
-            origin.url
         );
         std::fs::write(dir.join("wrangler.toml"), config).unwrap();
+        // Local secrets go in .dev.vars, as a user's would: wrangler then
+        // prints them hidden, and the token-leak tests can read its whole log.
+        let secrets = format!(
+            "UPSTASH_REDIS_REST_URL={rest_url}\nUPSTASH_REDIS_REST_TOKEN={token}\nORIGIN_URL={}\n",
+            origin.url
+        );
+        std::fs::write(dir.join(".dev.vars"), secrets).unwrap();
         let (port, inspector) = (free_port(), free_port());
         let log = std::fs::File::create(dir.join("wrangler.log")).unwrap();
         let group = Group::spawn(
@@ -138,8 +154,10 @@ impl Worker {
                     &inspector.to_string(),
                 ])
                 .args([
+                    // "log" and not "info": the worker's console.log lines are
+                    // what the tests read.
                     "--log-level",
-                    "info",
+                    "log",
                     "--show-interactive-dev-session=false",
                 ])
                 .current_dir(&dir)

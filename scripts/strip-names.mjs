@@ -1,0 +1,36 @@
+// Drops the wasm "name" custom section that worker-build keeps (function
+// names for stack traces): it is about a sixth of the gzipped bundle, which
+// has a size budget. Usage: node scripts/strip-names.mjs FILE.wasm
+import { readFileSync, writeFileSync } from "node:fs";
+
+const file = process.argv[2];
+const wasm = readFileSync(file);
+
+// Reads an unsigned LEB128 number at `at`; returns it and where it ends.
+function leb(at) {
+  let value = 0;
+  let shift = 0;
+  let byte;
+  do {
+    byte = wasm[at++];
+    value += (byte & 0x7f) * 2 ** shift;
+    shift += 7;
+  } while (byte & 0x80);
+  return [value, at];
+}
+
+const kept = [wasm.subarray(0, 8)]; // magic and version
+let at = 8;
+while (at < wasm.length) {
+  const id = wasm[at];
+  const [size, body] = leb(at + 1);
+  const end = body + size;
+  let drop = false;
+  if (id === 0) {
+    const [nameLength, name] = leb(body);
+    drop = wasm.subarray(name, name + nameLength).toString() === "name";
+  }
+  if (!drop) kept.push(wasm.subarray(at, end));
+  at = end;
+}
+writeFileSync(file, Buffer.concat(kept));

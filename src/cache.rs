@@ -1,0 +1,156 @@
+//! The in-isolate block cache: once Redis has said a request is denied until
+//! T, the same request is answered locally until T, with no round trip.
+
+use std::collections::HashMap;
+
+use crate::decision::{Decision, ScriptCall};
+
+/// Denied requests, keyed by everything that decided them (keys, costs,
+/// policies), with the instant they were decided.
+#[derive(Debug, Default)]
+pub struct BlockCache {
+    entries: HashMap<String, (u64, Decision)>,
+}
+
+/// Entries kept at most; a flood of distinct denied clients cannot grow the
+/// isolate's memory beyond this.
+pub const CAPACITY: usize = 10_000;
+
+/// What identifies a decision: the keys and every argument but the clock.
+pub fn signature(call: &ScriptCall) -> String {
+    let mut s = call.keys.join("\n");
+    s.push('\n');
+    s.push_str(&call.args[2..].join(" "));
+    s
+}
+
+impl BlockCache {
+    /// An empty cache.
+    pub fn new() -> BlockCache {
+        BlockCache::default()
+    }
+
+    /// The denial for `signature` if it still holds at `now_ms`, with every
+    /// time in it moved on by the time since it was made.
+    pub fn lookup(&mut self, signature: &str, now_ms: u64) -> Option<Decision> {
+        let (decided_at, decision) = self.entries.get(signature)?;
+        let elapsed = now_ms.saturating_sub(*decided_at);
+        let until = decision.retry_after_ms.unwrap_or(0);
+        if elapsed >= until {
+            self.entries.remove(signature);
+            return None;
+        }
+        let mut d = decision.clone();
+        d.retry_after_ms = d.retry_after_ms.map(|r| r - elapsed);
+        for r in &mut d.rules {
+            r.reset_after_ms = r.reset_after_ms.saturating_sub(elapsed);
+            r.retry_after_ms = r.retry_after_ms.map(|t| t.saturating_sub(elapsed));
+        }
+        Some(d)
+    }
+
+    /// Remembers a denial made at `now_ms`, if it says when it ends.
+    pub fn remember(&mut self, signature: String, decision: &Decision, now_ms: u64) {
+        if decision.allowed || decision.retry_after_ms.is_none_or(|r| r == 0) {
+            return;
+        }
+        if self.entries.len() >= CAPACITY {
+            self.entries
+                .retain(|_, (at, d)| now_ms.saturating_sub(*at) < d.retry_after_ms.unwrap_or(0));
+            if self.entries.len() >= CAPACITY {
+                // Still full of live denials: forget them all rather than
+                // grow; each costs one more round trip at worst.
+                self.entries.clear();
+            }
+        }
+        self.entries.insert(signature, (now_ms, decision.clone()));
+    }
+
+    /// Entries held now.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the cache holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::RuleState;
+
+    fn denied(retry: u64) -> Decision {
+        Decision {
+            allowed: false,
+            retry_after_ms: Some(retry),
+            binding: 0,
+            rules: vec![RuleState {
+                allowed: false,
+                limit: 5,
+                remaining: 0,
+                reset_after_ms: 3000,
+                retry_after_ms: Some(retry),
+                window: 1,
+            }],
+        }
+    }
+
+    #[test]
+    fn a_denial_is_served_until_it_ends_with_times_moving_on() {
+        let mut c = BlockCache::new();
+        c.remember("k".into(), &denied(1000), 10_000);
+        let d = c.lookup("k", 10_400).unwrap();
+        assert_eq!(d.retry_after_ms, Some(600));
+        assert_eq!(d.rules[0].reset_after_ms, 2600);
+        assert_eq!(c.lookup("k", 10_999).unwrap().retry_after_ms, Some(1));
+        assert_eq!(
+            c.lookup("k", 11_000),
+            None,
+            "at retry-after the request goes to Redis again"
+        );
+        assert!(c.is_empty());
+        assert_eq!(c.lookup("other", 10_000), None);
+    }
+
+    #[test]
+    fn admissions_and_endless_denials_are_not_cached() {
+        let mut c = BlockCache::new();
+        c.remember(
+            "a".into(),
+            &Decision {
+                allowed: true,
+                retry_after_ms: Some(0),
+                ..denied(0)
+            },
+            0,
+        );
+        c.remember(
+            "n".into(),
+            &Decision {
+                retry_after_ms: None,
+                ..denied(0)
+            },
+            0,
+        );
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn the_cache_is_bounded() {
+        let mut c = BlockCache::new();
+        for i in 0..CAPACITY + 10 {
+            c.remember(format!("client-{i}"), &denied(60_000), 0);
+        }
+        assert!(c.len() <= CAPACITY);
+        // Expired entries make room first.
+        let mut c = BlockCache::new();
+        for i in 0..CAPACITY {
+            c.remember(format!("old-{i}"), &denied(10), 0);
+        }
+        c.remember("new".into(), &denied(10), 1000);
+        assert_eq!(c.len(), 1);
+    }
+}

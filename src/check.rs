@@ -1,0 +1,143 @@
+//! Validates a `wrangler.toml` before deploy with the very code the worker
+//! runs: every `[vars.LIMITER]` (top level and per `[env.*]`) and `ORIGIN_URL`.
+
+use serde_json::Value;
+
+use crate::{
+    config::{parse_origin, Config, ConfigError, FailMode, Mode},
+    policy::Policy,
+};
+
+/// One environment's verdict: its name (`(top level)` or `env.NAME`) and the
+/// rules it would serve, or what to fix.
+pub type Verdict = (String, Result<Config, ConfigError>);
+
+/// Checks every environment in a `wrangler.toml`. Wrangler does not inherit
+/// `vars` into environments, so each `[env.NAME]` must carry its own rules.
+pub fn check_wrangler_toml(text: &str) -> Result<Vec<Verdict>, String> {
+    let doc: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| format!("not valid TOML: {e}"))?;
+    let doc = serde_json::to_value(doc).map_err(|e| e.to_string())?;
+    let mut verdicts = vec![("(top level)".to_owned(), check_vars(doc.get("vars")))];
+    if let Some(envs) = doc.get("env").and_then(Value::as_object) {
+        for (name, env) in envs {
+            verdicts.push((format!("env.{name}"), check_vars(env.get("vars"))));
+        }
+    }
+    Ok(verdicts)
+}
+
+fn check_vars(vars: Option<&Value>) -> Result<Config, ConfigError> {
+    let missing = || ConfigError::Missing("no `[vars.LIMITER]` table with `rules`".into());
+    let vars = vars.ok_or_else(missing)?;
+    if let Some(origin) = vars.get("ORIGIN_URL") {
+        parse_origin(origin.as_str().unwrap_or_default())?;
+    }
+    Config::from_json(vars.get("LIMITER").ok_or_else(missing)?)
+}
+
+/// A one-line summary of a rule, for the command's report.
+pub fn describe(config: &Config) -> Vec<String> {
+    config
+        .rules
+        .iter()
+        .map(|r| {
+            let policy = match &r.policy {
+                Policy::Gcra(g) => format!("gcra {}/{}ms burst {}", g.rate, g.period_ms, g.burst),
+                Policy::Windowed(ws) => {
+                    let list: Vec<String> = ws
+                        .iter()
+                        .map(|w| format!("{}/{}ms by {}ms", w.limit, w.duration_ms, w.precision_ms))
+                        .collect();
+                    format!("windowed {}", list.join(" + "))
+                }
+            };
+            let mode = match r.mode {
+                Mode::Enforce => "enforce",
+                Mode::Shadow => "shadow",
+            };
+            let fail = match r.fail {
+                FailMode::Open => "open",
+                FailMode::Closed => "closed",
+            };
+            format!("{}: {policy}, {mode}, fail {fail}", r.name)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_projects_own_wrangler_toml_is_valid() {
+        let text =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/wrangler.toml")).unwrap();
+        let verdicts = check_wrangler_toml(&text).unwrap();
+        for (env, v) in &verdicts {
+            assert!(v.is_ok(), "{env}: {v:?}");
+        }
+    }
+
+    #[test]
+    fn every_environment_is_checked_and_errors_name_the_field() {
+        let text = r#"
+name = "x"
+[vars]
+ORIGIN_URL = "http://127.0.0.1:8081"
+[[vars.LIMITER.rules]]
+name = "a"
+key = ["ip"]
+algorithm = "gcra"
+rate = 5
+period = "1s"
+
+[env.staging.vars]
+[[env.staging.vars.LIMITER.rules]]
+name = "b"
+key = ["ip"]
+algorithm = "windowed"
+windows = [["1s", 5, "300ms"]]
+
+[env.bare]
+name = "y"
+"#;
+        let verdicts = check_wrangler_toml(text).unwrap();
+        assert_eq!(verdicts.len(), 3);
+        assert!(verdicts[0].1.is_ok());
+        assert_eq!(
+            describe(verdicts[0].1.as_ref().unwrap()),
+            ["a: gcra 5/1000ms burst 5, enforce, fail closed"]
+        );
+        let of = |env: &str| {
+            verdicts
+                .iter()
+                .find(|(e, _)| e == env)
+                .unwrap()
+                .1
+                .as_ref()
+                .unwrap_err()
+                .to_string()
+        };
+        let bad = of("env.staging");
+        assert!(
+            bad.starts_with("rule `b`, field `windows[0].precision`"),
+            "{bad}"
+        );
+        assert!(of("env.bare").contains("no `[vars.LIMITER]`"));
+        assert!(check_wrangler_toml("name = ").is_err());
+    }
+
+    #[test]
+    fn a_bad_origin_is_reported() {
+        let text = "[vars]\nORIGIN_URL = \"ftp://x\"\n[vars.LIMITER]\nrules = []\n";
+        let err = check_wrangler_toml(text)
+            .unwrap()
+            .remove(0)
+            .1
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ORIGIN_URL"), "{err}");
+    }
+}

@@ -1,0 +1,313 @@
+//! The complete worker end to end in `wrangler dev`: several rules on one
+//! request, exact headers, the block cache, shadow mode, fail modes with
+//! Redis stopped, a wrong token, and a bad configuration.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use reqwest::{Response, StatusCode};
+use support::{
+    worker::{Origin, Stack, Worker},
+    Backend, TOKEN,
+};
+
+const IP: &str = "203.0.113.50";
+
+fn header(r: &Response, name: &str) -> Option<String> {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+}
+
+async fn send(method: reqwest::Method, url: String, ip: &str) -> Response {
+    reqwest::Client::new()
+        .request(method, url)
+        .header("CF-Connecting-IP", ip)
+        .send()
+        .await
+        .expect("the worker answers")
+}
+
+/// Calls of the limiter script that reached Redis (EVALSHA and EVAL).
+fn script_calls(b: &Backend) -> u64 {
+    let stats = b.redis(&["INFO", "commandstats"]);
+    ["cmdstat_evalsha:calls=", "cmdstat_eval:calls="]
+        .iter()
+        .filter_map(|prefix| stats.lines().find_map(|l| l.strip_prefix(prefix)))
+        .map(|rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+const MULTI: &str = r#"
+[[vars.LIMITER.rules]]
+name = "per-ip"
+key = ["ip"]
+algorithm = "gcra"
+rate = 1
+period = "1m"
+burst = 4
+cost = { GET = 1, POST = 2 }
+
+[[vars.LIMITER.rules]]
+name = "login"
+key = ["ip"]
+path_prefix = "/login"
+methods = ["POST"]
+algorithm = "windowed"
+windows = [["1m", 3, "1s"], ["1h", 5, "1s"]]
+"#;
+
+#[tokio::test]
+async fn every_matching_rule_is_decided_at_once_with_exact_headers() {
+    let stack = Stack::start(MULTI);
+    let login = format!("{}/login", stack.worker.url);
+    let policy = "\"per-ip\";q=4;w=240, \"login.1\";q=3;w=60, \"login.2\";q=5;w=3600";
+
+    // (RateLimit, X-RateLimit-Limit/Remaining/Reset) after each admitted POST:
+    // per-ip spends 2 of its burst of 4 (one unit per minute), login 1 of 3.
+    let admitted = [
+        (
+            "\"per-ip\";r=2;t=120, \"login.1\";r=2;t=60",
+            ["4", "2", "120"],
+        ),
+        (
+            "\"per-ip\";r=0;t=240, \"login.1\";r=1;t=60",
+            ["4", "0", "240"],
+        ),
+    ];
+    for (ratelimit, x) in admitted {
+        let r = send(reqwest::Method::POST, login.clone(), IP).await;
+        assert_eq!(r.status(), StatusCode::OK, "{}", stack.worker.log());
+        assert_eq!(header(&r, "RateLimit-Policy").as_deref(), Some(policy));
+        assert_eq!(header(&r, "RateLimit").as_deref(), Some(ratelimit));
+        let got = [
+            "X-RateLimit-Limit",
+            "X-RateLimit-Remaining",
+            "X-RateLimit-Reset",
+        ]
+        .map(|h| header(&r, h).unwrap());
+        assert_eq!(got, x);
+        assert_eq!(header(&r, "Retry-After"), None);
+    }
+
+    // The third POST needs 2 more units of per-ip: denied by it, and login,
+    // which would have admitted it, is not charged (still r=1).
+    let r = send(reqwest::Method::POST, login.clone(), IP).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&r, "Retry-After").as_deref(), Some("120"));
+    assert_eq!(
+        header(&r, "RateLimit").as_deref(),
+        Some("\"per-ip\";r=0;t=240, \"login.1\";r=1;t=60")
+    );
+    assert_eq!(
+        header(&r, "Content-Type").as_deref(),
+        Some("application/problem+json")
+    );
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        (body["policy"].as_str(), body["retry_after"].as_u64()),
+        (Some("per-ip"), Some(120))
+    );
+
+    // A GET costs one unit and falls under per-ip only: free in a minute.
+    let r = send(reqwest::Method::GET, format!("{}/", stack.worker.url), IP).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&r, "Retry-After").as_deref(), Some("60"));
+    assert_eq!(
+        header(&r, "RateLimit-Policy").as_deref(),
+        Some("\"per-ip\";q=4;w=240")
+    );
+
+    // Denied again: answered from the isolate's cache, with no script call.
+    let before = script_calls(&stack.backend);
+    for _ in 0..5 {
+        let r = send(reqwest::Method::POST, login.clone(), IP).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(header(&r, "Retry-After").as_deref(), Some("120"));
+        assert_eq!(
+            header(&r, "RateLimit").as_deref(),
+            Some("\"per-ip\";r=0;t=240, \"login.1\";r=1;t=60")
+        );
+    }
+    assert_eq!(
+        script_calls(&stack.backend),
+        before,
+        "cached denials made round trips"
+    );
+
+    let hits = stack.origin.hits().await;
+    assert_eq!(
+        hits["total"], 2,
+        "only the admitted requests reached the origin: {hits}"
+    );
+}
+
+#[tokio::test]
+async fn shadow_rules_report_but_never_block() {
+    let rules = r#"
+[[vars.LIMITER.rules]]
+name = "trial"
+key = ["ip"]
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 2
+mode = "shadow"
+"#;
+    let stack = Stack::start(rules);
+    let mut last = None;
+    for _ in 0..5 {
+        let r = send(reqwest::Method::GET, format!("{}/", stack.worker.url), IP).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        last = header(&r, "RateLimit");
+    }
+    assert_eq!(last.as_deref(), Some("\"trial\";r=0;t=7200"));
+    assert_eq!(stack.origin.hits().await["total"], 5);
+    let log = wait_for_log(&stack.worker, "shadow rule `trial` would deny").await;
+    assert_eq!(
+        log.matches("shadow rule `trial` would deny").count(),
+        3,
+        "{log}"
+    );
+}
+
+/// The worker's log, once it holds `needle` (wrangler prints asynchronously).
+async fn wait_for_log(worker: &Worker, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = worker.log();
+        if log.contains(needle) || Instant::now() > deadline {
+            return log;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+const FAIL_MODES: &str = r#"
+[[vars.LIMITER.rules]]
+name = "open"
+key = ["ip"]
+path_prefix = "/open"
+algorithm = "gcra"
+rate = 2
+period = "1h"
+fail = "open"
+budget = "500ms"
+
+[[vars.LIMITER.rules]]
+name = "closed"
+key = ["ip"]
+path_prefix = "/closed"
+algorithm = "windowed"
+windows = [["1h", 2, "1m"]]
+budget = "500ms"
+"#;
+
+#[tokio::test]
+async fn redis_down_fails_open_or_closed_as_configured_then_recovers() {
+    let mut stack = Stack::start(FAIL_MODES);
+    let url = |p: &str| format!("{}{p}", stack.worker.url);
+    assert_eq!(
+        send(reqwest::Method::GET, url("/open"), IP).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(reqwest::Method::GET, url("/closed"), IP)
+            .await
+            .status(),
+        StatusCode::OK
+    );
+
+    stack.backend.redis.stop();
+    for _ in 0..3 {
+        let r = send(reqwest::Method::GET, url("/open"), IP).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(
+            header(&r, "X-RateLimit-Bypassed").as_deref(),
+            Some("redis-unavailable")
+        );
+        let r = send(reqwest::Method::GET, url("/closed"), IP).await;
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(header(&r, "Retry-After").as_deref(), Some("1"));
+    }
+    let log = wait_for_log(&stack.worker, "failed closed").await;
+    assert!(
+        log.contains("failed open, request forwarded unlimited"),
+        "{log}"
+    );
+
+    // Redis is back, empty and without the script: limits apply again.
+    stack.backend.redis.restart();
+    let statuses: Vec<u16> = futures_statuses(&url("/closed"), 4).await;
+    assert_eq!(statuses, [200, 200, 429, 429]);
+    assert_eq!(stack.origin.hits().await["total"], 2 + 3 + 2);
+}
+
+async fn futures_statuses(url: &str, n: usize) -> Vec<u16> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(
+            send(reqwest::Method::GET, url.to_owned(), IP)
+                .await
+                .status()
+                .as_u16(),
+        );
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_wrong_token_fails_closed_and_never_leaks() {
+    let backend = Backend::start();
+    let origin = Origin::start();
+    let wrong = "wrong-token-7d1e";
+    let worker = Worker::start_with_token(FAIL_MODES, &backend.endpoint.url(), wrong, &origin);
+    let mut seen = String::new();
+    for path in ["/open", "/closed"] {
+        let r = send(reqwest::Method::GET, format!("{}{path}", worker.url), IP).await;
+        let status = r.status();
+        seen.push_str(&format!("{:?}", r.headers()));
+        seen.push_str(&r.text().await.unwrap());
+        assert_eq!(
+            status,
+            if path == "/open" {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+        );
+    }
+    let log = wait_for_log(&worker, "rejected the token").await;
+    assert!(log.contains("rejected the token"), "{log}");
+    for secret in [wrong, TOKEN] {
+        assert!(!seen.contains(secret), "a response carried the token");
+        assert!(!log.contains(secret), "the log carried the token:\n{log}");
+    }
+}
+
+#[tokio::test]
+async fn a_bad_configuration_answers_500_and_logs_the_field() {
+    let backend = Backend::start();
+    let origin = Origin::start();
+    let bad = MULTI.replace("[\"1m\", 3, \"1s\"]", "[\"1m\", 3, \"7s\"]");
+    let worker = Worker::start(&bad, &backend.endpoint.url(), &origin);
+    let r = send(reqwest::Method::POST, format!("{}/login", worker.url), IP).await;
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        header(&r, "Content-Type").as_deref(),
+        Some("application/problem+json")
+    );
+    assert!(r
+        .text()
+        .await
+        .unwrap()
+        .contains("edge-limiter is misconfigured"));
+    let log = wait_for_log(&worker, "field `windows[0].precision`").await;
+    assert!(
+        log.contains("rule `login`, field `windows[0].precision`: must divide the duration evenly"),
+        "{log}"
+    );
+    assert_eq!(origin.hits().await["total"], 0);
+}
