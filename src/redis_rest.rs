@@ -96,9 +96,11 @@ impl RestClient {
         }
     }
 
-    /// Sends one command (`["GET", "k"]`) and returns its `result`.
+    /// Sends one command (`["GET", "k"]`) and returns its `result`, within
+    /// [`COMMAND_BUDGET`] (tools and tests; decisions go through
+    /// [`RestClient::run_script`] with the rule's own budget).
     pub async fn command(&self, args: &[&str]) -> Result<Value, RestError> {
-        self.post(json!(args)).await
+        within(COMMAND_BUDGET, self.post(json!(args))).await
     }
 
     /// Runs `script` by SHA1 and, if Redis does not have it (after a restart
@@ -123,11 +125,7 @@ impl RestClient {
                 other => other,
             }
         };
-        budget::within(budget, exchange)
-            .await
-            .unwrap_or(Err(RestError::Timeout {
-                budget_ms: budget.as_millis() as u64,
-            }))
+        within(budget, exchange).await
     }
 
     async fn post(&self, body: Value) -> Result<Value, RestError> {
@@ -146,6 +144,21 @@ impl RestClient {
             .map_err(|e| RestError::Transport(e.without_url().to_string()))?;
         parse_reply(status, &text)
     }
+}
+
+/// Time allowed for a plain [`RestClient::command`].
+pub const COMMAND_BUDGET: Duration = Duration::from_secs(5);
+
+/// Runs a REST exchange for at most `budget`.
+async fn within(
+    budget: Duration,
+    exchange: impl std::future::Future<Output = Result<Value, RestError>>,
+) -> Result<Value, RestError> {
+    budget::within(budget, exchange)
+        .await
+        .unwrap_or(Err(RestError::Timeout {
+            budget_ms: budget.as_millis() as u64,
+        }))
 }
 
 fn eval_body(verb: &str, script: &str, keys: &[String], args: &[String]) -> Value {

@@ -20,7 +20,8 @@ fn request_meta_reads_method_path_query_and_headers() {
     headers.set("X-Api-Key", "k1").unwrap();
     let mut init = RequestInit::new();
     init.with_method(Method::Post).with_headers(headers);
-    let req = Request::new_with_init("https://API.Example.com:8443/%61pi//v1/?x=1&y=%7B", &init).unwrap();
+    let req =
+        Request::new_with_init("https://API.Example.com:8443/%61pi//v1/?x=1&y=%7B", &init).unwrap();
     let meta = request_meta(&req).unwrap();
     assert_eq!(meta.method, "POST");
     assert_eq!(meta.host, "api.example.com");
