@@ -16,42 +16,58 @@ use crate::{
     rules::{normalize_path, RequestMeta},
 };
 
-thread_local! {
-    // One per isolate: a worker runs one thread, and the requests an isolate
-    // serves share what it learned about denied clients.
-    static CACHE: Rc<RefCell<BlockCache>> = Rc::new(RefCell::new(BlockCache::new()));
-}
-
 /// The `[vars]` entry holding the rules.
 pub const CONFIG_VAR: &str = "LIMITER";
 
+/// What an isolate reads from its environment once: the variables cannot
+/// change under a running isolate (a new deploy starts new ones).
+struct Setup {
+    config: Config,
+    origin: Option<String>,
+    client: RestClient,
+    /// Shared by the isolate's requests: what it learned about denied clients.
+    cache: RefCell<BlockCache>,
+}
+
+thread_local! {
+    static SETUP: RefCell<Option<Rc<Setup>>> = const { RefCell::new(None) };
+}
+
+fn setup(env: &Env) -> std::result::Result<Rc<Setup>, String> {
+    if let Some(ready) = SETUP.with(|s| s.borrow().clone()) {
+        return Ok(ready);
+    }
+    let (Ok(url), Ok(token)) = (
+        env.secret("UPSTASH_REDIS_REST_URL"),
+        env.secret("UPSTASH_REDIS_REST_TOKEN"),
+    ) else {
+        return Err("set UPSTASH_REDIS_REST_URL and UPSTASH_REDIS_REST_TOKEN (wrangler secret put, or .dev.vars locally)".into());
+    };
+    let ready = Rc::new(Setup {
+        config: load_config(env)?,
+        origin: origin(env)?,
+        client: RestClient::new(&url.to_string(), &token.to_string()),
+        cache: RefCell::new(BlockCache::new()),
+    });
+    SETUP.with(|s| *s.borrow_mut() = Some(ready.clone()));
+    Ok(ready)
+}
+
 #[event(fetch)]
 async fn fetch(req: Request, env: Env, _ctx: Context) -> Result<Response> {
-    let loaded = load_config(&env).and_then(|c| Ok((c, origin(&env)?)));
-    let (config, origin) = match loaded {
-        Ok(c) => c,
+    let setup = match setup(&env) {
+        Ok(s) => s,
         Err(message) => {
             console_error!("edge-limiter: {message}");
             return problem(500, "edge-limiter is misconfigured; see the worker's log.");
         }
     };
-    let client = match (
-        env.secret("UPSTASH_REDIS_REST_URL"),
-        env.secret("UPSTASH_REDIS_REST_TOKEN"),
-    ) {
-        (Ok(url), Ok(token)) => RestClient::new(&url.to_string(), &token.to_string()),
-        _ => {
-            console_error!("edge-limiter: set UPSTASH_REDIS_REST_URL and UPSTASH_REDIS_REST_TOKEN (wrangler secret put, or .dev.vars locally)");
-            return problem(500, "edge-limiter is misconfigured; see the worker's log.");
-        }
-    };
     let meta = request_meta(&req)?;
     let now_ms = js_sys::Date::now() as u64;
-    let cache = CACHE.with(Rc::clone);
     let limiter = Limiter {
-        config: &config,
-        store: &client,
-        cache: &cache,
+        config: &setup.config,
+        store: &setup.client,
+        cache: &setup.cache,
     };
     let outcome = limiter.handle(&meta, now_ms).await;
     for line in &outcome.log {
@@ -71,7 +87,7 @@ async fn fetch(req: Request, env: Env, _ctx: Context) -> Result<Response> {
                 .with_headers(headers))
         }
         Action::Forward => {
-            let response = forward(req, origin.as_deref()).await?;
+            let response = forward(req, setup.origin.as_deref()).await?;
             with_outcome_headers(response, &outcome)
         }
     }
