@@ -353,6 +353,7 @@ fn parse_rule(value: &Value, index: usize) -> Result<Rule, ConfigError> {
     let label = value
         .get("name")
         .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
         .unwrap_or(&fallback)
         .to_owned();
     let raw: RawRule = serde_json::from_value(value.clone()).map_err(|e| ConfigError::Rule {

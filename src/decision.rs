@@ -103,8 +103,11 @@ const PER_RULE: usize = 6;
 impl Decision {
     /// Reads the script's reply for a call over `rules` rules.
     pub fn from_reply(reply: &Value, rules: usize) -> Result<Decision, RestError> {
-        let malformed =
-            |why: &str| RestError::Malformed(format!("limiter script reply {why}: {reply}"));
+        let malformed = |why: &str| {
+            // A reply of any size must not become a log line of any size.
+            let shown: String = reply.to_string().chars().take(200).collect();
+            RestError::Malformed(format!("limiter script reply {why}: {shown}"))
+        };
         let items = reply
             .as_array()
             .ok_or_else(|| malformed("is not an array"))?;
@@ -122,7 +125,7 @@ impl Decision {
             .ok_or_else(|| malformed("holds a non-integer"))?;
         let never_or = |v: i64| u64::try_from(v).ok();
         let count = |v: i64| u64::try_from(v).map_err(|_| malformed("holds a negative count"));
-        let binding = usize::try_from(ints[2] - 1)
+        let binding = usize::try_from(ints[2].saturating_sub(1))
             .ok()
             .filter(|b| *b < rules.max(1))
             .ok_or_else(|| malformed("names no rule"))?;

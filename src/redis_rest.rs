@@ -142,7 +142,34 @@ impl RestClient {
             .text()
             .await
             .map_err(|e| RestError::Transport(e.without_url().to_string()))?;
-        parse_reply(status, &text)
+        parse_reply(status, &text).map_err(|e| e.redacted(&self.token))
+    }
+}
+
+impl RestError {
+    /// The error with `secret` blanked out of every text it carries, each
+    /// text then cut to [`BODY_EXCERPT`] characters: an endpoint or proxy
+    /// that echoes the request (Authorization header included) in its error
+    /// must not get the token, or unbounded text, into the log.
+    pub fn redacted(self, secret: &str) -> RestError {
+        let clean = |text: String| {
+            let text = if secret.is_empty() {
+                text
+            } else {
+                text.replace(secret, "<redacted>")
+            };
+            text.chars().take(BODY_EXCERPT).collect::<String>()
+        };
+        match self {
+            RestError::Redis(t) => RestError::Redis(clean(t)),
+            RestError::Status { status, body } => RestError::Status {
+                status,
+                body: clean(body),
+            },
+            RestError::Transport(t) => RestError::Transport(clean(t)),
+            RestError::Malformed(t) => RestError::Malformed(clean(t)),
+            other => other,
+        }
     }
 }
 
@@ -263,6 +290,25 @@ mod tests {
     fn eval_bodies_put_keys_before_arguments() {
         let body = eval_body("EVALSHA", "abc", &["k1".into(), "k2".into()], &["a".into()]);
         assert_eq!(body, json!(["EVALSHA", "abc", 2, "k1", "k2", "a"]));
+    }
+
+    #[test]
+    fn echoed_tokens_are_blanked_and_texts_cut() {
+        let echoed = format!(
+            r#"{{"error":"bad request: Authorization: Bearer tok-123 {}"}}"#,
+            "x".repeat(500)
+        );
+        let e = parse_reply(400, &echoed).unwrap_err().redacted("tok-123");
+        let shown = e.to_string();
+        assert!(
+            !shown.contains("tok-123") && shown.contains("Bearer <redacted>"),
+            "{shown}"
+        );
+        assert!(shown.len() < 300, "{}", shown.len());
+        let e = parse_reply(502, "<p>tok-123</p>")
+            .unwrap_err()
+            .redacted("tok-123");
+        assert!(!e.to_string().contains("tok-123"));
     }
 
     #[test]

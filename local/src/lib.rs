@@ -8,7 +8,8 @@
 //! Without base64 mode, bulk strings that are not UTF-8 reach the client lossily
 //! converted (U+FFFD), because JSON strings cannot hold raw bytes; base64 mode is exact.
 //!
-//! [`testenv`] starts `redis-server` and the `upstash-local` binary for tests.
+//! [`testenv`] starts `redis-server` and the `upstash-local` binary for tests, and
+//! [`fault_proxy`] stands between a client and the endpoint to make it misbehave.
 
 #![warn(missing_docs)]
 
@@ -23,6 +24,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 mod exec;
+pub mod fault_proxy;
 mod http;
 mod json;
 mod pool;

@@ -75,3 +75,7 @@ pub fn rules(list: Value) -> Vec<Rule> {
         .expect("test rules are valid")
         .rules
 }
+
+pub mod durable;
+pub mod raw_http;
+pub mod report;
