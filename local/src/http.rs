@@ -14,12 +14,18 @@ use crate::exec::{Executor, TxOutcome, Unavailable};
 use crate::json::{self, Command};
 use crate::resp::Value;
 
+/// Not part of Upstash's API: `GET` it (with the token) for
+/// `{"requests": N}`, the requests answered so far, itself excluded, so that a
+/// benchmark can count a client's round trips.
+pub const STATS_PATH: &str = "/__stats";
+
 /// Everything a request needs, shared by all connections.
 pub struct App {
     token: String,
     max_body_bytes: usize,
     executor: Executor,
     sync_token: AtomicU64,
+    requests: AtomicU64,
 }
 
 impl App {
@@ -30,6 +36,7 @@ impl App {
             max_body_bytes,
             executor: Executor::new(redis),
             sync_token: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
         }
     }
 
@@ -38,6 +45,9 @@ impl App {
         &self,
         req: Request<Incoming>,
     ) -> Result<Response<Full<Bytes>>, Infallible> {
+        if req.uri().path() != STATS_PATH {
+            self.requests.fetch_add(1, Ordering::Relaxed);
+        }
         let mut response = self.route(req).await.unwrap_or_else(|e| e);
         // Any increasing value will do: clients only echo it back.
         let sync = self.sync_token.fetch_add(1, Ordering::Relaxed) + 1;
@@ -94,6 +104,9 @@ impl App {
                 }
             }
             ("/" | "/pipeline" | "/multi-exec", _) => Err(method_not_allowed()),
+            (STATS_PATH, &Method::GET) => Ok(ok(
+                json!({ "requests": self.requests.load(Ordering::Relaxed) }),
+            )),
             (_, &Method::GET | &Method::POST) => {
                 let mut command: Command = path
                     .strip_prefix('/')

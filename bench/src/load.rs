@@ -1,0 +1,159 @@
+//! Parts 2 and 5: `wrk` against each worker with `bench/wrk/load.lua`, which
+//! spreads requests over fresh clients and drives one hot client past its
+//! limit; the origin's count for the hot path is what that client got through.
+
+use std::{process::Command, time::Duration};
+
+use crate::{
+    cpu,
+    stack::{repo, Origin, Worker},
+};
+
+/// Load shape, the same for every worker.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub connections: u32,
+    pub seconds: u32,
+    /// One request in this many comes from the hot client.
+    pub hot_every: u32,
+}
+
+/// One wrk run's figures.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Run {
+    pub requests: u64,
+    pub rps: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub hot_sent: u64,
+    /// Hot requests that reached the origin.
+    pub hot_admitted: u64,
+    pub socket_errors: u64,
+    /// CPU seconds the run cost each part of the stack.
+    pub cpu: Cpu,
+}
+
+/// CPU seconds, per process, over one run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cpu {
+    /// The workerd running the worker.
+    pub workerd: f64,
+    /// wrangler's node process around it, which also works per request.
+    pub wrangler: f64,
+    pub endpoint: f64,
+    pub redis: f64,
+    pub origin: f64,
+}
+
+impl Run {
+    /// CPU milliseconds per completed request.
+    pub fn per_request(&self, seconds: f64) -> f64 {
+        seconds * 1000.0 / self.requests.max(1) as f64
+    }
+}
+
+/// Where requests go: under a rule's path prefix, or outside every rule.
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    pub worker: &'a Worker,
+    /// Names the hot path, so that no two runs share one.
+    pub label: &'static str,
+    pub prefix: &'static str,
+}
+
+/// The path the hot client uses in `round` (`load.lua` builds the same).
+pub fn hot_path(target: Target<'_>, round: u32) -> String {
+    format!("{}/hot-{}-{round}", target.prefix, target.label)
+}
+
+/// Runs wrk once against `target` (round 0 is the warm-up).
+pub async fn run(
+    http: &reqwest::Client,
+    target: Target<'_>,
+    origin: &Origin,
+    shape: Shape,
+    round: u32,
+) -> Result<Run, String> {
+    let worker = target.worker;
+    let path = hot_path(target, round);
+    let before = origin.hits(http, &path).await?;
+    let cpu_before = cpu::snapshot();
+    let output = Command::new("wrk")
+        .args(["-t1", "-c", &shape.connections.to_string()])
+        .args(["-d", &format!("{}s", shape.seconds), "--timeout", "10s"])
+        .arg("-s")
+        .arg(repo().join("bench/wrk/load.lua"))
+        .arg(&worker.url)
+        .arg("--")
+        .args([&round.to_string(), &shape.hot_every.to_string()])
+        .args([target.label, target.prefix])
+        .output()
+        .map_err(|e| format!("cannot run wrk: {e}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let mut run = parse(&stdout).ok_or_else(|| {
+        format!(
+            "wrk against {} printed no BENCH line ({}): {stdout} {}",
+            worker.label,
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })?;
+    // wrk stops without waiting for replies in flight; let them land.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let used = cpu::snapshot();
+    // The endpoint and Redis are this process's children (testenv).
+    let me = std::process::id();
+    let child = |name: &'static str| move |p: &cpu::Proc| p.ppid == me && p.comm == name;
+    run.cpu = Cpu {
+        workerd: used.since(&cpu_before, |p| {
+            p.pgrp == worker.group.id() && p.comm == "workerd"
+        }),
+        wrangler: used.since(&cpu_before, |p| {
+            p.pgrp == worker.group.id() && p.comm != "workerd"
+        }),
+        endpoint: used.since(&cpu_before, child("upstash-local")),
+        redis: used.since(&cpu_before, child("redis-server")),
+        origin: used.since(&cpu_before, |p| p.pgrp == origin.group.id()),
+    };
+    run.hot_admitted = origin.hits(http, &path).await? - before;
+    Ok(run)
+}
+
+/// Reads the `BENCH key=value ...` line `load.lua` prints when done.
+fn parse(text: &str) -> Option<Run> {
+    let line = text.lines().find_map(|l| l.strip_prefix("BENCH "))?;
+    let field = |key: &str| -> Option<u64> {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))?
+            .parse()
+            .ok()
+    };
+    let requests = field("requests")?;
+    let duration_us = field("duration_us")?;
+    Some(Run {
+        requests,
+        rps: requests as f64 / (duration_us.max(1) as f64 / 1e6),
+        p50_ms: field("p50_us")? as f64 / 1000.0,
+        p99_ms: field("p99_us")? as f64 / 1000.0,
+        hot_sent: field("hot_sent")?,
+        hot_admitted: 0,
+        socket_errors: field("socket_errors")?,
+        cpu: Cpu::default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_bench_line() {
+        let out = "Running 5s test @ http://127.0.0.1:1\n  1 threads and 8 connections\nBENCH requests=2500 duration_us=5000000 p50_us=15691 p99_us=68116 hot_sent=240 non2xx=12 socket_errors=1\n";
+        let run = parse(out).unwrap();
+        assert_eq!(run.requests, 2500);
+        assert_eq!(run.rps, 500.0);
+        assert_eq!((run.p50_ms, run.p99_ms), (15.691, 68.116));
+        assert_eq!((run.hot_sent, run.socket_errors), (240, 1));
+        assert!(parse("wrk: connection refused\n").is_none());
+    }
+}

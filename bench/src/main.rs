@@ -1,0 +1,452 @@
+//! edge-limiter side by side with `@upstash/ratelimit` on one machine: the
+//! same redis-server, REST endpoint, origin and workerd (`wrangler dev`) for
+//! both. `scripts/bench` builds what it needs and runs this; it prints one
+//! table and saves it, with the date and machine, to `bench/RESULTS.md`.
+//!
+//! The five parts (see the issue and `report.rs`): Redis-side cost per
+//! decision, worker overhead under load, REST calls per decision, wasm size
+//! and start, and exactness under load. Only figures: no timing fails a run.
+
+mod cpu;
+mod load;
+mod peer;
+mod redis_side;
+mod report;
+mod size;
+mod stack;
+mod stats;
+mod trips;
+
+use std::{path::PathBuf, process::Command, process::ExitCode};
+
+use edge_limiter_local::testenv::{Endpoint, RedisServer};
+
+use crate::{
+    load::Shape,
+    report::{Results, OURS, OURS_UNMATCHED, PASSTHROUGH, PEER},
+    stack::{repo, Origin, Worker, TOKEN},
+};
+
+const USAGE: &str = "\
+usage: edge-limiter-bench [--quick] [--rounds N] [--seconds S] [--no-save | --out FILE]
+
+  --quick      one short round of everything, to try the setup (about a minute)
+  --rounds N   interleaved rounds per part (default: 7 for Redis, 5 under load)
+  --seconds S  length of each load run (default 6)
+  --no-save    print the table only
+  --out FILE   where to save it (default bench/RESULTS.md)";
+
+#[derive(Debug)]
+struct Options {
+    redis_rounds: usize,
+    load_rounds: u32,
+    seconds: u32,
+    redis_calls: u32,
+    out: Option<PathBuf>,
+}
+
+impl Options {
+    fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
+        let mut o = Options {
+            redis_rounds: 7,
+            load_rounds: 5,
+            seconds: 6,
+            redis_calls: 50_000,
+            out: Some(repo().join("bench/RESULTS.md")),
+        };
+        while let Some(arg) = args.next() {
+            let mut number = |name: &str| -> Result<u32, String> {
+                args.next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| format!("{name} needs a positive number"))
+            };
+            match arg.as_str() {
+                "--quick" => {
+                    o.redis_rounds = 1;
+                    o.load_rounds = 1;
+                    o.seconds = 3;
+                    o.redis_calls = 20_000;
+                }
+                "--rounds" => {
+                    let n = number("--rounds")?;
+                    o.redis_rounds = n as usize;
+                    o.load_rounds = n;
+                }
+                "--seconds" => o.seconds = number("--seconds")?,
+                "--no-save" => o.out = None,
+                "--out" => o.out = Some(args.next().ok_or("--out needs a file")?.into()),
+                "-h" | "--help" => return Err(USAGE.to_owned()),
+                other => return Err(format!("unknown argument {other:?}\n\n{USAGE}")),
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// Concurrency of the Redis-side runs.
+const REDIS_CLIENTS: u32 = 16;
+/// Concurrency under load, the same for every worker.
+const CONNECTIONS: u32 = 8;
+/// One request in this many comes from the hot client.
+const HOT_EVERY: u32 = 8;
+/// The load rule's limit per client and day: far above what a fresh client
+/// sends, well below what the hot one does.
+const HOT_LIMIT: u64 = 50;
+
+fn say(what: &str) {
+    eprintln!("[bench] {what}");
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let options = match Options::parse(std::env::args().skip(1)) {
+        Ok(o) => o,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&options).await {
+        Ok(mut results) => {
+            // Everything the bench started has stopped by now.
+            results
+                .background
+                .push(format!("after the run: {}", busy()));
+            let table = report::render(&results);
+            println!("{table}");
+            if let Some(out) = &options.out {
+                let text = format!(
+                    "# Benchmark results\n\nThe latest `scripts/bench` run on the reference machine; rerun it and commit this file to update. Figures vary about +-20 % from run to run on 2 cores.\n\n{table}"
+                );
+                if let Err(e) = std::fs::write(out, text) {
+                    eprintln!("bench: cannot write {}: {e}", out.display());
+                    return ExitCode::FAILURE;
+                }
+                say(&format!("saved to {}", out.display()));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("bench: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(o: &Options) -> Result<Results, String> {
+    let built = repo().join("build");
+    for file in ["index.js", "index_bg.wasm", "worker/shim.mjs"] {
+        if !built.join(file).exists() {
+            return Err(format!(
+                "no built worker ({}); run scripts/build-worker (scripts/bench does)",
+                built.join(file).display()
+            ));
+        }
+    }
+    let mut r = Results {
+        when: shell("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        machine: machine(),
+        redis_clients: REDIS_CLIENTS,
+        redis_calls: o.redis_calls,
+        load_connections: CONNECTIONS,
+        load_seconds: o.seconds,
+        hot_every: HOT_EVERY,
+        hot_limit: HOT_LIMIT,
+        peer_version: peer::version("@upstash/ratelimit"),
+        instantiate_ms: f64::NAN,
+        ..Results::default()
+    };
+    r.background.push(format!("before the run: {}", busy()));
+
+    let http = reqwest::Client::new();
+    let redis = RedisServer::start();
+    let endpoint = Endpoint::start(&redis.addr(), TOKEN);
+    let endpoint_url = endpoint.url();
+    let origin = Origin::start()?;
+
+    say("part 4: sizes");
+    r.wasm = size::size_of_file(&built.join("index_bg.wasm"))?;
+
+    say("part 1: Redis-side cost (redis-benchmark)");
+    let mut cases: Vec<redis_side::Case> = redis_side::our_cases()?.into();
+    for call in peer::capture(&redis_side::peer_policies())? {
+        cases.push(redis_side::peer_case(&call));
+    }
+    let mut shas = Vec::with_capacity(cases.len());
+    for case in &cases {
+        shas.push(redis_side::load(&http, &endpoint_url, &redis.addr(), case).await?);
+    }
+    for (case, sha) in cases.iter().zip(&shas) {
+        redis_side::run(redis.port(), sha, case, REDIS_CLIENTS, o.redis_calls / 10)?;
+    }
+    r.redis = cases.iter().map(|c| (c.label, Vec::new())).collect();
+    for round in 0..o.redis_rounds {
+        // A different order each round, so no script always follows another.
+        for i in 0..cases.len() {
+            let k = (i + round) % cases.len();
+            let sample = redis_side::run(
+                redis.port(),
+                &shas[k],
+                &cases[k],
+                REDIS_CLIENTS,
+                o.redis_calls,
+            )?;
+            r.redis[k].1.push(sample);
+        }
+    }
+
+    say("starting four workers in wrangler dev");
+    let scratch = std::env::temp_dir().join(format!("edge-limiter-bench-{}", std::process::id()));
+    let (workers, probe) = start_workers(&scratch, &endpoint_url, &origin.url)?;
+    for w in workers.iter().chain([&probe]) {
+        w.ready(&http).await?;
+    }
+    let [passthrough, ours, peer] = &workers;
+
+    say("part 3: round trips");
+    r.trips.push((
+        OURS,
+        trips::count(&http, &endpoint_url, &redis.addr(), ours, 1).await?,
+    ));
+    r.trips.push((
+        PEER,
+        trips::count(&http, &endpoint_url, &redis.addr(), peer, 2).await?,
+    ));
+
+    say("part 4: instantiation in workerd");
+    r.instantiate_ms = size::instantiate_ms(&http, &probe, 5, 200).await?;
+    // Idle wrangler still wakes up now and then: keep it out of the load runs.
+    drop(probe);
+    r.our_bundle = ours.bundle().map(|(_, b)| size::size_of(&b)).transpose()?;
+    r.peer_bundle = peer.bundle().map(|(_, b)| size::size_of(&b)).transpose()?;
+
+    say("parts 2 and 5: load through wrangler dev (wrk)");
+    let shape = Shape {
+        connections: CONNECTIONS,
+        seconds: o.seconds,
+        hot_every: HOT_EVERY,
+    };
+    let target = |worker, label, prefix| load::Target {
+        worker,
+        label,
+        prefix,
+    };
+    let order = [
+        target(passthrough, PASSTHROUGH, "/load"),
+        target(ours, OURS, "/load"),
+        target(peer, PEER, "/load"),
+        // Our worker where no rule applies: its cost without the Redis call.
+        target(ours, OURS_UNMATCHED, "/free"),
+    ];
+    let warm = Shape {
+        seconds: 2,
+        ..shape
+    };
+    for t in order {
+        load::run(&http, t, &origin, warm, 0).await?;
+    }
+    r.load = order.iter().map(|t| (t.label, vec![])).collect();
+    for round in 1..=o.load_rounds {
+        for i in 0..order.len() {
+            let k = (i + round as usize) % order.len();
+            let run = load::run(&http, order[k], &origin, shape, round).await?;
+            r.load[k].1.push(run);
+        }
+    }
+    drop(workers);
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(r)
+}
+
+/// Starts (a) the passthrough, (b) ours, (c) the peer, and the instantiate
+/// probe, all at once: wrangler's start-up is the slow part.
+fn start_workers(
+    scratch: &std::path::Path,
+    rest: &str,
+    origin: &str,
+) -> Result<([Worker; 3], Worker), String> {
+    let bench = repo().join("bench/workers");
+    let copy = |from: PathBuf, to: PathBuf| -> Result<(), String> {
+        std::fs::create_dir_all(to.parent().expect("a file path"))
+            .and_then(|_| std::fs::copy(&from, &to).map(drop))
+            .map_err(|e| format!("copying {}: {e}", from.display()))
+    };
+    let rest_vars = format!(
+        "UPSTASH_REDIS_REST_URL = \"{rest}\"\nUPSTASH_REDIS_REST_TOKEN = \"{TOKEN}\"\nORIGIN_URL = \"{origin}\""
+    );
+    let passthrough = Worker::spawn(
+        PASSTHROUGH,
+        scratch.join(PASSTHROUGH),
+        &bench.join("passthrough.mjs"),
+        &format!("ORIGIN_URL = \"{origin}\""),
+        "",
+    )?;
+
+    // A copy of the build, so that a rebuild during the run changes nothing.
+    let ours_dir = scratch.join(OURS);
+    for file in ["index.js", "index_bg.wasm", "worker/shim.mjs"] {
+        copy(
+            repo().join("build").join(file),
+            ours_dir.join("build").join(file),
+        )?;
+    }
+    let rules = format!(
+        "[[vars.LIMITER.rules]]\nname = \"load\"\nkey = [\"ip\"]\nalgorithm = \"windowed\"\nwindows = [[\"1d\", {HOT_LIMIT}, \"24m\"]]\npath_prefix = \"/load\"\n\n[[vars.LIMITER.rules]]\nname = \"rt\"\nkey = [\"ip\"]\nalgorithm = \"windowed\"\nwindows = [[\"1d\", 1, \"24m\"]]\npath_prefix = \"/rt\"\n"
+    );
+    let ours = Worker::spawn(
+        OURS,
+        ours_dir,
+        std::path::Path::new("build/worker/shim.mjs"),
+        &rest_vars,
+        &rules,
+    )?;
+
+    let peer_rules = format!(
+        "PEER_RULES = '[{{\"prefix\": \"/rt\", \"limit\": 1, \"window\": \"1 d\"}}, {{\"prefix\": \"/load\", \"limit\": {HOT_LIMIT}, \"window\": \"1 d\"}}]'"
+    );
+    let peer = Worker::spawn(
+        PEER,
+        scratch.join(PEER),
+        &bench.join("peer.mjs"),
+        &format!("{rest_vars}\n{peer_rules}"),
+        "",
+    )?;
+
+    let probe_dir = scratch.join("instantiate");
+    copy(
+        bench.join("instantiate.mjs"),
+        probe_dir.join("instantiate.mjs"),
+    )?;
+    copy(
+        repo().join("build/index_bg.wasm"),
+        probe_dir.join("index_bg.wasm"),
+    )?;
+    let probe = Worker::spawn(
+        "instantiate",
+        probe_dir,
+        std::path::Path::new("instantiate.mjs"),
+        "",
+        "",
+    )?;
+    Ok(([passthrough, ours, peer], probe))
+}
+
+/// A command's trimmed stdout (stderr if stdout is empty), or "?".
+fn shell(cmd: &str, args: &[&str]) -> String {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .ok()
+        .map(|o| {
+            let out = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+            if out.is_empty() {
+                String::from_utf8_lossy(&o.stderr).trim().to_owned()
+            } else {
+                out
+            }
+        })
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "?".to_owned())
+}
+
+fn machine() -> Vec<(String, String)> {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let field = |text: &str, key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|v| {
+                v.trim_start_matches([' ', '\t', ':', '='])
+                    .trim_matches('"')
+                    .trim()
+                    .to_owned()
+            })
+            .unwrap_or_else(|| "?".to_owned())
+    };
+    let cpuinfo = read("/proc/cpuinfo");
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem_kb: f64 = field(&read("/proc/meminfo"), "MemTotal")
+        .trim_end_matches(" kB")
+        .parse()
+        .unwrap_or(0.0);
+    let npm = |package: &str| peer::version(package);
+    vec![
+        (
+            "machine".into(),
+            format!(
+                "{}, {}, {cores} x {}, {:.0} GiB",
+                field(&read("/etc/os-release"), "PRETTY_NAME"),
+                shell("uname", &["-srm"]),
+                field(&cpuinfo, "model name"),
+                mem_kb / 1024.0 / 1024.0
+            ),
+        ),
+        (
+            "software".into(),
+            format!(
+                "redis-server {}, wrangler {} (workerd {}), node {}, {}, @upstash/redis {}",
+                shell("redis-server", &["--version"])
+                    .split_whitespace()
+                    .find_map(|w| w.strip_prefix("v="))
+                    .unwrap_or("?"),
+                npm("wrangler"),
+                npm("workerd"),
+                shell("node", &["--version"]),
+                shell("wrk", &["-v"])
+                    .lines()
+                    .next()
+                    .unwrap_or("wrk ?")
+                    .split(" [")
+                    .next()
+                    .unwrap_or("wrk ?"),
+                npm("@upstash/redis"),
+            ),
+        ),
+    ]
+}
+
+/// The load average and what used the CPU over one second (the bench's own
+/// processes are not running when this is called): a run on a shared
+/// machine should say what it shared it with.
+fn busy() -> String {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    let before = cpu::snapshot();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let others: Vec<String> = cpu::snapshot()
+        .busiest(&before, 1.0, 0.05)
+        .into_iter()
+        .take(6)
+        .map(|(name, share)| format!("{name} {:.0}%", share * 100.0))
+        .collect();
+    format!(
+        "load average {}; CPU over 1 s (100 % = one core): {}",
+        load.join(" "),
+        if others.is_empty() {
+            "nothing above 5 %".to_owned()
+        } else {
+            others.join(", ")
+        }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Options, String> {
+        Options::parse(args.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn options() {
+        let o = parse(&[]).unwrap();
+        assert_eq!((o.redis_rounds, o.load_rounds, o.seconds), (7, 5, 6));
+        assert!(o.out.unwrap().ends_with("bench/RESULTS.md"));
+        let o = parse(&["--quick", "--no-save"]).unwrap();
+        assert_eq!((o.redis_rounds, o.load_rounds), (1, 1));
+        assert!(o.out.is_none());
+        assert!(parse(&["--rounds", "0"]).is_err());
+        assert!(parse(&["--bogus"]).is_err());
+    }
+}

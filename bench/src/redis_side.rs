@@ -1,0 +1,300 @@
+//! Part 1, Redis-side cost: `EVALSHA` decisions per second on one
+//! redis-server at a fixed concurrency (`redis-benchmark`), and Redis's own
+//! time per call (`usec_per_call` of `cmdstat_evalsha`), ours and the peer's
+//! interleaved round by round.
+//!
+//! Scripts are loaded through the REST endpoint, which strips the
+//! `allow-key-locking` flag stock Redis rejects (ours carries it too);
+//! `redis-benchmark` then calls the stripped script's SHA1 straight at
+//! redis-server, so HTTP neither adds to the figures nor competes with Redis
+//! for the two cores.
+
+use std::process::Command;
+
+use edge_limiter::{
+    config::Config,
+    decision::{Check, Decision, ScriptCall},
+    scripts::LIMITER,
+};
+use edge_limiter_local::{resp::Value, testenv::redis_call};
+use serde_json::{json, Value as Json};
+
+use crate::{peer::PeerCall, stack::TOKEN};
+
+/// One script call to repeat: a hot key on the admit path.
+#[derive(Debug, Clone)]
+pub struct Case {
+    pub label: &'static str,
+    pub source: String,
+    /// The SHA1 its client sends with EVALSHA.
+    pub sha1: String,
+    pub keys: Vec<String>,
+    pub args: Vec<String>,
+}
+
+/// Limits no run comes near, so every call is admitted and writes.
+const HUGE: u64 = 1_000_000_000;
+/// The client every case decides for.
+const HOT: &str = "bench-hot";
+
+/// Our script on one rule (JSON as in `[vars.LIMITER]`), cost 1, Redis's clock.
+pub fn ours(label: &'static str, rule: Json) -> Result<Case, String> {
+    let config = Config::from_json(&json!({ "rules": [rule] })).map_err(|e| e.to_string())?;
+    let check = Check {
+        rule: &config.rules[0],
+        cost: 1,
+    };
+    let call = ScriptCall::decide(&[(check, vec![HOT])], None);
+    Ok(Case {
+        label,
+        source: LIMITER.source.to_owned(),
+        sha1: LIMITER.sha1.to_owned(),
+        keys: call.keys,
+        args: call.args,
+    })
+}
+
+/// The three policies of ours the issue names.
+pub fn our_cases() -> Result<[Case; 3], String> {
+    Ok([
+        ours(
+            "ours GCRA",
+            json!({"name": "gcra", "key": ["ip"], "algorithm": "gcra",
+                   "rate": 1_000_000, "period": "1s", "burst": HUGE}),
+        )?,
+        // 1/60 of the window, as for the peer's comparison policy.
+        ours(
+            "ours windowed x1",
+            json!({"name": "win1", "key": ["ip"], "algorithm": "windowed",
+                   "windows": [["1m", HUGE, "1s"]]}),
+        )?,
+        // 1/60 of a second is no whole number of milliseconds, which buckets
+        // must be: the 1 s window uses 20 ms, the nearest that divides it.
+        ours(
+            "ours windowed x3",
+            json!({"name": "win3", "key": ["ip"], "algorithm": "windowed",
+                   "windows": [["1s", HUGE, "20ms"], ["1m", HUGE, "1s"], ["1h", HUGE, "1m"]]}),
+        )?,
+    ])
+}
+
+/// What the peer library is asked for (see `peer::capture`).
+pub fn peer_policies() -> Json {
+    json!({
+        "peer sliding window": ["slidingWindow", HUGE, "60 s"],
+        "peer token bucket": ["tokenBucket", 1_000_000, "1 s", HUGE],
+    })
+}
+
+pub fn peer_case(call: &PeerCall) -> Case {
+    let label = if call.label.contains("sliding") {
+        "peer sliding window"
+    } else {
+        "peer token bucket"
+    };
+    Case {
+        label,
+        source: call.source.clone(),
+        sha1: call.sha1.clone(),
+        keys: call.keys.clone(),
+        args: call.args.clone(),
+    }
+}
+
+/// The SHA1 Redis knows `source` by once the endpoint has stripped the flag.
+pub fn stripped_sha1(source: &str) -> String {
+    let rest = source
+        .strip_prefix("#!lua flags=allow-key-locking\n")
+        .map(|body| format!("#!lua\n{body}"));
+    let stored = rest.as_deref().unwrap_or(source);
+    sha1_smol::Sha1::from(stored.as_bytes())
+        .digest()
+        .to_string()
+}
+
+/// Loads `case` through the endpoint, checks that one call through it
+/// succeeds (and, for ours, admits), and returns the SHA1 to call directly.
+pub async fn load(
+    http: &reqwest::Client,
+    endpoint: &str,
+    redis: &str,
+    case: &Case,
+) -> Result<String, String> {
+    let post = |body: Json| async move {
+        let reply: Json = http
+            .post(endpoint)
+            .bearer_auth(TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        reply
+            .get("result")
+            .cloned()
+            .ok_or_else(|| format!("{}: {reply}", case.label))
+    };
+    let loaded = post(json!(["SCRIPT", "LOAD", case.source])).await?;
+    if loaded != json!(case.sha1) {
+        return Err(format!(
+            "{}: SCRIPT LOAD answered {loaded}, but the client sends {}",
+            case.label, case.sha1
+        ));
+    }
+    let sha = stripped_sha1(&case.source);
+    let exists = redis_call(redis, &["SCRIPT", "EXISTS", sha.as_str()]);
+    if exists != Value::Array(vec![Value::Int(1)]) {
+        return Err(format!(
+            "{}: after SCRIPT LOAD through the endpoint Redis lacks {sha}; did the endpoint's flag rewrite change?",
+            case.label
+        ));
+    }
+    let mut call = vec![json!("EVAL"), json!(case.source), json!(case.keys.len())];
+    call.extend(case.keys.iter().chain(&case.args).map(|s| json!(s)));
+    let reply = post(Json::Array(call)).await?;
+    if case.label.starts_with("ours") {
+        let decision = Decision::from_reply(&reply, 1).map_err(|e| e.to_string())?;
+        if !decision.allowed {
+            return Err(format!("{}: the first call was denied", case.label));
+        }
+    }
+    Ok(sha)
+}
+
+/// One run's figures.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    pub ops_per_s: f64,
+    pub usec_per_call: f64,
+}
+
+/// `calls` EVALSHA from `clients` connections, after resetting Redis's stats.
+pub fn run(
+    redis_port: u16,
+    sha: &str,
+    case: &Case,
+    clients: u32,
+    calls: u32,
+) -> Result<Sample, String> {
+    let addr = format!("127.0.0.1:{redis_port}");
+    redis_call(&addr, &["CONFIG", "RESETSTAT"]);
+    let output = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &redis_port.to_string()])
+        .args([
+            "-c",
+            &clients.to_string(),
+            "-n",
+            &calls.to_string(),
+            "--csv",
+        ])
+        .args(["EVALSHA", sha, &case.keys.len().to_string()])
+        .args(&case.keys)
+        .args(&case.args)
+        .output()
+        .map_err(|e| format!("cannot run redis-benchmark: {e}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let ops_per_s = csv_rps(&stdout).ok_or_else(|| {
+        format!(
+            "{}: redis-benchmark printed no result ({}): {stdout} {}",
+            case.label,
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })?;
+    let stats = redis_call(&addr, &["INFO", "commandstats"]).to_string();
+    let evalsha = command_stats(&stats, "evalsha")
+        .ok_or_else(|| format!("{}: no cmdstat_evalsha in INFO", case.label))?;
+    if evalsha.failed != 0 || evalsha.calls != u64::from(calls) {
+        return Err(format!(
+            "{}: {} of {} calls counted, {} failed: the script or its arguments are wrong",
+            case.label, evalsha.calls, calls, evalsha.failed
+        ));
+    }
+    Ok(Sample {
+        ops_per_s,
+        usec_per_call: evalsha.usec_per_call,
+    })
+}
+
+/// Requests per second from `redis-benchmark --csv`: the second column of
+/// the last line, counted from the right because the first (the command)
+/// may hold commas.
+fn csv_rps(text: &str) -> Option<f64> {
+    let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
+    let fields: Vec<&str> = line.split(',').collect();
+    let rps = fields.get(fields.len().checked_sub(7)?)?;
+    rps.trim().trim_matches('"').parse().ok()
+}
+
+/// One `cmdstat_<name>` line of `INFO commandstats`.
+#[derive(Debug, PartialEq)]
+struct CommandStats {
+    calls: u64,
+    usec_per_call: f64,
+    failed: u64,
+}
+
+fn command_stats(info: &str, name: &str) -> Option<CommandStats> {
+    let prefix = format!("cmdstat_{name}:");
+    let line = info.lines().find_map(|l| l.trim().strip_prefix(&prefix))?;
+    let field = |key: &str| {
+        line.split(',')
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+    };
+    Some(CommandStats {
+        calls: field("calls")?.parse().ok()?,
+        usec_per_call: field("usec_per_call")?.parse().ok()?,
+        failed: field("failed_calls").unwrap_or("0").parse().ok()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_redis_benchmark_csv() {
+        let out = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\"EVALSHA abc 1 k,x a\",\"48123.45\",\"0.300\",\"0.080\",\"0.279\",\"0.495\",\"0.711\",\"3.407\"\n";
+        assert_eq!(csv_rps(out), Some(48123.45));
+        assert_eq!(csv_rps("Error: NOSCRIPT\n"), None);
+    }
+
+    #[test]
+    fn reads_command_stats() {
+        let info = "# Commandstats\r\ncmdstat_get:calls=3,usec=1,usec_per_call=0.33,rejected_calls=0,failed_calls=0\r\ncmdstat_evalsha:calls=50000,usec=112500,usec_per_call=2.25,rejected_calls=0,failed_calls=2\r\n";
+        assert_eq!(
+            command_stats(info, "evalsha"),
+            Some(CommandStats {
+                calls: 50000,
+                usec_per_call: 2.25,
+                failed: 2
+            })
+        );
+        assert_eq!(command_stats(info, "eval"), None);
+    }
+
+    #[test]
+    fn the_stripped_sha_is_that_of_the_source_without_the_flag() {
+        let flagged = "#!lua flags=allow-key-locking\nreturn 1\n";
+        assert_eq!(
+            stripped_sha1(flagged),
+            sha1_smol::Sha1::from("#!lua\nreturn 1\n")
+                .digest()
+                .to_string()
+        );
+        assert_eq!(
+            stripped_sha1("return 1"),
+            sha1_smol::Sha1::from("return 1").digest().to_string()
+        );
+    }
+
+    #[test]
+    fn our_cases_build_one_key_each() {
+        for case in our_cases().unwrap() {
+            assert_eq!(case.keys.len(), 1, "{}", case.label);
+            assert_eq!(case.args[0], "decide");
+        }
+    }
+}

@@ -1,0 +1,52 @@
+-- wrk script for the worker benchmarks. Usage:
+--   wrk ... -s load.lua URL -- ROUND HOT_EVERY LABEL PREFIX
+-- Every request but one in HOT_EVERY comes from a client never seen before,
+-- so it is admitted and forwarded: that is the overhead under test. The rest
+-- come from one hot client on a path of its own, driven past its limit, so the
+-- origin's count for that path tells how exactly the limit held. PREFIX
+-- (default /load) starts every path, to aim at a rule or at none.
+
+local threads = {}
+local next_id = 1
+
+function setup(thread)
+  thread:set("id", next_id)
+  next_id = next_id + 1
+  table.insert(threads, thread)
+end
+
+function init(args)
+  round = tonumber(args[1]) or 0
+  hot_every = tonumber(args[2]) or 10
+  sent, hot = 0, 0
+  prefix = args[4] or "/load"
+  -- Must match load.rs's hot_path: the origin counts hits per path.
+  hot_path = string.format("%s/hot-%s-%d", prefix, args[3] or "x", round)
+  -- 203.0.113.0/24 is reserved for documentation: never a real client.
+  hot_ip = string.format("203.0.113.%d", round % 256)
+end
+
+function request()
+  sent = sent + 1
+  if sent % hot_every == 0 then
+    hot = hot + 1
+    return wrk.format("GET", hot_path, { ["CF-Connecting-IP"] = hot_ip })
+  end
+  -- Distinct per round, thread and request: 10.(16 round + thread).hi.lo,
+  -- the counter spread over the last two octets (65536 per thread and round).
+  local ip = string.format("10.%d.%d.%d", (round * 16 + id) % 256, math.floor(sent / 256) % 256, sent % 256)
+  return wrk.format("GET", prefix .. "/page", { ["CF-Connecting-IP"] = ip })
+end
+
+-- One line the bench parses; latencies in microseconds.
+function done(summary, latency, requests)
+  local hot_sent = 0
+  for _, t in ipairs(threads) do
+    hot_sent = hot_sent + t:get("hot")
+  end
+  local e = summary.errors
+  io.write(string.format(
+    "BENCH requests=%d duration_us=%d p50_us=%d p99_us=%d hot_sent=%d non2xx=%d socket_errors=%d\n",
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    hot_sent, e.status, e.connect + e.read + e.write + e.timeout))
+end
