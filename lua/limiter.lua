@@ -32,77 +32,68 @@ if ARGV[2] == '' then
 else
   now_us = tonumber(ARGV[2]) * 1000
 end
-local now_ms = math.floor(now_us / 1000)
+local now_ms = floor(now_us / 1000)
 
--- Parses rule i's arguments starting at ARGV[at]; returns the checker, its
--- arguments after the key, and the next position.
-local function parse(at)
-  local kind, cost = ARGV[at], tonumber(ARGV[at + 1])
+-- Decides rule i from its arguments at ARGV[at], at its own cost or at
+-- `cost` when given. Returns the rule's six reply fields, what to write if
+-- the request is admitted, and where the next rule's arguments start.
+local function check(i, at, cost)
+  local kind = ARGV[at]
+  cost = cost or tonumber(ARGV[at + 1])
   if kind == 'gcra' then
-    local interval, burst = tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
-    return function(key, c)
-      return gcra.check(key, now_us, c, interval, burst)
-    end, gcra.commit, cost, at + 4
+    local a, l, r, re, rt, w, write = gcra_check(KEYS[i], now_us, cost, tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]))
+    return a, l, r, re, rt, w, write, at + 4
   elseif kind == 'window' then
-    local offset, n = tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
-    local windows = {}
-    for j = 1, n do
-      local base = at + 1 + 3 * j
-      windows[j] = { tonumber(ARGV[base]), tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]) }
-    end
-    return function(key, c)
-      return windowed.check(key, now_ms, c, offset, windows)
-    end, windowed.commit, cost, at + 4 + 3 * n
+    local n = tonumber(ARGV[at + 3])
+    local a, l, r, re, rt, w, plan = windowed_check(KEYS[i], now_ms, cost, tonumber(ARGV[at + 2]), at + 4, n)
+    return a, l, r, re, rt, w, plan, at + 4 + 3 * n
   end
-  return redis.error_reply('ERR edge-limiter: unknown algorithm ' .. tostring(kind))
+  error('edge-limiter: unknown algorithm ' .. tostring(kind))
 end
 
-local rules, results = {}, {}
+-- Rule i's fields are reply[6i-2] (allowed) to reply[6i+3] (window).
+local reply = { 1, 0, 1, 0, 0, 0, 0, 0, 0 }
+local starts, writes = {}, {}
 local allowed, binding = 1, 1
 local modes = ARGV[3]
 local at = 4
 for i = 1, #KEYS do
-  local check, commit, cost, next_at = parse(at)
-  if type(check) ~= 'function' then
-    return check
-  end
-  at = next_at
-  rules[i] = { check = check, commit = commit }
-  local r = check(KEYS[i], cost)
-  results[i] = r
-  if r.allowed == 0 and string.sub(modes, i, i) ~= 's' then
-    if allowed == 1 or later(r.retry_after, results[binding].retry_after) then
+  starts[i] = at
+  local k = 6 * i
+  local ok, write
+  ok, reply[k - 1], reply[k], reply[k + 1], reply[k + 2], reply[k + 3], write, at = check(i, at)
+  reply[k - 2], writes[i] = ok, write
+  if ok == 0 and string.sub(modes, i, i) ~= 's' then
+    if allowed == 1 or later(reply[k + 2], reply[6 * binding + 2]) then
       binding = i
     end
     allowed = 0
-  elseif allowed == 1 and r.remaining < results[binding].remaining then
+  elseif allowed == 1 and reply[k] < reply[6 * binding] then
     binding = i
   end
 end
 
 if allowed == 1 then
-  for i, r in ipairs(results) do
-    if r.write then
-      rules[i].commit(KEYS[i], r)
+  for i = 1, #KEYS do
+    local write = writes[i]
+    if write then
+      if ARGV[starts[i]] == 'gcra' then
+        gcra_commit(KEYS[i], now_us, write)
+      else
+        windowed_commit(KEYS[i], write)
+      end
     end
   end
+  reply[2] = 0
 else
   -- Nothing is consumed anywhere: report the admitting rules as they stand.
-  for i, r in ipairs(results) do
-    if r.allowed == 1 then
-      results[i] = rules[i].check(KEYS[i], 0)
+  for i = 1, #KEYS do
+    local k = 6 * i
+    if reply[k - 2] == 1 then
+      reply[k - 2], reply[k - 1], reply[k], reply[k + 1], reply[k + 2], reply[k + 3] = check(i, starts[i], 0)
     end
   end
+  reply[2] = reply[6 * binding + 2]
 end
-
-local reply = { allowed, allowed == 1 and 0 or results[binding].retry_after, binding }
-for _, r in ipairs(results) do
-  local n = #reply
-  reply[n + 1] = r.allowed
-  reply[n + 2] = r.limit
-  reply[n + 3] = r.remaining
-  reply[n + 4] = r.reset_after
-  reply[n + 5] = r.retry_after
-  reply[n + 6] = r.window
-end
+reply[1], reply[3] = allowed, binding
 return reply

@@ -17,131 +17,135 @@
 -- `offset` (milliseconds, chosen per key by the caller) shifts every bucket
 -- edge, so that clients' windows do not all roll over at the same instant.
 
-local windowed = {}
-
 -- Decides one rule without writing anything.
---   key      the hash (may be absent)
---   now      current time, milliseconds
---   cost     units this request asks for (0 = peek)
---   offset   bucket edge shift, milliseconds
---   windows  array of { duration, limit, precision }
--- Returns a result table (see limiter.lua); `write` holds what commit needs.
-function windowed.check(key, now, cost, offset, windows)
+--   key     the hash (may be absent)
+--   now     current time, milliseconds
+--   cost    units this request asks for (0 = peek)
+--   offset  bucket edge shift, milliseconds
+--   at, n   the n windows' duration, limit, precision are ARGV[at], ARGV[at+1]...
+-- Returns allowed (1/0), limit, remaining, reset_after, retry_after, window
+-- (1-based) of the binding window (times in milliseconds; -1: never), then
+-- the plan windowed_commit needs if the whole request is admitted (or nil).
+local function windowed_check(key, now, cost, offset, at, n)
   local shifted = now + offset
-  local fields = {}
-  for i, w in ipairs(windows) do
-    local prefix = w[1] .. ':' .. w[3] .. ':'
-    local cur = math.floor(shifted / w[3])
-    w.prefix, w.cur, w.buckets = prefix, cur, w[1] / w[3]
-    fields[3 * i - 2] = prefix .. 't'
-    fields[3 * i - 1] = prefix .. 'l'
-    fields[3 * i] = prefix .. cur
+  local fields, prefixes, ids = {}, {}, {}
+  for j = 1, n do
+    local base = at + 3 * j - 3
+    -- The argument strings make the field names without a number conversion.
+    local prefix = ARGV[base] .. ':' .. ARGV[base + 2] .. ':'
+    local id = tostring(floor(shifted / tonumber(ARGV[base + 2])))
+    prefixes[j], ids[j] = prefix, id
+    fields[3 * j - 2] = prefix .. 't'
+    fields[3 * j - 1] = prefix .. 'l'
+    fields[3 * j] = prefix .. id
   end
   local stored = redis.call('HMGET', key, unpack(fields))
 
-  local result = { allowed = 1, retry_after = 0, window = 1 }
-  local best_remaining
-  for i, w in ipairs(windows) do
-    local total = tonumber(stored[3 * i - 2]) or 0
-    -- A window added to a live key has no newest id yet: count it from now.
-    local last = tonumber(stored[3 * i - 1]) or w.cur
-    local first = w.cur - w.buckets + 1
-    w.in_bucket = tonumber(stored[3 * i]) or 0
-    w.stale = {}
-    if last - w.buckets + 1 < first then
+  local allowed, bound, bound_limit, bound_remaining, bound_reset, bound_retry = 1, 1, 0, nil, 0, 0
+  local totals, counts, stale, moved, expire_at = {}, {}, nil, false, 0
+  for j = 1, n do
+    local base = at + 3 * j - 3
+    local limit, precision = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
+    local buckets = tonumber(ARGV[base]) / precision
+    local cur = tonumber(ids[j])
+    local first = cur - buckets + 1
+    local total = tonumber(stored[3 * j - 2]) or 0
+    local stored_last = tonumber(stored[3 * j - 1])
+    -- A window new to this key has no newest id yet: count it from now.
+    local last = stored_last or cur
+    if stored_last ~= cur then
+      moved = true
+    end
+    if last - buckets + 1 < first then
       -- Buckets that have slid out of the window since the last admission.
-      local from = last - w.buckets + 1
-      local to = math.min(first - 1, last)
-      for id = from, to do
-        w.stale[#w.stale + 1] = w.prefix .. id
+      local old = {}
+      for id = last - buckets + 1, math.min(first - 1, last) do
+        old[#old + 1] = prefixes[j] .. id
       end
-      local counts = redis.call('HMGET', key, unpack(w.stale))
-      for _, c in ipairs(counts) do
+      for _, c in ipairs(redis.call('HMGET', key, unpack(old))) do
         total = total - (tonumber(c) or 0)
       end
+      stale = stale or {}
+      for _, f in ipairs(old) do
+        stale[#stale + 1] = f
+      end
     end
-    w.total = total
 
-    local limit = w[2]
-    local reset_after = 0
+    local fits = total + cost <= limit
     local retry_after = 0
-    local allowed = total + cost <= limit
-    if allowed then
+    if fits then
       if cost > 0 then
-        w.total = total + cost
-        last = w.cur
+        total = total + cost
+        last = cur
       end
     elseif cost > limit then
       retry_after = -1
     else
       -- Walk the counted buckets oldest first until enough cost has left.
-      local need = total + cost - limit
-      local ids = {}
-      for id = math.max(first, last - w.buckets + 1), last do
-        ids[#ids + 1] = w.prefix .. id
+      local from = math.max(first, last - buckets + 1)
+      local names = {}
+      for id = from, last do
+        names[#names + 1] = prefixes[j] .. id
       end
-      local counts = redis.call('HMGET', key, unpack(ids))
-      local freed = 0
-      local id = math.max(first, last - w.buckets + 1)
-      for _, c in ipairs(counts) do
+      local need, freed, id = total + cost - limit, 0, from
+      for _, c in ipairs(redis.call('HMGET', key, unpack(names))) do
         freed = freed + (tonumber(c) or 0)
         if freed >= need then
           break
         end
         id = id + 1
       end
-      retry_after = (id + w.buckets) * w[3] - shifted
+      retry_after = (id + buckets) * precision - shifted
     end
-    if w.total > 0 then
-      reset_after = (last + w.buckets) * w[3] - shifted
+    local reset_after = 0
+    if total > 0 then
+      reset_after = (last + buckets) * precision - shifted
     end
-    w.reset_after = reset_after
+    local remaining = limit - total
 
-    local remaining = limit - w.total
-    if not allowed then
-      if result.allowed == 1 or later(retry_after, result.retry_after) then
-        result.window, result.retry_after = i, retry_after
+    if not fits then
+      if allowed == 1 or later(retry_after, bound_retry) then
+        bound, bound_limit, bound_remaining, bound_reset, bound_retry = j, limit, remaining, reset_after, retry_after
       end
-      result.allowed = 0
-    elseif result.allowed == 1 and (best_remaining == nil or remaining < best_remaining) then
-      best_remaining = remaining
-      result.window = i
+      allowed = 0
+    elseif allowed == 1 and (bound_remaining == nil or remaining < bound_remaining) then
+      bound, bound_limit, bound_remaining, bound_reset = j, limit, remaining, reset_after
     end
+    totals[j] = total
+    counts[j] = (tonumber(stored[3 * j]) or 0) + cost
+    expire_at = math.max(expire_at, (cur + buckets) * precision)
   end
 
-  local bound = windows[result.window]
-  result.limit = bound[2]
-  result.remaining = bound[2] - bound.total
-  result.reset_after = bound.reset_after
-  if result.allowed == 1 and cost > 0 then
-    result.write = { windows = windows, cost = cost, shifted = shifted }
+  local plan
+  if allowed == 1 and cost > 0 then
+    -- The key lives until its newest bucket leaves the longest window; that
+    -- instant only moves when some window's current bucket does.
+    local expire
+    if moved then
+      expire = expire_at - shifted
+    end
+    plan = { fields = fields, ids = ids, totals = totals, counts = counts, stale = stale, expire = expire }
   end
-  return result
+  return allowed, bound_limit, bound_remaining, bound_reset, bound_retry, bound, plan
 end
 
 -- Records an admitted request: one HSET for every window's bucket, total and
--- newest id, one HDEL for the buckets that left, one PEXPIRE. The key lives
--- until its newest bucket has left the longest window, and only admissions
--- move that, so denied traffic can never prolong it.
-function windowed.commit(key, result)
-  local windows, cost, shifted = result.write.windows, result.write.cost, result.write.shifted
-  local set, stale = {}, {}
-  local expire_at = 0
-  for _, w in ipairs(windows) do
-    set[#set + 1] = w.prefix .. 't'
-    set[#set + 1] = w.total
-    set[#set + 1] = w.prefix .. 'l'
-    set[#set + 1] = w.cur
-    set[#set + 1] = w.prefix .. w.cur
-    set[#set + 1] = w.in_bucket + cost
-    for _, f in ipairs(w.stale) do
-      stale[#stale + 1] = f
-    end
-    expire_at = math.max(expire_at, (w.cur + w.buckets) * w[3])
+-- newest id, one HDEL for the buckets that left, and a PEXPIRE when the
+-- expiry moves. Only admissions reach here, so denied traffic can never
+-- prolong a key.
+local function windowed_commit(key, plan)
+  local set = {}
+  for j = 1, #plan.ids do
+    local k = 6 * j
+    set[k - 5], set[k - 4] = plan.fields[3 * j - 2], plan.totals[j]
+    set[k - 3], set[k - 2] = plan.fields[3 * j - 1], plan.ids[j]
+    set[k - 1], set[k] = plan.fields[3 * j], plan.counts[j]
   end
   redis.call('HSET', key, unpack(set))
-  if #stale > 0 then
-    redis.call('HDEL', key, unpack(stale))
+  if plan.stale then
+    redis.call('HDEL', key, unpack(plan.stale))
   end
-  redis.call('PEXPIRE', key, expire_at - shifted)
+  if plan.expire then
+    redis.call('PEXPIRE', key, plan.expire)
+  end
 end
