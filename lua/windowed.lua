@@ -28,26 +28,26 @@
 -- the plan windowed_commit needs if the whole request is admitted (or nil).
 local function windowed_check(key, now, cost, offset, at, n)
   local shifted = now + offset
-  local fields, prefixes, ids = {}, {}, {}
+  local fields = {}
   for j = 1, n do
     local base = at + 3 * j - 3
     -- The argument strings make the field names without a number conversion.
     local prefix = ARGV[base] .. ':' .. ARGV[base + 2] .. ':'
-    local id = tostring(floor(shifted / tonumber(ARGV[base + 2])))
-    prefixes[j], ids[j] = prefix, id
-    fields[3 * j - 2] = prefix .. 't'
-    fields[3 * j - 1] = prefix .. 'l'
-    fields[3 * j] = prefix .. id
+    fields[3 * j - 2], fields[3 * j - 1] = prefix .. 't', prefix .. 'l'
+    fields[3 * j] = prefix .. floor(shifted / tonumber(ARGV[base + 2]))
   end
   local stored = redis.call('HMGET', key, unpack(fields))
+  -- HSET's arguments for an admission, filled in as the windows are
+  -- decided, so that windowed_commit needs no table of its own.
+  local hash = {}
 
   local allowed, bound, bound_limit, bound_remaining, bound_reset, bound_retry = 1, 1, 0, nil, 0, 0
-  local totals, counts, stale, moved, expire_at = {}, {}, nil, false, 0
+  local stale, moved, expire_at = nil, false, 0
   for j = 1, n do
     local base = at + 3 * j - 3
     local limit, precision = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
     local buckets = tonumber(ARGV[base]) / precision
-    local cur = tonumber(ids[j])
+    local cur = floor(shifted / precision)
     local first = cur - buckets + 1
     local total = tonumber(stored[3 * j - 2]) or 0
     local stored_last = tonumber(stored[3 * j - 1])
@@ -56,11 +56,12 @@ local function windowed_check(key, now, cost, offset, at, n)
     if stored_last ~= cur then
       moved = true
     end
+    local prefix = string.sub(fields[3 * j - 2], 1, -2)
     if last - buckets + 1 < first then
       -- Buckets that have slid out of the window since the last admission.
       local old = {}
       for id = last - buckets + 1, math.min(first - 1, last) do
-        old[#old + 1] = prefixes[j] .. id
+        old[#old + 1] = prefix .. id
       end
       for _, c in ipairs(redis.call('HMGET', key, unpack(old))) do
         total = total - (tonumber(c) or 0)
@@ -85,7 +86,7 @@ local function windowed_check(key, now, cost, offset, at, n)
       local from = math.max(first, last - buckets + 1)
       local names = {}
       for id = from, last do
-        names[#names + 1] = prefixes[j] .. id
+        names[#names + 1] = prefix .. id
       end
       local need, freed, id = total + cost - limit, 0, from
       for _, c in ipairs(redis.call('HMGET', key, unpack(names))) do
@@ -111,20 +112,22 @@ local function windowed_check(key, now, cost, offset, at, n)
     elseif allowed == 1 and (bound_remaining == nil or remaining < bound_remaining) then
       bound, bound_limit, bound_remaining, bound_reset = j, limit, remaining, reset_after
     end
-    totals[j] = total
-    counts[j] = (tonumber(stored[3 * j]) or 0) + cost
+    local k = 6 * j
+    hash[k - 5], hash[k - 4] = fields[3 * j - 2], total
+    hash[k - 3], hash[k - 2] = fields[3 * j - 1], cur
+    hash[k - 1], hash[k] = fields[3 * j], (tonumber(stored[3 * j]) or 0) + cost
     expire_at = math.max(expire_at, (cur + buckets) * precision)
   end
 
   local plan
   if allowed == 1 and cost > 0 then
+    plan = hash
+    plan.stale = stale
     -- The key lives until its newest bucket leaves the longest window; that
     -- instant only moves when some window's current bucket does.
-    local expire
     if moved then
-      expire = expire_at - shifted
+      plan.expire = expire_at - shifted
     end
-    plan = { fields = fields, ids = ids, totals = totals, counts = counts, stale = stale, expire = expire }
   end
   return allowed, bound_limit, bound_remaining, bound_reset, bound_retry, bound, plan
 end
@@ -134,14 +137,7 @@ end
 -- expiry moves. Only admissions reach here, so denied traffic can never
 -- prolong a key.
 local function windowed_commit(key, plan)
-  local set = {}
-  for j = 1, #plan.ids do
-    local k = 6 * j
-    set[k - 5], set[k - 4] = plan.fields[3 * j - 2], plan.totals[j]
-    set[k - 3], set[k - 2] = plan.fields[3 * j - 1], plan.ids[j]
-    set[k - 1], set[k] = plan.fields[3 * j], plan.counts[j]
-  end
-  redis.call('HSET', key, unpack(set))
+  redis.call('HSET', key, unpack(plan))
   if plan.stale then
     redis.call('HDEL', key, unpack(plan.stale))
   end
