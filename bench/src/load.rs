@@ -106,14 +106,14 @@ pub async fn run(
     let child = |name: &'static str| move |p: &cpu::Proc| p.ppid == me && p.comm == name;
     run.cpu = Cpu {
         workerd: used.since(&cpu_before, |p| {
-            p.pgrp == worker.group.id() && p.comm == "workerd"
+            p.pgrp == worker.group.child.id() && p.comm == "workerd"
         }),
         wrangler: used.since(&cpu_before, |p| {
-            p.pgrp == worker.group.id() && p.comm != "workerd"
+            p.pgrp == worker.group.child.id() && p.comm != "workerd"
         }),
         endpoint: used.since(&cpu_before, child("upstash-local")),
         redis: used.since(&cpu_before, child("redis-server")),
-        origin: used.since(&cpu_before, |p| p.pgrp == origin.group.id()),
+        origin: used.since(&cpu_before, |p| p.pgrp == origin.group.child.id()),
     };
     run.hot_admitted = origin.hits(http, &path).await? - before;
     Ok(run)

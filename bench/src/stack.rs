@@ -3,98 +3,31 @@
 //! `edge_limiter_local::testenv`.) Everything is killed when dropped.
 
 use std::{
-    io::{BufRead, BufReader},
-    net::{TcpListener, TcpStream},
-    os::unix::process::CommandExt,
+    net::TcpStream,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    sync::mpsc,
     time::{Duration, Instant},
 };
+
+pub use edge_limiter_local::testenv::repo;
+use edge_limiter_local::testenv::{free_port, wrangler_dev, DemoOrigin, ProcessGroup};
 
 /// The token the REST endpoint accepts.
 pub const TOKEN: &str = "bench-token-5e1d";
 
-/// The repository, whose scripts, node_modules and built worker the bench uses.
-pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("bench/ lies inside the repository")
-        .to_path_buf()
-}
-
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("cannot bind 127.0.0.1:0")
-}
-
-/// A child leading its own process group: wrangler spawns workerd, which
-/// would outlive a kill of wrangler alone.
-pub struct Group {
-    child: Child,
-}
-
-impl Group {
-    /// The process group's id (the leader's pid).
-    pub fn id(&self) -> u32 {
-        self.child.id()
-    }
-
-    pub fn spawn(cmd: &mut Command) -> Result<Group, String> {
-        let child = cmd
-            .process_group(0)
-            .spawn()
-            .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
-        Ok(Group { child })
-    }
-}
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        let group = format!("-{}", self.child.id());
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &group])
-            .stderr(Stdio::null())
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-/// `scripts/demo-origin.mjs` on a free port; it counts what reaches it per path.
+/// The demo origin; it counts what reaches it per path.
 pub struct Origin {
     pub url: String,
-    pub group: Group,
+    /// The node process, for CPU accounting by process group.
+    pub group: ProcessGroup,
 }
 
 impl Origin {
     pub fn start() -> Result<Origin, String> {
-        let mut group = Group::spawn(
-            Command::new("node")
-                .arg(repo().join("scripts/demo-origin.mjs"))
-                .arg("0")
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped()),
-        )?;
-        let stdout = group.child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        // Keeps draining stdout so the origin never blocks on a full pipe.
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(line)) = lines.next() {
-                let _ = tx.send(line);
-            }
-            for _ in lines {}
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(10))
-            .map_err(|_| "the demo origin printed no `listening on` line".to_owned())?;
-        let url = line
-            .strip_prefix("listening on ")
-            .ok_or_else(|| format!("unexpected line from the demo origin: {line:?}"))?
-            .to_owned();
-        Ok(Origin { url, group })
+        let DemoOrigin { url, process } = DemoOrigin::start().map_err(|e| e.to_string())?;
+        Ok(Origin {
+            url,
+            group: process,
+        })
     }
 
     /// Requests that reached the origin on `path`.
@@ -114,7 +47,7 @@ pub struct Worker {
     pub url: String,
     pub dir: PathBuf,
     /// wrangler and the workerd it runs.
-    pub group: Group,
+    pub group: ProcessGroup,
 }
 
 impl Worker {
@@ -134,26 +67,15 @@ impl Worker {
         );
         std::fs::write(dir.join("wrangler.toml"), config).map_err(|e| e.to_string())?;
         let log = std::fs::File::create(dir.join("wrangler.log")).map_err(|e| e.to_string())?;
-        let (port, inspector) = (free_port(), free_port());
-        let group = Group::spawn(
-            Command::new(repo().join("node_modules/.bin/wrangler"))
-                .args(["dev", "--ip", "127.0.0.1", "--port", &port.to_string()])
-                .args(["--inspector-port", &inspector.to_string()])
-                // Request logging costs the same for every worker but adds
-                // noise; errors still reach the log.
-                .args([
-                    "--log-level",
-                    "error",
-                    "--show-interactive-dev-session=false",
-                ])
-                .current_dir(&dir)
-                .env("WRANGLER_SEND_METRICS", "false")
-                .env("WRANGLER_SEND_ERROR_REPORTS", "false")
-                .env("CLOUDFLARE_CF_FETCH_ENABLED", "false")
-                .stdin(Stdio::null())
+        let port = free_port();
+        // Request logging costs the same for every worker but adds noise;
+        // errors still reach the log.
+        let group = ProcessGroup::spawn(
+            wrangler_dev(&dir, port, "error")
                 .stdout(log.try_clone().map_err(|e| e.to_string())?)
                 .stderr(log),
-        )?;
+        )
+        .map_err(|e| format!("cannot start wrangler dev: {e}"))?;
         Ok(Worker {
             label,
             url: format!("http://127.0.0.1:{port}"),

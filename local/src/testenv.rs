@@ -88,11 +88,113 @@ impl Drop for RedisServer {
     }
 }
 
-fn free_port() -> u16 {
+/// A loopback port that was free a moment ago (bound, then released).
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("cannot bind 127.0.0.1:0")
         .port()
+}
+
+/// The first line a child prints on its piped stdout, within `timeout`. A
+/// thread keeps draining the rest, so the child never blocks on a full pipe.
+pub fn first_stdout_line(child: &mut Child, timeout: Duration) -> Option<String> {
+    let stdout = child.stdout.take()?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(line)) = lines.next() {
+            let _ = tx.send(line);
+        }
+        for _ in lines {}
+    });
+    rx.recv_timeout(timeout).ok()
+}
+
+/// A child leading its own process group, killed with its whole group on
+/// drop: `wrangler dev` spawns workerd, which would outlive wrangler alone.
+pub struct ProcessGroup {
+    /// The group's leader.
+    pub child: Child,
+}
+
+impl ProcessGroup {
+    /// Spawns `cmd` as the leader of a new process group.
+    pub fn spawn(cmd: &mut Command) -> io::Result<ProcessGroup> {
+        use std::os::unix::process::CommandExt;
+        Ok(ProcessGroup {
+            child: cmd.process_group(0).spawn()?,
+        })
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+/// The repository holding this crate: its scripts, node_modules and worker.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("local/ lies inside the repository")
+        .to_path_buf()
+}
+
+/// `scripts/demo-origin.mjs` on a free port: it answers every request and
+/// counts them per path (`GET /__origin/hits`).
+pub struct DemoOrigin {
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// The node process.
+    pub process: ProcessGroup,
+}
+
+impl DemoOrigin {
+    /// Starts the origin and waits for it to listen.
+    pub fn start() -> io::Result<DemoOrigin> {
+        let mut process = ProcessGroup::spawn(
+            Command::new("node")
+                .arg(repo().join("scripts/demo-origin.mjs"))
+                .arg("0")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped()),
+        )?;
+        let line = first_stdout_line(&mut process.child, STARTUP_TIMEOUT)
+            .ok_or_else(|| io::Error::other("the demo origin printed no `listening on` line"))?;
+        let url = line
+            .strip_prefix("listening on ")
+            .ok_or_else(|| {
+                io::Error::other(format!("unexpected line from the demo origin: {line:?}"))
+            })?
+            .to_owned();
+        Ok(DemoOrigin { url, process })
+    }
+}
+
+/// `wrangler dev` (the repository's pinned one, in `node_modules`) serving the config in `dir` on `port`, with its own
+/// inspector port so that several can run at once, and without telemetry.
+pub fn wrangler_dev(dir: &Path, port: u16, log_level: &str) -> Command {
+    let mut cmd = Command::new(repo().join("node_modules/.bin/wrangler"));
+    cmd.args(["dev", "--ip", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--inspector-port", &free_port().to_string()])
+        .args([
+            "--log-level",
+            log_level,
+            "--show-interactive-dev-session=false",
+        ])
+        .current_dir(dir)
+        .env("WRANGLER_SEND_METRICS", "false")
+        .env("WRANGLER_SEND_ERROR_REPORTS", "false")
+        .env("CLOUDFLARE_CF_FETCH_ENABLED", "false")
+        .stdin(Stdio::null());
+    cmd
 }
 
 fn spawn_redis(port: u16) -> Result<Child, String> {
@@ -153,26 +255,13 @@ impl Endpoint {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (first_line, lines) = mpsc::channel();
-        // The reader stays to drain stdout, so the child never blocks writing to it.
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(line)) = lines.next() {
-                let _ = first_line.send(line);
-            }
-            for _ in lines {}
-        });
-        let line = match lines.recv_timeout(STARTUP_TIMEOUT) {
-            Ok(line) => line,
-            Err(_) => {
-                let _ = child.kill();
-                let status = child.wait();
-                panic!(
-                    "{} printed no `listening on` line ({status:?})",
-                    bin.display()
-                );
-            }
+        let Some(line) = first_stdout_line(&mut child, STARTUP_TIMEOUT) else {
+            let _ = child.kill();
+            let status = child.wait();
+            panic!(
+                "{} printed no `listening on` line ({status:?})",
+                bin.display()
+            );
         };
         let addr = line
             .strip_prefix("listening on http://")

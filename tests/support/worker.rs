@@ -2,77 +2,27 @@
 //! the backend, started for one test and torn down when it ends.
 
 use std::{
-    io::{BufRead, BufReader},
-    net::TcpListener,
-    os::unix::process::CommandExt,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    sync::mpsc,
     time::{Duration, Instant},
 };
 
+use edge_limiter_local::testenv::{free_port, repo, wrangler_dev, DemoOrigin, ProcessGroup};
+
 use super::{Backend, TOKEN};
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// A child leading its own process group, so that stopping it also stops
-/// what it spawned (wrangler spawns workerd). Killed on drop.
-pub struct Group {
-    child: Child,
-}
-
-impl Group {
-    fn spawn(cmd: &mut Command) -> Group {
-        let child = cmd
-            .process_group(0)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-        Group { child }
-    }
-}
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        let group = format!("-{}", self.child.id());
-        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
-        let _ = self.child.wait();
-    }
-}
 
 /// The demo origin (`scripts/demo-origin.mjs`) on a free port.
 pub struct Origin {
     pub url: String,
-    _group: Group,
+    _process: DemoOrigin,
 }
 
 impl Origin {
     pub fn start() -> Origin {
-        let mut group = Group::spawn(
-            Command::new("node")
-                .arg(repo().join("scripts/demo-origin.mjs"))
-                .arg("0")
-                .stdout(Stdio::piped())
-                .stdin(Stdio::null()),
-        );
-        let stdout = group.child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(line)) = lines.next() {
-                let _ = tx.send(line);
-            }
-            for _ in lines {}
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(10))
-            .expect("the demo origin did not start");
-        let url = line
-            .strip_prefix("listening on ")
-            .expect("listening line")
-            .to_owned();
-        Origin { url, _group: group }
+        let process = DemoOrigin::start().expect("the demo origin starts");
+        Origin {
+            url: process.url.clone(),
+            _process: process,
+        }
     }
 
     /// How many requests reached the origin, in total and per path.
@@ -86,21 +36,13 @@ impl Origin {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// `wrangler dev` serving the worker built by `scripts/build-worker`, with
 /// the given rules (TOML, `[[vars.LIMITER.rules]]` tables) and its own
 /// state directory.
 pub struct Worker {
     pub url: String,
     pub dir: PathBuf,
-    _group: Group,
+    _process: ProcessGroup,
 }
 
 impl Worker {
@@ -140,45 +82,28 @@ impl Worker {
             origin.url
         );
         std::fs::write(dir.join(".dev.vars"), secrets).unwrap();
-        let (port, inspector) = (free_port(), free_port());
+        let port = free_port();
         let log = std::fs::File::create(dir.join("wrangler.log")).unwrap();
-        let group = Group::spawn(
-            Command::new(repo().join("node_modules/.bin/wrangler"))
-                .args([
-                    "dev",
-                    "--ip",
-                    "127.0.0.1",
-                    "--port",
-                    &port.to_string(),
-                    "--inspector-port",
-                    &inspector.to_string(),
-                ])
-                .args([
-                    // "log" and not "info": the worker's console.log lines are
-                    // what the tests read.
-                    "--log-level",
-                    "log",
-                    "--show-interactive-dev-session=false",
-                ])
-                .current_dir(&dir)
-                .env("WRANGLER_SEND_METRICS", "false")
-                .env("WRANGLER_SEND_ERROR_REPORTS", "false")
-                .env("CLOUDFLARE_CF_FETCH_ENABLED", "false")
-                .stdin(Stdio::null())
+        // "log" and not "info": the worker's console.log lines are what the
+        // tests read.
+        let process = ProcessGroup::spawn(
+            wrangler_dev(&dir, port, "log")
                 .stdout(log.try_clone().unwrap())
                 .stderr(log),
-        );
+        )
+        .expect("wrangler dev starts");
         let worker = Worker {
             url: format!("http://127.0.0.1:{port}"),
             dir,
-            _group: group,
+            _process: process,
         };
         worker.wait_ready();
         worker
     }
 
     fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
+        // A few seconds when the machine is idle; generous for a loaded one.
+        let deadline = Instant::now() + Duration::from_secs(120);
         while Instant::now() < deadline {
             if std::net::TcpStream::connect(self.url.trim_start_matches("http://")).is_ok() {
                 return;
@@ -186,7 +111,7 @@ impl Worker {
             std::thread::sleep(Duration::from_millis(100));
         }
         panic!(
-            "wrangler dev did not listen within 60 s; log:\n{}",
+            "wrangler dev did not listen within 120 s; log:\n{}",
             self.log()
         );
     }
