@@ -36,6 +36,7 @@ fn outcome_headers_are_added_and_the_origins_kept() {
     let origin_headers = Headers::new();
     origin_headers.set("Content-Type", "text/html").unwrap();
     origin_headers.append("Set-Cookie", "a=1").unwrap();
+    origin_headers.append("Set-Cookie", "b=2").unwrap();
     let response = Response::ok("page").unwrap().with_headers(origin_headers);
     let outcome = Outcome {
         action: Action::Forward,
@@ -49,7 +50,16 @@ fn outcome_headers_are_added_and_the_origins_kept() {
     assert_eq!(out.status_code(), 200);
     let h = out.headers();
     assert_eq!(h.get("content-type").unwrap().as_deref(), Some("text/html"));
-    assert_eq!(h.get("set-cookie").unwrap().as_deref(), Some("a=1"));
+    let cookies: Vec<String> = h
+        .entries()
+        .filter(|(n, _)| n == "set-cookie")
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(
+        cookies,
+        ["a=1", "b=2"],
+        "each Set-Cookie kept as its own line"
+    );
     assert_eq!(
         h.get("ratelimit").unwrap().as_deref(),
         Some("\"r\";r=1;t=2")
