@@ -5,7 +5,7 @@
 mod support;
 
 use reqwest::StatusCode;
-use support::worker::Stack;
+use support::{header, worker::Stack};
 
 const PER_IP: &str = r#"
 [[vars.LIMITER.rules]]
@@ -25,10 +25,6 @@ async fn get(client: &reqwest::Client, url: &str, ip: &str) -> reqwest::Response
         .send()
         .await
         .expect("the worker answers")
-}
-
-fn header<'a>(r: &'a reqwest::Response, name: &str) -> Option<&'a str> {
-    r.headers().get(name).map(|v| v.to_str().unwrap())
 }
 
 #[tokio::test]

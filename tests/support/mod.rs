@@ -69,6 +69,11 @@ impl Backend {
     }
 }
 
+/// A response header's value, if it is there.
+pub fn header<'a>(r: &'a reqwest::Response, name: &str) -> Option<&'a str> {
+    r.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
 /// Rules from their JSON form, e.g. `json!({"name": "a", ...})`.
 pub fn rules(list: Value) -> Vec<Rule> {
     Config::from_json(&json!({ "rules": list }))
