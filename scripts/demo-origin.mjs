@@ -6,7 +6,9 @@ import http from "node:http";
 const port = Number(process.env.ORIGIN_PORT ?? process.argv[2] ?? 8081);
 const hits = { total: 0, paths: {} };
 
-const server = http.createServer((req, res) => {
+// Real origins behind a CDN take large headers; node's 16 KB default would
+// answer 431 mid-request and leave the forwarding fetch racing a closed socket.
+const server = http.createServer({ maxHeaderSize: 256 * 1024 }, (req, res) => {
   const path = req.url.split("?")[0];
   if (path === "/__origin/hits") {
     res.writeHead(200, { "content-type": "application/json" });

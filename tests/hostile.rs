@@ -567,7 +567,10 @@ async fn hostile_identifiers_get_their_own_bucket_and_no_key_escapes_its_tag() {
     }
     // What HTTP forbids or a runtime may refuse: any clear answer but a 5xx.
     let cookie = format!("sid={big}");
-    let query = format!("/query?k={big}");
+    // A 64 KB URL never reaches a worker: the runtime's own front door
+    // refuses it (and in wrangler dev sometimes without any answer), and
+    // Cloudflare's edge caps URLs at 16 KB; 8 KB still reaches the limiter.
+    let query = format!("/query?k={}", "q".repeat(8 * 1024));
     let edge_cases: [EdgeCase; 6] = [
         ("id", "x-id: <64 KB>", b"/id", ("x-id", big.as_bytes())),
         (
@@ -578,7 +581,7 @@ async fn hostile_identifiers_get_their_own_bucket_and_no_key_escapes_its_tag() {
         ),
         (
             "query",
-            "?k=<64 KB>",
+            "?k=<8 KB>",
             query.as_bytes(),
             ("x-unrelated", b"1"),
         ),
