@@ -19,34 +19,40 @@
 --   cost      units this request asks for (0 = peek)
 --   interval  emission interval, microseconds (>= 1)
 --   burst     units admitted back to back from a fresh key (>= 1)
--- Returns allowed (1/0), limit, remaining, reset_after, retry_after, window
--- (times in milliseconds, rounded up; -1: never), then the TAT to store if
--- the whole request is admitted (nil: nothing to write).
+-- Returns the six reply fields: allowed (1/0), limit, remaining,
+-- reset_after, retry_after (milliseconds, rounded up; -1: never) and window
+-- (always 1); then the TAT to store if the whole request is admitted (nil:
+-- nothing to write).
 local function gcra_check(key, now, cost, interval, burst)
   local tolerance = interval * burst
-  local tat = tonumber(redis.call('GET', key)) or now
-  if tat < now then
-    tat = now
+  local tat = now
+  local stored = redis.call('GET', key)
+  if stored then
+    tat = unpack_number(NUMBER, stored)
+    if tat < now then
+      tat = now
+    end
   end
-  local new_tat = tat + cost * interval
-  if new_tat - now <= tolerance then
+  local ahead = tat + cost * interval - now
+  if ahead <= tolerance then
     local write
     if cost > 0 then
-      write = new_tat
+      write = now + ahead
     end
-    return 1, burst, floor((tolerance - (new_tat - now)) / interval), ceil((new_tat - now) / 1000), 0, 1, write
+    return 1, burst, floor((tolerance - ahead) / interval), ceil(ahead / 1000), 0, 1, write
   end
   local retry_after = -1 -- more than a fresh key could ever admit: no wait helps
   if cost <= burst then
-    -- The earliest instant at which new_tat - now fits the tolerance.
-    retry_after = ceil((new_tat - now - tolerance) / 1000)
+    -- The earliest instant at which the request fits the tolerance.
+    retry_after = ceil((ahead - tolerance) / 1000)
   end
-  return 0, burst, floor((tolerance - (tat - now)) / interval), ceil((tat - now) / 1000), retry_after, 1, nil
+  ahead = tat - now
+  return 0, burst, floor((tolerance - ahead) / interval), ceil(ahead / 1000), retry_after, 1, nil
 end
 
 -- Stores an admitted request's TAT. The key lives exactly until the TAT has
 -- passed: by then a fresh key would behave the same, and the expiry can
 -- never outlast the debt, so nobody is locked out by it.
 local function gcra_commit(key, now, tat)
-  redis.call('SET', key, string.format('%.0f', tat), 'PX', ceil((tat - now) / 1000))
+  redis.call('SET', key, pack(NUMBER, tat), 'PX', string.format('%d', ceil((tat - now) / 1000)))
 end

@@ -12,14 +12,13 @@
 --             'gcra',   cost, interval (us), burst
 --             'window', cost, offset (ms), n, then n x (duration, limit, precision) (ms)
 --
--- Reply, all integers, times in milliseconds (-1: never, the cost exceeds the
--- limit):
---   { allowed (1/0), retry_after, binding rule (1-based),
---     then per rule: allowed, limit, remaining, reset_after, retry_after, window }
+-- Reply: six integers per rule, in KEYS order: allowed (1/0), limit,
+-- remaining, reset_after, retry_after (milliseconds; -1: never, the cost
+-- exceeds the limit) and the 1-based binding window.
 -- The request is allowed when every enforced rule admits it; then every rule
--- that admits it is charged, and otherwise none is. The binding rule and
--- window are, when denied, the first enforced ones that free up last; when
--- admitted, the first with the fewest units left.
+-- that admits it is charged. Otherwise none is, and the rules that would
+-- have admitted it are reported as they stand. Which rule binds, and the
+-- request's retry-after, follow from the fields: the caller works them out.
 
 if ARGV[1] == 'reset' then
   return redis.call('DEL', unpack(KEYS))
@@ -28,72 +27,55 @@ end
 local now_us
 if ARGV[2] == '' then
   local t = redis.call('TIME')
-  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now_us = t[1] * 1000000 + t[2]
 else
-  now_us = tonumber(ARGV[2]) * 1000
-end
-local now_ms = floor(now_us / 1000)
-
--- Decides rule i from its arguments at ARGV[at], at its own cost or at
--- `cost` when given. Returns the rule's six reply fields, what to write if
--- the request is admitted, and where the next rule's arguments start.
-local function check(i, at, cost)
-  local kind = ARGV[at]
-  cost = cost or tonumber(ARGV[at + 1])
-  if kind == 'gcra' then
-    local a, l, r, re, rt, w, write = gcra_check(KEYS[i], now_us, cost, tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]))
-    return a, l, r, re, rt, w, write, at + 4
-  elseif kind == 'window' then
-    local n = tonumber(ARGV[at + 3])
-    local a, l, r, re, rt, w, plan = windowed_check(KEYS[i], now_ms, cost, tonumber(ARGV[at + 2]), at + 4, n)
-    return a, l, r, re, rt, w, plan, at + 4 + 3 * n
-  end
-  error('edge-limiter: unknown algorithm ' .. tostring(kind))
+  now_us = ARGV[2] * 1000
 end
 
--- Rule i's fields are reply[6i-2] (allowed) to reply[6i+3] (window).
-local reply = { 1, 0, 1, 0, 0, 0, 0, 0, 0 }
-local starts, writes = {}, {}
-local allowed, binding = 1, 1
-local modes = ARGV[3]
-local at = 4
-for i = 1, #KEYS do
-  starts[i] = at
-  local k = 6 * i
-  local ok, write
-  ok, reply[k - 1], reply[k], reply[k + 1], reply[k + 2], reply[k + 3], write, at = check(i, at)
-  reply[k - 2], writes[i] = ok, write
-  if ok == 0 and string.sub(modes, i, i) ~= 's' then
-    if allowed == 1 or later(reply[k + 2], reply[6 * binding + 2]) then
-      binding = i
-    end
-    allowed = 0
-  elseif allowed == 1 and reply[k] < reply[6 * binding] then
-    binding = i
-  end
-end
+local reply, writes, modes = { 0, 0, 0, 0, 0, 0 }, { nil }, ARGV[3]
 
-if allowed == 1 then
+-- Decides every rule into reply[6i - 5 .. 6i] and writes[i]: at its own
+-- cost or, when peeking, at cost 0 and only for the rules that admitted the
+-- request. Returns whether an enforced rule denies it.
+local function decide(peek)
+  local denied, at = false, 4
   for i = 1, #KEYS do
-    local write = writes[i]
-    if write then
-      if ARGV[starts[i]] == 'gcra' then
-        gcra_commit(KEYS[i], now_us, write)
+    local k, n = 6 * i, 0
+    if ARGV[at] == 'window' then
+      n = ARGV[at + 3] + 0
+    end
+    if not peek or reply[k - 5] == 1 then
+      local cost = 0
+      if not peek then
+        cost = ARGV[at + 1] + 0
+      end
+      if n == 0 then
+        reply[k - 5], reply[k - 4], reply[k - 3], reply[k - 2], reply[k - 1], reply[k], writes[i] =
+          gcra_check(KEYS[i], now_us, cost, ARGV[at + 2] + 0, ARGV[at + 3] + 0)
       else
-        windowed_commit(KEYS[i], write)
+        reply[k - 5], reply[k - 4], reply[k - 3], reply[k - 2], reply[k - 1], reply[k], writes[i] =
+          windowed_check(KEYS[i], floor(now_us / 1000), cost, ARGV[at + 2] + 0, at + 4, n)
+      end
+      if reply[k - 5] == 0 and string.byte(modes, i) ~= 115 then -- not 's'
+        denied = true
       end
     end
+    at = at + 4 + 3 * n
   end
-  reply[2] = 0
-else
+  return denied
+end
+
+if decide(false) then
   -- Nothing is consumed anywhere: report the admitting rules as they stand.
+  decide(true)
+else
   for i = 1, #KEYS do
-    local k = 6 * i
-    if reply[k - 2] == 1 then
-      reply[k - 2], reply[k - 1], reply[k], reply[k + 1], reply[k + 2], reply[k + 3] = check(i, starts[i], 0)
+    local write = writes[i]
+    if type(write) == 'number' then
+      gcra_commit(KEYS[i], now_us, write)
+    elseif write then
+      windowed_commit(KEYS[i], write)
     end
   end
-  reply[2] = reply[6 * binding + 2]
 end
-reply[1], reply[3] = allowed, binding
 return reply

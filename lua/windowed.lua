@@ -6,13 +6,17 @@
 -- the buckets that still overlap the window plus this request's cost fits the
 -- limit. precision == duration is a plain fixed window.
 --
--- The hash holds, per window, under the prefix "<duration>:<precision>:":
---   t        running total of the buckets still counted
---   l        id of the newest bucket written (every bucket field lies in
---            [l - buckets + 1, l], so trimming never scans more than one window)
---   <id>     cost admitted in bucket <id>
--- Only admitted requests are counted, so a flood of rejected calls can grow
--- neither the hash nor its lifetime.
+-- The hash holds, per window, with P = "<duration>:<precision>":
+--   P               packed: the running total of the buckets still counted,
+--                   the id of the newest bucket holding cost, and that
+--                   bucket's cost. So a request in the same bucket as the
+--                   last one reads and writes this one field per window.
+--   P .. pack(id)   cost admitted in an older bucket <id>, written when a
+--                   newer bucket takes its place in P (a packed id always
+--                   holds a byte no decimal name can, so names never clash).
+-- Every bucket field lies in [newest - buckets + 1, newest - 1], so trimming
+-- never scans more than one window. Only admitted requests are counted, so a
+-- flood of rejected calls can grow neither the hash nor its lifetime.
 --
 -- `offset` (milliseconds, chosen per key by the caller) shifts every bucket
 -- edge, so that clients' windows do not all roll over at the same instant.
@@ -23,119 +27,140 @@
 --   cost    units this request asks for (0 = peek)
 --   offset  bucket edge shift, milliseconds
 --   at, n   the n windows' duration, limit, precision are ARGV[at], ARGV[at+1]...
--- Returns allowed (1/0), limit, remaining, reset_after, retry_after, window
--- (1-based) of the binding window (times in milliseconds; -1: never), then
--- the plan windowed_commit needs if the whole request is admitted (or nil).
+-- Returns the six reply fields of the binding window: allowed (1/0), limit,
+-- remaining, reset_after, retry_after (milliseconds; -1: never) and its
+-- 1-based index; then the arguments windowed_commit needs if the whole
+-- request is admitted (nil: nothing to write).
 local function windowed_check(key, now, cost, offset, at, n)
   local shifted = now + offset
-  local fields = {}
+  local fields = { nil }
   for j = 1, n do
-    local base = at + 3 * j - 3
-    -- The argument strings make the field names without a number conversion.
-    local prefix = ARGV[base] .. ':' .. ARGV[base + 2] .. ':'
-    fields[3 * j - 2], fields[3 * j - 1] = prefix .. 't', prefix .. 'l'
-    fields[3 * j] = prefix .. floor(shifted / tonumber(ARGV[base + 2]))
+    local b = at + 3 * j - 3
+    fields[j] = ARGV[b] .. ':' .. ARGV[b + 2]
   end
   local stored = redis.call('HMGET', key, unpack(fields))
-  -- HSET's arguments for an admission, filled in as the windows are
-  -- decided, so that windowed_commit needs no table of its own.
-  local hash = {}
+  -- HSET's arguments, filled in while every window admits the request.
+  local plan, np = { nil, nil }, 0
 
-  local allowed, bound, bound_limit, bound_remaining, bound_reset, bound_retry = 1, 1, 0, nil, 0, 0
+  -- The binding window so far, and its fields.
+  local allowed, bound, b_limit, b_remaining, b_reset, b_retry = 1, 0, 0, 0, 0, 0
   local stale, moved, expire_at = nil, false, 0
   for j = 1, n do
-    local base = at + 3 * j - 3
-    local limit, precision = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
-    local buckets = tonumber(ARGV[base]) / precision
+    local b = at + 3 * j - 3
+    local limit, precision = ARGV[b + 1] + 0, ARGV[b + 2] + 0
+    local buckets = ARGV[b] / precision
     local cur = floor(shifted / precision)
-    local first = cur - buckets + 1
-    local total = tonumber(stored[3 * j - 2]) or 0
-    local stored_last = tonumber(stored[3 * j - 1])
-    -- A window new to this key has no newest id yet: count it from now.
-    local last = stored_last or cur
-    if stored_last ~= cur then
-      moved = true
+    local prefix = fields[j]
+    -- last: the newest bucket holding cost, last_cost: its cost.
+    local total, last, last_cost = 0, cur, 0
+    local state = stored[j]
+    if state then
+      total, last, last_cost = unpack_number('<ddd', state)
+    else
+      moved = true -- a window new to this key
     end
-    local prefix = string.sub(fields[3 * j - 2], 1, -2)
-    if last - buckets + 1 < first then
-      -- Buckets that have slid out of the window since the last admission.
-      local old = {}
-      for id = last - buckets + 1, math.min(first - 1, last) do
-        old[#old + 1] = prefix .. id
-      end
-      for _, c in ipairs(redis.call('HMGET', key, unpack(old))) do
-        total = total - (tonumber(c) or 0)
-      end
+    if last < cur then
+      -- The older buckets up to cur - buckets have slid out of the window
+      -- since the last admission: forget them.
+      moved = true
       stale = stale or {}
-      for _, f in ipairs(old) do
-        stale[#stale + 1] = f
+      local from = #stale + 1
+      for id = last - buckets + 1, math.min(cur - buckets, last - 1) do
+        stale[#stale + 1] = prefix .. pack(NUMBER, id)
+      end
+      if last <= cur - buckets then
+        total = 0 -- every bucket, the newest too
+      else
+        for _, c in ipairs(redis.call('HMGET', key, unpack(stale, from))) do
+          if c then
+            total = total - unpack_number(NUMBER, c)
+          end
+        end
       end
     end
 
     local fits = total + cost <= limit
-    local retry_after = 0
+    local retry_after, newest = 0, last
     if fits then
       if cost > 0 then
-        total = total + cost
-        last = cur
+        total, newest = total + cost, cur
       end
     elseif cost > limit then
       retry_after = -1
     else
-      -- Walk the counted buckets oldest first until enough cost has left.
-      local from = math.max(first, last - buckets + 1)
-      local names = {}
-      for id = from, last do
-        names[#names + 1] = prefix .. id
-      end
+      -- Walk the counted buckets oldest first until enough cost has left;
+      -- the newest one's cost is in the state.
+      local from = math.max(cur, last) - buckets + 1
       local need, freed, id = total + cost - limit, 0, from
-      for _, c in ipairs(redis.call('HMGET', key, unpack(names))) do
-        freed = freed + (tonumber(c) or 0)
-        if freed >= need then
-          break
+      if from < last then
+        local names = {}
+        for i = from, last - 1 do
+          names[#names + 1] = prefix .. pack(NUMBER, i)
         end
-        id = id + 1
+        for _, c in ipairs(redis.call('HMGET', key, unpack(names))) do
+          if c then
+            freed = freed + unpack_number(NUMBER, c)
+          end
+          if freed >= need then
+            break
+          end
+          id = id + 1
+        end
       end
       retry_after = (id + buckets) * precision - shifted
     end
     local reset_after = 0
     if total > 0 then
-      reset_after = (last + buckets) * precision - shifted
+      reset_after = (newest + buckets) * precision - shifted
     end
     local remaining = limit - total
 
+    -- When denied, the first denying window that frees up last binds; when
+    -- admitted, the first with the fewest units left.
     if not fits then
-      if allowed == 1 or later(retry_after, bound_retry) then
-        bound, bound_limit, bound_remaining, bound_reset, bound_retry = j, limit, remaining, reset_after, retry_after
+      if allowed == 1 or (b_retry >= 0 and (retry_after < 0 or retry_after > b_retry)) then
+        bound, b_limit, b_remaining, b_reset, b_retry = j, limit, remaining, reset_after, retry_after
       end
       allowed = 0
-    elseif allowed == 1 and (bound_remaining == nil or remaining < bound_remaining) then
-      bound, bound_limit, bound_remaining, bound_reset = j, limit, remaining, reset_after
+    elseif allowed == 1 then
+      if bound == 0 or remaining < b_remaining then
+        bound, b_limit, b_remaining, b_reset = j, limit, remaining, reset_after
+      end
+      if cost > 0 then
+        if last == cur then
+          last_cost = last_cost + cost
+        else
+          if last > cur - buckets then
+            -- The newest bucket is still counted: it moves to a field of its own.
+            plan[np + 1], plan[np + 2], np = prefix .. pack(NUMBER, last), pack(NUMBER, last_cost), np + 2
+          end
+          last_cost = cost
+        end
+        plan[np + 1], plan[np + 2], np = prefix, pack('<ddd', total, cur, last_cost), np + 2
+        expire_at = math.max(expire_at, (cur + buckets) * precision)
+      end
     end
-    local k = 6 * j
-    hash[k - 5], hash[k - 4] = fields[3 * j - 2], total
-    hash[k - 3], hash[k - 2] = fields[3 * j - 1], cur
-    hash[k - 1], hash[k] = fields[3 * j], (tonumber(stored[3 * j]) or 0) + cost
-    expire_at = math.max(expire_at, (cur + buckets) * precision)
   end
 
-  local plan
-  if allowed == 1 and cost > 0 then
-    plan = hash
-    plan.stale = stale
+  if allowed == 0 or cost == 0 then
+    plan = nil
+  else
+    if stale and #stale > 0 then
+      plan.stale = stale
+    end
     -- The key lives until its newest bucket leaves the longest window; that
     -- instant only moves when some window's current bucket does.
     if moved then
-      plan.expire = expire_at - shifted
+      plan.expire = string.format('%d', expire_at - shifted)
     end
   end
-  return allowed, bound_limit, bound_remaining, bound_reset, bound_retry, bound, plan
+  return allowed, b_limit, b_remaining, b_reset, b_retry, bound, plan
 end
 
--- Records an admitted request: one HSET for every window's bucket, total and
--- newest id, one HDEL for the buckets that left, and a PEXPIRE when the
--- expiry moves. Only admissions reach here, so denied traffic can never
--- prolong a key.
+-- Records an admitted request: one HSET for every window's state (and a
+-- bucket that left it), one HDEL for the buckets that left, and a PEXPIRE when the expiry
+-- moves. Only admissions reach here, so denied traffic can never prolong a
+-- key.
 local function windowed_commit(key, plan)
   redis.call('HSET', key, unpack(plan))
   if plan.stale then

@@ -100,9 +100,49 @@ impl ScriptCall {
 /// Fields per rule in the script's reply.
 const PER_RULE: usize = 6;
 
+/// Whether a retry-after of `a` frees up strictly later than `b` (`None`:
+/// never, the latest of all).
+pub(crate) fn later(a: Option<u64>, b: Option<u64>) -> bool {
+    match (a, b) {
+        (None, b) => b.is_some(),
+        (Some(_), None) => false,
+        (Some(a), Some(b)) => a > b,
+    }
+}
+
 impl Decision {
-    /// Reads the script's reply for a call over `rules` rules.
-    pub fn from_reply(reply: &Value, rules: usize) -> Result<Decision, RestError> {
+    /// The verdict over every rule's state, `modes[i]` being rule i's mode:
+    /// admitted when no enforced rule denies. The binding rule is, when
+    /// denied, the first enforced denying rule that frees up last; when
+    /// admitted, the first with the fewest units left.
+    pub fn settle(rules: Vec<RuleState>, modes: &[Mode]) -> Decision {
+        let mut allowed = true;
+        let mut binding = 0;
+        for (i, s) in rules.iter().enumerate() {
+            let enforced = modes.get(i) != Some(&Mode::Shadow);
+            if !s.allowed && enforced {
+                if allowed || later(s.retry_after_ms, rules[binding].retry_after_ms) {
+                    binding = i;
+                }
+                allowed = false;
+            } else if allowed && s.remaining < rules[binding].remaining {
+                binding = i;
+            }
+        }
+        let retry_after_ms = match rules.get(binding) {
+            Some(s) if !allowed => s.retry_after_ms,
+            _ => Some(0),
+        };
+        Decision {
+            allowed,
+            retry_after_ms,
+            binding,
+            rules,
+        }
+    }
+
+    /// Reads the script's reply for a call over rules with these modes.
+    pub fn from_reply(reply: &Value, modes: &[Mode]) -> Result<Decision, RestError> {
         let malformed = |why: &str| {
             // A reply of any size must not become a log line of any size.
             let shown: String = reply.to_string().chars().take(200).collect();
@@ -111,11 +151,11 @@ impl Decision {
         let items = reply
             .as_array()
             .ok_or_else(|| malformed("is not an array"))?;
-        if items.len() != 3 + PER_RULE * rules {
+        let expected = PER_RULE * modes.len();
+        if items.len() != expected {
             return Err(malformed(&format!(
-                "has {} items, expected {}",
-                items.len(),
-                3 + PER_RULE * rules
+                "has {} items, expected {expected}",
+                items.len()
             )));
         }
         let ints = items
@@ -123,45 +163,42 @@ impl Decision {
             .map(Value::as_i64)
             .collect::<Option<Vec<i64>>>()
             .ok_or_else(|| malformed("holds a non-integer"))?;
-        let never_or = |v: i64| u64::try_from(v).ok();
         let count = |v: i64| u64::try_from(v).map_err(|_| malformed("holds a negative count"));
-        let binding = usize::try_from(ints[2].saturating_sub(1))
-            .ok()
-            .filter(|b| *b < rules.max(1))
-            .ok_or_else(|| malformed("names no rule"))?;
-        let states = ints[3..]
+        let states = ints
             .chunks(PER_RULE)
             .map(|c| {
+                if !matches!(c[0], 0 | 1) {
+                    return Err(malformed("holds a verdict other than 0 or 1"));
+                }
                 Ok(RuleState {
                     allowed: c[0] == 1,
                     limit: count(c[1])?,
                     // A windowed rule can hold more than its limit after the limit was lowered.
                     remaining: c[2].max(0) as u64,
                     reset_after_ms: count(c[3])?,
-                    retry_after_ms: never_or(c[4]),
-                    window: count(c[5])? as usize,
+                    // -1: never, the cost exceeds the limit.
+                    retry_after_ms: u64::try_from(c[4]).ok(),
+                    window: usize::try_from(c[5])
+                        .ok()
+                        .filter(|w| *w >= 1)
+                        .ok_or_else(|| malformed("names no window"))?,
                 })
             })
             .collect::<Result<Vec<_>, RestError>>()?;
-        Ok(Decision {
-            allowed: ints[0] == 1,
-            retry_after_ms: never_or(ints[1]),
-            binding,
-            rules: states,
-        })
+        Ok(Decision::settle(states, modes))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::config::{Config, Mode};
     use serde_json::json;
 
     #[test]
     fn replies_parse_into_states() {
-        let reply = json!([0, 1000, 2, 1, 3, 1, 200, 0, 1, 0, 2, 0, 1000, 1000, 1]);
-        let d = Decision::from_reply(&reply, 2).unwrap();
+        let reply = json!([1, 3, 1, 200, 0, 1, 0, 2, 0, 1000, 1000, 1]);
+        let d = Decision::from_reply(&reply, &[Mode::Enforce; 2]).unwrap();
         assert!(!d.allowed);
         assert_eq!((d.retry_after_ms, d.binding), (Some(1000), 1));
         assert_eq!(
@@ -175,8 +212,12 @@ mod tests {
                 window: 1
             }
         );
-        let never = Decision::from_reply(&json!([0, -1, 1, 0, 3, 0, 5, -1, 1]), 1).unwrap();
+        let never = Decision::from_reply(&json!([0, 3, 0, 5, -1, 1]), &[Mode::Enforce]).unwrap();
         assert_eq!(never.retry_after_ms, None);
+        // A shadow rule's denial blocks nothing, and binds nothing.
+        let shadow = Decision::from_reply(&reply, &[Mode::Enforce, Mode::Shadow]).unwrap();
+        assert_eq!((shadow.allowed, shadow.retry_after_ms), (true, Some(0)));
+        assert_eq!(shadow.binding, 1, "the fewest units left");
     }
 
     #[test]
@@ -184,12 +225,16 @@ mod tests {
         for bad in [
             json!("OK"),
             json!([1, 0]),
-            json!([1, 0, 1, 1, 3, 2, 0, 0, "x"]),
-            json!([1, 0, 5, 1, 3, 2, 0, 0, 1]),
-            json!([1, 0, 1, 1, -3, 2, 0, 0, 1]),
+            json!([1, 3, 2, 0, 0, "x"]),
+            json!([1, 3, 2, 0, 0, 0]),
+            json!([2, 3, 2, 0, 0, 1]),
+            json!([1, -3, 2, 0, 0, 1]),
         ] {
             assert!(
-                matches!(Decision::from_reply(&bad, 1), Err(RestError::Malformed(_))),
+                matches!(
+                    Decision::from_reply(&bad, &[Mode::Enforce]),
+                    Err(RestError::Malformed(_))
+                ),
                 "{bad}"
             );
         }

@@ -115,7 +115,8 @@ impl<S: ScriptRunner> Limiter<'_, S> {
             .min()
             .unwrap_or(DEFAULT_BUDGET_MS);
         let result = self.store.run(&call, Duration::from_millis(budget)).await;
-        match result.and_then(|reply| Decision::from_reply(&reply, matched.len())) {
+        let modes: Vec<Mode> = matched.iter().map(|r| r.mode).collect();
+        match result.and_then(|reply| Decision::from_reply(&reply, &modes)) {
             Ok(decision) => {
                 self.cache
                     .borrow_mut()
@@ -283,8 +284,8 @@ mod tests {
         run(config, store, &RefCell::new(BlockCache::new()), path, 0)
     }
 
-    const ADMIT_ONE: &str = "[1, 0, 1, 1, 5, 4, 200, 0, 1]";
-    const DENY_LOGIN: &str = "[0, 60000, 2, 1, 5, 4, 200, 0, 1, 0, 1, 0, 60000, 60000, 1]";
+    const ADMIT_ONE: &str = "[1, 5, 4, 200, 0, 1]";
+    const DENY_LOGIN: &str = "[1, 5, 4, 200, 0, 1, 0, 1, 0, 60000, 60000, 1]";
 
     #[test]
     fn only_matching_rules_are_sent() {
@@ -360,9 +361,7 @@ mod tests {
         ]}))
         .unwrap();
         // The script admits (only enforced rules count) and reports the shadow rule's verdict.
-        let store = fake(Ok(json!([
-            1, 0, 2, 1, 5, 4, 200, 0, 1, 0, 1, 0, 60000, 60000, 1
-        ])));
+        let store = fake(Ok(json!([1, 5, 4, 200, 0, 1, 0, 1, 0, 60000, 60000, 1])));
         let out = once(&c, &store, "/login");
         assert_eq!(out.action, Action::Forward);
         assert!(out

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::{
     config::Mode,
-    decision::{Check, Decision, RuleState},
+    decision::{later, Check, Decision, RuleState},
     keys::{redis_key, window_offset},
     policy::{Gcra, Policy, Window},
 };
@@ -27,16 +27,6 @@ pub struct Model {
 enum Write {
     Tat(u64),
     Buckets(Vec<((u64, u64), i64, u64)>),
-}
-
-/// Whether a retry-after of `a` frees up strictly later than `b` (`None`:
-/// never, the latest of all); the script's `later`.
-fn later(a: Option<u64>, b: Option<u64>) -> bool {
-    match (a, b) {
-        (None, b) => b.is_some(),
-        (Some(_), None) => false,
-        (Some(a), Some(b)) => a > b,
-    }
 }
 
 impl Model {
@@ -58,19 +48,11 @@ impl Model {
             states.push(state);
             writes.push(write);
         }
-        let mut allowed = true;
-        let mut binding = 0;
-        for (i, s) in states.iter().enumerate() {
-            let enforced = checks[i].0.rule.mode == Mode::Enforce;
-            if !s.allowed && enforced {
-                if allowed || later(s.retry_after_ms, states[binding].retry_after_ms) {
-                    binding = i;
-                }
-                allowed = false;
-            } else if allowed && s.remaining < states[binding].remaining {
-                binding = i;
-            }
-        }
+        let modes: Vec<Mode> = checks.iter().map(|(c, _)| c.rule.mode).collect();
+        let allowed = !states
+            .iter()
+            .zip(&modes)
+            .any(|(s, m)| !s.allowed && *m == Mode::Enforce);
         if allowed {
             for (write, key) in writes.into_iter().zip(&keys) {
                 match write {
@@ -97,16 +79,7 @@ impl Model {
                 }
             }
         }
-        Decision {
-            allowed,
-            retry_after_ms: if allowed {
-                Some(0)
-            } else {
-                states[binding].retry_after_ms
-            },
-            binding,
-            rules: states,
-        }
+        Decision::settle(states, &modes)
     }
 
     /// Forgets `key`'s state.

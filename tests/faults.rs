@@ -18,6 +18,7 @@ use std::{
 };
 
 use edge_limiter::{
+    config::Mode,
     decision::{Check, Decision, ScriptCall},
     redis_rest::{RestClient, RestError},
     scripts::LIMITER,
@@ -665,7 +666,8 @@ async fn the_rest_client_turns_every_fault_into_a_typed_error() {
     type Verdict = fn(&Result<Value, RestError>) -> bool;
     let cases: [(Fault, Verdict); 9] = [
         (Fault::Pass, |r| {
-            r.as_ref().is_ok_and(|v| Decision::from_reply(v, 1).is_ok())
+            r.as_ref()
+                .is_ok_and(|v| Decision::from_reply(v, &[Mode::Enforce]).is_ok())
         }),
         (Fault::Delay(Duration::from_millis(800)), |r| {
             *r == Err(RestError::Timeout {
@@ -686,7 +688,9 @@ async fn the_rest_client_turns_every_fault_into_a_typed_error() {
             matches!(r, Err(RestError::Malformed(_)))
         }),
         (Fault::Reply("{\"result\":{\"allowed\":1}}".into()), |r| {
-            let decided = r.as_ref().map(|v| Decision::from_reply(v, 1));
+            let decided = r
+                .as_ref()
+                .map(|v| Decision::from_reply(v, &[Mode::Enforce]));
             matches!(decided, Ok(Err(RestError::Malformed(_))))
         }),
         (Fault::Reset, |r| matches!(r, Err(RestError::Transport(_)))),

@@ -10,7 +10,7 @@ mod support;
 use std::time::Duration;
 
 use edge_limiter::{
-    config::{Config, ConfigError},
+    config::{Config, ConfigError, Mode},
     decision::{Check, Decision, ScriptCall},
     keys::redis_key,
     redis_rest::{parse_reply, RestError},
@@ -254,7 +254,7 @@ proptest! {
     ) {
         let mut items: Vec<Value> = ints.into_iter().map(Value::from).collect();
         if exact_length {
-            items.resize(3 + 6 * rules, Value::from(0));
+            items.resize(6 * rules, Value::from(0));
         }
         if let Some((at, value)) = odd {
             if !items.is_empty() {
@@ -262,21 +262,21 @@ proptest! {
                 items[i] = value;
             }
         }
-        if let Ok(decision) = Decision::from_reply(&Value::Array(items), rules) {
+        if let Ok(decision) = Decision::from_reply(&Value::Array(items), &vec![Mode::Enforce; rules]) {
             prop_assert_eq!(decision.rules.len(), rules);
             prop_assert!(decision.binding < rules.max(1));
         }
     }
 }
 
-/// Reply from a broken or hostile endpoint naming rule `i64::MIN`: the
-/// parser computes `binding - 1` unchecked, which overflows (a panic in a
-/// debug build; the release build wraps and happens to reject it).
+/// Reply from a broken or hostile endpoint naming window `i64::MIN` (an
+/// earlier parser computed an index from such a field unchecked, which
+/// overflowed).
 #[test]
-fn a_script_reply_naming_rule_i64_min_is_a_typed_error() {
-    let reply = json!([1, 0, i64::MIN, 1, 5, 4, 200, 0, 1]);
+fn a_script_reply_naming_window_i64_min_is_a_typed_error() {
+    let reply = json!([1, 5, 4, 200, 0, i64::MIN]);
     assert!(matches!(
-        Decision::from_reply(&reply, 1),
+        Decision::from_reply(&reply, &[Mode::Enforce]),
         Err(RestError::Malformed(_))
     ));
 }

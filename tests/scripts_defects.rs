@@ -10,6 +10,7 @@ use edge_limiter::{
     decision::{Check, Decision, ScriptCall},
     scripts::LIMITER,
 };
+use edge_limiter_local::{resp::Value as Resp, testenv::redis_call};
 use serde_json::json;
 use support::{rules, Backend, BUDGET};
 
@@ -154,13 +155,13 @@ async fn concurrent_admissions(
             .map(|r| (Check { rule: r, cost: 1 }, vec![id]))
             .collect();
         let call = ScriptCall::decide(&checks, None);
-        let n = rule_set.len();
+        let modes: Vec<_> = rule_set.iter().map(|r| r.mode).collect();
         tasks.push(tokio::spawn(async move {
             let reply = client
                 .run_script(&LIMITER, &call.keys, &call.args, BUDGET)
                 .await
                 .expect("script call");
-            Decision::from_reply(&reply, n).unwrap()
+            Decision::from_reply(&reply, &modes).unwrap()
         }));
     }
     let mut decisions = Vec::new();
@@ -299,7 +300,11 @@ async fn edges_with_skewed_clocks_agree_because_redis_keeps_time() {
     let time = b.redis(&["TIME"]);
     let mut parts = time.lines().map(|l| l.parse::<u64>().unwrap());
     let redis_now_us = parts.next().unwrap() * 1_000_000 + parts.next().unwrap();
-    let tat: u64 = b.redis(&["GET", "el:{skew}:g"]).parse().unwrap();
+    // The script stores the TAT as one little-endian double.
+    let tat = match redis_call(&b.redis.addr(), &["GET", "el:{skew}:g"]) {
+        Resp::Bulk(bytes) => f64::from_le_bytes(bytes.try_into().expect("8 bytes")) as u64,
+        other => panic!("no TAT stored: {other:?}"),
+    };
     // The TAT is one interval (6 s) past Redis's own now, give or take the
     // milliseconds between the two calls.
     let ahead = tat as i64 - redis_now_us as i64;

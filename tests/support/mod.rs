@@ -60,7 +60,8 @@ impl Backend {
             .run_script(&LIMITER, &call.keys, &call.args, BUDGET)
             .await
             .expect("script call");
-        Decision::from_reply(&reply, rules.len()).expect("script reply")
+        let modes: Vec<_> = rules.iter().map(|r| r.mode).collect();
+        Decision::from_reply(&reply, &modes).expect("script reply")
     }
 
     /// A command straight to Redis, bypassing the endpoint.
