@@ -170,6 +170,7 @@ async fn run(o: &Options) -> Result<Results, String> {
 
     say("part 1: Redis-side cost (redis-benchmark)");
     let mut cases: Vec<redis_side::Case> = redis_side::our_cases()?.into();
+    cases.extend(redis_side::floor_cases());
     for call in peer::capture(&redis_side::peer_policies())? {
         cases.push(redis_side::peer_case(&call));
     }

@@ -12,7 +12,7 @@
 use std::process::Command;
 
 use edge_limiter::{
-    config::Config,
+    config::{Config, Mode},
     decision::{Check, Decision, ScriptCall},
     scripts::LIMITER,
 };
@@ -77,6 +77,36 @@ pub fn our_cases() -> Result<[Case; 3], String> {
         )?,
     ])
 }
+
+/// Reference scripts with no logic at all: what any limiter that reads its
+/// state and writes it back costs at least on this machine, without and with
+/// a read of Redis's clock. They put the absolute targets in proportion.
+pub fn floor_cases() -> [Case; 2] {
+    let case = |label, source: &str| Case {
+        label,
+        source: source.to_owned(),
+        sha1: sha1_smol::Sha1::from(source.as_bytes())
+            .digest()
+            .to_string(),
+        keys: vec![format!("floor:{{{HOT}}}")],
+        args: Vec::new(),
+    };
+    let read_write = "local v = redis.call('GET', KEYS[1])\n\
+                      redis.call('SET', KEYS[1], '1', 'PX', '60000')\n\
+                      return 1\n";
+    [
+        case(FLOOR_RW, read_write),
+        case(
+            FLOOR_CLOCK_RW,
+            &format!("local t = redis.call('TIME')\n{read_write}"),
+        ),
+    ]
+}
+
+/// Label of the reference script that reads and writes one key.
+pub const FLOOR_RW: &str = "floor GET + SET";
+/// Label of the reference script that also reads Redis's clock.
+pub const FLOOR_CLOCK_RW: &str = "floor TIME + GET + SET";
 
 /// What the peer library is asked for (see `peer::capture`).
 pub fn peer_policies() -> Json {
@@ -155,7 +185,7 @@ pub async fn load(
     call.extend(case.keys.iter().chain(&case.args).map(|s| json!(s)));
     let reply = post(Json::Array(call)).await?;
     if case.label.starts_with("ours") {
-        let decision = Decision::from_reply(&reply, 1).map_err(|e| e.to_string())?;
+        let decision = Decision::from_reply(&reply, &[Mode::Enforce]).map_err(|e| e.to_string())?;
         if !decision.allowed {
             return Err(format!("{}: the first call was denied", case.label));
         }

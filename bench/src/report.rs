@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use crate::{
     load::Run,
-    redis_side::Sample,
+    redis_side::{Sample, FLOOR_CLOCK_RW, FLOOR_RW},
     size::Size,
     stats::{median, spread},
     trips::{Counts, STEPS},
@@ -203,6 +203,27 @@ pub fn render(r: &Results) -> String {
         "",
         "",
     ]);
+
+    for (label, what) in [
+        (
+            FLOOR_RW,
+            "reference: a script that only reads and writes one key (GET + SET): us/call",
+        ),
+        (
+            FLOOR_CLOCK_RW,
+            "reference: the same, reading Redis's clock first (TIME + GET + SET): us/call",
+        ),
+    ] {
+        row([
+            "1 Redis",
+            what,
+            &with_spread(&usec(r, label), 2),
+            "-",
+            "",
+            "",
+            "",
+        ]);
+    }
 
     // Part 2.
     let base = runs(r, PASSTHROUGH);
