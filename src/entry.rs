@@ -3,9 +3,10 @@
 
 use std::{cell::RefCell, rc::Rc};
 
+use wasm_bindgen::JsCast;
+use wasm_bindgen_futures::JsFuture;
 use worker::{
-    console_error, console_log, event, Context, Env, Fetch, Headers, Request, RequestInit,
-    Response, Result,
+    console_error, console_log, event, worker_sys::web_sys, Context, Env, Headers, Result, Url,
 };
 
 use crate::{
@@ -53,8 +54,12 @@ fn setup(env: &Env) -> std::result::Result<Rc<Setup>, String> {
     Ok(ready)
 }
 
+// The handler works on the runtime's own request and response objects:
+// workers-rs's wrappers would read the request's `cf` properties, its URL
+// and method into Rust on every request, and rebuild each response, which
+// a limiter that only needs a few fields pays for on every call.
 #[event(fetch)]
-async fn fetch(req: Request, env: Env, _ctx: Context) -> Result<Response> {
+async fn fetch(req: web_sys::Request, env: Env, _ctx: Context) -> Result<web_sys::Response> {
     let setup = match setup(&env) {
         Ok(s) => s,
         Err(message) => {
@@ -62,7 +67,8 @@ async fn fetch(req: Request, env: Env, _ctx: Context) -> Result<Response> {
             return problem(500, "edge-limiter is misconfigured; see the worker's log.");
         }
     };
-    let meta = request_meta(&req)?;
+    let url = Url::parse(&req.url())?;
+    let meta = request_meta(&req, &url);
     let now_ms = js_sys::Date::now() as u64;
     let limiter = Limiter {
         config: &setup.config,
@@ -79,15 +85,13 @@ async fn fetch(req: Request, env: Env, _ctx: Context) -> Result<Response> {
             content_type,
             body,
         } => {
-            let headers = Headers::new();
+            let headers = web_sys::Headers::new()?;
             headers.set("Content-Type", content_type)?;
             add_headers(&headers, &outcome)?;
-            Ok(Response::ok(body.clone())?
-                .with_status(*status)
-                .with_headers(headers))
+            respond(*status, body, &headers)
         }
         Action::Forward => {
-            let response = forward(req, setup.origin.as_deref()).await?;
+            let response = forward(&req, &url, setup.origin.as_deref()).await?;
             with_outcome_headers(response, &outcome)
         }
     }
@@ -109,71 +113,92 @@ fn origin(env: &Env) -> std::result::Result<Option<String>, String> {
     }
 }
 
-fn problem(status: u16, detail: &str) -> Result<Response> {
+fn problem(status: u16, detail: &str) -> Result<web_sys::Response> {
     let body = serde_json::json!({ "type": "about:blank", "status": status, "detail": detail })
         .to_string();
-    let headers = Headers::new();
+    let headers = web_sys::Headers::new()?;
     headers.set("Content-Type", "application/problem+json")?;
-    Ok(Response::ok(body)?
-        .with_status(status)
-        .with_headers(headers))
+    respond(status, &body, &headers)
+}
+
+fn respond(status: u16, body: &str, headers: &web_sys::Headers) -> Result<web_sys::Response> {
+    let init = web_sys::ResponseInit::new();
+    init.set_status(status);
+    init.set_headers(headers);
+    Ok(web_sys::Response::new_with_opt_str_and_init(
+        Some(body),
+        &init,
+    )?)
 }
 
 /// Reads the parts of a request the rules look at.
-pub fn request_meta(req: &Request) -> Result<RequestMeta> {
-    let url = req.url()?;
-    Ok(RequestMeta {
-        method: req.method().to_string().to_ascii_uppercase(),
+pub fn request_meta(req: &web_sys::Request, url: &Url) -> RequestMeta {
+    RequestMeta {
+        method: req.method().to_ascii_uppercase(),
         host: url.host_str().unwrap_or_default().to_ascii_lowercase(),
         path: normalize_path(url.path()),
         query: url.query().map(str::to_owned),
-        headers: req
-            .headers()
+        headers: Headers(req.headers())
             .entries()
             .map(|(n, v)| (n.to_ascii_lowercase(), v))
             .collect(),
-    })
+    }
 }
 
 /// Sends the request to `origin` (scheme, host and port; path and query
 /// kept) or, with none configured, to its own URL: the route's origin.
-async fn forward(req: Request, origin: Option<&str>) -> Result<Response> {
-    let Some(origin) = origin else {
-        return Fetch::Request(req).send().await;
+/// Method, headers, body and redirect mode go along unchanged, so the
+/// origin's redirects reach the client as they would without the limiter.
+async fn forward(
+    req: &web_sys::Request,
+    url: &Url,
+    origin: Option<&str>,
+) -> Result<web_sys::Response> {
+    let global: web_sys::WorkerGlobalScope = js_sys::global().unchecked_into();
+    let sent = match origin {
+        None => global.fetch_with_request(req),
+        Some(origin) => {
+            let mut target = format!("{origin}{}", url.path());
+            if let Some(q) = url.query() {
+                target.push('?');
+                target.push_str(q);
+            }
+            let init = web_sys::RequestInit::new();
+            init.set_method(&req.method());
+            init.set_headers(&req.headers());
+            init.set_redirect(req.redirect());
+            if let Some(body) = req.body() {
+                init.set_body(&body);
+            }
+            global.fetch_with_str_and_init(&target, &init)
+        }
     };
-    let url = req.url()?;
-    let mut target = format!("{origin}{}", url.path());
-    if let Some(q) = url.query() {
-        target.push('?');
-        target.push_str(q);
-    }
-    let mut init = RequestInit::new();
-    init.with_method(req.method())
-        .with_headers(req.headers().clone());
-    if let Some(body) = req.inner().body() {
-        init.with_body(Some(body.into()));
-    }
-    Fetch::Request(Request::new_with_init(&target, &init)?)
-        .send()
-        .await
+    Ok(JsFuture::from(sent).await?.dyn_into()?)
 }
 
-fn add_headers(headers: &Headers, outcome: &Outcome) -> Result<()> {
+fn add_headers(headers: &web_sys::Headers, outcome: &Outcome) -> Result<()> {
     for (name, value) in &outcome.headers {
         headers.set(name, value)?;
     }
     Ok(())
 }
 
-/// Copies the origin's response with the limiter's headers added (a fetched
-/// response's own headers are immutable).
-pub fn with_outcome_headers(response: Response, outcome: &Outcome) -> Result<Response> {
-    if outcome.headers.is_empty() {
+/// The origin's response with the limiter's headers added. A fetched
+/// response's headers are immutable, so it is copied first: in one JS call
+/// (`new Response(body, response)`), which keeps status, status text and
+/// every header, each Set-Cookie line included.
+pub fn with_outcome_headers(
+    response: web_sys::Response,
+    outcome: &Outcome,
+) -> Result<web_sys::Response> {
+    // A WebSocket upgrade must go back as it is: a copy would lose the socket.
+    if outcome.headers.is_empty() || response.status() == 101 {
         return Ok(response);
     }
-    // One copy inside JS (`new Headers(old)`): cheaper than a round trip per
-    // header through Rust, and every Set-Cookie survives as its own line.
-    let headers = response.headers().clone();
-    add_headers(&headers, outcome)?;
-    Ok(response.with_headers(headers))
+    let copy = web_sys::Response::new_with_opt_readable_stream_and_init(
+        response.body().as_ref(),
+        response.unchecked_ref::<web_sys::ResponseInit>(),
+    )?;
+    add_headers(&copy.headers(), outcome)?;
+    Ok(copy)
 }
