@@ -1,6 +1,7 @@
 // A stand-in origin for local runs and tests: answers every request with a
 // small page and counts what reached it, so tests can prove that denied
-// requests never did. GET /__origin/hits returns the counts as JSON.
+// requests never did. GET /__origin/hits returns the counts as JSON;
+// /__origin/redirect answers 302 to /landed.
 import http from "node:http";
 
 const port = Number(process.env.ORIGIN_PORT ?? process.argv[2] ?? 8081);
@@ -20,6 +21,12 @@ const server = http.createServer({ maxHeaderSize: 256 * 1024 }, (req, res) => {
   // Drain the body so keep-alive connections stay usable.
   req.resume();
   req.on("end", () => {
+    // A redirect, for tests that the limiter passes it on rather than following it.
+    if (path === "/__origin/redirect") {
+      res.writeHead(302, { location: "/landed", "x-demo-origin": "1" });
+      res.end();
+      return;
+    }
     res.writeHead(200, { "content-type": "text/plain", "x-demo-origin": "1" });
     res.end(`hello from the demo origin: ${req.method} ${req.url}\n`);
   });

@@ -159,11 +159,25 @@ mode = "shadow"
         last = header(&r, "RateLimit").map(str::to_owned);
     }
     assert_eq!(last.as_deref(), Some("\"trial\";r=0;t=7200"));
-    assert_eq!(stack.origin.hits().await["total"], 5);
-    let log = wait_for_log(&stack.worker, "shadow rule `trial` would deny", 3).await;
+    // The origin's redirect reaches the client as it is, with the headers.
+    let no_follow = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = no_follow
+        .get(format!("{}/__origin/redirect", stack.worker.url))
+        .header("CF-Connecting-IP", IP)
+        .send()
+        .await
+        .expect("the worker answers");
+    assert_eq!(r.status(), StatusCode::FOUND);
+    assert_eq!(header(&r, "location"), Some("/landed"));
+    assert!(header(&r, "RateLimit").is_some());
+    assert_eq!(stack.origin.hits().await["total"], 6);
+    let log = wait_for_log(&stack.worker, "shadow rule `trial` would deny", 4).await;
     assert_eq!(
         log.matches("shadow rule `trial` would deny").count(),
-        3,
+        4,
         "{log}"
     );
 }

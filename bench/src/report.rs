@@ -411,7 +411,7 @@ fn notes(r: &Results) -> String {
     let _ = writeln!(out, "How each part was measured:\n");
     let _ = writeln!(
         out,
-        "1. `redis-benchmark -c {} -n {}` of `EVALSHA` per script and round, straight at redis-server (scripts loaded through the REST endpoint, which strips the `allow-key-locking` flag); one hot key, every call admitted; us/call is `usec_per_call` of `cmdstat_evalsha` after `CONFIG RESETSTAT`. Ours reads Redis's clock (`TIME`); the peer gets `now` from its caller. Windows: 1 min at 1 s; three windows 1 s at 20 ms (1/60 s is no whole ms), 1 min at 1 s, 1 h at 1 min. The peer's three-window figure is three of its sliding-window calls (it needs one call per window), before the two extra round trips.",
+        "1. `redis-benchmark -c {} -n {}` of `EVALSHA` per script and round, straight at redis-server (scripts loaded through the REST endpoint, which strips the `allow-key-locking` flag); one hot key, every call admitted; us/call is `usec_per_call` of `cmdstat_evalsha` after `CONFIG RESETSTAT`. Ours reads Redis's clock (`TIME`); the peer gets `now` from its caller. Windows: 1 min at 1 s; three windows 1 s at 20 ms (1/60 s is no whole ms), 1 min at 1 s, 1 h at 1 min. The peer's three-window figure is three of its sliding-window calls (it needs one call per window), before the two extra round trips. The two reference scripts (one key, no arguments, no logic) run in the same rounds: the least a limiter that reads and writes its state costs here, without and with a read of Redis's clock.",
         r.redis_clients, r.redis_calls
     );
     let _ = writeln!(
