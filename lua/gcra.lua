@@ -27,7 +27,8 @@ local function gcra_check(key, now, cost, interval, burst)
   local tolerance = interval * burst
   local tat = now
   local stored = redis.call('GET', key)
-  if stored then
+  -- A value of any other length (an older format, a stray write) is no state.
+  if stored and #stored == 8 then
     tat = unpack_number(NUMBER, stored)
     if tat < now then
       tat = now

@@ -54,7 +54,8 @@ local function windowed_check(key, now, cost, offset, at, n)
     -- last: the newest bucket holding cost, last_cost: its cost.
     local total, last, last_cost = 0, cur, 0
     local state = stored[j]
-    if state then
+    -- A value of any other length (an older format, a stray write) is no state.
+    if state and #state == 24 then
       total, last, last_cost = unpack_number('<ddd', state)
     else
       moved = true -- a window new to this key

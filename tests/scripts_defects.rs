@@ -313,3 +313,27 @@ async fn edges_with_skewed_clocks_agree_because_redis_keeps_time() {
         "TAT is {ahead} us ahead of Redis's clock"
     );
 }
+
+#[tokio::test]
+async fn state_in_another_format_counts_as_none() {
+    // A value the scripts did not write (an older release's decimal text, a
+    // stray SET) must neither break a decision nor lock a client out.
+    let b = Backend::start();
+    let rs = gcra_and_windowed();
+    // Nine bytes whose first eight read as the largest double: were they
+    // taken for a TAT, the client would be locked out.
+    let mut stray = f64::MAX.to_le_bytes().to_vec();
+    stray.push(b'!');
+    redis_call(
+        &b.redis.addr(),
+        &[&b"SET"[..], b"el:{stray}:g", &stray, b"PX", b"60000"],
+    );
+    b.redis(&["HSET", "el:{stray}:w", "1000:100", "12", "60000:1000", "x"]);
+    let d = b.decide(&[&rs[0], &rs[1]], "stray", 1, None).await;
+    assert!(d.allowed, "{d:?}");
+    assert_eq!(
+        d.rules[0].remaining, 4,
+        "a fresh GCRA key: burst 5, one used"
+    );
+    assert_eq!(d.rules[1].remaining, 2, "a fresh 1 s window: 3, one used");
+}
