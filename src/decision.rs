@@ -221,6 +221,39 @@ mod tests {
     }
 
     #[test]
+    fn the_enforced_rule_that_frees_up_last_binds() {
+        let state = |allowed, remaining, retry| RuleState {
+            allowed,
+            limit: 5,
+            remaining,
+            reset_after_ms: 0,
+            retry_after_ms: retry,
+            window: 1,
+        };
+        let modes = [Mode::Enforce, Mode::Shadow, Mode::Enforce, Mode::Enforce];
+        let d = Decision::settle(
+            vec![
+                state(false, 0, Some(500)),
+                state(false, 0, None),
+                state(false, 0, Some(900)),
+                state(true, 1, Some(0)),
+            ],
+            &modes,
+        );
+        assert_eq!(
+            (d.allowed, d.binding, d.retry_after_ms),
+            (false, 2, Some(900))
+        );
+        // Never (the cost exceeds the limit) is the latest of all, but only
+        // from an enforced rule.
+        let d = Decision::settle(
+            vec![state(false, 0, Some(500)), state(false, 0, None)],
+            &[Mode::Enforce; 2],
+        );
+        assert_eq!((d.binding, d.retry_after_ms), (1, None));
+    }
+
+    #[test]
     fn malformed_replies_are_typed_errors() {
         for bad in [
             json!("OK"),

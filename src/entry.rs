@@ -1,5 +1,5 @@
-//! The wasm32-only edge: turns a `worker::Request` into [`RequestMeta`], lets
-//! [`Limiter::handle`] decide, and turns its [`Outcome`] into a response.
+//! The wasm32-only edge: reads the runtime's request into [`RequestMeta`],
+//! lets [`Limiter::handle`] decide, and turns its [`Outcome`] into a response.
 
 use std::{cell::RefCell, rc::Rc};
 
