@@ -25,11 +25,10 @@ use edge_limiter::{
 };
 use edge_limiter_local::{
     fault_proxy::{Exchange, Fault, FaultProxy},
-    testenv::{redis_cli, Endpoint},
+    testenv::{redis_cli, Endpoint, RedisServer},
 };
 use serde_json::{json, Value};
 use support::{
-    durable::DurableRedis,
     report::{assert_no_secret, settled, Table},
     rules,
     worker::{Origin, Worker},
@@ -138,7 +137,7 @@ struct Stack {
     origin: Origin,
     proxy: FaultProxy,
     _endpoint: Endpoint,
-    redis: Arc<Mutex<DurableRedis>>,
+    redis: Arc<Mutex<RedisServer>>,
     redis_addr: String,
     http: reqwest::Client,
     /// Every response the worker gave, for the secret scan.
@@ -147,7 +146,7 @@ struct Stack {
 
 impl Stack {
     fn start() -> Stack {
-        let redis = DurableRedis::start();
+        let redis = RedisServer::start_durable();
         let redis_addr = redis.addr();
         let endpoint = Endpoint::start(&redis_addr, TOKEN);
         let proxy = FaultProxy::start(endpoint.addr()).expect("fault proxy");
@@ -170,7 +169,7 @@ impl Stack {
 
     /// Runs `f` on the Redis process off the async thread, so that requests
     /// in flight keep being answered (and timed) meanwhile.
-    async fn with_redis(&self, f: impl FnOnce(&mut DurableRedis) + Send + 'static) {
+    async fn with_redis(&self, f: impl FnOnce(&mut RedisServer) + Send + 'static) {
         let redis = self.redis.clone();
         tokio::task::spawn_blocking(move || f(&mut redis.lock().unwrap()))
             .await
@@ -406,13 +405,13 @@ async fn scenario(
 
 async fn redis_down(stack: &Stack, client: usize) -> Row {
     let before = warm(stack, client).await;
-    stack.with_redis(DurableRedis::stop).await;
+    stack.with_redis(RedisServer::stop).await;
     let mut during = Vec::new();
     for i in 0..PER_RULE * 2 {
         let side = if i % 2 == 0 { Side::Open } else { Side::Closed };
         during.push(stack.send(side, client).await);
     }
-    stack.with_redis(DurableRedis::start_again).await;
+    stack.with_redis(RedisServer::restart).await;
     let (counts_exact, counts) = settle(stack, client, &before, &during).await;
     Row {
         fault: "Redis down (killed, then started again)".into(),
@@ -441,9 +440,9 @@ async fn redis_restarted_under_load(stack: &Stack, client: usize) -> Row {
     };
     let restart = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        stack.with_redis(DurableRedis::crash).await;
+        stack.with_redis(RedisServer::crash).await;
         tokio::time::sleep(Duration::from_millis(400)).await;
-        stack.with_redis(DurableRedis::start_again).await;
+        stack.with_redis(RedisServer::restart).await;
         tokio::time::sleep(Duration::from_millis(600)).await;
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
     };
@@ -642,7 +641,7 @@ async fn every_fault_is_answered_within_budget_in_the_rules_fail_mode() {
 /// error, within the budget.
 #[tokio::test]
 async fn the_rest_client_turns_every_fault_into_a_typed_error() {
-    let redis = DurableRedis::start();
+    let redis = RedisServer::start_durable();
     let endpoint = Endpoint::start(&redis.addr(), TOKEN);
     let proxy = FaultProxy::start(endpoint.addr()).unwrap();
     let client = RestClient::new(&proxy.url(), TOKEN);
@@ -735,7 +734,7 @@ async fn the_rest_client_turns_every_fault_into_a_typed_error() {
 /// every `RestError`: natively, and from the worker in wrangler dev.
 #[tokio::test]
 async fn an_error_echoing_the_request_does_not_leak_the_token() {
-    let redis = DurableRedis::start();
+    let redis = RedisServer::start_durable();
     let endpoint = Endpoint::start(&redis.addr(), TOKEN);
     let proxy = FaultProxy::start(endpoint.addr()).unwrap();
     let client = RestClient::new(&proxy.url(), TOKEN);

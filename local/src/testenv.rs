@@ -15,26 +15,49 @@ use crate::resp::{encode_command, Decoder, Value};
 
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A `redis-server` on a free loopback port, without persistence.
+/// A `redis-server` on a free loopback port: without persistence, or
+/// durable ([`RedisServer::start_durable`]).
 ///
 /// The binary is `redis-server` from `PATH`, or `$REDIS_SERVER_BIN`.
 pub struct RedisServer {
     port: u16,
     child: Option<Child>,
+    /// A durable server's data directory, removed on drop.
+    dir: Option<PathBuf>,
 }
 
 impl RedisServer {
     /// Starts a server and waits until it answers.
     pub fn start() -> RedisServer {
+        RedisServer::start_with(false)
+    }
+
+    /// Starts a server with an append-only file synced on every write, in a
+    /// fresh directory: whatever it acknowledged survives
+    /// [`RedisServer::crash`] and is there again after
+    /// [`RedisServer::restart`], so that a test can tell a count the
+    /// limiter lost from one Redis forgot.
+    pub fn start_durable() -> RedisServer {
+        RedisServer::start_with(true)
+    }
+
+    fn start_with(durable: bool) -> RedisServer {
         let mut last_error = String::new();
         // Another process may take the port between our probe and Redis's bind.
         for _ in 0..5 {
             let port = free_port();
-            match spawn_redis(port) {
+            let dir = durable.then(|| {
+                let dir = std::env::temp_dir()
+                    .join(format!("edge-limiter-redis-{}-{port}", std::process::id()));
+                std::fs::create_dir_all(&dir).expect("redis data directory");
+                dir
+            });
+            match spawn_redis(port, dir.as_deref()) {
                 Ok(child) => {
                     return RedisServer {
                         port,
                         child: Some(child),
+                        dir,
                     }
                 }
                 Err(e) => last_error = e,
@@ -61,12 +84,31 @@ impl RedisServer {
         }
     }
 
-    /// Stops the server if running and starts an empty one on the same port.
+    /// Kills the server as a crash would, with its clients paused first:
+    /// commands still queued are lost unrun, so every command Redis ran had
+    /// its reply written, and what a test saw acknowledged is exactly what a
+    /// durable server persisted.
+    pub fn crash(&mut self) {
+        let paused = self.child.is_some()
+            && matches!(
+                try_redis_call(&self.addr(), &["CLIENT", "PAUSE", "10000", "ALL"]),
+                Ok(Value::Simple(_))
+            );
+        if paused {
+            // Replies of commands run before the pause leave in the same event
+            // loop turn; this is ample for them to reach the sockets.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.stop();
+    }
+
+    /// Stops the server if running and starts it again on the same port:
+    /// empty, or a durable one from its append-only file.
     pub fn restart(&mut self) {
         self.stop();
         let mut last_error = String::new();
         for _ in 0..20 {
-            match spawn_redis(self.port) {
+            match spawn_redis(self.port, self.dir.as_deref()) {
                 Ok(child) => {
                     self.child = Some(child);
                     return;
@@ -85,6 +127,9 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -197,12 +242,20 @@ pub fn wrangler_dev(dir: &Path, port: u16, log_level: &str) -> Command {
     cmd
 }
 
-fn spawn_redis(port: u16) -> Result<Child, String> {
+/// Starts redis-server on `port`, keeping an append-only file (synced on
+/// every write) in `dir` if given, and waits until it serves commands.
+fn spawn_redis(port: u16, dir: Option<&Path>) -> Result<Child, String> {
     let bin = std::env::var_os("REDIS_SERVER_BIN").unwrap_or_else(|| "redis-server".into());
-    let port_arg = port.to_string();
-    let mut child = Command::new(&bin)
-        .args(["--port", &port_arg, "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+    let mut cmd = Command::new(&bin);
+    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--daemonize", "no"]);
+    match dir {
+        Some(dir) => cmd
+            .args(["--appendonly", "yes", "--appendfsync", "always", "--dir"])
+            .arg(dir),
+        None => cmd.args(["--appendonly", "no"]),
+    };
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -217,10 +270,13 @@ fn spawn_redis(port: u16) -> Result<Child, String> {
         if let Ok(Some(status)) = child.try_wait() {
             return Err(format!("redis-server on port {port} exited: {status}"));
         }
-        if let Ok(info) = try_redis_call(&addr, &["INFO", "server"]) {
-            if info.to_string().contains(&ours) {
-                return Ok(child);
-            }
+        let is_ours = try_redis_call(&addr, &["INFO", "server"])
+            .is_ok_and(|info| info.to_string().contains(&ours));
+        // PONG, not LOADING: an append-only file has been read back.
+        if is_ours
+            && matches!(try_redis_call(&addr, &["PING"]), Ok(Value::Simple(p)) if p == "PONG")
+        {
+            return Ok(child);
         }
         if Instant::now() > deadline {
             let _ = child.kill();

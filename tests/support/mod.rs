@@ -82,6 +82,5 @@ pub fn rules(list: Value) -> Vec<Rule> {
         .rules
 }
 
-pub mod durable;
 pub mod raw_http;
 pub mod report;
