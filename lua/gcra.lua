@@ -8,52 +8,86 @@
 -- fresh key admits exactly `burst` units back to back, then one unit per
 -- interval.
 --
--- Units: every time here is an integer number of microseconds, which Lua's
--- doubles hold exactly until the year 2255. The emission interval comes in
--- already rounded to a whole microsecond, so no sum ever rounds and the Rust
--- reference model can reproduce every figure exactly.
+-- Units: every time here is an integer number of microseconds. The emission
+-- interval comes in already rounded to a whole microsecond, so no sum ever
+-- rounds and the Rust reference model can reproduce every figure exactly.
+--
+-- Where the TAT lives. On Redis's clock the key's own expiry is the state:
+-- the key is written to expire at the TAT, so its remaining time to live
+-- (PTTL) is how far the TAT lies ahead of now, and no clock is read at all.
+-- That saves the TIME call, and a key can never outlive its debt because the
+-- two are one number. Expiries are whole milliseconds; when the interval is
+-- not, the value holds what rounding the expiry up added (microseconds), so
+-- no precision is lost over many admissions. With a pinned clock (tests,
+-- simulations) Redis's clock is not the timeline, so the value holds the TAT
+-- itself.
+
+-- How far the key's TAT lies ahead of now, microseconds (0: not at all).
+--   now       the pinned clock, microseconds, or nil for Redis's clock
+local function gcra_ahead(key, now, interval)
+  local ahead
+  if now then
+    ahead = 0
+    local stored = redis.call('GET', key)
+    -- A value of any other length (an older format, a stray write) is no state.
+    if stored and #stored == 8 then
+      ahead = unpack_number(NUMBER, stored) - now
+    end
+  else
+    -- -2 (no key) and -1 (a key without expiry, which this script never
+    -- writes) both come out negative: no state.
+    ahead = redis.call('PTTL', key) * 1000
+    if ahead > 0 and interval % 1000 ~= 0 then
+      local stored = redis.call('GET', key)
+      if stored and #stored == 8 then
+        ahead = ahead - unpack_number(NUMBER, stored)
+      end
+    end
+  end
+  if ahead < 0 then
+    return 0
+  end
+  return ahead
+end
 
 -- Decides one rule without writing anything.
---   key       the Redis key holding the TAT (may be absent)
---   now       current time, microseconds
+--   ahead     how far the TAT lies ahead of now (gcra_ahead)
 --   cost      units this request asks for (0 = peek)
 --   interval  emission interval, microseconds (>= 1)
 --   burst     units admitted back to back from a fresh key (>= 1)
 -- Returns the six reply fields: allowed (1/0), limit, remaining,
 -- reset_after, retry_after (milliseconds, rounded up; -1: never) and window
--- (always 1); then the TAT to store if the whole request is admitted (nil:
--- nothing to write).
-local function gcra_check(key, now, cost, interval, burst)
+-- (always 1); then how far ahead the TAT is to be stored if the whole
+-- request is admitted (nil: nothing to write).
+local function gcra_check(ahead, cost, interval, burst)
   local tolerance = interval * burst
-  local tat = now
-  local stored = redis.call('GET', key)
-  -- A value of any other length (an older format, a stray write) is no state.
-  if stored and #stored == 8 then
-    tat = unpack_number(NUMBER, stored)
-    if tat < now then
-      tat = now
-    end
-  end
-  local ahead = tat + cost * interval - now
-  if ahead <= tolerance then
+  local after = ahead + cost * interval
+  if after <= tolerance then
     local write
     if cost > 0 then
-      write = now + ahead
+      write = after
     end
-    return 1, burst, floor((tolerance - ahead) / interval), ceil(ahead / 1000), 0, 1, write
+    return 1, burst, floor((tolerance - after) / interval), ceil(after / 1000), 0, 1, write
   end
   local retry_after = -1 -- more than a fresh key could ever admit: no wait helps
   if cost <= burst then
     -- The earliest instant at which the request fits the tolerance.
-    retry_after = ceil((ahead - tolerance) / 1000)
+    retry_after = ceil((after - tolerance) / 1000)
   end
-  ahead = tat - now
   return 0, burst, floor((tolerance - ahead) / interval), ceil(ahead / 1000), retry_after, 1, nil
 end
 
--- Stores an admitted request's TAT. The key lives exactly until the TAT has
--- passed: by then a fresh key would behave the same, and the expiry can
--- never outlast the debt, so nobody is locked out by it.
-local function gcra_commit(key, now, tat)
-  redis.call('SET', key, pack(NUMBER, tat), 'PX', string.format('%d', ceil((tat - now) / 1000)))
+-- Stores an admitted request's TAT, `ahead` microseconds from now. The key
+-- lives exactly until the TAT has passed: by then a fresh key would behave
+-- the same, and the expiry can never outlast the debt, so nobody is locked
+-- out by it.
+local function gcra_commit(key, now, ahead)
+  local ttl = ceil(ahead / 1000)
+  local value = ''
+  if now then
+    value = pack(NUMBER, now + ahead)
+  elseif ttl * 1000 > ahead then
+    value = pack(NUMBER, ttl * 1000 - ahead)
+  end
+  redis.call('SET', key, value, 'PX', string.format('%d', ttl))
 end

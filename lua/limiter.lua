@@ -4,8 +4,8 @@
 --
 -- KEYS[i]   state of rule i (all under one hash tag when run on a cluster)
 -- ARGV[1]   operation: 'decide', or 'reset' to forget every key given
--- ARGV[2]   now in milliseconds, or '' to read Redis's own clock (TIME), so
---           that edge locations with skewed clocks still agree
+-- ARGV[2]   now in milliseconds, or '' to keep Redis's own time (key
+--           expiries, TIME), so that edge locations with skewed clocks agree
 -- ARGV[3]   one letter per rule: 'e' enforces, 's' is a shadow rule whose
 --           denial is reported but blocks nothing (and it is then not charged)
 -- ARGV[4..] per rule, in KEYS order:
@@ -24,12 +24,39 @@ if ARGV[1] == 'reset' then
   return redis.call('DEL', unpack(KEYS))
 end
 
-local now_us
-if ARGV[2] == '' then
-  local t = redis.call('TIME')
-  now_us = t[1] * 1000000 + t[2]
-else
+-- The pinned clock, microseconds; nil on Redis's clock. GCRA then needs no
+-- clock (its state is the key's expiry); windowed rules read TIME, once.
+local now_us, now_ms
+if ARGV[2] ~= '' then
   now_us = ARGV[2] * 1000
+  now_ms = ARGV[2] + 0
+end
+local function clock_ms()
+  if not now_ms then
+    local t = redis.call('TIME')
+    now_ms = t[1] * 1000 + floor(t[2] / 1000)
+  end
+  return now_ms
+end
+
+if #KEYS == 1 then
+  -- One rule, the common case: its own verdict is the request's, so none of
+  -- the all-or-nothing bookkeeping below is needed. A shadow rule's denial
+  -- writes nothing either way.
+  local cost, a, b, c, d, e, f, write = ARGV[5] + 0
+  if ARGV[4] == 'gcra' then
+    local interval = ARGV[6] + 0
+    a, b, c, d, e, f, write = gcra_check(gcra_ahead(KEYS[1], now_us, interval), cost, interval, ARGV[7] + 0)
+    if write then
+      gcra_commit(KEYS[1], now_us, write)
+    end
+  else
+    a, b, c, d, e, f, write = windowed_check(KEYS[1], clock_ms(), cost, ARGV[6] + 0, 8, ARGV[7] + 0)
+    if write then
+      windowed_commit(KEYS[1], write)
+    end
+  end
+  return { a, b, c, d, e, f }
 end
 
 local reply, writes, modes = { 0, 0, 0, 0, 0, 0 }, { nil }, ARGV[3]
@@ -50,11 +77,12 @@ local function decide(peek)
         cost = ARGV[at + 1] + 0
       end
       if n == 0 then
+        local interval = ARGV[at + 2] + 0
         reply[k - 5], reply[k - 4], reply[k - 3], reply[k - 2], reply[k - 1], reply[k], writes[i] =
-          gcra_check(KEYS[i], now_us, cost, ARGV[at + 2] + 0, ARGV[at + 3] + 0)
+          gcra_check(gcra_ahead(KEYS[i], now_us, interval), cost, interval, ARGV[at + 3] + 0)
       else
         reply[k - 5], reply[k - 4], reply[k - 3], reply[k - 2], reply[k - 1], reply[k], writes[i] =
-          windowed_check(KEYS[i], floor(now_us / 1000), cost, ARGV[at + 2] + 0, at + 4, n)
+          windowed_check(KEYS[i], clock_ms(), cost, ARGV[at + 2] + 0, at + 4, n)
       end
       if reply[k - 5] == 0 and string.byte(modes, i) ~= 115 then -- not 's'
         denied = true

@@ -297,20 +297,35 @@ async fn edges_with_skewed_clocks_agree_because_redis_keeps_time() {
         "no clock is sent"
     );
     b.decide(&[&rs[0]], "skew", 1, None).await;
+    // The TAT is the key's expiry, kept by Redis: one interval (6 s) ahead
+    // of Redis's now, give or take the milliseconds between the two calls.
+    let ahead = pttl(&b, "el:{skew}:g");
+    assert!(
+        (5_900..=6_000).contains(&ahead),
+        "TAT is {ahead} ms ahead of Redis's clock"
+    );
+    assert_eq!(
+        b.redis(&["GET", "el:{skew}:g"]),
+        "",
+        "a whole-millisecond interval needs nothing stored beside the expiry"
+    );
+    // The windowed rule reads Redis's TIME: the bucket it counted in is the
+    // one Redis's clock (shifted by the key's offset) is in.
+    assert!(b.decide(&[&rs[1]], "skew", 1, None).await.allowed);
     let time = b.redis(&["TIME"]);
     let mut parts = time.lines().map(|l| l.parse::<u64>().unwrap());
-    let redis_now_us = parts.next().unwrap() * 1_000_000 + parts.next().unwrap();
-    // The script stores the TAT as one little-endian double.
-    let tat = match redis_call(&b.redis.addr(), &["GET", "el:{skew}:g"]) {
-        Resp::Bulk(bytes) => f64::from_le_bytes(bytes.try_into().expect("8 bytes")) as u64,
-        other => panic!("no TAT stored: {other:?}"),
+    let redis_now_ms = parts.next().unwrap() * 1000 + parts.next().unwrap() / 1000;
+    let offset = edge_limiter::keys::window_offset("el:{skew}:w", 3_600_000);
+    let state = match redis_call(&b.redis.addr(), &["HGET", "el:{skew}:w", "1000:100"]) {
+        Resp::Bulk(bytes) => bytes,
+        other => panic!("no window state: {other:?}"),
     };
-    // The TAT is one interval (6 s) past Redis's own now, give or take the
-    // milliseconds between the two calls.
-    let ahead = tat as i64 - redis_now_us as i64;
+    // Packed as total, newest bucket, its cost: the second double.
+    let bucket = f64::from_le_bytes(state[8..16].try_into().unwrap()) as u64;
+    let expected = (redis_now_ms + offset) / 100;
     assert!(
-        (5_900_000..=6_000_000).contains(&ahead),
-        "TAT is {ahead} us ahead of Redis's clock"
+        bucket.abs_diff(expected) <= 2,
+        "bucket {bucket}, Redis's clock says {expected}"
     );
 }
 
@@ -320,13 +335,11 @@ async fn state_in_another_format_counts_as_none() {
     // stray SET) must neither break a decision nor lock a client out.
     let b = Backend::start();
     let rs = gcra_and_windowed();
-    // Nine bytes whose first eight read as the largest double: were they
-    // taken for a TAT, the client would be locked out.
-    let mut stray = f64::MAX.to_le_bytes().to_vec();
-    stray.push(b'!');
+    // The largest double, with no expiry: were it taken for a TAT, or the
+    // key for one without end, the client would be locked out.
     redis_call(
         &b.redis.addr(),
-        &[&b"SET"[..], b"el:{stray}:g", &stray, b"PX", b"60000"],
+        &[&b"SET"[..], b"el:{stray}:g", &f64::MAX.to_le_bytes()],
     );
     b.redis(&["HSET", "el:{stray}:w", "1000:100", "12", "60000:1000", "x"]);
     let d = b.decide(&[&rs[0], &rs[1]], "stray", 1, None).await;
@@ -336,4 +349,9 @@ async fn state_in_another_format_counts_as_none() {
         "a fresh GCRA key: burst 5, one used"
     );
     assert_eq!(d.rules[1].remaining, 2, "a fresh 1 s window: 3, one used");
+    let ttl = pttl(&b, "el:{stray}:g");
+    assert!(
+        ttl > 0 && ttl <= 6_000,
+        "the admission gave the key its expiry: {ttl}"
+    );
 }

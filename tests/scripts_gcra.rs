@@ -4,6 +4,7 @@
 mod support;
 
 use edge_limiter::scripts::LIMITER;
+use edge_limiter_local::{resp::Value as Resp, testenv::redis_call};
 use serde_json::json;
 use support::{rules, Backend};
 
@@ -108,4 +109,42 @@ async fn a_flushed_script_is_sent_again() {
     let d = b.decide(&[&r[0]], "f", 1, None).await;
     assert!(d.allowed);
     assert_eq!(d.rules[0].remaining, 1, "the state survived the flush");
+}
+
+#[tokio::test]
+async fn on_redis_clock_a_fractional_interval_keeps_its_microseconds() {
+    // The key's expiry holds the TAT to the millisecond; what rounding it up
+    // added is stored beside it, or the TAT would drift later with every
+    // admission and the rule admit less than configured.
+    let b = Backend::start();
+    let r = rules(
+        json!([{"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 3, "period": "1s", "burst": 100}]),
+    );
+    // A TAT 10 s ahead, of which the last 500 us are rounding.
+    redis_call(
+        &b.redis.addr(),
+        &[
+            &b"SET"[..],
+            b"el:{frac}:g",
+            &500f64.to_le_bytes(),
+            b"PX",
+            b"10000",
+        ],
+    );
+    let d = b.decide(&[&r[0]], "frac", 1, None).await;
+    assert!(d.allowed, "{d:?}");
+    // ahead = whole ms - 500 us, plus 333 333 us: the new TAT ends in 833 us
+    // past a millisecond, so rounding it up adds 167 us, whatever time passed.
+    let slack = match redis_call(&b.redis.addr(), &["GET", "el:{frac}:g"]) {
+        Resp::Bulk(bytes) => f64::from_le_bytes(bytes.try_into().expect("8 bytes")),
+        other => panic!("nothing stored: {other:?}"),
+    };
+    assert_eq!(slack, 167.0);
+    let ttl: i64 = b.redis(&["PTTL", "el:{frac}:g"]).parse().unwrap();
+    assert!(ttl > 10_000 && ttl <= 10_334, "{ttl}");
+    assert_eq!(
+        d.rules[0].remaining,
+        100 - 31,
+        "about 10.33 s of 33.3 s used"
+    );
 }

@@ -59,8 +59,10 @@ pub fn our_cases() -> Result<[Case; 3], String> {
     Ok([
         ours(
             "ours GCRA",
+            // One unit per whole millisecond, as most rates are; one whose
+            // interval is not (7 per second) adds a GET for the remainder.
             json!({"name": "gcra", "key": ["ip"], "algorithm": "gcra",
-                   "rate": 1_000_000, "period": "1s", "burst": HUGE}),
+                   "rate": 1_000, "period": "1s", "burst": HUGE}),
         )?,
         // 1/60 of the window, as for the peer's comparison policy.
         ours(
