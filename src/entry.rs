@@ -47,7 +47,7 @@ fn setup(env: &Env) -> std::result::Result<Rc<Setup>, String> {
     let ready = Rc::new(Setup {
         config: load_config(env)?,
         origin: origin(env)?,
-        client: RestClient::new(&url.to_string(), &token.to_string()),
+        client: RestClient::new(&url.to_string(), &token.to_string()).map_err(|e| e.to_string())?,
         cache: RefCell::new(BlockCache::new()),
     });
     SETUP.with(|s| *s.borrow_mut() = Some(ready.clone()));

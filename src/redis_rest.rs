@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use reqwest::header::{HeaderValue, AUTHORIZATION};
 use serde_json::{json, Value};
 
 use crate::{budget, scripts::Script};
@@ -34,6 +35,8 @@ pub enum RestError {
     },
     /// The endpoint answered something that is not the protocol's JSON.
     Malformed(String),
+    /// The URL or token cannot make a request at all; names the setting.
+    Settings(String),
 }
 
 impl std::fmt::Display for RestError {
@@ -60,6 +63,7 @@ impl std::fmt::Display for RestError {
                 f,
                 "the Redis REST endpoint answered outside the protocol: {why}"
             ),
+            RestError::Settings(why) => write!(f, "unusable Redis REST settings: {why}"),
         }
     }
 }
@@ -70,7 +74,10 @@ impl std::error::Error for RestError {}
 #[derive(Clone)]
 pub struct RestClient {
     http: reqwest::Client,
-    url: String,
+    // Parsed and formatted once: every decision would otherwise parse the
+    // URL and build the header again.
+    url: reqwest::Url,
+    authorization: HeaderValue,
     token: String,
 }
 
@@ -78,7 +85,7 @@ impl std::fmt::Debug for RestClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The token is a secret: keep it out of every debug print.
         f.debug_struct("RestClient")
-            .field("url", &self.url)
+            .field("url", &self.url.as_str())
             .finish_non_exhaustive()
     }
 }
@@ -88,12 +95,29 @@ const BODY_EXCERPT: usize = 200;
 
 impl RestClient {
     /// A client for the endpoint at `url` (e.g. `https://xyz.upstash.io`).
-    pub fn new(url: &str, token: &str) -> RestClient {
-        RestClient {
+    pub fn new(url: &str, token: &str) -> Result<RestClient, RestError> {
+        let url = reqwest::Url::parse(url.trim_end_matches('/'))
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https"))
+            .ok_or_else(|| {
+                RestError::Settings(format!(
+                    "UPSTASH_REDIS_REST_URL `{}` is not an http(s) URL",
+                    url.chars().take(BODY_EXCERPT).collect::<String>()
+                ))
+            })?;
+        let mut authorization =
+            HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                RestError::Settings(
+                    "UPSTASH_REDIS_REST_TOKEN holds characters no HTTP header can carry".into(),
+                )
+            })?;
+        authorization.set_sensitive(true);
+        Ok(RestClient {
             http: reqwest::Client::new(),
-            url: url.trim_end_matches('/').to_owned(),
+            url,
+            authorization,
             token: token.to_owned(),
-        }
+        })
     }
 
     /// Sends one command (`["GET", "k"]`) and returns its `result`, within
@@ -131,8 +155,8 @@ impl RestClient {
     async fn post(&self, body: Value) -> Result<Value, RestError> {
         let response = self
             .http
-            .post(&self.url)
-            .bearer_auth(&self.token)
+            .post(self.url.clone())
+            .header(AUTHORIZATION, self.authorization.clone())
             .json(&body)
             .send()
             .await
@@ -312,8 +336,22 @@ mod tests {
     }
 
     #[test]
+    fn unusable_settings_name_the_variable() {
+        for url in ["", "xyz.upstash.io", "ftp://xyz.upstash.io"] {
+            let e = RestClient::new(url, "t").unwrap_err();
+            assert!(
+                e.to_string().contains("UPSTASH_REDIS_REST_URL"),
+                "{url}: {e}"
+            );
+        }
+        let e = RestClient::new("https://xyz.upstash.io", "bad\ntoken").unwrap_err();
+        assert!(!e.to_string().contains("bad"), "{e}");
+        assert!(e.to_string().contains("UPSTASH_REDIS_REST_TOKEN"), "{e}");
+    }
+
+    #[test]
     fn debug_output_hides_the_token() {
-        let c = RestClient::new("http://127.0.0.1:1/", "s3cret-token");
+        let c = RestClient::new("http://127.0.0.1:1/", "s3cret-token").unwrap();
         let shown = format!("{c:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("http://127.0.0.1:1"), "{shown}");

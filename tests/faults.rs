@@ -644,7 +644,7 @@ async fn the_rest_client_turns_every_fault_into_a_typed_error() {
     let redis = RedisServer::start_durable();
     let endpoint = Endpoint::start(&redis.addr(), TOKEN);
     let proxy = FaultProxy::start(endpoint.addr()).unwrap();
-    let client = RestClient::new(&proxy.url(), TOKEN);
+    let client = RestClient::new(&proxy.url(), TOKEN).unwrap();
     let rule = rules(json!([
         {"name": "r", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1h", "burst": 10}
     ]))
@@ -737,7 +737,7 @@ async fn an_error_echoing_the_request_does_not_leak_the_token() {
     let redis = RedisServer::start_durable();
     let endpoint = Endpoint::start(&redis.addr(), TOKEN);
     let proxy = FaultProxy::start(endpoint.addr()).unwrap();
-    let client = RestClient::new(&proxy.url(), TOKEN);
+    let client = RestClient::new(&proxy.url(), TOKEN).unwrap();
     for status in [400, 502] {
         proxy.set(Fault::Echo(status));
         let error = client.command(&["PING"]).await.unwrap_err();

@@ -87,7 +87,7 @@ async fn the_budget_runs_on_a_js_timer() {
 #[wasm_bindgen_test]
 async fn an_unreachable_endpoint_is_a_typed_error_within_budget() {
     // Port 1 on loopback: nothing listens there.
-    let client = RestClient::new("http://127.0.0.1:1", "secret-token");
+    let client = RestClient::new("http://127.0.0.1:1", "secret-token").unwrap();
     let err = client
         .run_script(
             &LIMITER,

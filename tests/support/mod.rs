@@ -33,7 +33,7 @@ impl Backend {
     pub fn start() -> Backend {
         let redis = RedisServer::start();
         let endpoint = Endpoint::start(&redis.addr(), TOKEN);
-        let client = RestClient::new(&endpoint.url(), TOKEN);
+        let client = RestClient::new(&endpoint.url(), TOKEN).unwrap();
         Backend {
             client,
             endpoint,
