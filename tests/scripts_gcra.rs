@@ -147,4 +147,19 @@ async fn on_redis_clock_a_fractional_interval_keeps_its_microseconds() {
         100 - 31,
         "about 10.33 s of 33.3 s used"
     );
+
+    // An older release stored the TAT itself beside the same expiry: the
+    // expiry still tells the debt, and the value is no remainder.
+    redis_call(
+        &b.redis.addr(),
+        &[
+            &b"SET"[..],
+            b"el:{old}:g",
+            &1.7e15_f64.to_le_bytes(),
+            b"PX",
+            b"10000",
+        ],
+    );
+    let d = b.decide(&[&r[0]], "old", 1, None).await;
+    assert_eq!(d.rules[0].remaining, 100 - 31, "{d:?}");
 }
