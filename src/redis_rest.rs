@@ -99,11 +99,14 @@ impl RestClient {
         let url = reqwest::Url::parse(url.trim_end_matches('/'))
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https"))
+            // The value stays out of the message: a redis:// URL set here by
+            // mistake carries the database password.
             .ok_or_else(|| {
-                RestError::Settings(format!(
-                    "UPSTASH_REDIS_REST_URL `{}` is not an http(s) URL",
-                    url.chars().take(BODY_EXCERPT).collect::<String>()
-                ))
+                RestError::Settings(
+                    "UPSTASH_REDIS_REST_URL is not an http(s) URL; it takes the REST URL \
+                     (https://<name>.upstash.io), not the redis:// one"
+                        .into(),
+                )
             })?;
         let mut authorization =
             HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
@@ -337,12 +340,14 @@ mod tests {
 
     #[test]
     fn unusable_settings_name_the_variable() {
-        for url in ["", "xyz.upstash.io", "ftp://xyz.upstash.io"] {
-            let e = RestClient::new(url, "t").unwrap_err();
-            assert!(
-                e.to_string().contains("UPSTASH_REDIS_REST_URL"),
-                "{url}: {e}"
-            );
+        for url in [
+            "",
+            "xyz.upstash.io",
+            "rediss://default:pw-123@xyz.upstash.io:6379",
+        ] {
+            let e = RestClient::new(url, "t").unwrap_err().to_string();
+            assert!(e.contains("UPSTASH_REDIS_REST_URL"), "{url}: {e}");
+            assert!(!e.contains("pw-123"), "{e}");
         }
         let e = RestClient::new("https://xyz.upstash.io", "bad\ntoken").unwrap_err();
         assert!(!e.to_string().contains("bad"), "{e}");
