@@ -120,17 +120,21 @@ async fn on_redis_clock_a_fractional_interval_keeps_its_microseconds() {
     let r = rules(
         json!([{"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 3, "period": "1s", "burst": 100}]),
     );
+    // Writes a GCRA key by hand: a double, expiring in `px` ms.
+    let set = |key: &str, value: f64, px: &str| {
+        redis_call(
+            &b.redis.addr(),
+            &[
+                &b"SET"[..],
+                key.as_bytes(),
+                &value.to_le_bytes(),
+                b"PX",
+                px.as_bytes(),
+            ],
+        )
+    };
     // A TAT 10 s ahead, of which the last 500 us are rounding.
-    redis_call(
-        &b.redis.addr(),
-        &[
-            &b"SET"[..],
-            b"el:{frac}:g",
-            &500f64.to_le_bytes(),
-            b"PX",
-            b"10000",
-        ],
-    );
+    set("el:{frac}:g", 500.0, "10000");
     let d = b.decide(&[&r[0]], "frac", 1, None).await;
     assert!(d.allowed, "{d:?}");
     // ahead = whole ms - 500 us, plus 333 333 us: the new TAT ends in 833 us
@@ -149,17 +153,10 @@ async fn on_redis_clock_a_fractional_interval_keeps_its_microseconds() {
     );
 
     // An older release stored the TAT itself beside the same expiry: the
-    // expiry still tells the debt, and the value is no remainder.
-    redis_call(
-        &b.redis.addr(),
-        &[
-            &b"SET"[..],
-            b"el:{old}:g",
-            &1.7e15_f64.to_le_bytes(),
-            b"PX",
-            b"10000",
-        ],
-    );
+    // expiry still tells the debt, and the value is no remainder. 10.1 s
+    // ahead plus one interval leaves 68.7 intervals of the tolerance, so
+    // the figure holds until 233 ms pass; as no remainder, 99 would be left.
+    set("el:{old}:g", 1.7e15, "10100");
     let d = b.decide(&[&r[0]], "old", 1, None).await;
-    assert_eq!(d.rules[0].remaining, 100 - 31, "{d:?}");
+    assert_eq!(d.rules[0].remaining, 68, "{d:?}");
 }
