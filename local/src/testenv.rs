@@ -8,6 +8,7 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -133,12 +134,31 @@ impl Drop for RedisServer {
     }
 }
 
-/// A loopback port that was free a moment ago (bound, then released).
+/// Where [`free_port`] looks: below Linux's default ephemeral range
+/// (32768-60999), where every `bind(127.0.0.1:0)` lands.
+const PORTS: std::ops::Range<u32> = 20_000..32_768;
+
+/// A loopback port that was free a moment ago, for a child process to bind.
+///
+/// Not one the kernel hands out for `bind(0)`: such a port, released again,
+/// can go to any other process binding port 0 (workerd opens several) before
+/// the child binds it, and then the child fails with "Address already in
+/// use" while some other server answers on its port. These ports come from
+/// a sequence no `bind(0)` draws from, starting at an offset of this
+/// process's own so that concurrent test processes rarely meet, and each is
+/// checked free by binding it.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("cannot bind 127.0.0.1:0")
-        .port()
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let span = PORTS.end - PORTS.start;
+    let offset = std::process::id().wrapping_mul(7919) % span;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < span, "no free loopback port in {PORTS:?}");
+        let port = (PORTS.start + (offset + n) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// The first line a child prints on its piped stdout, within `timeout`. A
