@@ -55,7 +55,7 @@ pub fn ours(label: &'static str, rule: Json) -> Result<Case, String> {
 }
 
 /// The three policies of ours the issue names.
-pub fn our_cases() -> Result<[Case; 3], String> {
+pub fn our_cases() -> Result<[Case; 4], String> {
     Ok([
         ours(
             "ours GCRA",
@@ -63,6 +63,11 @@ pub fn our_cases() -> Result<[Case; 3], String> {
             // interval is not (7 per second) adds a GET for the remainder.
             json!({"name": "gcra", "key": ["ip"], "algorithm": "gcra",
                    "rate": 1_000, "period": "1s", "burst": HUGE}),
+        )?,
+        ours(
+            GCRA_FRACTIONAL,
+            json!({"name": "gcra7", "key": ["ip"], "algorithm": "gcra",
+                   "rate": 7, "period": "1s", "burst": HUGE}),
         )?,
         // 1/60 of the window, as for the peer's comparison policy.
         ours(
@@ -104,6 +109,9 @@ pub fn floor_cases() -> [Case; 2] {
         ),
     ]
 }
+
+/// Label of our GCRA at a rate whose interval is no whole millisecond.
+pub const GCRA_FRACTIONAL: &str = "ours GCRA 7/s";
 
 /// Label of the reference script that reads and writes one key.
 pub const FLOOR_RW: &str = "floor GET + SET";

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use crate::{
     load::Run,
-    redis_side::{Sample, FLOOR_CLOCK_RW, FLOOR_RW},
+    redis_side::{Sample, FLOOR_CLOCK_RW, FLOOR_RW, GCRA_FRACTIONAL},
     size::Size,
     stats::{median, spread},
     trips::{Counts, STEPS},
@@ -205,6 +205,10 @@ pub fn render(r: &Results) -> String {
     ]);
 
     for (label, what) in [
+        (
+            GCRA_FRACTIONAL,
+            "GCRA at 7 per second (no whole millisecond per unit: one GET more): us/call",
+        ),
         (
             FLOOR_RW,
             "reference: a script that only reads and writes one key (GET + SET): us/call",
