@@ -31,7 +31,7 @@ local function gcra_ahead(key, now, interval)
     local stored = redis.call('GET', key)
     -- A value of any other length (an older format, a stray write) is no state.
     if stored and #stored == 8 then
-      ahead = unpack_number(NUMBER, stored) - now
+      ahead = struct.unpack('<d', stored) - now
     end
   else
     -- -2 (no key) and -1 (a key without expiry, which this script never
@@ -42,7 +42,7 @@ local function gcra_ahead(key, now, interval)
       if stored and #stored == 8 then
         -- Anything outside a millisecond is no remainder: a TAT written by
         -- an older release, whose expiry alone then tells the debt.
-        local slack = unpack_number(NUMBER, stored)
+        local slack = struct.unpack('<d', stored)
         if slack >= 0 and slack < 1000 then
           ahead = ahead - slack
         end
@@ -72,14 +72,14 @@ local function gcra_check(ahead, cost, interval, burst)
     if cost > 0 then
       write = after
     end
-    return 1, burst, floor((tolerance - after) / interval), ceil(after / 1000), 0, 1, write
+    return 1, burst, math.floor((tolerance - after) / interval), math.ceil(after / 1000), 0, 1, write
   end
   local retry_after = -1 -- more than a fresh key could ever admit: no wait helps
   if cost <= burst then
     -- The earliest instant at which the request fits the tolerance.
-    retry_after = ceil((after - tolerance) / 1000)
+    retry_after = math.ceil((after - tolerance) / 1000)
   end
-  return 0, burst, floor((tolerance - ahead) / interval), ceil(ahead / 1000), retry_after, 1, nil
+  return 0, burst, math.floor((tolerance - ahead) / interval), math.ceil(ahead / 1000), retry_after, 1, nil
 end
 
 -- Stores an admitted request's TAT, `ahead` microseconds from now. The key
@@ -87,12 +87,12 @@ end
 -- the same, and the expiry can never outlast the debt, so nobody is locked
 -- out by it.
 local function gcra_commit(key, now, ahead)
-  local ttl = ceil(ahead / 1000)
+  local ttl = math.ceil(ahead / 1000)
   local value = ''
   if now then
-    value = pack(NUMBER, now + ahead)
+    value = struct.pack('<d', now + ahead)
   elseif ttl * 1000 > ahead then
-    value = pack(NUMBER, ttl * 1000 - ahead)
+    value = struct.pack('<d', ttl * 1000 - ahead)
   end
   redis.call('SET', key, value, 'PX', string.format('%d', ttl))
 end

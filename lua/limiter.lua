@@ -34,7 +34,7 @@ end
 local function clock_ms()
   if not now_ms then
     local t = redis.call('TIME')
-    now_ms = t[1] * 1000 + floor(t[2] / 1000)
+    now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
   end
   return now_ms
 end

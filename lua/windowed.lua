@@ -49,14 +49,14 @@ local function windowed_check(key, now, cost, offset, at, n)
     local b = at + 3 * j - 3
     local limit, precision = ARGV[b + 1] + 0, ARGV[b + 2] + 0
     local buckets = ARGV[b] / precision
-    local cur = floor(shifted / precision)
+    local cur = math.floor(shifted / precision)
     local prefix = fields[j]
     -- last: the newest bucket holding cost, last_cost: its cost.
     local total, last, last_cost = 0, cur, 0
     local state = stored[j]
     -- A value of any other length (an older format, a stray write) is no state.
     if state and #state == 24 then
-      total, last, last_cost = unpack_number('<ddd', state)
+      total, last, last_cost = struct.unpack('<ddd', state)
     else
       moved = true -- a window new to this key
     end
@@ -67,14 +67,14 @@ local function windowed_check(key, now, cost, offset, at, n)
       stale = stale or {}
       local from = #stale + 1
       for id = last - buckets + 1, math.min(cur - buckets, last - 1) do
-        stale[#stale + 1] = prefix .. pack(NUMBER, id)
+        stale[#stale + 1] = prefix .. struct.pack('<d', id)
       end
       if last <= cur - buckets then
         total = 0 -- every bucket, the newest too
       else
         for _, c in ipairs(redis.call('HMGET', key, unpack(stale, from))) do
           if c then
-            total = total - unpack_number(NUMBER, c)
+            total = total - struct.unpack('<d', c)
           end
         end
       end
@@ -96,11 +96,11 @@ local function windowed_check(key, now, cost, offset, at, n)
       if from < last then
         local names = {}
         for i = from, last - 1 do
-          names[#names + 1] = prefix .. pack(NUMBER, i)
+          names[#names + 1] = prefix .. struct.pack('<d', i)
         end
         for _, c in ipairs(redis.call('HMGET', key, unpack(names))) do
           if c then
-            freed = freed + unpack_number(NUMBER, c)
+            freed = freed + struct.unpack('<d', c)
           end
           if freed >= need then
             break
@@ -133,11 +133,11 @@ local function windowed_check(key, now, cost, offset, at, n)
         else
           if last > cur - buckets then
             -- The newest bucket is still counted: it moves to a field of its own.
-            plan[np + 1], plan[np + 2], np = prefix .. pack(NUMBER, last), pack(NUMBER, last_cost), np + 2
+            plan[np + 1], plan[np + 2], np = prefix .. struct.pack('<d', last), struct.pack('<d', last_cost), np + 2
           end
           last_cost = cost
         end
-        plan[np + 1], plan[np + 2], np = prefix, pack('<ddd', total, cur, last_cost), np + 2
+        plan[np + 1], plan[np + 2], np = prefix, struct.pack('<ddd', total, cur, last_cost), np + 2
         expire_at = math.max(expire_at, (cur + buckets) * precision)
       end
     end
