@@ -42,7 +42,9 @@ end
 if #KEYS == 1 then
   -- One rule, the common case: its own verdict is the request's, so none of
   -- the all-or-nothing bookkeeping below is needed. A shadow rule's denial
-  -- writes nothing either way.
+  -- writes nothing either way. The dispatch repeats decide()'s on purpose:
+  -- a shared check/commit pair of functions measured about 0.5 us more per
+  -- call (another call layer, and the clock captured by one more function).
   local cost, a, b, c, d, e, f, write = ARGV[5] + 0
   if ARGV[4] == 'gcra' then
     local interval = ARGV[6] + 0
