@@ -96,3 +96,21 @@ local function gcra_commit(key, now, ahead)
   end
   redis.call('SET', key, value, 'PX', string.format('%d', ttl))
 end
+
+-- Decides a request that only this rule governs, and writes if it is
+-- admitted. The reply is one integer instead of the six fields: how far the
+-- TAT lay ahead before the request (microseconds), or -1 minus that when
+-- the request is denied. The caller knows cost, interval and burst, so every
+-- field follows from it (gcra_check's arithmetic, done in Rust), and Redis
+-- turns a number into its reply for about 1 us less than a table.
+local function gcra_decide(key, now, cost, interval, burst)
+  local ahead = gcra_ahead(key, now, interval)
+  local after = ahead + cost * interval
+  if after > interval * burst then
+    return -1 - ahead
+  end
+  if cost > 0 then
+    gcra_commit(key, now, after)
+  end
+  return ahead
+end

@@ -6,6 +6,7 @@ use serde_json::Value;
 use crate::{
     config::{Mode, Rule},
     keys::{redis_key, window_offset},
+    policy::{Gcra, Policy},
     redis_rest::RestError,
 };
 
@@ -25,6 +26,35 @@ pub struct RuleState {
     pub retry_after_ms: Option<u64>,
     /// 1-based index of the binding window (GCRA: always 1).
     pub window: usize,
+}
+
+impl RuleState {
+    /// A GCRA rule's state when its TAT lay `ahead_us` ahead of now before a
+    /// request of `cost` units: after the request if that fits the burst,
+    /// else as it stands. The same arithmetic as `gcra_check` in
+    /// `lua/gcra.lua`, saturating so that no reply can overflow it.
+    pub fn gcra(g: &Gcra, cost: u64, ahead_us: u64) -> RuleState {
+        let interval = g.interval_us().max(1);
+        let tolerance = interval.saturating_mul(g.burst);
+        let after = ahead_us.saturating_add(cost.saturating_mul(interval));
+        let allowed = after <= tolerance;
+        let (stands, retry_after_ms) = if allowed {
+            (after, Some(0))
+        } else if cost > g.burst {
+            (ahead_us, None)
+        } else {
+            (ahead_us, Some((after - tolerance).div_ceil(1000)))
+        };
+        RuleState {
+            allowed,
+            limit: g.burst,
+            // A TAT further ahead than the burst (it was lowered) leaves none.
+            remaining: tolerance.saturating_sub(stands) / interval,
+            reset_after_ms: stands.div_ceil(1000),
+            retry_after_ms,
+            window: 1,
+        }
+    }
 }
 
 /// The verdict on a whole request: all rules admitted it, or none consumed.
@@ -50,13 +80,18 @@ pub struct Check<'a> {
     pub cost: u64,
 }
 
-/// `KEYS` and `ARGV` for the limiter script.
+/// `KEYS` and `ARGV` for the limiter script, and what its reply will mean.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScriptCall {
     /// One key per rule.
     pub keys: Vec<String>,
     /// Operation, clock, then each rule's arguments.
     pub args: Vec<String>,
+    /// Each rule's mode, in call order.
+    modes: Vec<Mode>,
+    /// A GCRA rule alone, with its cost: the script then replies with one
+    /// integer (see `gcra_decide` in `lua/gcra.lua`).
+    lone_gcra: Option<(Gcra, u64)>,
 }
 
 impl ScriptCall {
@@ -85,7 +120,42 @@ impl ScriptCall {
             check.rule.policy.push_args(check.cost, offset, &mut args);
             keys.push(key);
         }
-        ScriptCall { keys, args }
+        let lone_gcra = match checks {
+            [(check, _)] => match &check.rule.policy {
+                Policy::Gcra(g) => Some((*g, check.cost)),
+                Policy::Windowed(_) => None,
+            },
+            _ => None,
+        };
+        ScriptCall {
+            keys,
+            args,
+            modes: checks.iter().map(|(c, _)| c.rule.mode).collect(),
+            lone_gcra,
+        }
+    }
+
+    /// Reads the script's reply to this call.
+    pub fn decision(&self, reply: &Value) -> Result<Decision, RestError> {
+        let Some((gcra, cost)) = &self.lone_gcra else {
+            return Decision::from_reply(reply, &self.modes);
+        };
+        let verdict = reply.as_i64().ok_or_else(|| {
+            RestError::Malformed(format!(
+                "limiter script reply is not an integer: {}",
+                excerpt(reply)
+            ))
+        })?;
+        // -1 - ahead when denied: its bitwise complement, which cannot overflow.
+        let admitted = verdict >= 0;
+        let ahead = if admitted { verdict } else { !verdict };
+        let state = RuleState::gcra(gcra, *cost, ahead as u64);
+        if state.allowed != admitted {
+            return Err(RestError::Malformed(format!(
+                "limiter script reply {verdict} contradicts its own verdict"
+            )));
+        }
+        Ok(Decision::settle(vec![state], &self.modes))
     }
 
     /// Forgets the state of the given rules for these clients.
@@ -93,8 +163,16 @@ impl ScriptCall {
         ScriptCall {
             keys: rules.iter().map(|(r, id)| redis_key(&r.name, id)).collect(),
             args: vec!["reset".to_owned(), String::new(), String::new()],
+            modes: vec![],
+            lone_gcra: None,
         }
     }
+}
+
+/// The start of a reply, for an error message: a reply of any size must not
+/// become a log line of any size.
+fn excerpt(reply: &Value) -> String {
+    reply.to_string().chars().take(200).collect()
 }
 
 /// Fields per rule in the script's reply.
@@ -141,12 +219,11 @@ impl Decision {
         }
     }
 
-    /// Reads the script's reply for a call over rules with these modes.
+    /// Reads a reply of six fields per rule for a call over rules with these
+    /// modes ([`ScriptCall::decision`] reads every kind of reply).
     pub fn from_reply(reply: &Value, modes: &[Mode]) -> Result<Decision, RestError> {
         let malformed = |why: &str| {
-            // A reply of any size must not become a log line of any size.
-            let shown: String = reply.to_string().chars().take(200).collect();
-            RestError::Malformed(format!("limiter script reply {why}: {shown}"))
+            RestError::Malformed(format!("limiter script reply {why}: {}", excerpt(reply)))
         };
         let items = reply
             .as_array()
@@ -271,6 +348,71 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn a_lone_gcra_rule_replies_with_how_far_its_tat_lay_ahead() {
+        // 10 per second: 100 ms a unit; a burst of 5 tolerates 500 ms ahead.
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "a", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s", "burst": 5}
+        ]}))
+        .unwrap();
+        let call = |cost| {
+            ScriptCall::decide(
+                &[(
+                    Check {
+                        rule: &c.rules[0],
+                        cost,
+                    },
+                    vec!["c"],
+                )],
+                None,
+            )
+        };
+        let state = |reply: i64, cost| call(cost).decision(&json!(reply)).map(|d| d.rules[0]);
+
+        // 150 ms ahead, admitted: 250 ms after, 2 units left.
+        let admitted = state(150_000, 1).unwrap();
+        assert!(admitted.allowed);
+        assert_eq!(
+            (
+                admitted.remaining,
+                admitted.reset_after_ms,
+                admitted.retry_after_ms
+            ),
+            (2, 250, Some(0))
+        );
+        // 450 ms ahead, 2 units denied (-1 - ahead): they would end 150 ms too far.
+        let denied = call(2).decision(&json!(-450_001)).unwrap();
+        assert_eq!((denied.allowed, denied.retry_after_ms), (false, Some(150)));
+        assert_eq!(
+            (denied.rules[0].remaining, denied.rules[0].reset_after_ms),
+            (0, 450)
+        );
+        // More than the burst never fits.
+        assert_eq!(state(-1, 6).unwrap().retry_after_ms, None);
+        // A TAT further ahead than the burst (it was lowered) leaves none.
+        assert_eq!(state(-900_001, 1).unwrap().remaining, 0);
+
+        // A reply that contradicts its own verdict, or is no integer, is an
+        // error; none panics, however large.
+        for bad in [
+            json!(499_000),
+            json!(-1),
+            json!([1, 5, 4, 100, 0, 1]),
+            json!("1"),
+            json!(i64::MAX),
+            json!(u64::MAX),
+        ] {
+            assert!(
+                matches!(call(2).decision(&bad), Err(RestError::Malformed(_))),
+                "{bad}"
+            );
+        }
+        // Denied, however far ahead: no overflow.
+        assert!(!state(i64::MIN, 2).unwrap().allowed);
+        // A peek admits at cost 0.
+        assert!(state(500_000, 0).unwrap().allowed);
     }
 
     #[test]

@@ -115,8 +115,7 @@ impl<S: ScriptRunner> Limiter<'_, S> {
             .min()
             .unwrap_or(DEFAULT_BUDGET_MS);
         let result = self.store.run(&call, Duration::from_millis(budget)).await;
-        let modes: Vec<Mode> = matched.iter().map(|r| r.mode).collect();
-        match result.and_then(|reply| Decision::from_reply(&reply, &modes)) {
+        match result.and_then(|reply| call.decision(&reply)) {
             Ok(decision) => {
                 self.cache
                     .borrow_mut()

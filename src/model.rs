@@ -112,28 +112,13 @@ impl Model {
         now_ms: u64,
     ) -> (RuleState, Option<Write>) {
         let now = now_ms * 1000;
-        let interval = g.interval_us();
-        let tolerance = interval * g.burst;
         let tat = self.tats.get(key).copied().unwrap_or(now).max(now);
-        let wanted = tat + cost * interval;
-        let admit = wanted - now <= tolerance;
-        let after = if admit { wanted } else { tat };
-        let retry_after_ms = if admit {
-            Some(0)
-        } else if cost > g.burst {
-            None
-        } else {
-            Some((wanted - now - tolerance).div_ceil(1000))
-        };
-        let state = RuleState {
-            allowed: admit,
-            limit: g.burst,
-            remaining: (tolerance - (after - now)) / interval,
-            reset_after_ms: (after - now).div_ceil(1000),
-            retry_after_ms,
-            window: 1,
-        };
-        (state, (admit && cost > 0).then_some(Write::Tat(wanted)))
+        let state = RuleState::gcra(g, cost, tat - now);
+        let wanted = tat + cost * g.interval_us();
+        (
+            state,
+            (state.allowed && cost > 0).then_some(Write::Tat(wanted)),
+        )
     }
 
     /// `shifted` is now plus the key's offset: bucket edges fall on its multiples.

@@ -18,8 +18,7 @@ use std::{
 };
 
 use edge_limiter::{
-    config::Mode,
-    decision::{Check, Decision, ScriptCall},
+    decision::{Check, ScriptCall},
     redis_rest::{RestClient, RestError},
     scripts::LIMITER,
 };
@@ -662,13 +661,13 @@ async fn the_rest_client_turns_every_fault_into_a_typed_error() {
     let budget = Duration::from_millis(BUDGET_MS);
     let run = || client.run_script(&LIMITER, &call.keys, &call.args, budget);
 
-    type Verdict = fn(&Result<Value, RestError>) -> bool;
+    // The call reads its own reply: a lone GCRA rule answers with one integer.
+    type Verdict = fn(&ScriptCall, &Result<Value, RestError>) -> bool;
     let cases: [(Fault, Verdict); 9] = [
-        (Fault::Pass, |r| {
-            r.as_ref()
-                .is_ok_and(|v| Decision::from_reply(v, &[Mode::Enforce]).is_ok())
+        (Fault::Pass, |call, r| {
+            r.as_ref().is_ok_and(|v| call.decision(v).is_ok())
         }),
-        (Fault::Delay(Duration::from_millis(800)), |r| {
+        (Fault::Delay(Duration::from_millis(800)), |_, r| {
             *r == Err(RestError::Timeout {
                 budget_ms: BUDGET_MS,
             })
@@ -678,25 +677,30 @@ async fn the_rest_client_turns_every_fault_into_a_typed_error() {
                 status: 502,
                 body: "<h1>Bad Gateway</h1>".into(),
             },
-            |r| matches!(r, Err(RestError::Status { status: 502, .. })),
+            |_, r| matches!(r, Err(RestError::Status { status: 502, .. })),
         ),
-        (Fault::Reply("<html>OK</html>".into()), |r| {
+        (Fault::Reply("<html>OK</html>".into()), |_, r| {
             matches!(r, Err(RestError::Malformed(_)))
         }),
-        (Fault::Reply("{\"result\":[1,0,1,1".into()), |r| {
+        (Fault::Reply("{\"result\":[1,0,1,1".into()), |_, r| {
             matches!(r, Err(RestError::Malformed(_)))
         }),
-        (Fault::Reply("{\"result\":{\"allowed\":1}}".into()), |r| {
-            let decided = r
-                .as_ref()
-                .map(|v| Decision::from_reply(v, &[Mode::Enforce]));
-            matches!(decided, Ok(Err(RestError::Malformed(_))))
-        }),
-        (Fault::Reset, |r| matches!(r, Err(RestError::Transport(_)))),
-        (Fault::LoseReply, |r| {
+        (
+            Fault::Reply("{\"result\":{\"allowed\":1}}".into()),
+            |call, r| {
+                let decided = r.as_ref().map(|v| call.decision(v));
+                matches!(decided, Ok(Err(RestError::Malformed(_))))
+            },
+        ),
+        (Fault::Reset, |_, r| {
             matches!(r, Err(RestError::Transport(_)))
         }),
-        (Fault::Token("wrong".into()), |r| *r == Err(RestError::Auth)),
+        (Fault::LoseReply, |_, r| {
+            matches!(r, Err(RestError::Transport(_)))
+        }),
+        (Fault::Token("wrong".into()), |_, r| {
+            *r == Err(RestError::Auth)
+        }),
     ];
     let mut t = Table::new(
         "Faults under the native REST client (budget 300 ms)",
@@ -715,7 +719,7 @@ async fn the_rest_client_turns_every_fault_into_a_typed_error() {
             format!("{} ms", elapsed.as_millis()),
         ]);
         // A native client on loopback needs far less margin than the worker.
-        if !expected(&result) || elapsed > budget + Duration::from_millis(50) {
+        if !expected(&call, &result) || elapsed > budget + Duration::from_millis(50) {
             failures.push(format!("{name}: {result:?} after {elapsed:?}"));
         }
         if let Err(e) = &result {

@@ -155,13 +155,12 @@ async fn concurrent_admissions(
             .map(|r| (Check { rule: r, cost: 1 }, vec![id]))
             .collect();
         let call = ScriptCall::decide(&checks, None);
-        let modes: Vec<_> = rule_set.iter().map(|r| r.mode).collect();
         tasks.push(tokio::spawn(async move {
             let reply = client
                 .run_script(&LIMITER, &call.keys, &call.args, BUDGET)
                 .await
                 .expect("script call");
-            Decision::from_reply(&reply, &modes).unwrap()
+            call.decision(&reply).unwrap()
         }));
     }
     let mut decisions = Vec::new();

@@ -12,7 +12,7 @@ use std::{
 
 use edge_limiter::{
     config::{Mode, Rule},
-    decision::{Check, Decision, ScriptCall},
+    decision::{Check, ScriptCall},
     model::Model,
     policy::{Gcra, Policy, Window},
     scripts::LIMITER,
@@ -132,9 +132,9 @@ fn run_case(
                     .run_script(&LIMITER, &call.keys, &call.args, BUDGET),
             )
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let modes: Vec<_> = checks.iter().map(|(c, _)| c.rule.mode).collect();
-        let real =
-            Decision::from_reply(&reply, &modes).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let real = call
+            .decision(&reply)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let expected = model.decide(&checks, now);
         prop_assert_eq!(&real, &expected, "step {} ({:?}) at {}", n, s, now);
     }

@@ -60,8 +60,7 @@ impl Backend {
             .run_script(&LIMITER, &call.keys, &call.args, BUDGET)
             .await
             .expect("script call");
-        let modes: Vec<_> = rules.iter().map(|r| r.mode).collect();
-        Decision::from_reply(&reply, &modes).expect("script reply")
+        call.decision(&reply).expect("script reply")
     }
 
     /// A command straight to Redis, bypassing the endpoint.
