@@ -14,8 +14,17 @@
 --
 -- Reply: six integers per rule, in KEYS order: allowed (1/0), limit,
 -- remaining, reset_after, retry_after (milliseconds; -1: never, the cost
--- exceeds the limit) and the 1-based binding window. Except for one GCRA
--- rule alone: one integer then, as gcra_decide describes.
+-- exceeds the limit) and the 1-based binding window. A rule alone, in the
+-- common cases, replies with one integer instead, from which the caller
+-- derives the six (Redis turns a Lua table into its reply for about 1 us
+-- more than a number):
+--   GCRA          how far its TAT lay ahead before the request (us), or -1
+--                 minus that when it is denied (see gcra_decide);
+--   one window    when it admits at a cost and the figure stays exact below
+--                 2^53: remaining x precision + (duration - reset_after). As
+--                 the request lies in the newest bucket, reset_after is
+--                 duration minus how far into its bucket now lies, so the
+--                 second term is below precision.
 -- The request is allowed when every enforced rule admits it; then every rule
 -- that admits it is charged. Otherwise none is, and the rules that would
 -- have admitted it are reported as they stand. Which rule binds, and the
@@ -43,8 +52,8 @@ end
 if #KEYS == 1 then
   -- One rule, the common case: its own verdict is the request's, so none of
   -- the all-or-nothing bookkeeping below is needed. A shadow rule's denial
-  -- writes nothing either way. A GCRA rule then replies with one integer
-  -- (see gcra_decide). The windowed dispatch repeats decide()'s on purpose:
+  -- writes nothing either way. The reply is one integer where it can be
+  -- (see above). The windowed dispatch repeats decide()'s on purpose:
   -- a shared check/commit pair of functions measured about 0.5 us more per
   -- call (another call layer, and the clock captured by one more function).
   if ARGV[4] == 'gcra' then
@@ -53,6 +62,12 @@ if #KEYS == 1 then
   local a, b, c, d, e, f, write = windowed_check(KEYS[1], clock_ms(), ARGV[5] + 0, ARGV[6] + 0, 8, ARGV[7] + 0)
   if write then
     windowed_commit(KEYS[1], write)
+    if ARGV[7] == '1' then
+      local packed = c * ARGV[10] + ARGV[8] - d
+      if packed < 9007199254740992 then
+        return packed
+      end
+    end
   end
   return { a, b, c, d, e, f }
 end

@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::{
     config::{Mode, Rule},
     keys::{redis_key, window_offset},
-    policy::{Gcra, Policy},
+    policy::{Gcra, Policy, Window},
     redis_rest::RestError,
 };
 
@@ -89,9 +89,18 @@ pub struct ScriptCall {
     pub args: Vec<String>,
     /// Each rule's mode, in call order.
     modes: Vec<Mode>,
-    /// A GCRA rule alone, with its cost: the script then replies with one
-    /// integer (see `gcra_decide` in `lua/gcra.lua`).
-    lone_gcra: Option<(Gcra, u64)>,
+    /// A rule that governs the request alone, whose reply may be one integer.
+    lone: Option<Lone>,
+}
+
+/// A rule alone in a call, for which the script replies with one integer
+/// where it can (see the reply in `lua/limiter.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lone {
+    /// Always: how far the TAT lay ahead (us), or -1 minus that if denied.
+    Gcra { gcra: Gcra, cost: u64 },
+    /// When it admits at a cost: remaining x precision + (duration - reset_after).
+    Window(Window),
 }
 
 impl ScriptCall {
@@ -120,10 +129,16 @@ impl ScriptCall {
             check.rule.policy.push_args(check.cost, offset, &mut args);
             keys.push(key);
         }
-        let lone_gcra = match checks {
+        let lone = match checks {
             [(check, _)] => match &check.rule.policy {
-                Policy::Gcra(g) => Some((*g, check.cost)),
-                Policy::Windowed(_) => None,
+                Policy::Gcra(gcra) => Some(Lone::Gcra {
+                    gcra: *gcra,
+                    cost: check.cost,
+                }),
+                Policy::Windowed(windows) => match windows[..] {
+                    [window] => Some(Lone::Window(window)),
+                    _ => None,
+                },
             },
             _ => None,
         };
@@ -131,30 +146,49 @@ impl ScriptCall {
             keys,
             args,
             modes: checks.iter().map(|(c, _)| c.rule.mode).collect(),
-            lone_gcra,
+            lone,
         }
     }
 
     /// Reads the script's reply to this call.
     pub fn decision(&self, reply: &Value) -> Result<Decision, RestError> {
-        let Some((gcra, cost)) = &self.lone_gcra else {
-            return Decision::from_reply(reply, &self.modes);
+        let state = match (self.lone, reply.as_i64()) {
+            (Some(Lone::Gcra { gcra, cost }), Some(verdict)) => {
+                // -1 - ahead when denied: its bitwise complement, which cannot overflow.
+                let admitted = verdict >= 0;
+                let ahead = if admitted { verdict } else { !verdict };
+                let state = RuleState::gcra(&gcra, cost, ahead as u64);
+                if state.allowed != admitted {
+                    return Err(RestError::Malformed(format!(
+                        "limiter script reply {verdict} contradicts its own verdict"
+                    )));
+                }
+                state
+            }
+            (Some(Lone::Window(w)), Some(packed)) => {
+                let (remaining, into_bucket) = u64::try_from(packed)
+                    .ok()
+                    .filter(|_| w.precision_ms > 0)
+                    .map(|p| (p / w.precision_ms, p % w.precision_ms))
+                    .filter(|(remaining, _)| *remaining <= w.limit)
+                    .ok_or_else(|| {
+                        RestError::Malformed(format!(
+                            "limiter script reply {packed} is no state of a {}-unit window",
+                            w.limit
+                        ))
+                    })?;
+                RuleState {
+                    allowed: true,
+                    limit: w.limit,
+                    remaining,
+                    reset_after_ms: w.duration_ms.saturating_sub(into_bucket),
+                    retry_after_ms: Some(0),
+                    window: 1,
+                }
+            }
+            // Every other case replies with six fields per rule.
+            _ => return Decision::from_reply(reply, &self.modes),
         };
-        let verdict = reply.as_i64().ok_or_else(|| {
-            RestError::Malformed(format!(
-                "limiter script reply is not an integer: {}",
-                excerpt(reply)
-            ))
-        })?;
-        // -1 - ahead when denied: its bitwise complement, which cannot overflow.
-        let admitted = verdict >= 0;
-        let ahead = if admitted { verdict } else { !verdict };
-        let state = RuleState::gcra(gcra, *cost, ahead as u64);
-        if state.allowed != admitted {
-            return Err(RestError::Malformed(format!(
-                "limiter script reply {verdict} contradicts its own verdict"
-            )));
-        }
         Ok(Decision::settle(vec![state], &self.modes))
     }
 
@@ -164,7 +198,7 @@ impl ScriptCall {
             keys: rules.iter().map(|(r, id)| redis_key(&r.name, id)).collect(),
             args: vec!["reset".to_owned(), String::new(), String::new()],
             modes: vec![],
-            lone_gcra: None,
+            lone: None,
         }
     }
 }
@@ -399,7 +433,6 @@ mod tests {
         for bad in [
             json!(499_000),
             json!(-1),
-            json!([1, 5, 4, 100, 0, 1]),
             json!("1"),
             json!(i64::MAX),
             json!(u64::MAX),
@@ -413,6 +446,43 @@ mod tests {
         assert!(!state(i64::MIN, 2).unwrap().allowed);
         // A peek admits at cost 0.
         assert!(state(500_000, 0).unwrap().allowed);
+    }
+
+    #[test]
+    fn a_lone_window_that_admits_replies_with_one_integer() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "a", "key": ["ip"], "algorithm": "windowed", "windows": [["1m", 100, "1s"]]},
+            {"name": "b", "key": ["ip"], "algorithm": "windowed",
+             "windows": [["1s", 10, "1s"], ["1m", 100, "1s"]]}
+        ]}))
+        .unwrap();
+        let call = |rule| ScriptCall::decide(&[(Check { rule, cost: 1 }, vec!["c"])], None);
+        let one = call(&c.rules[0]);
+        // 97 left; now lies 250 ms into its bucket, so the window empties in 59.75 s.
+        let d = one.decision(&json!(97_250)).unwrap();
+        assert!(d.allowed);
+        assert_eq!(
+            (
+                d.rules[0].remaining,
+                d.rules[0].reset_after_ms,
+                d.rules[0].limit
+            ),
+            (97, 59_750, 100)
+        );
+        // Denials, peeks and large figures still come as six fields.
+        let denied = one.decision(&json!([0, 100, 0, 900, 900, 1])).unwrap();
+        assert_eq!(denied.retry_after_ms, Some(900));
+        for bad in [json!(-1), json!(101_000), json!(i64::MIN)] {
+            assert!(
+                matches!(one.decision(&bad), Err(RestError::Malformed(_))),
+                "{bad}"
+            );
+        }
+        // Several windows always reply with six fields.
+        assert!(matches!(
+            call(&c.rules[1]).decision(&json!(5_000)),
+            Err(RestError::Malformed(_))
+        ));
     }
 
     #[test]

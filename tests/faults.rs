@@ -255,15 +255,15 @@ fn call_keys(request: &[u8]) -> Vec<String> {
         .collect()
 }
 
-/// Whether Redis ran this call and admitted it (so it consumed a unit).
+/// Whether Redis ran this call and admitted it (so it consumed a unit). A
+/// rule alone replies with six fields, allowed first, or with one integer,
+/// negative only when denied (see `lua/limiter.lua`).
 fn admitted(e: &Exchange) -> bool {
     match &e.upstream {
-        Some((200, body)) => {
-            serde_json::from_slice::<Value>(body)
-                .ok()
-                .and_then(|v| v["result"][0].as_i64())
-                == Some(1)
-        }
+        Some((200, body)) => serde_json::from_slice::<Value>(body).is_ok_and(|v| {
+            let result = &v["result"];
+            result[0].as_i64() == Some(1) || result.as_i64().is_some_and(|n| n >= 0)
+        }),
         _ => false,
     }
 }

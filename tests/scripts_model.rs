@@ -153,6 +153,72 @@ proptest! {
     }
 }
 
+/// A rule alone replies with one integer where it can; where remaining x
+/// precision would pass 2^53 (no longer exact in Lua), with six fields. Both
+/// agree with the model.
+#[test]
+fn figures_too_large_for_one_integer_come_as_six_fields() {
+    let day = 86_400_000;
+    let fixed_day = |limit| {
+        Policy::Windowed(vec![Window {
+            duration_ms: day,
+            limit,
+            precision_ms: day,
+        }])
+    };
+    let steps = |cost| {
+        [0, 1, 3].map(|wait_ms| Step {
+            wait_ms,
+            rules: 1,
+            client: 0,
+            cost,
+        })
+    };
+    BACKEND.with(|(backend, rt)| {
+        let rule = Rule::with_policy("large", fixed_day(1_000_000_000));
+        let call = ScriptCall::decide(
+            &[(
+                Check {
+                    rule: &rule,
+                    cost: 1,
+                },
+                vec!["c"],
+            )],
+            None,
+        );
+        let reply = rt
+            .block_on(
+                backend
+                    .client
+                    .run_script(&LIMITER, &call.keys, &call.args, BUDGET),
+            )
+            .unwrap();
+        assert!(reply.is_array(), "{reply}");
+        let small = Rule::with_policy("small", fixed_day(1000));
+        let call = ScriptCall::decide(
+            &[(
+                Check {
+                    rule: &small,
+                    cost: 1,
+                },
+                vec!["c"],
+            )],
+            None,
+        );
+        let reply = rt
+            .block_on(
+                backend
+                    .client
+                    .run_script(&LIMITER, &call.keys, &call.args, BUDGET),
+            )
+            .unwrap();
+        assert!(reply.is_i64(), "{reply}");
+
+        run_case(backend, rt, &[(fixed_day(1_000_000_000), false)], &steps(7)).unwrap();
+        run_case(backend, rt, &[(fixed_day(1000), false)], &steps(7)).unwrap();
+    });
+}
+
 thread_local! {
     // One Redis and endpoint for all cases of this test (they use fresh keys).
     static BACKEND: (Backend, tokio::runtime::Runtime) = (Backend::start(), tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap());
