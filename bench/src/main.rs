@@ -178,24 +178,25 @@ async fn run(o: &Options) -> Result<Results, String> {
     for case in &cases {
         shas.push(redis_side::load(&http, &endpoint_url, &redis.addr(), case).await?);
     }
+    let pinning = redis_side::Pinning::start(&redis.addr());
+    r.pinned = pinning.is_some();
     for (case, sha) in cases.iter().zip(&shas) {
-        redis_side::run(redis.port(), sha, case, REDIS_CLIENTS, o.redis_calls / 10)?;
+        let calls = (REDIS_CLIENTS, o.redis_calls / 10);
+        redis_side::run(redis.port(), sha, case, calls, pinning.as_ref())?;
     }
     r.redis = cases.iter().map(|c| (c.label, Vec::new())).collect();
     for round in 0..o.redis_rounds {
         // A different order each round, so no script always follows another.
         for i in 0..cases.len() {
             let k = (i + round) % cases.len();
-            let sample = redis_side::run(
-                redis.port(),
-                &shas[k],
-                &cases[k],
-                REDIS_CLIENTS,
-                o.redis_calls,
-            )?;
+            let calls = (REDIS_CLIENTS, o.redis_calls);
+            let sample =
+                redis_side::run(redis.port(), &shas[k], &cases[k], calls, pinning.as_ref())?;
             r.redis[k].1.push(sample);
         }
     }
+
+    drop(pinning);
 
     say("starting four workers in wrangler dev");
     let scratch = std::env::temp_dir().join(format!("edge-limiter-bench-{}", std::process::id()));

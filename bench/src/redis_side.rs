@@ -208,6 +208,49 @@ pub async fn load(
     Ok(sha)
 }
 
+/// Redis on the last core and redis-benchmark on the others while part 1
+/// runs. Left to the scheduler, the benchmark's client now and then shares
+/// Redis's core on a 2-core machine, which was the largest source of spread
+/// between rounds; pinned, rounds agree within a few percent. Dropping it
+/// lets Redis run anywhere again, for the load runs.
+pub struct Pinning {
+    redis_pid: String,
+    cpus: usize,
+}
+
+impl Pinning {
+    /// Pins the redis-server at `redis_addr`; `None` (nothing pinned) on one
+    /// core or where `taskset` cannot.
+    pub fn start(redis_addr: &str) -> Option<Pinning> {
+        let cpus = std::thread::available_parallelism().ok()?.get();
+        let info = redis_call(redis_addr, &["INFO", "server"]).to_string();
+        let redis_pid = info
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("process_id:"))?
+            .to_owned();
+        let pinned = taskset(&["-pc", &(cpus - 1).to_string(), &redis_pid]);
+        (cpus >= 2 && pinned).then_some(Pinning { redis_pid, cpus })
+    }
+
+    /// The cores left to the benchmark's client, as `taskset -c` takes them.
+    fn client_cpus(&self) -> String {
+        format!("0-{}", self.cpus - 2)
+    }
+}
+
+impl Drop for Pinning {
+    fn drop(&mut self) {
+        taskset(&["-pc", &format!("0-{}", self.cpus - 1), &self.redis_pid]);
+    }
+}
+
+fn taskset(args: &[&str]) -> bool {
+    Command::new("taskset")
+        .args(args)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
 /// One run's figures.
 #[derive(Debug, Clone, Copy)]
 pub struct Sample {
@@ -215,17 +258,26 @@ pub struct Sample {
     pub usec_per_call: f64,
 }
 
-/// `calls` EVALSHA from `clients` connections, after resetting Redis's stats.
+/// `calls` EVALSHA from `clients` connections, after resetting Redis's stats;
+/// the client on the cores `pinning` leaves it, if any.
 pub fn run(
     redis_port: u16,
     sha: &str,
     case: &Case,
-    clients: u32,
-    calls: u32,
+    (clients, calls): (u32, u32),
+    pinning: Option<&Pinning>,
 ) -> Result<Sample, String> {
     let addr = format!("127.0.0.1:{redis_port}");
     redis_call(&addr, &["CONFIG", "RESETSTAT"]);
-    let output = Command::new("redis-benchmark")
+    let mut command = match pinning {
+        Some(p) => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", &p.client_cpus(), "redis-benchmark"]);
+            c
+        }
+        None => Command::new("redis-benchmark"),
+    };
+    let output = command
         .args(["-h", "127.0.0.1", "-p", &redis_port.to_string()])
         .args([
             "-c",

@@ -24,6 +24,8 @@ pub struct Results {
     pub redis: Vec<(&'static str, Vec<Sample>)>,
     pub redis_clients: u32,
     pub redis_calls: u32,
+    /// Whether Redis and the benchmark's client ran on cores of their own.
+    pub pinned: bool,
     /// Parts 2 and 5: per worker label, one run per round.
     pub load: Vec<(&'static str, Vec<Run>)>,
     pub load_connections: u32,
@@ -415,8 +417,14 @@ fn notes(r: &Results) -> String {
     let _ = writeln!(out, "How each part was measured:\n");
     let _ = writeln!(
         out,
-        "1. `redis-benchmark -c {} -n {}` of `EVALSHA` per script and round, straight at redis-server (scripts loaded through the REST endpoint, which strips the `allow-key-locking` flag); one hot key, every call admitted; us/call is `usec_per_call` of `cmdstat_evalsha` after `CONFIG RESETSTAT`. Ours keeps Redis's time: GCRA as its key's expiry (`PTTL`, no clock read; 1000 per second, a whole millisecond per unit, as most rates are; a fractional interval adds a `GET`), windowed by reading `TIME`; the peer gets `now` from its caller. Windows: 1 min at 1 s; three windows 1 s at 20 ms (1/60 s is no whole ms), 1 min at 1 s, 1 h at 1 min. The peer's three-window figure is three of its sliding-window calls (it needs one call per window), before the two extra round trips. The two reference scripts (one key, no arguments, no logic) run in the same rounds: the least a limiter that reads and writes its state costs here, without and with a read of Redis's clock.",
-        r.redis_clients, r.redis_calls
+        "1. `redis-benchmark -c {} -n {}` of `EVALSHA` per script and round, straight at redis-server (scripts loaded through the REST endpoint, which strips the `allow-key-locking` flag){}; one hot key, every call admitted; us/call is `usec_per_call` of `cmdstat_evalsha` after `CONFIG RESETSTAT`. Ours keeps Redis's time: GCRA as its key's expiry (`PTTL`, no clock read; 1000 per second, a whole millisecond per unit, as most rates are; a fractional interval adds a `GET`), windowed by reading `TIME`; a rule alone replies with one integer where it can (a table costs Redis about 1 us more); the peer gets `now` from its caller. Windows: 1 min at 1 s; three windows 1 s at 20 ms (1/60 s is no whole ms), 1 min at 1 s, 1 h at 1 min. The peer's three-window figure is three of its sliding-window calls (it needs one call per window), before the two extra round trips. The two reference scripts (one key, no arguments, no logic) run in the same rounds: the least a limiter that reads and writes its state costs here, without and with a read of Redis's clock.",
+        r.redis_clients,
+        r.redis_calls,
+        if r.pinned {
+            ", redis-server on a core of its own and redis-benchmark on the others (`taskset`)"
+        } else {
+            ", redis-server and redis-benchmark wherever the scheduler put them (`taskset` unavailable, or one core)"
+        }
     );
     let _ = writeln!(
         out,
