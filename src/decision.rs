@@ -135,8 +135,9 @@ impl ScriptCall {
                     gcra: *gcra,
                     cost: check.cost,
                 }),
+                // A peek (cost 0) always replies with six fields.
                 Policy::Windowed(windows) => match windows[..] {
-                    [window] => Some(Lone::Window(window)),
+                    [window] if check.cost > 0 => Some(Lone::Window(window)),
                     _ => None,
                 },
             },

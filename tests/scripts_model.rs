@@ -175,44 +175,30 @@ fn figures_too_large_for_one_integer_come_as_six_fields() {
         })
     };
     BACKEND.with(|(backend, rt)| {
-        let rule = Rule::with_policy("large", fixed_day(1_000_000_000));
-        let call = ScriptCall::decide(
-            &[(
-                Check {
-                    rule: &rule,
-                    cost: 1,
-                },
-                vec!["c"],
-            )],
-            None,
-        );
-        let reply = rt
-            .block_on(
+        // The raw reply of a first request under a lone rule of this limit.
+        let reply = |name: &str, limit| {
+            let rule = Rule::with_policy(name, fixed_day(limit));
+            let call = ScriptCall::decide(
+                &[(
+                    Check {
+                        rule: &rule,
+                        cost: 1,
+                    },
+                    vec!["c"],
+                )],
+                None,
+            );
+            rt.block_on(
                 backend
                     .client
                     .run_script(&LIMITER, &call.keys, &call.args, BUDGET),
             )
-            .unwrap();
-        assert!(reply.is_array(), "{reply}");
-        let small = Rule::with_policy("small", fixed_day(1000));
-        let call = ScriptCall::decide(
-            &[(
-                Check {
-                    rule: &small,
-                    cost: 1,
-                },
-                vec!["c"],
-            )],
-            None,
-        );
-        let reply = rt
-            .block_on(
-                backend
-                    .client
-                    .run_script(&LIMITER, &call.keys, &call.args, BUDGET),
-            )
-            .unwrap();
-        assert!(reply.is_i64(), "{reply}");
+            .unwrap()
+        };
+        let large = reply("large", 1_000_000_000);
+        assert!(large.is_array(), "{large}");
+        let small = reply("small", 1000);
+        assert!(small.is_i64(), "{small}");
 
         run_case(backend, rt, &[(fixed_day(1_000_000_000), false)], &steps(7)).unwrap();
         run_case(backend, rt, &[(fixed_day(1000), false)], &steps(7)).unwrap();

@@ -210,9 +210,9 @@ pub async fn load(
 
 /// Redis on the last core and redis-benchmark on the others while part 1
 /// runs. Left to the scheduler, the benchmark's client now and then shares
-/// Redis's core on a 2-core machine, which was the largest source of spread
-/// between rounds; pinned, rounds agree within a few percent. Dropping it
-/// lets Redis run anywhere again, for the load runs.
+/// Redis's core on a 2-core machine, a large source of spread between
+/// rounds (what remains comes from the machine itself). Dropping it lets
+/// Redis run anywhere again, for the load runs.
 pub struct Pinning {
     redis_pid: String,
     cpus: usize,
@@ -223,13 +223,16 @@ impl Pinning {
     /// core or where `taskset` cannot.
     pub fn start(redis_addr: &str) -> Option<Pinning> {
         let cpus = std::thread::available_parallelism().ok()?.get();
+        if cpus < 2 {
+            return None;
+        }
         let info = redis_call(redis_addr, &["INFO", "server"]).to_string();
         let redis_pid = info
             .lines()
             .find_map(|l| l.trim().strip_prefix("process_id:"))?
             .to_owned();
-        let pinned = taskset(&["-pc", &(cpus - 1).to_string(), &redis_pid]);
-        (cpus >= 2 && pinned).then_some(Pinning { redis_pid, cpus })
+        taskset(&["-pc", &(cpus - 1).to_string(), &redis_pid])
+            .then_some(Pinning { redis_pid, cpus })
     }
 
     /// The cores left to the benchmark's client, as `taskset -c` takes them.
