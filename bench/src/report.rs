@@ -283,6 +283,21 @@ pub fn render(r: &Results) -> String {
         ]);
     }
 
+    // Rounds interleave the workers, so each round compares them under the
+    // same load on the machine; how often ours wins shows whether a gap
+    // between the medians is more than the spread between rounds.
+    let (o, p) = (overhead(r, OURS, p50), overhead(r, PEER, p50));
+    let wins = o.iter().zip(&p).filter(|(ours, peer)| ours <= peer).count();
+    row([
+        "2 worker",
+        "rounds in which our p50 overhead <= the peer's",
+        &format!("{wins} of {}", o.len().min(p.len())),
+        "",
+        "",
+        "",
+        "",
+    ]);
+
     let workerd_cpu = |x: &Run| x.per_request(x.cpu.workerd);
     let wrangler_cpu = |x: &Run| x.per_request(x.cpu.wrangler);
     let backend_cpu = |x: &Run| x.per_request(x.cpu.endpoint + x.cpu.redis);
@@ -549,6 +564,10 @@ mod tests {
             table.contains(
                 "| overhead over passthrough, p50 ms | 2.0 | 3.0 | 0.67 | ours <= peer | yes |"
             ),
+            "{table}"
+        );
+        assert!(
+            table.contains("| rounds in which our p50 overhead <= the peer's | 1 of 1 |"),
             "{table}"
         );
         assert!(
