@@ -281,22 +281,23 @@ pub fn render(r: &Results) -> String {
                 ""
             },
         ]);
+        if target {
+            // Rounds interleave the workers, so each round compares them
+            // under the same load on the machine; how often ours wins shows
+            // whether a gap between the medians is more than the spread
+            // between rounds.
+            let wins = o.iter().zip(&p).filter(|(ours, peer)| ours <= peer).count();
+            row([
+                "2 worker",
+                "rounds in which our p50 overhead <= the peer's",
+                &format!("{wins} of {}", o.len().min(p.len())),
+                "",
+                "",
+                "",
+                "",
+            ]);
+        }
     }
-
-    // Rounds interleave the workers, so each round compares them under the
-    // same load on the machine; how often ours wins shows whether a gap
-    // between the medians is more than the spread between rounds.
-    let (o, p) = (overhead(r, OURS, p50), overhead(r, PEER, p50));
-    let wins = o.iter().zip(&p).filter(|(ours, peer)| ours <= peer).count();
-    row([
-        "2 worker",
-        "rounds in which our p50 overhead <= the peer's",
-        &format!("{wins} of {}", o.len().min(p.len())),
-        "",
-        "",
-        "",
-        "",
-    ]);
 
     let workerd_cpu = |x: &Run| x.per_request(x.cpu.workerd);
     let wrangler_cpu = |x: &Run| x.per_request(x.cpu.wrangler);
