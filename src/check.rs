@@ -44,11 +44,20 @@ pub fn describe(config: &Config) -> Vec<String> {
         .iter()
         .map(|r| {
             let policy = match &r.policy {
-                Policy::Gcra(g) => format!("gcra {}/{}ms burst {}", g.rate, g.period_ms, g.burst),
+                Policy::Gcra(g) => {
+                    format!("gcra {}/{}ms burst {}", g.rate(), g.period_ms(), g.burst())
+                }
                 Policy::Windowed(ws) => {
                     let list: Vec<String> = ws
                         .iter()
-                        .map(|w| format!("{}/{}ms by {}ms", w.limit, w.duration_ms, w.precision_ms))
+                        .map(|w| {
+                            format!(
+                                "{}/{}ms by {}ms",
+                                w.limit(),
+                                w.duration_ms(),
+                                w.precision_ms()
+                            )
+                        })
                         .collect();
                     format!("windowed {}", list.join(" + "))
                 }

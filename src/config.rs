@@ -5,7 +5,10 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::policy::{Gcra, Policy, Window};
+use crate::{
+    canon,
+    policy::{Gcra, Policy, PolicyError, Window, Windows},
+};
 
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,14 +65,27 @@ pub enum KeyPart {
     /// `x-forwarded-for` here is how a deployment behind a trusted proxy opts
     /// in to that header; it is never used otherwise.
     Header(String),
-    /// A cookie's value.
+    /// A cookie's value (name as [`canon::name`] reads it).
     Cookie(String),
-    /// A query parameter's value.
+    /// A query parameter's value (name as [`canon::name`] reads it).
     Query(String),
     /// The normalized request path.
     Path,
     /// The `User-Agent` header.
     UserAgent,
+}
+
+impl std::fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyPart::Ip => write!(f, "ip"),
+            KeyPart::Header(n) => write!(f, "header:{n}"),
+            KeyPart::Cookie(n) => write!(f, "cookie:{n}"),
+            KeyPart::Query(n) => write!(f, "query:{n}"),
+            KeyPart::Path => write!(f, "path"),
+            KeyPart::UserAgent => write!(f, "user-agent"),
+        }
+    }
 }
 
 /// Units a request costs: one figure, or one per method with a default.
@@ -108,7 +124,8 @@ impl Cost {
 }
 
 /// Whether a rule blocks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Requests beyond the limit get 429.
     Enforce,
@@ -118,7 +135,8 @@ pub enum Mode {
 }
 
 /// Behaviour when Redis is unreachable, slow, or answers nonsense.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum FailMode {
     /// Forward the request unlimited, and say so in a header and a log line.
     Open,
@@ -179,6 +197,17 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// The two algorithms a rule can use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Algorithm {
+    /// `rate`, `period`, `burst`.
+    Gcra,
+    /// `windows`.
+    Windowed,
+}
+
+/// `[vars.LIMITER]` as written, before any check.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
@@ -187,7 +216,30 @@ struct RawConfig {
     x_ratelimit_headers: Option<bool>,
 }
 
-#[derive(Deserialize)]
+/// A duration as written: whole milliseconds, or text with a unit.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a duration: whole milliseconds, or text such as \"250ms\", \"1s\", \"5m\", \"1h\" or \"1d\""
+)]
+enum RawDuration {
+    Ms(u64),
+    Text(String),
+}
+
+/// A cost as written: units for every method, or per method with a default.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a whole number of units (0 or more), or a table of them per method such as { GET = 1, POST = 5, default = 1 }"
+)]
+enum RawCost {
+    Units(u64),
+    PerMethod(std::collections::BTreeMap<String, u64>),
+}
+
+/// One `[[vars.LIMITER.rules]]` entry as written, before any check.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRule {
     name: String,
@@ -204,23 +256,23 @@ struct RawRule {
     #[serde(default)]
     without_headers: Vec<String>,
     key: Vec<String>,
-    algorithm: String,
+    algorithm: Algorithm,
     #[serde(default)]
     rate: Option<u64>,
     #[serde(default)]
-    period: Option<Value>,
+    period: Option<RawDuration>,
     #[serde(default)]
     burst: Option<u64>,
     #[serde(default)]
-    windows: Option<Vec<(Value, u64, Value)>>,
+    windows: Option<Vec<(RawDuration, u64, RawDuration)>>,
     #[serde(default)]
-    cost: Option<Value>,
+    cost: Option<RawCost>,
     #[serde(default)]
-    mode: Option<String>,
+    mode: Option<Mode>,
     #[serde(default)]
-    fail: Option<String>,
+    fail: Option<FailMode>,
     #[serde(default)]
-    budget: Option<Value>,
+    budget: Option<RawDuration>,
     #[serde(default)]
     deny_body: Option<String>,
     #[serde(default)]
@@ -260,11 +312,10 @@ impl Config {
                 "expected a table `[vars.LIMITER]` with `rules`".into(),
             ));
         }
-        let raw: RawConfig =
-            serde_json::from_value(value.clone()).map_err(|e| ConfigError::Field {
-                field: "LIMITER".into(),
-                problem: e.to_string(),
-            })?;
+        let raw = RawConfig::deserialize(value).map_err(|e| ConfigError::Field {
+            field: "LIMITER".into(),
+            problem: e.to_string(),
+        })?;
         if raw.rules.is_empty() {
             return Err(ConfigError::Field {
                 field: "rules".into(),
@@ -328,24 +379,23 @@ fn rule_error(rule: &str, field: impl Into<String>, problem: impl Into<String>) 
     }
 }
 
-fn header_names(
-    names: &[String],
-    field: &str,
-    err: &dyn Fn(&str, String) -> ConfigError,
-) -> Result<Vec<String>, ConfigError> {
-    names
-        .iter()
-        .map(|n| {
-            let ok = !n.is_empty()
-                && n.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
-            if ok {
-                Ok(n.to_ascii_lowercase())
-            } else {
-                Err(err(field, format!("`{n}` is not a header name")))
-            }
-        })
-        .collect()
+/// A problem with one field of a rule, before the rule's name is attached.
+struct FieldError {
+    field: String,
+    problem: String,
+}
+
+fn field_error(field: impl Into<String>, problem: impl Into<String>) -> FieldError {
+    FieldError {
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+impl From<PolicyError> for FieldError {
+    fn from(e: PolicyError) -> FieldError {
+        field_error(e.field, e.problem)
+    }
 }
 
 fn parse_rule(value: &Value, index: usize) -> Result<Rule, ConfigError> {
@@ -356,282 +406,312 @@ fn parse_rule(value: &Value, index: usize) -> Result<Rule, ConfigError> {
         .filter(|n| !n.is_empty())
         .unwrap_or(&fallback)
         .to_owned();
-    let raw: RawRule = serde_json::from_value(value.clone()).map_err(|e| ConfigError::Rule {
-        rule: label.clone(),
-        field: "(rule)".into(),
-        problem: e.to_string(),
+    let raw: RawRule = serde_path_to_error::deserialize(value).map_err(|e| {
+        // The path names the field whose value did not fit its type; an
+        // unknown or missing field is reported on the rule as a whole.
+        let path = e.path().to_string();
+        let problem = e.into_inner().to_string();
+        let whole = path == "."
+            || problem.starts_with("unknown field")
+            || problem.starts_with("missing field");
+        let field = if whole { "(rule)".to_owned() } else { path };
+        rule_error(&label, field, problem)
     })?;
-    let err = |field: &str, problem: String| rule_error(&label, field, problem);
+    Rule::try_from(raw).map_err(|e| rule_error(&label, e.field, e.problem))
+}
 
-    let name_ok = !raw.name.is_empty()
-        && raw.name.len() <= 64
-        && raw
-            .name
+impl TryFrom<RawRule> for Rule {
+    type Error = FieldError;
+
+    fn try_from(raw: RawRule) -> Result<Rule, FieldError> {
+        let policy = match raw.algorithm {
+            Algorithm::Gcra => gcra(
+                raw.rate,
+                raw.period.as_ref(),
+                raw.burst,
+                raw.windows.is_some(),
+            )?,
+            Algorithm::Windowed => windowed(&raw)?,
+        };
+        let name = rule_name(raw.name)?;
+        let host = raw.host.map(host_pattern).transpose()?;
+        let path_prefix =
+            path_pattern("path_prefix", raw.path_prefix.unwrap_or_else(|| "/".into()))?;
+        let path = raw.path.map(|p| path_pattern("path", p)).transpose()?;
+        let methods = raw
+            .methods
+            .iter()
+            .map(|m| {
+                method(m)
+                    .ok_or_else(|| field_error("methods", format!("`{m}` is not an HTTP method")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let with_headers = header_names("with_headers", &raw.with_headers)?;
+        let without_headers = header_names("without_headers", &raw.without_headers)?;
+        if raw.key.is_empty() {
+            return Err(field_error("key", "give at least one part, e.g. [\"ip\"]"));
+        }
+        let key = raw
+            .key
+            .iter()
+            .map(|k| key_part(k))
+            .collect::<Result<Vec<_>, _>>()?;
+        let cost = raw.cost.map_or(Ok(Cost::flat(1)), cost)?;
+        if cost.max() > policy.capacity() {
+            return Err(field_error(
+                "cost",
+                format!(
+                    "{} exceeds what the policy can ever admit ({}); no such request would pass",
+                    cost.max(),
+                    policy.capacity()
+                ),
+            ));
+        }
+        let budget_ms = match &raw.budget {
+            None => DEFAULT_BUDGET_MS,
+            Some(b) => duration("budget", b)?,
+        };
+        if !(10..=30_000).contains(&budget_ms) {
+            return Err(field_error("budget", "must be between 10ms and 30s"));
+        }
+        let deny_body = deny_body(raw.deny_body, raw.deny_content_type)?;
+        Ok(Rule {
+            name,
+            host,
+            path_prefix,
+            path,
+            methods,
+            with_headers,
+            without_headers,
+            key,
+            policy,
+            cost,
+            mode: raw.mode.unwrap_or(Mode::Enforce),
+            fail: raw.fail.unwrap_or(FailMode::Closed),
+            budget_ms,
+            deny_body,
+        })
+    }
+}
+
+fn rule_name(name: String) -> Result<String, FieldError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    if !name_ok {
-        return Err(err(
+    if ok {
+        Ok(name)
+    } else {
+        Err(field_error(
             "name",
-            "use 1 to 64 characters from a-z, A-Z, 0-9, - and _".into(),
+            "use 1 to 64 characters from a-z, A-Z, 0-9, - and _",
+        ))
+    }
+}
+
+/// A host, or `*.domain` for its subdomains, lower-cased and without a
+/// trailing dot (as requests are compared).
+fn host_pattern(h: String) -> Result<String, FieldError> {
+    let bare = h.strip_prefix("*.").unwrap_or(&h).trim_end_matches('.');
+    let ok = !bare.is_empty()
+        && bare
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b':');
+    if !ok {
+        return Err(field_error(
+            "host",
+            format!("`{h}` is not a host name (use example.com or *.example.com)"),
         ));
     }
+    Ok(h.trim_end_matches('.').to_ascii_lowercase())
+}
 
-    let host = match raw.host {
-        None => None,
-        Some(h) => {
-            let bare = h.strip_prefix("*.").unwrap_or(&h);
-            let ok = !bare.is_empty()
-                && bare
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b':');
-            if !ok {
-                return Err(err(
-                    "host",
-                    format!("`{h}` is not a host name (use example.com or *.example.com)"),
-                ));
+/// A path prefix or pattern, lower-cased: paths are compared after
+/// [`crate::rules::normalize_path`], which folds case.
+fn path_pattern(field: &str, p: String) -> Result<String, FieldError> {
+    if !p.starts_with('/') {
+        return Err(field_error(field, format!("`{p}` must start with /")));
+    }
+    Ok(p.to_ascii_lowercase())
+}
+
+fn method(m: &str) -> Option<String> {
+    (!m.is_empty() && m.bytes().all(|b| b.is_ascii_alphabetic())).then(|| m.to_ascii_uppercase())
+}
+
+fn header_names(field: &str, names: &[String]) -> Result<Vec<String>, FieldError> {
+    names
+        .iter()
+        .map(|n| {
+            let ok = !n.is_empty()
+                && n.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+            if ok {
+                Ok(n.to_ascii_lowercase())
+            } else {
+                Err(field_error(field, format!("`{n}` is not a header name")))
             }
-            Some(h.to_ascii_lowercase())
-        }
-    };
-    let path_prefix = raw.path_prefix.unwrap_or_else(|| "/".into());
-    if !path_prefix.starts_with('/') {
-        return Err(err(
-            "path_prefix",
-            format!("`{path_prefix}` must start with /"),
-        ));
-    }
-    if let Some(p) = &raw.path {
-        if !p.starts_with('/') {
-            return Err(err("path", format!("`{p}` must start with /")));
-        }
-    }
-    let methods: Vec<String> = raw.methods.iter().map(|m| m.to_ascii_uppercase()).collect();
-    if let Some(bad) = methods
-        .iter()
-        .find(|m| m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphabetic()))
-    {
-        return Err(err("methods", format!("`{bad}` is not an HTTP method")));
-    }
-    let with_headers = header_names(&raw.with_headers, "with_headers", &err)?;
-    let without_headers = header_names(&raw.without_headers, "without_headers", &err)?;
-
-    if raw.key.is_empty() {
-        return Err(err("key", "give at least one part, e.g. [\"ip\"]".into()));
-    }
-    let key = raw
-        .key
-        .iter()
-        .map(|k| {
-            parse_key_part(k).ok_or_else(|| {
-                err("key", format!("`{k}` is not a key part; use ip, path, user-agent, header:NAME, cookie:NAME or query:NAME"))
-            })
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect()
+}
 
-    let policy = match raw.algorithm.as_str() {
-        "gcra" => {
-            if raw.windows.is_some() {
-                return Err(err(
-                    "windows",
-                    "belongs to algorithm \"windowed\"; GCRA takes rate, period and burst".into(),
-                ));
+fn key_part(text: &str) -> Result<KeyPart, FieldError> {
+    let part = match text {
+        "ip" => Some(KeyPart::Ip),
+        "path" => Some(KeyPart::Path),
+        "user-agent" => Some(KeyPart::UserAgent),
+        _ => match text.split_once(':') {
+            Some(("header", name)) if !name.is_empty() => {
+                Some(KeyPart::Header(name.to_ascii_lowercase()))
             }
-            let rate = raw
-                .rate
-                .ok_or_else(|| err("rate", "is required for GCRA".into()))?;
-            let period = raw
-                .period
-                .as_ref()
-                .ok_or_else(|| err("period", "is required for GCRA".into()))?;
-            let period_ms = parse_duration(period).map_err(|p| err("period", p))?;
-            Policy::Gcra(Gcra {
-                rate,
-                period_ms,
-                burst: raw.burst.unwrap_or(rate),
-            })
-        }
-        "windowed" => {
-            for (field, set) in [
-                ("rate", raw.rate.is_some()),
-                ("period", raw.period.is_some()),
-                ("burst", raw.burst.is_some()),
-            ] {
-                if set {
-                    return Err(err(
-                        field,
-                        "belongs to algorithm \"gcra\"; windowed takes windows".into(),
-                    ));
-                }
-            }
-            let raw_windows = raw.windows.ok_or_else(|| {
-                err(
-                    "windows",
-                    "is required: [[duration, limit, precision], ...]".into(),
-                )
-            })?;
-            let mut windows = Vec::with_capacity(raw_windows.len());
-            for (i, (d, limit, p)) in raw_windows.iter().enumerate() {
-                let duration_ms =
-                    parse_duration(d).map_err(|e| err(&format!("windows[{i}].duration"), e))?;
-                let precision_ms =
-                    parse_duration(p).map_err(|e| err(&format!("windows[{i}].precision"), e))?;
-                windows.push(Window {
-                    duration_ms,
-                    limit: *limit,
-                    precision_ms,
-                });
-            }
-            Policy::Windowed(windows)
-        }
-        other => {
-            return Err(err(
-                "algorithm",
-                format!("`{other}` is not one of \"gcra\", \"windowed\""),
-            ))
-        }
+            Some(("cookie", name)) if !name.is_empty() => Some(KeyPart::Cookie(canon::name(name))),
+            Some(("query", name)) if !name.is_empty() => Some(KeyPart::Query(canon::name(name))),
+            _ => None,
+        },
     };
-    policy.validate().map_err(|e| err(&e.field, e.problem))?;
-
-    let cost = match &raw.cost {
-        None => Cost::flat(1),
-        Some(v) => parse_cost(v).map_err(|p| err("cost", p))?,
-    };
-    if cost.max() > policy.capacity() {
-        return Err(err(
-            "cost",
-            format!(
-                "{} exceeds what the policy can ever admit ({}); no such request would pass",
-                cost.max(),
-                policy.capacity()
-            ),
-        ));
-    }
-    let mode = match raw.mode.as_deref() {
-        None | Some("enforce") => Mode::Enforce,
-        Some("shadow") => Mode::Shadow,
-        Some(other) => {
-            return Err(err(
-                "mode",
-                format!("`{other}` is not \"enforce\" or \"shadow\""),
-            ))
-        }
-    };
-    let fail = match raw.fail.as_deref() {
-        None | Some("closed") => FailMode::Closed,
-        Some("open") => FailMode::Open,
-        Some(other) => {
-            return Err(err(
-                "fail",
-                format!("`{other}` is not \"open\" or \"closed\""),
-            ))
-        }
-    };
-    let budget_ms = match &raw.budget {
-        None => DEFAULT_BUDGET_MS,
-        Some(b) => parse_duration(b).map_err(|p| err("budget", p))?,
-    };
-    if !(10..=30_000).contains(&budget_ms) {
-        return Err(err("budget", "must be between 10ms and 30s".into()));
-    }
-    let deny_body = match (raw.deny_body, raw.deny_content_type) {
-        (None, None) => None,
-        (None, Some(_)) => return Err(err("deny_content_type", "goes with deny_body".into())),
-        (Some(body), content_type) => {
-            let content_type = content_type.unwrap_or_else(|| "text/plain; charset=utf-8".into());
-            if content_type.is_empty() || content_type.contains(['\r', '\n']) {
-                return Err(err(
-                    "deny_content_type",
-                    format!("`{content_type}` is not a media type"),
-                ));
-            }
-            Some(DenyBody { body, content_type })
-        }
-    };
-    Ok(Rule {
-        name: raw.name,
-        host,
-        path_prefix,
-        path: raw.path,
-        methods,
-        with_headers,
-        without_headers,
-        key,
-        policy,
-        cost,
-        mode,
-        fail,
-        budget_ms,
-        deny_body,
+    part.ok_or_else(|| {
+        field_error(
+            "key",
+            format!("`{text}` is not a key part; use ip, path, user-agent, header:NAME, cookie:NAME or query:NAME"),
+        )
     })
 }
 
-fn parse_cost(value: &Value) -> Result<Cost, String> {
-    let units = |v: &Value| {
-        v.as_u64()
-            .ok_or_else(|| format!("`{v}` is not a whole number of units (0 or more)"))
-    };
-    match value {
-        Value::Object(map) => {
+fn gcra(
+    rate: Option<u64>,
+    period: Option<&RawDuration>,
+    burst: Option<u64>,
+    has_windows: bool,
+) -> Result<Policy, FieldError> {
+    if has_windows {
+        return Err(field_error(
+            "windows",
+            "belongs to algorithm \"windowed\"; GCRA takes rate, period and burst",
+        ));
+    }
+    let rate = rate.ok_or_else(|| field_error("rate", "is required for GCRA"))?;
+    let period = period.ok_or_else(|| field_error("period", "is required for GCRA"))?;
+    let period_ms = duration("period", period)?;
+    Ok(Policy::Gcra(Gcra::new(
+        rate,
+        period_ms,
+        burst.unwrap_or(rate),
+    )?))
+}
+
+fn windowed(raw: &RawRule) -> Result<Policy, FieldError> {
+    for (field, set) in [
+        ("rate", raw.rate.is_some()),
+        ("period", raw.period.is_some()),
+        ("burst", raw.burst.is_some()),
+    ] {
+        if set {
+            return Err(field_error(
+                field,
+                "belongs to algorithm \"gcra\"; windowed takes windows",
+            ));
+        }
+    }
+    let list = raw.windows.as_ref().ok_or_else(|| {
+        field_error(
+            "windows",
+            "is required: [[duration, limit, precision], ...]",
+        )
+    })?;
+    let windows = list
+        .iter()
+        .enumerate()
+        .map(|(i, (d, limit, p))| {
+            let at = |name: &str| format!("windows[{i}].{name}");
+            let duration_ms = duration(&at("duration"), d)?;
+            let precision_ms = duration(&at("precision"), p)?;
+            Window::new(duration_ms, *limit, precision_ms)
+                .map_err(|e| field_error(at(&e.field), e.problem))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Policy::Windowed(Windows::new(windows)?))
+}
+
+fn cost(raw: RawCost) -> Result<Cost, FieldError> {
+    match raw {
+        RawCost::Units(units) => Ok(Cost::flat(units)),
+        RawCost::PerMethod(map) => {
             let mut cost = Cost::flat(1);
-            for (method, v) in map {
-                let n = units(v)?;
-                if method == "default" {
-                    cost.default = n;
-                } else if !method.is_empty() && method.bytes().all(|b| b.is_ascii_alphabetic()) {
-                    cost.per_method.push((method.to_ascii_uppercase(), n));
+            for (name, units) in map {
+                if name == "default" {
+                    cost.default = units;
                 } else {
-                    return Err(format!("`{method}` is not an HTTP method (or `default`)"));
+                    let m = method(&name).ok_or_else(|| {
+                        field_error(
+                            "cost",
+                            format!("`{name}` is not an HTTP method (or `default`)"),
+                        )
+                    })?;
+                    cost.per_method.push((m, units));
                 }
             }
             Ok(cost)
         }
-        v => Ok(Cost::flat(units(v)?)),
     }
 }
 
-fn parse_key_part(text: &str) -> Option<KeyPart> {
-    let named = |rest: &str| (!rest.is_empty()).then(|| rest.to_ascii_lowercase());
-    Some(match text {
-        "ip" => KeyPart::Ip,
-        "path" => KeyPart::Path,
-        "user-agent" => KeyPart::UserAgent,
-        _ => match text.split_once(':')? {
-            ("header", name) => KeyPart::Header(named(name)?),
-            ("cookie", name) if !name.is_empty() => KeyPart::Cookie(name.to_owned()),
-            ("query", name) if !name.is_empty() => KeyPart::Query(name.to_owned()),
-            _ => return None,
-        },
-    })
+fn deny_body(
+    body: Option<String>,
+    content_type: Option<String>,
+) -> Result<Option<DenyBody>, FieldError> {
+    match (body, content_type) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(field_error("deny_content_type", "goes with deny_body")),
+        (Some(body), content_type) => {
+            let content_type = content_type.unwrap_or_else(|| "text/plain; charset=utf-8".into());
+            if content_type.is_empty() || content_type.contains(['\r', '\n']) {
+                return Err(field_error(
+                    "deny_content_type",
+                    format!("`{content_type}` is not a media type"),
+                ));
+            }
+            Ok(Some(DenyBody { body, content_type }))
+        }
+    }
 }
 
-/// Parses a duration: whole milliseconds as a number, or a string with a unit
-/// (`250ms`, `1s`, `5m`, `1h`, `1d`).
-pub fn parse_duration(value: &Value) -> Result<u64, String> {
-    let problem = || {
-        format!("`{value}` is not a duration; write e.g. 500 (ms), \"250ms\", \"1s\", \"5m\", \"1h\" or \"1d\"")
-    };
-    let ms = match value {
-        Value::Number(n) => n.as_u64().ok_or_else(problem)?,
-        Value::String(s) => {
-            let split = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(problem)?;
-            let (digits, unit) = s.split_at(split);
-            let n: u64 = digits.parse().map_err(|_| problem())?;
-            let scale = match unit {
-                "ms" => 1,
-                "s" => 1000,
-                "m" => 60_000,
-                "h" => 3_600_000,
-                "d" => 86_400_000,
-                _ => return Err(problem()),
-            };
-            n.checked_mul(scale).ok_or_else(problem)?
-        }
-        _ => return Err(problem()),
-    };
+fn duration(field: &str, raw: &RawDuration) -> Result<u64, FieldError> {
+    let ms = match raw {
+        RawDuration::Ms(ms) => Some(*ms),
+        RawDuration::Text(text) => duration_text(text),
+    }
+    .ok_or_else(|| {
+        let shown = match raw {
+            RawDuration::Ms(ms) => ms.to_string(),
+            RawDuration::Text(t) => format!("\"{t}\""),
+        };
+        field_error(
+            field,
+            format!("`{shown}` is not a duration; write e.g. 500 (ms), \"250ms\", \"1s\", \"5m\", \"1h\" or \"1d\""),
+        )
+    })?;
     if ms == 0 {
-        return Err(format!("`{value}` must be longer than zero"));
+        return Err(field_error(field, "must be longer than zero"));
     }
     Ok(ms)
+}
+
+/// Milliseconds in a duration written with a unit (`250ms`, `1s`, `5m`,
+/// `1h`, `1d`), or `None`.
+pub fn duration_text(text: &str) -> Option<u64> {
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    let scale = match unit {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    n.checked_mul(scale)
 }
 
 #[cfg(test)]
@@ -647,14 +727,7 @@ mod tests {
     fn parses_a_gcra_rule_with_defaults() {
         let c = one_rule(json!({"name": "per-ip", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s"})).unwrap();
         let r = &c.rules[0];
-        assert_eq!(
-            r.policy,
-            Policy::Gcra(Gcra {
-                rate: 10,
-                period_ms: 1000,
-                burst: 10
-            })
-        );
+        assert_eq!(r.policy, Policy::Gcra(Gcra::new(10, 1000, 10).unwrap()));
         assert_eq!(
             (&r.cost, r.fail, r.budget_ms, r.mode),
             (
@@ -682,18 +755,13 @@ mod tests {
         assert_eq!((r.fail, r.budget_ms), (FailMode::Open, 250));
         assert_eq!(
             r.policy,
-            Policy::Windowed(vec![
-                Window {
-                    duration_ms: 1000,
-                    limit: 10,
-                    precision_ms: 100
-                },
-                Window {
-                    duration_ms: 3_600_000,
-                    limit: 1000,
-                    precision_ms: 60_000
-                },
-            ])
+            Policy::Windowed(
+                Windows::new(vec![
+                    Window::new(1000, 10, 100).unwrap(),
+                    Window::new(3_600_000, 1000, 60_000).unwrap(),
+                ])
+                .unwrap()
+            )
         );
     }
 
@@ -845,6 +913,11 @@ mod tests {
         );
     }
 
+    fn parse_duration(v: Value) -> Result<u64, String> {
+        let raw = RawDuration::deserialize(&v).map_err(|e| e.to_string())?;
+        duration("d", &raw).map_err(|e| e.problem)
+    }
+
     #[test]
     fn durations_take_units() {
         for (text, ms) in [
@@ -855,7 +928,7 @@ mod tests {
             (json!("1d"), 86_400_000),
             (json!(40), 40),
         ] {
-            assert_eq!(parse_duration(&text), Ok(ms), "{text}");
+            assert_eq!(parse_duration(text.clone()), Ok(ms), "{text}");
         }
         for bad in [
             json!("0s"),
@@ -865,7 +938,7 @@ mod tests {
             json!(1.5),
             json!("99999999999999999999d"),
         ] {
-            assert!(parse_duration(&bad).is_err(), "{bad}");
+            assert!(parse_duration(bad.clone()).is_err(), "{bad}");
         }
     }
 }

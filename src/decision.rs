@@ -35,19 +35,19 @@ impl RuleState {
     /// `lua/gcra.lua`, saturating so that no reply can overflow it.
     pub fn gcra(g: &Gcra, cost: u64, ahead_us: u64) -> RuleState {
         let interval = g.interval_us().max(1);
-        let tolerance = interval.saturating_mul(g.burst);
+        let tolerance = interval.saturating_mul(g.burst());
         let after = ahead_us.saturating_add(cost.saturating_mul(interval));
         let allowed = after <= tolerance;
         let (stands, retry_after_ms) = if allowed {
             (after, Some(0))
-        } else if cost > g.burst {
+        } else if cost > g.burst() {
             (ahead_us, None)
         } else {
             (ahead_us, Some((after - tolerance).div_ceil(1000)))
         };
         RuleState {
             allowed,
-            limit: g.burst,
+            limit: g.burst(),
             // A TAT further ahead than the burst (it was lowered) leaves none.
             remaining: tolerance.saturating_sub(stands) / interval,
             reset_after_ms: stands.div_ceil(1000),
@@ -169,20 +169,20 @@ impl ScriptCall {
             (Some(Lone::Window(w)), Some(packed)) => {
                 let (remaining, into_bucket) = u64::try_from(packed)
                     .ok()
-                    .filter(|_| w.precision_ms > 0)
-                    .map(|p| (p / w.precision_ms, p % w.precision_ms))
-                    .filter(|(remaining, _)| *remaining <= w.limit)
+                    .filter(|_| w.precision_ms() > 0)
+                    .map(|p| (p / w.precision_ms(), p % w.precision_ms()))
+                    .filter(|(remaining, _)| *remaining <= w.limit())
                     .ok_or_else(|| {
                         RestError::Malformed(format!(
                             "limiter script reply {packed} is no state of a {}-unit window",
-                            w.limit
+                            w.limit()
                         ))
                     })?;
                 RuleState {
                     allowed: true,
-                    limit: w.limit,
+                    limit: w.limit(),
                     remaining,
-                    reset_after_ms: w.duration_ms.saturating_sub(into_bucket),
+                    reset_after_ms: w.duration_ms().saturating_sub(into_bucket),
                     retry_after_ms: Some(0),
                     window: 1,
                 }

@@ -12,7 +12,7 @@ use crate::{
     decision::{Check, Decision, ScriptCall},
     headers::{self, HeaderStyle},
     redis_rest::{RestClient, RestError},
-    rules::RequestMeta,
+    rules::{Ambiguous, RequestMeta},
     scripts,
 };
 
@@ -77,36 +77,61 @@ impl<S: ScriptRunner> Limiter<'_, S> {
     /// Decides `req` at `now_ms` (the isolate's clock, used only to age
     /// cached denials). Never fails: a Redis fault becomes the fail mode.
     pub async fn handle(&self, req: &RequestMeta, now_ms: u64) -> Outcome {
-        let matched: Vec<&Rule> = self
-            .config
-            .rules
-            .iter()
-            .filter(|r| r.matches(req))
-            .collect();
+        let mut matched: Vec<&Rule> = Vec::new();
+        let mut ids = Vec::new();
+        let mut notes = Vec::new();
+        for rule in self.config.rules.iter().filter(|r| r.matches(req)) {
+            match rule.identifier(req) {
+                Ok(id) => {
+                    matched.push(rule);
+                    ids.push(id);
+                }
+                // A shadow rule never blocks, not even an ambiguous request.
+                Err(a) if rule.mode == Mode::Shadow => notes.push(format!(
+                    "edge-limiter: shadow rule `{}` would refuse this request: `{}` has several values",
+                    rule.name, a.part
+                )),
+                Err(a) => return ambiguous(rule, &a),
+            }
+        }
         if matched.is_empty() {
             return Outcome {
                 action: Action::Forward,
                 headers: vec![],
-                log: vec![],
+                log: notes,
             };
         }
         let checks: Vec<(Check<'_>, Vec<&str>)> = matched
             .iter()
-            .map(|r| {
+            .zip(&ids)
+            .map(|(r, id)| {
                 (
                     Check {
                         rule: r,
                         cost: r.cost.for_method(&req.method),
                     },
-                    r.identifier(req),
+                    id.iter().map(|p| p.as_ref()).collect(),
                 )
             })
             .collect();
-        let call = ScriptCall::decide(&checks, None);
+        let mut outcome = self.decide(&matched, &checks, now_ms).await;
+        notes.append(&mut outcome.log);
+        outcome.log = notes;
+        outcome
+    }
+
+    /// Decides the checks of the matched rules, from the cache or Redis.
+    async fn decide(
+        &self,
+        matched: &[&Rule],
+        checks: &[(Check<'_>, Vec<&str>)],
+        now_ms: u64,
+    ) -> Outcome {
+        let call = ScriptCall::decide(checks, None);
         let signature = cache::signature(&call);
         let cached = self.cache.borrow_mut().lookup(&signature, now_ms);
         if let Some(decision) = cached {
-            return self.decided(&matched, &decision);
+            return self.decided(matched, &decision);
         }
         // The tightest budget wins: no matched rule waits longer than it allows.
         let budget = matched
@@ -120,9 +145,9 @@ impl<S: ScriptRunner> Limiter<'_, S> {
                 self.cache
                     .borrow_mut()
                     .remember(signature, &decision, now_ms);
-                self.decided(&matched, &decision)
+                self.decided(matched, &decision)
             }
-            Err(error) => failed(&matched, &error),
+            Err(error) => failed(matched, &error),
         }
     }
 
@@ -169,6 +194,35 @@ impl<S: ScriptRunner> Limiter<'_, S> {
             headers,
             log,
         }
+    }
+}
+
+/// A 400 for a request that gives an enforced rule's key part several
+/// values: the origin may read any of them, so no bucket would be right,
+/// and charging one would let the client pick which.
+fn ambiguous(rule: &Rule, a: &Ambiguous) -> Outcome {
+    Outcome {
+        action: Action::Respond {
+            status: 400,
+            content_type: "application/problem+json".to_owned(),
+            body: serde_json::json!({
+                "type": "about:blank",
+                "title": "Bad Request",
+                "status": 400,
+                "detail": format!(
+                    "`{}` appears more than once with different values; rule `{}` identifies clients by it, so send it once.",
+                    a.part, rule.name
+                ),
+                "parameter": a.part.to_string(),
+                "policy": rule.name,
+            })
+            .to_string(),
+        },
+        headers: vec![],
+        log: vec![format!(
+            "edge-limiter: rule `{}` refused a request naming `{}` with several values",
+            rule.name, a.part
+        )],
     }
 }
 

@@ -14,9 +14,9 @@ pub fn seconds_up(ms: u64) -> u64 {
 fn policy_items(rule: &Rule, out: &mut Vec<String>) {
     match &rule.policy {
         Policy::Gcra(g) => {
-            // A full burst refills in burst * interval.
-            let w = seconds_up(g.burst * g.interval_us() / 1000).max(1);
-            out.push(format!("\"{}\";q={};w={}", rule.name, g.burst, w));
+            // A full burst refills in burst x interval (bounded by the policy).
+            let w = g.span_us().div_ceil(1_000_000).max(1);
+            out.push(format!("\"{}\";q={};w={}", rule.name, g.burst(), w));
         }
         Policy::Windowed(ws) => {
             for (i, win) in ws.iter().enumerate() {
@@ -28,8 +28,8 @@ fn policy_items(rule: &Rule, out: &mut Vec<String>) {
                 out.push(format!(
                     "\"{}\";q={};w={}",
                     name,
-                    win.limit,
-                    seconds_up(win.duration_ms).max(1)
+                    win.limit(),
+                    seconds_up(win.duration_ms()).max(1)
                 ));
             }
         }
@@ -190,6 +190,38 @@ mod tests {
         assert_eq!(get("Retry-After"), None);
         let quiet = for_decision(&[&rs[0], &rs[1]], &d, HeaderStyle { x_ratelimit: false });
         assert!(quiet.iter().all(|(k, _)| !k.starts_with("X-")));
+    }
+
+    #[test]
+    fn the_largest_accepted_figures_make_exact_headers() {
+        use crate::policy::{MAX_DURATION_MS, MAX_GCRA_SPAN_US, MAX_UNITS};
+        let longest_burst = MAX_GCRA_SPAN_US / 1000 / MAX_DURATION_MS;
+        let rs = Config::from_json(&json!({"rules": [
+            {"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": MAX_DURATION_MS, "burst": longest_burst},
+            {"name": "w", "key": ["ip"], "algorithm": "windowed", "windows": [[MAX_DURATION_MS, MAX_UNITS, MAX_DURATION_MS]]}
+        ]}))
+        .unwrap()
+        .rules;
+        let d = Decision {
+            allowed: false,
+            retry_after_ms: Some(u64::MAX),
+            binding: 0,
+            rules: vec![
+                state(false, longest_burst, 0, u64::MAX, Some(u64::MAX), 1),
+                state(true, MAX_UNITS, MAX_UNITS, MAX_DURATION_MS, Some(0), 1),
+            ],
+        };
+        let h = for_decision(&[&rs[0], &rs[1]], &d, HeaderStyle::default());
+        let get = |n: &str| h.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+        let span_s = longest_burst * MAX_DURATION_MS / 1000;
+        assert_eq!(
+            get("RateLimit-Policy").unwrap(),
+            format!("\"g\";q={longest_burst};w={span_s}, \"w\";q={MAX_UNITS};w=31622400")
+        );
+        assert_eq!(
+            get("Retry-After").unwrap(),
+            u64::MAX.div_ceil(1000).to_string()
+        );
     }
 
     #[test]

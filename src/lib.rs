@@ -25,6 +25,7 @@
 
 pub mod budget;
 pub mod cache;
+pub mod canon;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod check;
 pub mod config;

@@ -133,30 +133,30 @@ impl Model {
         let mut per_window = Vec::with_capacity(windows.len());
         for w in windows {
             let (p, n) = (
-                w.precision_ms as i64,
-                (w.duration_ms / w.precision_ms) as i64,
+                w.precision_ms() as i64,
+                (w.duration_ms() / w.precision_ms()) as i64,
             );
             let cur = shifted.div_euclid(p);
             let first = cur - n + 1;
             let empty = BTreeMap::new();
             let buckets = self
                 .buckets
-                .get(&(key.to_owned(), w.duration_ms, w.precision_ms))
+                .get(&(key.to_owned(), w.duration_ms(), w.precision_ms()))
                 .unwrap_or(&empty);
             let counted: Vec<(i64, u64)> = buckets
                 .range(first..=cur)
                 .map(|(id, c)| (*id, *c))
                 .collect();
             let total: u64 = counted.iter().map(|(_, c)| c).sum();
-            let admit = total + cost <= w.limit;
+            let admit = total + cost <= w.limit();
             let after = if admit { total + cost } else { total };
             let retry = if admit {
                 Some(0)
-            } else if cost > w.limit {
+            } else if cost > w.limit() {
                 None
             } else {
                 // The oldest buckets leave first; find the one whose leaving frees enough.
-                let need = total + cost - w.limit;
+                let need = total + cost - w.limit();
                 let mut freed = 0;
                 let leaving = counted.iter().find(|(_, c)| {
                     freed += c;
@@ -175,8 +175,8 @@ impl Model {
             };
             per_window.push((
                 admit,
-                w.limit,
-                w.limit as i64 - after as i64,
+                w.limit(),
+                w.limit() as i64 - after as i64,
                 reset,
                 retry,
                 cur,
@@ -209,7 +209,7 @@ impl Model {
                 windows
                     .iter()
                     .zip(&per_window)
-                    .map(|(w, pw)| ((w.duration_ms, w.precision_ms), pw.5, cost))
+                    .map(|(w, pw)| ((w.duration_ms(), w.precision_ms()), pw.5, cost))
                     .collect(),
             )
         });

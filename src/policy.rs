@@ -1,5 +1,9 @@
-//! What a rule allows: the two algorithms' parameters, checked, and how they
-//! travel to the script as `ARGV`.
+//! What a rule allows: the two algorithms' parameters, and how they travel
+//! to the script as `ARGV`. Each figure is checked when it is built, so a
+//! [`Gcra`], [`Window`] or [`Windows`] that exists is one the script and the
+//! headers can represent exactly.
+
+use std::num::NonZeroU64;
 
 /// A rate-limiting policy: which algorithm, with which numbers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -7,39 +11,7 @@ pub enum Policy {
     /// Generic cell rate algorithm (see `lua/gcra.lua`).
     Gcra(Gcra),
     /// One or more sliding windows checked together (see `lua/windowed.lua`).
-    Windowed(Vec<Window>),
-}
-
-/// GCRA parameters: `rate` units per `period_ms`, of which `burst` may come at once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Gcra {
-    /// Units replenished per period.
-    pub rate: u64,
-    /// Length of the period, milliseconds.
-    pub period_ms: u64,
-    /// Units a fresh client may spend back to back.
-    pub burst: u64,
-}
-
-impl Gcra {
-    /// Time one unit occupies, microseconds, rounded to the nearest one so
-    /// that the script's arithmetic stays exact (a rate of 3/s is treated as
-    /// one unit per 333 333 us).
-    pub fn interval_us(&self) -> u64 {
-        (self.period_ms * 1000 + self.rate / 2) / self.rate
-    }
-}
-
-/// One sliding window: at most `limit` units in any `duration_ms`, counted in
-/// buckets of `precision_ms`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Window {
-    /// Window length, milliseconds.
-    pub duration_ms: u64,
-    /// Units admitted per window.
-    pub limit: u64,
-    /// Bucket length, milliseconds; equal to `duration_ms` for a fixed window.
-    pub precision_ms: u64,
+    Windowed(Windows),
 }
 
 /// A policy's parameters that cannot work, with the field to fix.
@@ -58,73 +30,204 @@ fn invalid(field: impl Into<String>, problem: impl Into<String>) -> PolicyError 
     }
 }
 
-/// Upper bound for every duration: a day of milliseconds times 366 keeps every
-/// product the script forms far below 2^53.
+/// Upper bound for every duration: 366 days of milliseconds.
 pub const MAX_DURATION_MS: u64 = 366 * 24 * 3600 * 1000;
 
-impl Policy {
-    /// Checks the numbers against what the script can decide exactly.
-    pub fn validate(&self) -> Result<(), PolicyError> {
-        match self {
-            Policy::Gcra(g) => {
-                if g.rate == 0 {
-                    return Err(invalid("rate", "must be at least 1"));
-                }
-                if g.period_ms == 0 || g.period_ms > MAX_DURATION_MS {
-                    return Err(invalid("period", "must be between 1ms and 366d"));
-                }
-                if g.rate > g.period_ms * 1000 {
-                    return Err(invalid("rate", "must be at most one unit per microsecond"));
-                }
-                if g.burst == 0 || g.burst > 1_000_000_000 {
-                    return Err(invalid("burst", "must be between 1 and 1000000000"));
-                }
-                Ok(())
-            }
-            Policy::Windowed(windows) => {
-                if windows.is_empty() || windows.len() > 8 {
-                    return Err(invalid("windows", "give between 1 and 8 windows"));
-                }
-                for (i, w) in windows.iter().enumerate() {
-                    let field = |name: &str| format!("windows[{i}].{name}");
-                    if w.duration_ms == 0 || w.duration_ms > MAX_DURATION_MS {
-                        return Err(invalid(field("duration"), "must be between 1ms and 366d"));
-                    }
-                    if w.limit == 0 || w.limit > 1_000_000_000 {
-                        return Err(invalid(field("limit"), "must be between 1 and 1000000000"));
-                    }
-                    if w.precision_ms == 0 || w.duration_ms % w.precision_ms != 0 {
-                        return Err(invalid(
-                            field("precision"),
-                            "must divide the duration evenly (use the duration itself for a fixed window)",
-                        ));
-                    }
-                    if w.duration_ms / w.precision_ms > 3600 {
-                        return Err(invalid(
-                            field("precision"),
-                            "gives more than 3600 buckets per window; choose a coarser precision",
-                        ));
-                    }
-                    let twin = windows[..i].iter().any(|o| {
-                        o.duration_ms == w.duration_ms && o.precision_ms == w.precision_ms
-                    });
-                    if twin {
-                        return Err(invalid(
-                            field("duration"),
-                            "repeats an earlier window's duration and precision; they would share counters",
-                        ));
-                    }
-                }
-                Ok(())
-            }
+/// Upper bound for a limit or burst.
+pub const MAX_UNITS: u64 = 1_000_000_000;
+
+/// The longest debt a GCRA key may carry, burst x interval, microseconds
+/// (2^51, about 71 years). The script adds up to twice this to a pinned
+/// clock in microseconds (about 2^51.7 until the year 2100), and every sum
+/// must stay below 2^53, where Lua's numbers stop being exact integers.
+pub const MAX_GCRA_SPAN_US: u64 = 1 << 51;
+
+/// Windows per windowed rule, at most.
+pub const MAX_WINDOWS: usize = 8;
+
+/// Buckets per window, at most: each may be a hash field of its own.
+pub const MAX_BUCKETS: u64 = 3600;
+
+fn whole(n: u64, field: &str, problem: &str) -> Result<NonZeroU64, PolicyError> {
+    NonZeroU64::new(n).ok_or_else(|| invalid(field, problem))
+}
+
+/// GCRA parameters: `rate` units per `period_ms`, of which `burst` may come at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gcra {
+    rate: NonZeroU64,
+    period_ms: NonZeroU64,
+    burst: NonZeroU64,
+}
+
+impl Gcra {
+    /// Checked parameters; the error names `rate`, `period` or `burst`.
+    pub fn new(rate: u64, period_ms: u64, burst: u64) -> Result<Gcra, PolicyError> {
+        let rate = whole(rate, "rate", "must be at least 1")?;
+        let period = whole(period_ms, "period", "must be between 1ms and 366d")?;
+        if period_ms > MAX_DURATION_MS {
+            return Err(invalid("period", "must be between 1ms and 366d"));
         }
+        if rate.get() > period_ms * 1000 {
+            return Err(invalid("rate", "must be at most one unit per microsecond"));
+        }
+        let burst_nz = whole(burst, "burst", "must be between 1 and 1000000000")?;
+        if burst > MAX_UNITS {
+            return Err(invalid("burst", "must be between 1 and 1000000000"));
+        }
+        let gcra = Gcra {
+            rate,
+            period_ms: period,
+            burst: burst_nz,
+        };
+        if gcra
+            .interval_us()
+            .checked_mul(burst)
+            .is_none_or(|span| span > MAX_GCRA_SPAN_US)
+        {
+            return Err(invalid(
+                "burst",
+                "times period / rate exceeds 2^51 microseconds (about 71 years), \
+                 more than the script can count exactly; lower the burst or the period",
+            ));
+        }
+        Ok(gcra)
     }
 
+    /// Units replenished per period.
+    pub fn rate(&self) -> u64 {
+        self.rate.get()
+    }
+
+    /// Length of the period, milliseconds.
+    pub fn period_ms(&self) -> u64 {
+        self.period_ms.get()
+    }
+
+    /// Units a fresh client may spend back to back.
+    pub fn burst(&self) -> u64 {
+        self.burst.get()
+    }
+
+    /// Time one unit occupies, microseconds, rounded to the nearest one so
+    /// that the script's arithmetic stays exact (a rate of 3/s is treated as
+    /// one unit per 333 333 us). Never 0, since the rate is at most one unit
+    /// per microsecond.
+    pub fn interval_us(&self) -> u64 {
+        (self.period_ms() * 1000 + self.rate() / 2) / self.rate()
+    }
+
+    /// Time a full burst takes to pay off, microseconds (at most
+    /// [`MAX_GCRA_SPAN_US`]).
+    pub fn span_us(&self) -> u64 {
+        self.interval_us() * self.burst()
+    }
+}
+
+/// One sliding window: at most `limit` units in any `duration_ms`, counted in
+/// buckets of `precision_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    duration_ms: NonZeroU64,
+    limit: NonZeroU64,
+    precision_ms: NonZeroU64,
+}
+
+impl Window {
+    /// Checked figures; the error names `duration`, `limit` or `precision`.
+    pub fn new(duration_ms: u64, limit: u64, precision_ms: u64) -> Result<Window, PolicyError> {
+        let duration = whole(duration_ms, "duration", "must be between 1ms and 366d")?;
+        if duration_ms > MAX_DURATION_MS {
+            return Err(invalid("duration", "must be between 1ms and 366d"));
+        }
+        let limit_nz = whole(limit, "limit", "must be between 1 and 1000000000")?;
+        if limit > MAX_UNITS {
+            return Err(invalid("limit", "must be between 1 and 1000000000"));
+        }
+        let uneven = || {
+            invalid(
+                "precision",
+                "must divide the duration evenly (use the duration itself for a fixed window)",
+            )
+        };
+        let precision = NonZeroU64::new(precision_ms).ok_or_else(uneven)?;
+        if !duration_ms.is_multiple_of(precision_ms) {
+            return Err(uneven());
+        }
+        if duration_ms / precision_ms > MAX_BUCKETS {
+            return Err(invalid(
+                "precision",
+                "gives more than 3600 buckets per window; choose a coarser precision",
+            ));
+        }
+        Ok(Window {
+            duration_ms: duration,
+            limit: limit_nz,
+            precision_ms: precision,
+        })
+    }
+
+    /// Window length, milliseconds.
+    pub fn duration_ms(&self) -> u64 {
+        self.duration_ms.get()
+    }
+
+    /// Units admitted per window.
+    pub fn limit(&self) -> u64 {
+        self.limit.get()
+    }
+
+    /// Bucket length, milliseconds; equal to the duration for a fixed window.
+    pub fn precision_ms(&self) -> u64 {
+        self.precision_ms.get()
+    }
+
+    /// Buckets the window spans.
+    pub fn buckets(&self) -> u64 {
+        self.duration_ms() / self.precision_ms()
+    }
+}
+
+/// The windows of one windowed rule: 1 to [`MAX_WINDOWS`], no two with the
+/// same duration and precision (they would share counters).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Windows(Vec<Window>);
+
+impl Windows {
+    /// Checked windows; the error names `windows` or `windows[i].duration`.
+    pub fn new(windows: Vec<Window>) -> Result<Windows, PolicyError> {
+        if windows.is_empty() || windows.len() > MAX_WINDOWS {
+            return Err(invalid("windows", "give between 1 and 8 windows"));
+        }
+        for (i, w) in windows.iter().enumerate() {
+            let twin = windows[..i]
+                .iter()
+                .any(|o| o.duration_ms == w.duration_ms && o.precision_ms == w.precision_ms);
+            if twin {
+                return Err(invalid(
+                    format!("windows[{i}].duration"),
+                    "repeats an earlier window's duration and precision; they would share counters",
+                ));
+            }
+        }
+        Ok(Windows(windows))
+    }
+}
+
+impl std::ops::Deref for Windows {
+    type Target = [Window];
+
+    fn deref(&self) -> &[Window] {
+        &self.0
+    }
+}
+
+impl Policy {
     /// The largest cost one request can ever be admitted with.
     pub fn capacity(&self) -> u64 {
         match self {
-            Policy::Gcra(g) => g.burst,
-            Policy::Windowed(ws) => ws.iter().map(|w| w.limit).min().unwrap_or(0),
+            Policy::Gcra(g) => g.burst(),
+            Policy::Windowed(ws) => ws.iter().map(Window::limit).min().unwrap_or(0),
         }
     }
 
@@ -132,11 +235,11 @@ impl Policy {
     /// `offset_ms` shifts window edges per key; GCRA has no edges to shift.
     pub fn push_args(&self, cost: u64, offset_ms: u64, args: &mut Vec<String>) {
         let (tag, numbers) = match self {
-            Policy::Gcra(g) => ("gcra", vec![cost, g.interval_us(), g.burst]),
+            Policy::Gcra(g) => ("gcra", vec![cost, g.interval_us(), g.burst()]),
             Policy::Windowed(ws) => {
                 let mut n = vec![cost, offset_ms, ws.len() as u64];
-                for w in ws {
-                    n.extend([w.duration_ms, w.limit, w.precision_ms]);
+                for w in ws.iter() {
+                    n.extend([w.duration_ms(), w.limit(), w.precision_ms()]);
                 }
                 ("window", n)
             }
@@ -148,8 +251,8 @@ impl Policy {
     /// The longest window, milliseconds: the span over which edge offsets spread.
     pub fn longest_ms(&self) -> u64 {
         match self {
-            Policy::Gcra(g) => g.period_ms,
-            Policy::Windowed(ws) => ws.iter().map(|w| w.duration_ms).max().unwrap_or(1),
+            Policy::Gcra(g) => g.period_ms(),
+            Policy::Windowed(ws) => ws.iter().map(Window::duration_ms).max().unwrap_or(1),
         }
     }
 }
@@ -159,27 +262,17 @@ mod tests {
     use super::*;
 
     fn gcra(rate: u64, period_ms: u64, burst: u64) -> Policy {
-        Policy::Gcra(Gcra {
-            rate,
-            period_ms,
-            burst,
-        })
+        Policy::Gcra(Gcra::new(rate, period_ms, burst).unwrap())
+    }
+
+    fn window(duration_ms: u64, limit: u64, precision_ms: u64) -> Window {
+        Window::new(duration_ms, limit, precision_ms).unwrap()
     }
 
     #[test]
     fn interval_rounds_to_the_nearest_microsecond() {
-        let g = Gcra {
-            rate: 3,
-            period_ms: 1000,
-            burst: 1,
-        };
-        assert_eq!(g.interval_us(), 333_333);
-        let g = Gcra {
-            rate: 3,
-            period_ms: 2,
-            burst: 1,
-        };
-        assert_eq!(g.interval_us(), 667);
+        assert_eq!(Gcra::new(3, 1000, 1).unwrap().interval_us(), 333_333);
+        assert_eq!(Gcra::new(3, 2, 1).unwrap().interval_us(), 667);
     }
 
     #[test]
@@ -192,18 +285,9 @@ mod tests {
     #[test]
     fn windowed_arguments_follow_the_script_layout() {
         let mut args = vec![];
-        let p = Policy::Windowed(vec![
-            Window {
-                duration_ms: 1000,
-                limit: 10,
-                precision_ms: 100,
-            },
-            Window {
-                duration_ms: 60_000,
-                limit: 100,
-                precision_ms: 60_000,
-            },
-        ]);
+        let p = Policy::Windowed(
+            Windows::new(vec![window(1000, 10, 100), window(60_000, 100, 60_000)]).unwrap(),
+        );
         p.push_args(1, 42, &mut args);
         assert_eq!(
             args,
@@ -214,40 +298,67 @@ mod tests {
     }
 
     #[test]
-    fn validation_names_the_field() {
-        let cases = [
-            (gcra(0, 1000, 1), "rate"),
-            (gcra(1, 0, 1), "period"),
-            (gcra(1, 1000, 0), "burst"),
-            (gcra(2000, 1, 1), "rate"),
-            (Policy::Windowed(vec![]), "windows"),
-            (
-                Policy::Windowed(vec![Window {
-                    duration_ms: 1000,
-                    limit: 1,
-                    precision_ms: 300,
-                }]),
-                "windows[0].precision",
-            ),
-            (
-                Policy::Windowed(vec![
-                    Window {
-                        duration_ms: 1000,
-                        limit: 1,
-                        precision_ms: 100,
-                    },
-                    Window {
-                        duration_ms: 1000,
-                        limit: 2,
-                        precision_ms: 100,
-                    },
-                ]),
-                "windows[1].duration",
-            ),
-        ];
-        for (policy, field) in cases {
-            assert_eq!(policy.validate().unwrap_err().field, field, "{policy:?}");
+    fn invalid_figures_cannot_be_built_and_name_their_field() {
+        for ((rate, period, burst), field) in [
+            ((0, 1000, 1), "rate"),
+            ((1, 0, 1), "period"),
+            ((1, MAX_DURATION_MS + 1, 1), "period"),
+            ((1, 1000, 0), "burst"),
+            ((1, 1000, MAX_UNITS + 1), "burst"),
+            ((2000, 1, 1), "rate"),
+            // The issue's example: a year per unit, a billion at once.
+            ((1, MAX_DURATION_MS, MAX_UNITS), "burst"),
+        ] {
+            assert_eq!(
+                Gcra::new(rate, period, burst).unwrap_err().field,
+                field,
+                "{rate}/{period} burst {burst}"
+            );
         }
-        assert!(gcra(3, 1000, 3).validate().is_ok());
+        for ((d, l, p), field) in [
+            ((0, 1, 1), "duration"),
+            ((MAX_DURATION_MS + 1000, 1, 1000), "duration"),
+            ((1000, 0, 100), "limit"),
+            ((1000, MAX_UNITS + 1, 100), "limit"),
+            ((1000, 1, 300), "precision"),
+            ((1000, 1, 0), "precision"),
+            ((3601, 1, 1), "precision"),
+        ] {
+            assert_eq!(
+                Window::new(d, l, p).unwrap_err().field,
+                field,
+                "{d} {l} {p}"
+            );
+        }
+        assert_eq!(Windows::new(vec![]).unwrap_err().field, "windows");
+        assert_eq!(
+            Windows::new(vec![window(1000, 1, 100), window(1000, 2, 100)])
+                .unwrap_err()
+                .field,
+            "windows[1].duration"
+        );
+        assert_eq!(
+            Windows::new(vec![window(1000, 1, 1000); 9])
+                .unwrap_err()
+                .field,
+            "windows"
+        );
+    }
+
+    #[test]
+    fn the_largest_accepted_figures_stay_within_exact_arithmetic() {
+        // The longest span that passes: exactly 2^51 us.
+        let g = Gcra::new(1, 1, 1).unwrap();
+        assert_eq!(g.interval_us(), 1000);
+        let widest = Gcra::new(1, MAX_GCRA_SPAN_US / 1000 / MAX_UNITS, MAX_UNITS);
+        let widest = widest.unwrap();
+        assert!(widest.span_us() <= MAX_GCRA_SPAN_US);
+        assert!(Gcra::new(1, MAX_GCRA_SPAN_US / 1000 / MAX_UNITS + 1, MAX_UNITS).is_err());
+        let longest = Gcra::new(
+            1,
+            MAX_DURATION_MS,
+            MAX_GCRA_SPAN_US / (MAX_DURATION_MS * 1000),
+        );
+        assert!(longest.unwrap().span_us() <= MAX_GCRA_SPAN_US);
     }
 }

@@ -1,6 +1,11 @@
 //! Which rules a request falls under, and what identifies its client.
 
-use crate::config::{KeyPart, Rule};
+use std::borrow::Cow;
+
+use crate::{
+    canon,
+    config::{KeyPart, Rule},
+};
 
 /// The parts of a request the limiter looks at, independent of any runtime.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -26,60 +31,64 @@ impl RequestMeta {
             .map(|(_, v)| v.as_str())
     }
 
-    fn cookie(&self, name: &str) -> Option<&str> {
-        self.headers
+    /// The distinct canonical values of every cookie whose name reads as
+    /// `name` (already canonical, see [`canon::name`]).
+    fn cookie_values(&self, name: &str) -> Vec<Cow<'_, str>> {
+        // `,` separated cookies in RFC 2965, and some servers still split on it.
+        let pairs = self
+            .headers
             .iter()
             .filter(|(n, _)| n == "cookie")
-            .flat_map(|(_, v)| v.split(';'))
-            .filter_map(|pair| pair.trim().split_once('='))
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v)
+            .flat_map(|(_, v)| v.split([';', ',']))
+            .filter_map(|pair| pair.split_once('='));
+        distinct(
+            pairs
+                .filter(|(n, _)| canon::name(n.trim()) == name)
+                .map(|(_, v)| canon::cookie_value(v)),
+        )
     }
 
-    fn query_param(&self, name: &str) -> Option<&str> {
-        self.query
-            .as_deref()?
-            .split('&')
-            .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v)
+    /// The distinct canonical values of every query parameter whose name
+    /// reads as `name`. Some servers split parameters on `;` as well as `&`.
+    fn query_values(&self, name: &str) -> Vec<Cow<'_, str>> {
+        let Some(query) = self.query.as_deref() else {
+            return vec![];
+        };
+        let pairs = query
+            .split(['&', ';'])
+            .filter(|pair| !pair.is_empty())
+            .map(|pair| pair.split_once('=').unwrap_or((pair, "")));
+        distinct(
+            pairs
+                .filter(|(n, _)| canon::name(n) == name)
+                .map(|(_, v)| canon::form_value(v)),
+        )
     }
 }
 
-/// The path as the origin will most likely resolve it, so that no other
-/// spelling of a limited path escapes its rule or its key: percent-escapes
-/// decoded (`%2F` included), `.` and `..` segments resolved, empty segments
-/// and a trailing `/` dropped. Bytes that are not UTF-8 after decoding are
-/// replaced with U+FFFD.
-pub fn normalize_path(raw: &str) -> String {
-    let bytes = raw.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match (
-            bytes[i],
-            bytes.get(i + 1).copied().and_then(hex),
-            bytes.get(i + 2).copied().and_then(hex),
-        ) {
-            (b'%', Some(hi), Some(lo)) => {
-                decoded.push((hi * 16 + lo) as u8);
-                i += 3;
-            }
-            (b'\\', _, _) => {
-                // Browsers and many servers read a backslash as a slash.
-                decoded.push(b'/');
-                i += 1;
-            }
-            (b, _, _) => {
-                decoded.push(b);
-                i += 1;
-            }
+fn distinct<'a>(values: impl Iterator<Item = Cow<'a, str>>) -> Vec<Cow<'a, str>> {
+    let mut out: Vec<Cow<'a, str>> = Vec::new();
+    for v in values {
+        if !out.contains(&v) {
+            out.push(v);
         }
     }
-    let text = String::from_utf8_lossy(&decoded);
+    out
+}
+
+/// The path as origins most likely resolve it, so that no other spelling
+/// of a limited path escapes its rule or its key: percent-escapes decoded
+/// (`%2F` included, and twice-encoded ones), `\\` read as `/`, `.` and `..`
+/// segments resolved, `;` parameters (`/login;jsessionid=x`) dropped from
+/// each segment as Java servers do, empty segments and a trailing `/`
+/// dropped, and ASCII case folded, since many origins route without regard
+/// to case. Bytes that are not UTF-8 after decoding become U+FFFD.
+pub fn normalize_path(raw: &str) -> String {
+    let decoded = canon::percent_decoded(raw);
+    let text = String::from_utf8_lossy(&decoded).replace('\\', "/");
     let mut segments: Vec<&str> = Vec::new();
     for seg in text.split('/') {
+        let seg = seg.split(';').next().unwrap_or_default();
         match seg {
             "" | "." => {}
             ".." => {
@@ -88,7 +97,7 @@ pub fn normalize_path(raw: &str) -> String {
             s => segments.push(s),
         }
     }
-    format!("/{}", segments.join("/"))
+    format!("/{}", segments.join("/")).to_ascii_lowercase()
 }
 
 /// Whether `path` matches `pattern`: `*` is any run of characters within
@@ -177,24 +186,44 @@ impl Rule {
             && !self.without_headers.iter().any(|h| req.header(h).is_some())
     }
 
-    /// The values that identify the client, one per key part. A part the
-    /// request lacks is empty: such clients share one bucket per rule.
-    pub fn identifier<'a>(&self, req: &'a RequestMeta) -> Vec<&'a str> {
+    /// The values that identify the client, one per key part, each in its
+    /// canonical form (see [`canon`]). A part the request lacks is empty:
+    /// such clients share one bucket per rule. A part the request gives
+    /// several different values for (`?k=a&k=b`, two `sid` cookies) is
+    /// [`Ambiguous`]: the origin may read either, so no bucket is right.
+    pub fn identifier<'a>(&self, req: &'a RequestMeta) -> Result<Vec<Cow<'a, str>>, Ambiguous> {
         self.key
             .iter()
             .map(|part| {
+                let single = |values: Vec<Cow<'a, str>>| match values.len() {
+                    0 => Ok(Cow::Borrowed("")),
+                    1 => Ok(values.into_iter().next().unwrap_or_default()),
+                    _ => Err(Ambiguous { part: part.clone() }),
+                };
+                let header = |name: &str| Cow::Borrowed(req.header(name).unwrap_or_default());
                 match part {
-                    KeyPart::Ip => req.header("cf-connecting-ip"),
-                    KeyPart::Header(name) => req.header(name),
-                    KeyPart::Cookie(name) => req.cookie(name),
-                    KeyPart::Query(name) => req.query_param(name),
-                    KeyPart::Path => Some(req.path.as_str()),
-                    KeyPart::UserAgent => req.header("user-agent"),
+                    KeyPart::Ip => Ok(canon::ip(
+                        req.header("cf-connecting-ip").unwrap_or_default(),
+                    )),
+                    KeyPart::Header(name) if name == "x-forwarded-for" => Ok(Cow::Borrowed(
+                        canon::last_forwarded(req.header(name).unwrap_or_default()),
+                    )),
+                    KeyPart::Header(name) => Ok(header(name)),
+                    KeyPart::Cookie(name) => single(req.cookie_values(name)),
+                    KeyPart::Query(name) => single(req.query_values(name)),
+                    KeyPart::Path => Ok(Cow::Borrowed(req.path.as_str())),
+                    KeyPart::UserAgent => Ok(header("user-agent")),
                 }
-                .unwrap_or("")
             })
             .collect()
     }
+}
+
+/// A request that names one key part more than once with different values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ambiguous {
+    /// The key part, as configured (`query:k`, `cookie:sid`).
+    pub part: KeyPart,
 }
 
 #[cfg(test)]
@@ -225,6 +254,123 @@ mod tests {
                 .iter()
                 .map(|(n, v)| (n.to_string(), v.to_string()))
                 .collect(),
+        }
+    }
+
+    fn ids(r: &Rule, q: &RequestMeta) -> Result<Vec<String>, Ambiguous> {
+        r.identifier(q)
+            .map(|id| id.iter().map(|p| p.to_string()).collect())
+    }
+
+    /// The identifier of rule `r` for each request, keyed by its label.
+    fn one_id(
+        r: &Rule,
+        query: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> Result<Vec<String>, Ambiguous> {
+        ids(r, &req("GET", "/", query, headers))
+    }
+
+    #[test]
+    fn query_values_share_a_bucket_however_spelled() {
+        let r = rule(json!({"key": ["query:k"]}));
+        for spelling in [
+            "k=a",
+            "k=%61",
+            "k=%2561",
+            "%6B=a",
+            "K=a",
+            "k=a&other=1",
+            "x=1;k=a",
+            "k=a&k=%61",
+        ] {
+            assert_eq!(
+                one_id(&r, Some(spelling), &[]),
+                Ok(vec!["a".into()]),
+                "{spelling}"
+            );
+        }
+        for spelling in ["k=a+b", "k=a%20b", "k=a%2Bb", "k=a%2bb", "k=a+b&k=a%20b"] {
+            assert_eq!(
+                one_id(&r, Some(spelling), &[]),
+                Ok(vec!["a b".into()]),
+                "{spelling}"
+            );
+        }
+        assert_eq!(one_id(&r, Some("k=%zz"), &[]), Ok(vec!["%zz".into()]));
+        assert_eq!(one_id(&r, Some("other=1"), &[]), Ok(vec!["".into()]));
+        assert_eq!(one_id(&r, None, &[]), Ok(vec!["".into()]));
+        assert_eq!(one_id(&r, Some("k"), &[]), Ok(vec!["".into()]));
+        // A configured name is read the way request names are.
+        let dotted = rule(json!({"key": ["query:User.Id"]}));
+        assert_eq!(
+            one_id(&dotted, Some("user_id=7"), &[]),
+            Ok(vec!["7".into()])
+        );
+    }
+
+    #[test]
+    fn repeated_parameters_with_different_values_are_ambiguous() {
+        let r = rule(json!({"key": ["ip", "query:k"]}));
+        let ambiguous = Err(Ambiguous {
+            part: KeyPart::Query("k".into()),
+        });
+        for spelling in [
+            "k=x&k=y",
+            "k=y&k=x",
+            "k=x&K=y",
+            "k=&k=y",
+            "k=x;k=y",
+            "k=x&%6b=y",
+        ] {
+            assert_eq!(one_id(&r, Some(spelling), &[]), ambiguous, "{spelling}");
+        }
+    }
+
+    #[test]
+    fn cookies_share_a_bucket_however_spelled() {
+        let r = rule(json!({"key": ["cookie:sid"]}));
+        for cookie in [
+            "sid=s3",
+            "sid=\"s3\"",
+            "sid=%73%33",
+            "sid=\"%73%33\"",
+            "sid=%22s3%22",
+            "a=1; sid=s3",
+            "SID=s3",
+            "sid=s3; sid=\"s3\"",
+            " sid = s3 ",
+            "a=1,sid=s3",
+        ] {
+            assert_eq!(
+                one_id(&r, None, &[("cookie", cookie)]),
+                Ok(vec!["s3".into()]),
+                "{cookie}"
+            );
+        }
+        let two_headers = one_id(&r, None, &[("cookie", "a=1"), ("cookie", "sid=s3")]);
+        assert_eq!(two_headers, Ok(vec!["s3".into()]));
+        let ambiguous = Err(Ambiguous {
+            part: KeyPart::Cookie("sid".into()),
+        });
+        for cookie in ["sid=a; sid=b", "sid=b; sid=a", "sid=a; SID=b"] {
+            assert_eq!(
+                one_id(&r, None, &[("cookie", cookie)]),
+                ambiguous,
+                "{cookie}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_trusted_proxy_list_counts_its_last_address() {
+        let r = rule(json!({"key": ["header:x-forwarded-for"]}));
+        for list in ["203.0.113.1", "spoofed, 203.0.113.1", "a, b, 203.0.113.1"] {
+            assert_eq!(
+                one_id(&r, None, &[("x-forwarded-for", list)]),
+                Ok(vec!["203.0.113.1".into()]),
+                "{list}"
+            );
         }
     }
 
@@ -276,7 +422,10 @@ mod tests {
             ("/%2e%2e/api", "/api"),
             ("/a%zz", "/a%zz"),
             ("/%ff", "/\u{fffd}"),
-            ("/API", "/API"),
+            ("/API", "/api"),
+            ("/%2561pi/x", "/api/x"),
+            ("/login;jsessionid=1", "/login"),
+            ("/api;x/y;z", "/api/y"),
         ] {
             assert_eq!(normalize_path(raw), normal, "{raw}");
         }
@@ -286,7 +435,7 @@ mod tests {
             .map(|p| {
                 let q = req("GET", p, None, &[]);
                 assert!(r.matches(&q), "{p} escaped the rule");
-                r.identifier(&q).iter().map(|s| s.to_string()).collect()
+                ids(&r, &q).unwrap()
             })
             .collect();
         assert!(keys.windows(2).all(|w| w[0] == w[1]), "{keys:?}");
@@ -318,7 +467,7 @@ mod tests {
             ],
         );
         assert_eq!(
-            r.identifier(&q),
+            ids(&r, &q).unwrap(),
             ["198.51.100.4", "key1", "s3", "v2", "/p", "curl/8"]
         );
     }
@@ -332,6 +481,6 @@ mod tests {
             None,
             &[("x-forwarded-for", "10.0.0.1"), ("x-real-ip", "10.0.0.2")],
         );
-        assert_eq!(r.identifier(&q), [""]);
+        assert_eq!(ids(&r, &q).unwrap(), [""]);
     }
 }

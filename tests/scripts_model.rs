@@ -14,7 +14,7 @@ use edge_limiter::{
     config::{Mode, Rule},
     decision::{Check, ScriptCall},
     model::Model,
-    policy::{Gcra, Policy, Window},
+    policy::{Gcra, Policy, Window, Windows},
     scripts::LIMITER,
 };
 use proptest::{prelude::*, test_runner::TestCaseError};
@@ -22,29 +22,27 @@ use support::{Backend, BUDGET};
 
 fn gcra() -> impl Strategy<Value = Policy> {
     (1u64..6, 50u64..3000, 1u64..6).prop_map(|(rate, period_ms, burst)| {
-        Policy::Gcra(Gcra {
-            rate,
-            period_ms,
-            burst,
-        })
+        Policy::Gcra(Gcra::new(rate, period_ms, burst).unwrap())
     })
 }
 
 fn window() -> impl Strategy<Value = Window> {
-    (10u64..400, 1u64..8, 1u64..8).prop_map(|(precision_ms, buckets, limit)| Window {
-        duration_ms: precision_ms * buckets,
-        limit,
-        precision_ms,
+    (10u64..400, 1u64..8, 1u64..8).prop_map(|(precision_ms, buckets, limit)| {
+        Window::new(precision_ms * buckets, limit, precision_ms).unwrap()
     })
 }
 
 fn windowed() -> impl Strategy<Value = Policy> {
     prop::collection::vec(window(), 1..4).prop_map(|mut ws| {
         // Two windows with the same duration and precision would share counters; config rejects that.
-        ws.dedup_by(|a, b| a.duration_ms == b.duration_ms && a.precision_ms == b.precision_ms);
-        ws.sort_by_key(|w| (w.duration_ms, w.precision_ms));
-        ws.dedup_by(|a, b| a.duration_ms == b.duration_ms && a.precision_ms == b.precision_ms);
-        Policy::Windowed(ws)
+        ws.dedup_by(|a, b| {
+            a.duration_ms() == b.duration_ms() && a.precision_ms() == b.precision_ms()
+        });
+        ws.sort_by_key(|w| (w.duration_ms(), w.precision_ms()));
+        ws.dedup_by(|a, b| {
+            a.duration_ms() == b.duration_ms() && a.precision_ms() == b.precision_ms()
+        });
+        Policy::Windowed(Windows::new(ws).unwrap())
     })
 }
 
@@ -160,11 +158,7 @@ proptest! {
 fn figures_too_large_for_one_integer_come_as_six_fields() {
     let day = 86_400_000;
     let fixed_day = |limit| {
-        Policy::Windowed(vec![Window {
-            duration_ms: day,
-            limit,
-            precision_ms: day,
-        }])
+        Policy::Windowed(Windows::new(vec![Window::new(day, limit, day).unwrap()]).unwrap())
     };
     let steps = |cost| {
         [0, 1, 3].map(|wait_ms| Step {

@@ -1,0 +1,229 @@
+//! Canonical forms of what identifies a client or selects a rule, so that
+//! no other spelling of the same value escapes its bucket or its rule.
+//!
+//! The guiding rule: whatever an origin may read as one value must map to
+//! one canonical form here. Origins differ (one decodes `+` as a space,
+//! another keeps it; one decodes twice; one strips cookie quotes), so the
+//! canonical form merges every spelling any of them would merge. Merging
+//! two spellings into one bucket can only tighten a limit; splitting one
+//! client into many buckets would be a way around it.
+
+use std::borrow::Cow;
+use std::net::{IpAddr, Ipv6Addr};
+
+/// Percent-decoding passes: an origin behind a proxy that decodes too sees
+/// a value decoded twice, so `%2561` must count as `a`. A bound keeps a
+/// crafted `%25252525...` from costing more than a few passes over it.
+const DECODE_PASSES: usize = 3;
+
+fn hex(b: u8) -> Option<u8> {
+    (b as char).to_digit(16).map(|d| d as u8)
+}
+
+/// One pass of percent-decoding. An escape that is not `%` and two hex
+/// digits stays as it is, as browsers and URL parsers keep it.
+fn decode_once(input: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(input.len());
+    let mut i = 0;
+    while i < input.len() {
+        match (
+            input[i],
+            input.get(i + 1).copied().and_then(hex),
+            input.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push(hi * 16 + lo);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+fn has_escape(input: &[u8]) -> bool {
+    input
+        .windows(3)
+        .any(|w| w[0] == b'%' && hex(w[1]).is_some() && hex(w[2]).is_some())
+}
+
+/// Percent-escapes decoded, up to [`DECODE_PASSES`] times, as bytes.
+pub fn percent_decoded(raw: &str) -> Cow<'_, [u8]> {
+    let mut bytes = Cow::Borrowed(raw.as_bytes());
+    for _ in 0..DECODE_PASSES {
+        if !has_escape(&bytes) {
+            break;
+        }
+        bytes = Cow::Owned(decode_once(&bytes));
+    }
+    bytes
+}
+
+/// Bytes as text; bytes that are no UTF-8 become U+FFFD (which merges some
+/// distinct byte strings: that only tightens).
+fn text(bytes: Cow<'_, [u8]>) -> Cow<'_, str> {
+    match bytes {
+        Cow::Borrowed(b) => String::from_utf8_lossy(b),
+        Cow::Owned(b) => match String::from_utf8(b) {
+            Ok(s) => Cow::Owned(s),
+            Err(e) => Cow::Owned(String::from_utf8_lossy(e.as_bytes()).into_owned()),
+        },
+    }
+}
+
+/// A form value (`application/x-www-form-urlencoded`, as in a query):
+/// percent-escapes decoded, and every `+`, literal or escaped, read as a
+/// space, since origins disagree on whether `+` or `%2B` means one.
+pub fn form_value(raw: &str) -> Cow<'_, str> {
+    let decoded = text(percent_decoded(raw));
+    if decoded.contains('+') {
+        Cow::Owned(decoded.replace('+', " "))
+    } else {
+        decoded
+    }
+}
+
+/// A parameter or cookie name as compared with a rule's: decoded as a form
+/// value, ASCII case folded (ASP.NET and others ignore the case of names),
+/// and `.`, ` ` and `[` read as `_`, as PHP rewrites them in names.
+pub fn name(raw: &str) -> String {
+    form_value(raw)
+        .chars()
+        .map(|c| match c {
+            '.' | ' ' | '[' => '_',
+            c => c.to_ascii_lowercase(),
+        })
+        .collect()
+}
+
+/// Strips one pair of surrounding double quotes (RFC 6265 allows a quoted
+/// cookie value; Go, Express and others strip them).
+fn unquoted(value: &str) -> &str {
+    value
+        .strip_prefix('"')
+        .and_then(|v| v.strip_suffix('"'))
+        .unwrap_or(value)
+}
+
+/// A cookie value: surrounding spaces and one pair of double quotes
+/// stripped, then decoded as a form value (PHP and Express percent-decode
+/// cookies), then quotes stripped once more (a quoted value sent escaped).
+pub fn cookie_value(raw: &str) -> Cow<'_, str> {
+    let value = unquoted(raw.trim());
+    match form_value(value) {
+        Cow::Borrowed(v) => Cow::Borrowed(unquoted(v)),
+        Cow::Owned(v) => Cow::Owned(unquoted(&v).to_owned()),
+    }
+}
+
+/// A client address as a bucket: an IPv4 address as written canonically,
+/// an IPv6 address as its /64 prefix (one subscriber is routed a whole /64
+/// and can pick any address in it), an IPv4-mapped IPv6 address as the
+/// IPv4 one. Text that is no address is kept as it is.
+pub fn ip(raw: &str) -> Cow<'_, str> {
+    match raw.trim().parse::<IpAddr>() {
+        Ok(IpAddr::V4(v4)) => {
+            let canonical = v4.to_string();
+            if canonical == raw {
+                Cow::Borrowed(raw)
+            } else {
+                Cow::Owned(canonical)
+            }
+        }
+        Ok(IpAddr::V6(v6)) => match v6.to_ipv4_mapped() {
+            Some(v4) => Cow::Owned(v4.to_string()),
+            None => {
+                let s = v6.segments();
+                let prefix = Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0);
+                Cow::Owned(format!("{prefix}/64"))
+            }
+        },
+        Err(_) => Cow::Borrowed(raw),
+    }
+}
+
+/// The last address of an `X-Forwarded-For` list: the one the deployment's
+/// trusted proxy appended. The ones before it are whatever the client sent.
+pub fn last_forwarded(list: &str) -> &str {
+    list.rsplit(',').next().unwrap_or(list).trim()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn form_values_merge_every_spelling() {
+        for (raw, canonical) in [
+            ("a", "a"),
+            ("%61", "a"),
+            ("%2561", "a"),
+            ("%252561", "a"),
+            ("a+b", "a b"),
+            ("a%20b", "a b"),
+            ("a%2Bb", "a b"),
+            ("a%2bb", "a b"),
+            ("%zz", "%zz"),
+            ("%", "%"),
+            ("%%61", "%a"),
+            ("%E2%82%AC", "\u{20ac}"),
+            ("%ff", "\u{fffd}"),
+            ("", ""),
+        ] {
+            assert_eq!(form_value(raw), canonical, "{raw}");
+        }
+    }
+
+    #[test]
+    fn decoding_is_bounded_on_crafted_input() {
+        let layered = format!("%{}61", "25".repeat(10_000));
+        let out = form_value(&layered);
+        assert!(out.len() > 10_000, "at most a few passes");
+    }
+
+    #[test]
+    fn names_fold_case_escapes_and_php_mangling() {
+        assert_eq!(name("K"), "k");
+        assert_eq!(name("%6B"), "k");
+        assert_eq!(name("a.b"), "a_b");
+        assert_eq!(name("a b"), "a_b");
+        assert_eq!(name("a+b"), "a_b");
+        assert_eq!(name("a[b"), "a_b");
+    }
+
+    #[test]
+    fn cookies_lose_quotes_and_escapes() {
+        for (raw, canonical) in [
+            ("s3", "s3"),
+            ("\"s3\"", "s3"),
+            (" s3 ", "s3"),
+            ("%73%33", "s3"),
+            ("\"%73%33\"", "s3"),
+            ("%22s3%22", "s3"),
+            ("\"", "\""),
+            ("a+b", "a b"),
+        ] {
+            assert_eq!(cookie_value(raw), canonical, "{raw}");
+        }
+    }
+
+    #[test]
+    fn ipv6_clients_are_counted_per_64() {
+        assert_eq!(ip("203.0.113.9"), "203.0.113.9");
+        assert_eq!(ip("2001:db8:1:2:3:4:5:6"), "2001:db8:1:2::/64");
+        assert_eq!(ip("2001:0db8:0001:0002:ffff::1"), "2001:db8:1:2::/64");
+        assert_eq!(ip("::ffff:203.0.113.9"), "203.0.113.9");
+        assert_eq!(ip("not an ip"), "not an ip");
+        assert_eq!(ip(""), "");
+    }
+
+    #[test]
+    fn the_proxy_appended_address_is_the_last() {
+        assert_eq!(last_forwarded("10.0.0.1"), "10.0.0.1");
+        assert_eq!(last_forwarded("spoofed, 203.0.113.1"), "203.0.113.1");
+        assert_eq!(last_forwarded("a,b , c "), "c");
+    }
+}
