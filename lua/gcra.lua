@@ -17,10 +17,10 @@
 -- (PTTL) is how far the TAT lies ahead of now, and no clock is read at all.
 -- That saves the TIME call, and a key can never outlive its debt because the
 -- two are one number. Expiries are whole milliseconds; when the interval is
--- not, the value holds what rounding the expiry up added (microseconds), so
--- no precision is lost over many admissions. With a pinned clock (tests,
--- simulations) Redis's clock is not the timeline, so the value holds the TAT
--- itself.
+-- not, the value holds what rounding the expiry up added (microseconds, as
+-- decimal text), so no precision is lost over many admissions. With a
+-- pinned clock (tests, simulations) Redis's clock is not the timeline, so
+-- the value holds the TAT itself.
 
 -- How far the key's TAT lies ahead of now, microseconds (0: not at all).
 --   now       the pinned clock, microseconds, or nil for Redis's clock
@@ -28,24 +28,21 @@ local function gcra_ahead(key, now, interval)
   local ahead
   if now then
     ahead = 0
-    local stored = redis.call('GET', key)
-    -- A value of any other length (an older format, a stray write) is no state.
-    if stored and #stored == 8 then
-      ahead = struct.unpack('<d', stored) - now
+    -- Text that is no number (an older format, a stray write) is no state.
+    local tat = tonumber(redis.call('GET', key) or '')
+    if tat then
+      ahead = tat - now
     end
   else
     -- -2 (no key) and -1 (a key without expiry, which this script never
     -- writes) both come out negative: no state.
     ahead = redis.call('PTTL', key) * 1000
     if ahead > 0 and interval % 1000 ~= 0 then
-      local stored = redis.call('GET', key)
-      if stored and #stored == 8 then
-        -- Anything outside a millisecond is no remainder: a TAT written by
-        -- an older release, whose expiry alone then tells the debt.
-        local slack = struct.unpack('<d', stored)
-        if slack >= 0 and slack < 1000 then
-          ahead = ahead - slack
-        end
+      -- Anything but a number within a millisecond is no remainder (an
+      -- older release's value): the expiry alone then tells the debt.
+      local slack = tonumber(redis.call('GET', key) or '')
+      if slack and slack >= 0 and slack < 1000 then
+        ahead = ahead - slack
       end
     end
   end
@@ -82,19 +79,19 @@ local function gcra_check(ahead, cost, interval, burst)
   return 0, burst, math.floor((tolerance - ahead) / interval), math.ceil(ahead / 1000), retry_after, 1, nil
 end
 
--- Stores an admitted request's TAT, `ahead` microseconds from now. The key
--- lives exactly until the TAT has passed: by then a fresh key would behave
--- the same, and the expiry can never outlast the debt, so nobody is locked
--- out by it.
+-- Stores an admitted request's TAT, `ahead` microseconds from now. On
+-- Redis's clock the key lives exactly until the TAT has passed: by then a
+-- fresh key would behave the same, and the expiry can never outlast the
+-- debt, so nobody is locked out by it.
 local function gcra_commit(key, now, ahead)
   local ttl = math.ceil(ahead / 1000)
-  local value = ''
   if now then
-    value = struct.pack('<d', now + ahead)
+    redis.call('SET', key, string.format('%d', now + ahead), 'PX', string.format('%d', ttl + 86400000))
   elseif ttl * 1000 > ahead then
-    value = struct.pack('<d', ttl * 1000 - ahead)
+    redis.call('SET', key, string.format('%d', ttl * 1000 - ahead), 'PX', string.format('%d', ttl))
+  else
+    redis.call('SET', key, '', 'PX', string.format('%d', ttl))
   end
-  redis.call('SET', key, value, 'PX', string.format('%d', ttl))
 end
 
 -- Decides a request that only this rule governs, and writes if it is

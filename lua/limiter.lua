@@ -59,7 +59,7 @@ if #KEYS == 1 then
   if ARGV[4] == 'gcra' then
     return gcra_decide(KEYS[1], now_us, ARGV[5] + 0, ARGV[6] + 0, ARGV[7] + 0)
   end
-  local a, b, c, d, e, f, write = windowed_check(KEYS[1], clock_ms(), ARGV[5] + 0, ARGV[6] + 0, 8, ARGV[7] + 0)
+  local a, b, c, d, e, f, write = windowed_check(KEYS[1], clock_ms(), now_us ~= nil, ARGV[5] + 0, ARGV[6] + 0, 8, ARGV[7] + 0)
   if write then
     windowed_commit(KEYS[1], write)
     if ARGV[7] == '1' then
@@ -95,7 +95,7 @@ local function decide(peek)
           gcra_check(gcra_ahead(KEYS[i], now_us, interval), cost, interval, ARGV[at + 3] + 0)
       else
         reply[k - 5], reply[k - 4], reply[k - 3], reply[k - 2], reply[k - 1], reply[k], writes[i] =
-          windowed_check(KEYS[i], clock_ms(), cost, ARGV[at + 2] + 0, at + 4, n)
+          windowed_check(KEYS[i], clock_ms(), now_us ~= nil, cost, ARGV[at + 2] + 0, at + 4, n)
       end
       if reply[k - 5] == 0 and string.byte(modes, i) ~= 115 then -- not 's'
         denied = true

@@ -7,13 +7,13 @@
 -- limit. precision == duration is a plain fixed window.
 --
 -- The hash holds, per window, with P = "<duration>:<precision>":
---   P               packed: the running total of the buckets still counted,
---                   the id of the newest bucket holding cost, and that
---                   bucket's cost. So a request in the same bucket as the
---                   last one reads and writes this one field per window.
---   P .. pack(id)   cost admitted in an older bucket <id>, written when a
---                   newer bucket takes its place in P (a packed id always
---                   holds a byte no decimal name can, so names never clash).
+--   P          "<total> <newest> <cost>": the running total of the buckets
+--              still counted, the id of the newest bucket holding cost, and
+--              that bucket's cost. So a request in the same bucket as the
+--              last one reads and writes this one field per window.
+--   P:<id>     cost admitted in an older bucket <id>, written when a newer
+--              bucket takes its place in P (its two colons keep it apart
+--              from every P).
 -- Every bucket field lies in [newest - buckets + 1, newest - 1], so trimming
 -- never scans more than one window. Only admitted requests are counted, so a
 -- flood of rejected calls can grow neither the hash nor its lifetime.
@@ -24,21 +24,28 @@
 -- Decides one rule without writing anything.
 --   key     the hash (may be absent)
 --   now     current time, milliseconds
+--   pinned  true when `now` is a pinned clock rather than Redis's
 --   cost    units this request asks for (0 = peek)
 --   offset  bucket edge shift, milliseconds
 --   at, n   the n windows' duration, limit, precision are ARGV[at], ARGV[at+1]...
+--   wipe    true to ignore whatever the hash holds and replace it whole
 -- Returns the six reply fields of the binding window: allowed (1/0), limit,
 -- remaining, reset_after, retry_after (milliseconds; -1: never) and its
 -- 1-based index; then the arguments windowed_commit needs if the whole
 -- request is admitted (nil: nothing to write).
-local function windowed_check(key, now, cost, offset, at, n)
+local function windowed_check(key, now, pinned, cost, offset, at, n, wipe)
   local shifted = now + offset
   local fields = { nil }
   for j = 1, n do
     local b = at + 3 * j - 3
     fields[j] = ARGV[b] .. ':' .. ARGV[b + 2]
   end
-  local stored = redis.call('HMGET', key, unpack(fields))
+  local stored
+  if wipe then
+    stored = {}
+  else
+    stored = redis.call('HMGET', key, unpack(fields))
+  end
   -- HSET's arguments, filled in while every window admits the request.
   local plan, np = { nil, nil }, 0
 
@@ -54,9 +61,15 @@ local function windowed_check(key, now, cost, offset, at, n)
     -- last: the newest bucket holding cost, last_cost: its cost.
     local total, last, last_cost = 0, cur, 0
     local state = stored[j]
-    -- A value of any other length (an older format, a stray write) is no state.
-    if state and #state == 24 then
-      total, last, last_cost = struct.unpack('<ddd', state)
+    if state then
+      local t, l, c = string.match(state, '^(%d+) (%-?%d+) (%d+)$')
+      if not t then
+        -- Not three integers (an older release's format, a stray write):
+        -- the whole hash is no state, and is replaced before the next write
+        -- so that none of its fields can linger or be counted.
+        return windowed_check(key, now, pinned, cost, offset, at, n, true)
+      end
+      total, last, last_cost = t + 0, l + 0, c + 0
     else
       moved = true -- a window new to this key
     end
@@ -67,15 +80,13 @@ local function windowed_check(key, now, cost, offset, at, n)
       stale = stale or {}
       local from = #stale + 1
       for id = last - buckets + 1, math.min(cur - buckets, last - 1) do
-        stale[#stale + 1] = prefix .. struct.pack('<d', id)
+        stale[#stale + 1] = string.format('%s:%d', prefix, id)
       end
       if last <= cur - buckets then
         total = 0 -- every bucket, the newest too
       else
         for _, c in ipairs(redis.call('HMGET', key, unpack(stale, from))) do
-          if c then
-            total = total - struct.unpack('<d', c)
-          end
+          total = total - (tonumber(c) or 0)
         end
       end
     end
@@ -96,12 +107,10 @@ local function windowed_check(key, now, cost, offset, at, n)
       if from < last then
         local names = {}
         for i = from, last - 1 do
-          names[#names + 1] = prefix .. struct.pack('<d', i)
+          names[#names + 1] = string.format('%s:%d', prefix, i)
         end
         for _, c in ipairs(redis.call('HMGET', key, unpack(names))) do
-          if c then
-            freed = freed + struct.unpack('<d', c)
-          end
+          freed = freed + (tonumber(c) or 0)
           if freed >= need then
             break
           end
@@ -133,11 +142,11 @@ local function windowed_check(key, now, cost, offset, at, n)
         else
           if last > cur - buckets then
             -- The newest bucket is still counted: it moves to a field of its own.
-            plan[np + 1], plan[np + 2], np = prefix .. struct.pack('<d', last), struct.pack('<d', last_cost), np + 2
+            plan[np + 1], plan[np + 2], np = string.format('%s:%d', prefix, last), string.format('%d', last_cost), np + 2
           end
           last_cost = cost
         end
-        plan[np + 1], plan[np + 2], np = prefix, struct.pack('<ddd', total, cur, last_cost), np + 2
+        plan[np + 1], plan[np + 2], np = prefix, string.format('%d %d %d', total, cur, last_cost), np + 2
         expire_at = math.max(expire_at, (cur + buckets) * precision)
       end
     end
@@ -146,23 +155,32 @@ local function windowed_check(key, now, cost, offset, at, n)
   if allowed == 0 or cost == 0 then
     plan = nil
   else
-    if stale and #stale > 0 then
+    if wipe then
+      plan.wipe = true
+    elseif stale and #stale > 0 then
       plan.stale = stale
     end
     -- The key lives until its newest bucket leaves the longest window; that
     -- instant only moves when some window's current bucket does.
     if moved then
-      plan.expire = string.format('%d', expire_at - shifted)
+      local ttl = expire_at - shifted
+      if pinned then
+        ttl = ttl + 86400000
+      end
+      plan.expire = string.format('%d', ttl)
     end
   end
   return allowed, b_limit, b_remaining, b_reset, b_retry, bound, plan
 end
 
 -- Records an admitted request: one HSET for every window's state (and a
--- bucket that left it), one HDEL for the buckets that left, and a PEXPIRE when the expiry
--- moves. Only admissions reach here, so denied traffic can never prolong a
--- key.
+-- bucket that left it), one HDEL for the buckets that left, and a PEXPIRE
+-- when the expiry moves. Only admissions reach here, so denied traffic can
+-- never prolong a key.
 local function windowed_commit(key, plan)
+  if plan.wipe then
+    redis.call('DEL', key)
+  end
   redis.call('HSET', key, unpack(plan))
   if plan.stale then
     redis.call('HDEL', key, unpack(plan.stale))

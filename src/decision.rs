@@ -32,7 +32,8 @@ impl RuleState {
     /// A GCRA rule's state when its TAT lay `ahead_us` ahead of now before a
     /// request of `cost` units: after the request if that fits the burst,
     /// else as it stands. The same arithmetic as `gcra_check` in
-    /// `lua/gcra.lua`, saturating so that no reply can overflow it.
+    /// `lua/gcra.lua`, saturating so that no reply can overflow it; the
+    /// reference model works it out again on its own.
     pub fn gcra(g: &Gcra, cost: u64, ahead_us: u64) -> RuleState {
         let interval = g.interval_us().max(1);
         let tolerance = interval.saturating_mul(g.burst());
@@ -215,7 +216,7 @@ const PER_RULE: usize = 6;
 
 /// Whether a retry-after of `a` frees up strictly later than `b` (`None`:
 /// never, the latest of all).
-pub(crate) fn later(a: Option<u64>, b: Option<u64>) -> bool {
+fn later(a: Option<u64>, b: Option<u64>) -> bool {
     match (a, b) {
         (None, b) => b.is_some(),
         (Some(_), None) => false,

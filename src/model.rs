@@ -1,26 +1,35 @@
 //! A reference model of both algorithms, and of how one request's rules are
-//! decided together (enforced and shadow), in plain Rust, written from their
-//! definitions rather than from the Lua: counts are summed over the buckets
-//! inside each window, not kept as running totals. Property tests hold the
-//! real script to it field by field; a policy simulator can run on it.
+//! decided together, in plain Rust, written from their definitions (the
+//! README and the comments at the top of each `lua/` file) rather than from
+//! the code that implements them. It shares nothing with that code but plain
+//! data: the rules as configured, and the [`Decision`] it fills in. So the
+//! Redis key, a window's edge offset, the emission interval and the choice
+//! of the binding rule are all worked out here again, and a bug in any of
+//! them in production shows up as a disagreement. Counts are summed over
+//! the buckets inside each window, not kept as running totals.
+//!
+//! Property tests hold the real script to it field by field, on a pinned
+//! clock and on Redis's own; `edge-limiter simulate --engine model` runs on it.
 
 use std::collections::{BTreeMap, HashMap};
 
 use crate::{
-    config::Mode,
-    decision::{later, Check, Decision, RuleState},
-    keys::{redis_key, window_offset},
-    policy::{Gcra, Policy, Window},
+    config::{Mode, Rule},
+    decision::{Check, Decision, RuleState},
+    policy::Policy,
 };
 
-/// State of every key the model has seen; nothing ever expires, because an
-/// expired key and a key whose state is all in the past decide alike.
-#[derive(Debug, Default, Clone)]
+/// A client of one rule: the rule's name and the identifier's parts.
+type Client = (String, Vec<String>);
+
+/// State of every client the model has seen; nothing ever expires, because
+/// an expired key and a key whose state is all in the past decide alike.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Model {
-    /// GCRA: theoretical arrival time per key, microseconds.
-    tats: HashMap<String, u64>,
-    /// Windowed: admitted cost per bucket id, per key and (duration, precision).
-    buckets: HashMap<(String, u64, u64), BTreeMap<i64, u64>>,
+    /// GCRA: theoretical arrival time, microseconds.
+    tats: HashMap<Client, u64>,
+    /// Windowed: admitted cost per bucket id, per client and (duration, precision).
+    buckets: HashMap<(Client, u64, u64), BTreeMap<i64, u64>>,
 }
 
 /// What a rule would store if the request is admitted.
@@ -29,179 +38,266 @@ enum Write {
     Buckets(Vec<((u64, u64), i64, u64)>),
 }
 
+/// One window's verdict, before the rule picks its binding window.
+struct WindowState {
+    admit: bool,
+    limit: u64,
+    remaining: i64,
+    reset_after_ms: u64,
+    retry_after_ms: Option<u64>,
+    current: i64,
+}
+
+/// Whether waiting `a` takes strictly longer than waiting `b`; `None` is
+/// forever.
+fn waits_longer(a: Option<u64>, b: Option<u64>) -> bool {
+    match (a, b) {
+        (None, b) => b.is_some(),
+        (Some(_), None) => false,
+        (Some(a), Some(b)) => a > b,
+    }
+}
+
 impl Model {
     /// An empty model.
     pub fn new() -> Model {
         Model::default()
     }
 
-    /// Decides one request at `now_ms`, exactly as the script would.
+    /// Decides one request at `now_ms`: every rule is checked; when no
+    /// enforced rule denies, every rule that admits is charged, otherwise
+    /// none is and the admitting rules are reported as they stand.
     pub fn decide(&mut self, checks: &[(Check<'_>, Vec<&str>)], now_ms: u64) -> Decision {
-        let keys: Vec<String> = checks
+        let clients: Vec<Client> = checks
             .iter()
-            .map(|(c, id)| redis_key(&c.rule.name, id))
+            .map(|(c, id)| {
+                (
+                    c.rule.name.clone(),
+                    id.iter().map(|p| p.to_string()).collect(),
+                )
+            })
             .collect();
         let mut states = Vec::with_capacity(checks.len());
         let mut writes = Vec::with_capacity(checks.len());
-        for ((check, _), key) in checks.iter().zip(&keys) {
-            let (state, write) = self.check(&check.rule.policy, key, check.cost, now_ms);
+        for ((check, _), client) in checks.iter().zip(&clients) {
+            let (state, write) = self.check(check.rule, client, check.cost, now_ms);
             states.push(state);
             writes.push(write);
         }
-        let modes: Vec<Mode> = checks.iter().map(|(c, _)| c.rule.mode).collect();
-        let allowed = !states
-            .iter()
-            .zip(&modes)
-            .any(|(s, m)| !s.allowed && *m == Mode::Enforce);
+        let enforced = |i: usize| checks[i].0.rule.mode == Mode::Enforce;
+        let allowed = !(0..checks.len()).any(|i| enforced(i) && !states[i].allowed);
         if allowed {
-            for (write, key) in writes.into_iter().zip(&keys) {
-                match write {
-                    Some(Write::Tat(tat)) => {
-                        self.tats.insert(key.clone(), tat);
-                    }
-                    Some(Write::Buckets(adds)) => {
-                        for ((duration, precision), id, cost) in adds {
-                            *self
-                                .buckets
-                                .entry((key.clone(), duration, precision))
-                                .or_default()
-                                .entry(id)
-                                .or_default() += cost;
-                        }
-                    }
-                    None => {}
-                }
+            for (write, client) in writes.into_iter().zip(clients) {
+                self.apply(write, client);
             }
         } else {
-            for (i, ((check, _), key)) in checks.iter().zip(&keys).enumerate() {
+            for (i, ((check, _), client)) in checks.iter().zip(&clients).enumerate() {
                 if states[i].allowed {
-                    states[i] = self.check(&check.rule.policy, key, 0, now_ms).0;
+                    states[i] = self.check(check.rule, client, 0, now_ms).0;
                 }
             }
         }
-        Decision::settle(states, &modes)
+        // Denied: the enforced denying rule that frees up last binds (the
+        // first of equals). Admitted: the first with the fewest units left.
+        let mut binding: Option<usize> = None;
+        for (i, s) in states.iter().enumerate() {
+            let better = match binding {
+                _ if !allowed && (!enforced(i) || s.allowed) => false,
+                None => true,
+                Some(b) if allowed => s.remaining < states[b].remaining,
+                Some(b) => waits_longer(s.retry_after_ms, states[b].retry_after_ms),
+            };
+            if better {
+                binding = Some(i);
+            }
+        }
+        let binding = binding.unwrap_or(0);
+        Decision {
+            allowed,
+            retry_after_ms: if allowed {
+                Some(0)
+            } else {
+                states[binding].retry_after_ms
+            },
+            binding,
+            rules: states,
+        }
     }
 
-    /// Forgets `key`'s state.
-    pub fn reset(&mut self, key: &str) {
-        self.tats.remove(key);
-        self.buckets.retain(|(k, _, _), _| k != key);
+    /// Forgets one client's state on one rule.
+    pub fn reset(&mut self, rule: &str, id: &[&str]) {
+        let client: Client = (rule.to_owned(), id.iter().map(|p| p.to_string()).collect());
+        self.tats.remove(&client);
+        self.buckets.retain(|(c, _, _), _| *c != client);
+    }
+
+    fn apply(&mut self, write: Option<Write>, client: Client) {
+        match write {
+            Some(Write::Tat(tat)) => {
+                self.tats.insert(client, tat);
+            }
+            Some(Write::Buckets(adds)) => {
+                for ((duration, precision), id, cost) in adds {
+                    *self
+                        .buckets
+                        .entry((client.clone(), duration, precision))
+                        .or_default()
+                        .entry(id)
+                        .or_default() += cost;
+                }
+            }
+            None => {}
+        }
     }
 
     fn check(
         &self,
-        policy: &Policy,
-        key: &str,
+        rule: &Rule,
+        client: &Client,
         cost: u64,
         now_ms: u64,
     ) -> (RuleState, Option<Write>) {
-        match policy {
-            Policy::Gcra(g) => self.check_gcra(g, key, cost, now_ms),
+        match &rule.policy {
+            Policy::Gcra(g) => {
+                self.gcra(client, (g.rate(), g.period_ms(), g.burst()), cost, now_ms)
+            }
             Policy::Windowed(ws) => {
-                let offset = window_offset(key, policy.longest_ms());
-                self.check_windowed(ws, key, cost, now_ms + offset)
+                let windows: Vec<(u64, u64, u64)> = ws
+                    .iter()
+                    .map(|w| (w.duration_ms(), w.limit(), w.precision_ms()))
+                    .collect();
+                let longest = windows.iter().map(|w| w.0).max().unwrap_or(1);
+                let offset = edge_offset(&documented_key(&client.0, &client.1), longest);
+                self.windowed(client, &windows, cost, now_ms + offset)
             }
         }
     }
 
-    fn check_gcra(
+    /// GCRA from its definition: each unit occupies the limiter for one
+    /// emission interval (period / rate, to the nearest microsecond); a
+    /// request is admitted when the theoretical arrival time (TAT), moved on
+    /// by its units, lies no more than burst intervals ahead of now.
+    fn gcra(
         &self,
-        g: &Gcra,
-        key: &str,
+        client: &Client,
+        (rate, period_ms, burst): (u64, u64, u64),
         cost: u64,
         now_ms: u64,
     ) -> (RuleState, Option<Write>) {
+        let interval = (period_ms * 1000 + rate / 2) / rate;
+        let tolerance = interval * burst;
         let now = now_ms * 1000;
-        let tat = self.tats.get(key).copied().unwrap_or(now).max(now);
-        let state = RuleState::gcra(g, cost, tat - now);
-        let wanted = tat + cost * g.interval_us();
-        (
-            state,
-            (state.allowed && cost > 0).then_some(Write::Tat(wanted)),
-        )
+        let tat = self.tats.get(client).copied().unwrap_or(0).max(now);
+        let wanted = tat + cost * interval;
+        let ms_up = |us: u64| us.div_ceil(1000);
+        if wanted - now <= tolerance {
+            let state = RuleState {
+                allowed: true,
+                limit: burst,
+                remaining: (tolerance - (wanted - now)) / interval,
+                reset_after_ms: ms_up(wanted - now),
+                retry_after_ms: Some(0),
+                window: 1,
+            };
+            return (state, (cost > 0).then_some(Write::Tat(wanted)));
+        }
+        let state = RuleState {
+            allowed: false,
+            limit: burst,
+            remaining: tolerance.saturating_sub(tat - now) / interval,
+            reset_after_ms: ms_up(tat - now),
+            // More than the burst never fits, however long one waits.
+            retry_after_ms: (cost <= burst).then(|| ms_up(wanted - now - tolerance)),
+            window: 1,
+        };
+        (state, None)
     }
 
-    /// `shifted` is now plus the key's offset: bucket edges fall on its multiples.
-    fn check_windowed(
+    /// Sliding windows from their definition: a window of `duration` counts
+    /// the cost admitted in the buckets of `precision` that overlap it;
+    /// `shifted` is now plus the client's edge offset, so bucket edges fall
+    /// on its multiples.
+    fn windowed(
         &self,
-        windows: &[Window],
-        key: &str,
+        client: &Client,
+        windows: &[(u64, u64, u64)],
         cost: u64,
         shifted: u64,
     ) -> (RuleState, Option<Write>) {
         let shifted = shifted as i64;
-        let mut per_window = Vec::with_capacity(windows.len());
-        for w in windows {
-            let (p, n) = (
-                w.precision_ms() as i64,
-                (w.duration_ms() / w.precision_ms()) as i64,
-            );
-            let cur = shifted.div_euclid(p);
-            let first = cur - n + 1;
-            let empty = BTreeMap::new();
-            let buckets = self
-                .buckets
-                .get(&(key.to_owned(), w.duration_ms(), w.precision_ms()))
-                .unwrap_or(&empty);
-            let counted: Vec<(i64, u64)> = buckets
-                .range(first..=cur)
-                .map(|(id, c)| (*id, *c))
-                .collect();
-            let total: u64 = counted.iter().map(|(_, c)| c).sum();
-            let admit = total + cost <= w.limit();
-            let after = if admit { total + cost } else { total };
-            let retry = if admit {
-                Some(0)
-            } else if cost > w.limit() {
-                None
-            } else {
-                // The oldest buckets leave first; find the one whose leaving frees enough.
-                let need = total + cost - w.limit();
-                let mut freed = 0;
-                let leaving = counted.iter().find(|(_, c)| {
-                    freed += c;
-                    freed >= need
-                });
-                leaving.map(|(id, _)| ((id + n) * p - shifted) as u64)
-            };
-            let newest = if admit && cost > 0 {
-                Some(cur)
-            } else {
-                counted.last().map(|(id, _)| *id)
-            };
-            let reset = match newest {
-                Some(id) if after > 0 => ((id + n) * p - shifted) as u64,
-                _ => 0,
-            };
-            per_window.push((
-                admit,
-                w.limit(),
-                w.limit() as i64 - after as i64,
-                reset,
-                retry,
-                cur,
-            ));
-        }
-
-        let mut admit = true;
-        let mut bound = 0;
-        for (i, (ok, _, remaining, _, retry, _)) in per_window.iter().enumerate() {
-            if !ok {
-                if admit || later(*retry, per_window[bound].4) {
-                    bound = i;
+        let per_window: Vec<WindowState> = windows
+            .iter()
+            .map(|&(duration, limit, precision)| {
+                let (p, n) = (precision as i64, (duration / precision) as i64);
+                let current = shifted.div_euclid(p);
+                let empty = BTreeMap::new();
+                let counted: Vec<(i64, u64)> = self
+                    .buckets
+                    .get(&(client.clone(), duration, precision))
+                    .unwrap_or(&empty)
+                    .range(current - n + 1..=current)
+                    .map(|(id, c)| (*id, *c))
+                    .collect();
+                let total: u64 = counted.iter().map(|(_, c)| c).sum();
+                let admit = total + cost <= limit;
+                let after = if admit { total + cost } else { total };
+                // A bucket leaves the window n buckets after it began.
+                let leaves = |id: i64| ((id + n) * p - shifted) as u64;
+                let retry_after_ms = if admit {
+                    Some(0)
+                } else if cost > limit {
+                    None
+                } else {
+                    let mut freed = 0;
+                    counted
+                        .iter()
+                        .find(|(_, c)| {
+                            freed += c;
+                            freed >= total + cost - limit
+                        })
+                        .map(|(id, _)| leaves(*id))
+                };
+                let newest = if admit && cost > 0 {
+                    Some(current)
+                } else {
+                    counted.last().map(|(id, _)| *id)
+                };
+                WindowState {
+                    admit,
+                    limit,
+                    remaining: limit as i64 - after as i64,
+                    reset_after_ms: match newest {
+                        Some(id) if after > 0 => leaves(id),
+                        _ => 0,
+                    },
+                    retry_after_ms,
+                    current,
                 }
-                admit = false;
-            } else if admit && *remaining < per_window[bound].2 {
+            })
+            .collect();
+
+        // Denied: the first denying window that frees up last binds.
+        // Admitted: the first with the fewest units left.
+        let admit = per_window.iter().all(|w| w.admit);
+        let mut bound = 0;
+        for (i, w) in per_window.iter().enumerate() {
+            let b = &per_window[bound];
+            let better = if admit {
+                w.remaining < b.remaining
+            } else {
+                !w.admit && (b.admit || waits_longer(w.retry_after_ms, b.retry_after_ms))
+            };
+            if better {
                 bound = i;
             }
         }
-        let (_, limit, remaining, reset, retry, _) = per_window[bound];
+        let b = &per_window[bound];
         let state = RuleState {
             allowed: admit,
-            limit,
-            remaining: remaining.max(0) as u64,
-            reset_after_ms: reset,
-            retry_after_ms: if admit { Some(0) } else { retry },
+            limit: b.limit,
+            remaining: b.remaining.max(0) as u64,
+            reset_after_ms: b.reset_after_ms,
+            retry_after_ms: b.retry_after_ms,
             window: bound + 1,
         };
         let write = (admit && cost > 0).then(|| {
@@ -209,12 +305,44 @@ impl Model {
                 windows
                     .iter()
                     .zip(&per_window)
-                    .map(|(w, pw)| ((w.duration_ms(), w.precision_ms()), pw.5, cost))
+                    .map(|(&(d, _, p), w)| ((d, p), w.current, cost))
                     .collect(),
             )
         });
         (state, write)
     }
+}
+
+/// The Redis key as the README defines it: `el:{<id>}:<rule>`, the parts
+/// joined by `|` when all are made of `A-Za-z0-9._:@/-`, not all empty and
+/// at most 64 bytes together; otherwise `#` and the SHA1 of the parts, each
+/// preceded by its length as 8 big-endian bytes.
+pub fn documented_key(rule: &str, parts: &[String]) -> String {
+    let plain_chars = |p: &String| {
+        p.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".:_@/-".contains(&b))
+    };
+    let length: usize = parts.iter().map(String::len).sum();
+    let id = if length > 0 && length <= 64 && parts.iter().all(plain_chars) {
+        parts.join("|")
+    } else {
+        let mut sha = sha1_smol::Sha1::new();
+        for p in parts {
+            sha.update(&(p.len() as u64).to_be_bytes());
+            sha.update(p.as_bytes());
+        }
+        format!("#{}", sha.digest())
+    };
+    format!("el:{{{id}}}:{rule}")
+}
+
+/// A client's window edge offset as the README defines it: the key's 64-bit
+/// FNV-1a hash, modulo the rule's longest window.
+pub fn edge_offset(key: &str, longest_ms: u64) -> u64 {
+    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    hash % longest_ms.max(1)
 }
 
 #[cfg(test)]
@@ -223,7 +351,7 @@ mod tests {
     use crate::config::Config;
     use serde_json::json;
 
-    fn rules(list: serde_json::Value) -> Vec<crate::config::Rule> {
+    fn rules(list: serde_json::Value) -> Vec<Rule> {
         Config::from_json(&json!({ "rules": list })).unwrap().rules
     }
 
@@ -267,11 +395,10 @@ mod tests {
 
     #[test]
     fn windowed_counts_only_buckets_inside_the_window() {
-        // offset is derived from the key; read it to place steps on bucket edges.
         let r = rules(
             json!([{"name": "w", "key": ["ip"], "algorithm": "windowed", "windows": [["1s", 3, "250ms"]]}]),
         );
-        let offset = window_offset(&redis_key("w", &["a"]), 1000);
+        let offset = edge_offset("el:{a}:w", 1000);
         let base = 10_000 - offset; // shifted time 10 000: a bucket edge
         let mut m = Model::new();
         let mut at = |t: u64, cost| m.decide(&[(Check { rule: &r[0], cost }, vec!["a"])], base + t);
@@ -321,5 +448,21 @@ mod tests {
             d.rules[0].remaining, 9,
             "rule a reports its state without this request"
         );
+    }
+
+    #[test]
+    fn keys_and_offsets_follow_the_documented_definitions() {
+        let parts = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(documented_key("r", &parts(&["1.2.3.4"])), "el:{1.2.3.4}:r");
+        assert_eq!(documented_key("r", &parts(&["a", "b"])), "el:{a|b}:r");
+        for hashed in [&[""][..], &["a b"], &["a|b"]] {
+            assert!(
+                documented_key("r", &parts(hashed)).starts_with("el:{#"),
+                "{hashed:?}"
+            );
+        }
+        // FNV-1a of the empty string is its offset basis.
+        assert_eq!(edge_offset("", u64::MAX), 0xcbf2_9ce4_8422_2325);
+        assert!(edge_offset("el:{a}:w", 1000) < 1000);
     }
 }

@@ -319,8 +319,13 @@ async fn edges_with_skewed_clocks_agree_because_redis_keeps_time() {
         Resp::Bulk(bytes) => bytes,
         other => panic!("no window state: {other:?}"),
     };
-    // Packed as total, newest bucket, its cost: the second double.
-    let bucket = f64::from_le_bytes(state[8..16].try_into().unwrap()) as u64;
+    // "<total> <newest bucket> <its cost>": the second number.
+    let bucket: u64 = String::from_utf8(state)
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .and_then(|b| b.parse().ok())
+        .expect("three numbers");
     let expected = (redis_now_ms + offset) / 100;
     assert!(
         bucket.abs_diff(expected) <= 2,
@@ -330,8 +335,9 @@ async fn edges_with_skewed_clocks_agree_because_redis_keeps_time() {
 
 #[tokio::test]
 async fn state_in_another_format_counts_as_none() {
-    // A value the scripts did not write (an older release's decimal text, a
-    // stray SET) must neither break a decision nor lock a client out.
+    // A value the scripts did not write (an older release's packed
+    // doubles, a stray SET) must neither break a decision nor lock a client
+    // out, nor linger in the hash.
     let b = Backend::start();
     let rs = gcra_and_windowed();
     // The largest double, with no expiry: were it taken for a TAT, or the
@@ -340,7 +346,30 @@ async fn state_in_another_format_counts_as_none() {
         &b.redis.addr(),
         &[&b"SET"[..], b"el:{stray}:g", &f64::MAX.to_le_bytes()],
     );
-    b.redis(&["HSET", "el:{stray}:w", "1000:100", "12", "60000:1000", "x"]);
+    // The previous release's window state (three packed doubles: 3 units in
+    // a bucket far ahead), one of its bucket fields, and a stray field.
+    let packed: Vec<u8> = [3.0f64, 9e12, 3.0]
+        .iter()
+        .flat_map(|d| d.to_le_bytes())
+        .collect();
+    let old_bucket: Vec<u8> = b"1000:100"
+        .iter()
+        .copied()
+        .chain(9e12f64.to_le_bytes())
+        .collect();
+    redis_call(
+        &b.redis.addr(),
+        &[
+            &b"HSET"[..],
+            b"el:{stray}:w",
+            b"1000:100",
+            &packed,
+            &old_bucket,
+            b"x",
+            b"60000:1000",
+            b"12",
+        ],
+    );
     let d = b.decide(&[&rs[0], &rs[1]], "stray", 1, None).await;
     assert!(d.allowed, "{d:?}");
     assert_eq!(
@@ -353,4 +382,11 @@ async fn state_in_another_format_counts_as_none() {
         ttl > 0 && ttl <= 6_000,
         "the admission gave the key its expiry: {ttl}"
     );
+    let fields = b.redis(&["HKEYS", "el:{stray}:w"]);
+    assert_eq!(
+        fields.lines().collect::<Vec<_>>(),
+        ["1000:100", "60000:1000", "3600000:60000"],
+        "one state per window: the old fields went with the first admission"
+    );
+    assert!(pttl(&b, "el:{stray}:w") > 0, "and the hash expires");
 }

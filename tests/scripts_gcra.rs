@@ -4,7 +4,7 @@
 mod support;
 
 use edge_limiter::scripts::LIMITER;
-use edge_limiter_local::{resp::Value as Resp, testenv::redis_call};
+use edge_limiter_local::testenv::redis_call;
 use serde_json::json;
 use support::{rules, Backend};
 
@@ -120,30 +120,20 @@ async fn on_redis_clock_a_fractional_interval_keeps_its_microseconds() {
     let r = rules(
         json!([{"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 3, "period": "1s", "burst": 100}]),
     );
-    // Writes a GCRA key by hand: a double, expiring in `px` ms.
-    let set = |key: &str, value: f64, px: &str| {
+    // Writes a GCRA key by hand, expiring in `px` ms.
+    let set = |key: &str, value: &[u8], px: &str| {
         redis_call(
             &b.redis.addr(),
-            &[
-                &b"SET"[..],
-                key.as_bytes(),
-                &value.to_le_bytes(),
-                b"PX",
-                px.as_bytes(),
-            ],
+            &[&b"SET"[..], key.as_bytes(), value, b"PX", px.as_bytes()],
         )
     };
     // A TAT 10 s ahead, of which the last 500 us are rounding.
-    set("el:{frac}:g", 500.0, "10000");
+    set("el:{frac}:g", b"500", "10000");
     let d = b.decide(&[&r[0]], "frac", 1, None).await;
     assert!(d.allowed, "{d:?}");
     // ahead = whole ms - 500 us, plus 333 333 us: the new TAT ends in 833 us
     // past a millisecond, so rounding it up adds 167 us, whatever time passed.
-    let slack = match redis_call(&b.redis.addr(), &["GET", "el:{frac}:g"]) {
-        Resp::Bulk(bytes) => f64::from_le_bytes(bytes.try_into().expect("8 bytes")),
-        other => panic!("nothing stored: {other:?}"),
-    };
-    assert_eq!(slack, 167.0);
+    assert_eq!(b.redis(&["GET", "el:{frac}:g"]), "167");
     let ttl: i64 = b.redis(&["PTTL", "el:{frac}:g"]).parse().unwrap();
     assert!(ttl > 10_000 && ttl <= 10_334, "{ttl}");
     assert_eq!(
@@ -152,11 +142,15 @@ async fn on_redis_clock_a_fractional_interval_keeps_its_microseconds() {
         "about 10.33 s of 33.3 s used"
     );
 
-    // An older release stored the TAT itself beside the same expiry: the
-    // expiry still tells the debt, and the value is no remainder. 10.1 s
-    // ahead plus one interval leaves 68.7 intervals of the tolerance, so
-    // the figure holds until 233 ms pass; as no remainder, 99 would be left.
-    set("el:{old}:g", 1.7e15, "10100");
+    // Older releases stored the TAT itself, or the remainder as a packed
+    // double, beside the same expiry: the expiry still tells the debt, and
+    // neither value is taken for a remainder. 10.1 s ahead plus one
+    // interval leaves 68.7 intervals of the tolerance, so the figure holds
+    // until 233 ms pass.
+    set("el:{old}:g", b"1700000000000000", "10100");
+    let d = b.decide(&[&r[0]], "old", 1, None).await;
+    assert_eq!(d.rules[0].remaining, 68, "{d:?}");
+    set("el:{old}:g", &900.0f64.to_le_bytes(), "10100");
     let d = b.decide(&[&r[0]], "old", 1, None).await;
     assert_eq!(d.rules[0].remaining, 68, "{d:?}");
 }

@@ -1,13 +1,16 @@
 //! The real script on a real redis-server, held to the reference model
 //! (`src/model.rs`): random rule sets and request sequences, every reply
-//! field compared exactly.
+//! field compared exactly. Once on a pinned clock, which covers any span of
+//! time in no time; once as in production, on Redis's own clock with real
+//! waits and the state stored as production stores it (a GCRA key's expiry
+//! is its state), the model being given the clock the script read.
 #![cfg(not(target_arch = "wasm32"))]
 
 mod support;
 
 use std::{
     sync::atomic::{AtomicU64, Ordering},
-    time::{SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use edge_limiter::{
@@ -18,7 +21,8 @@ use edge_limiter::{
     scripts::LIMITER,
 };
 use proptest::{prelude::*, test_runner::TestCaseError};
-use support::{Backend, BUDGET};
+use serde_json::{json, Value};
+use support::{Backend, BUDGET, TOKEN};
 
 fn gcra() -> impl Strategy<Value = Policy> {
     (1u64..6, 50u64..3000, 1u64..6).prop_map(|(rate, period_ms, burst)| {
@@ -202,4 +206,236 @@ fn figures_too_large_for_one_integer_come_as_six_fields() {
 thread_local! {
     // One Redis and endpoint for all cases of this test (they use fresh keys).
     static BACKEND: (Backend, tokio::runtime::Runtime) = (Backend::start(), tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap());
+}
+
+// ------------------------------------------------------- on Redis's clock
+
+/// Policies whose figures are tens of milliseconds, so that real waits
+/// move them; GCRA intervals include ones that are no whole millisecond
+/// (the remainder stored beside the expiry).
+fn fast_gcra() -> impl Strategy<Value = Policy> {
+    (1u64..4, 30u64..300, 1u64..5).prop_map(|(rate, period_ms, burst)| {
+        Policy::Gcra(Gcra::new(rate, period_ms, burst).unwrap())
+    })
+}
+
+fn fast_windowed() -> impl Strategy<Value = Policy> {
+    prop::collection::vec(
+        (10u64..80, 1u64..6, 1u64..6).prop_map(|(precision_ms, buckets, limit)| {
+            Window::new(precision_ms * buckets, limit, precision_ms).unwrap()
+        }),
+        1..3,
+    )
+    .prop_map(|mut ws| {
+        ws.sort_by_key(|w| (w.duration_ms(), w.precision_ms()));
+        ws.dedup_by(|a, b| {
+            a.duration_ms() == b.duration_ms() && a.precision_ms() == b.precision_ms()
+        });
+        Policy::Windowed(Windows::new(ws).unwrap())
+    })
+}
+
+/// A step on Redis's clock: how long to really wait before it.
+fn real_step() -> impl Strategy<Value = Step> {
+    (
+        prop_oneof![4 => 0u64..3, 3 => 3u64..40, 1 => 40u64..150],
+        1u8..8,
+        0u8..2,
+        prop_oneof![1 => Just(0u64), 8 => 1u64..3, 1 => 3u64..6],
+    )
+        .prop_map(|(wait_ms, rules, client, cost)| Step {
+            wait_ms,
+            rules,
+            client,
+            cost,
+        })
+}
+
+/// Redis's `TIME` reply, in milliseconds.
+fn time_ms(reply: &Value) -> Result<u64, TestCaseError> {
+    let part = |i: usize| {
+        reply[i]
+            .as_str()
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| TestCaseError::fail(format!("TIME replied {reply}")))
+    };
+    Ok(part(0)? * 1000 + part(1)? / 1000)
+}
+
+/// Runs `call` between two reads of Redis's clock, in one pipeline so that
+/// nothing but the script runs between them: the script read its clock (a
+/// GCRA key's PTTL, a window's TIME) within [before, after].
+async fn bracketed(
+    http: &reqwest::Client,
+    url: &str,
+    call: &ScriptCall,
+) -> Result<(u64, Value, u64), TestCaseError> {
+    let mut evalsha = vec![
+        json!("EVALSHA"),
+        json!(LIMITER.sha1),
+        json!(call.keys.len()),
+    ];
+    evalsha.extend(call.keys.iter().chain(&call.args).map(|a| json!(a)));
+    let replies: Vec<Value> = http
+        .post(format!("{url}/pipeline"))
+        .bearer_auth(TOKEN)
+        .json(&json!([["TIME"], evalsha, ["TIME"]]))
+        .send()
+        .await
+        .and_then(|r| r.error_for_status())
+        .map_err(|e| TestCaseError::fail(e.to_string()))?
+        .json()
+        .await
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let result = |i: usize| {
+        replies
+            .get(i)
+            .and_then(|r| r.get("result"))
+            .cloned()
+            .ok_or_else(|| TestCaseError::fail(format!("pipeline entry {i}: {replies:?}")))
+    };
+    Ok((time_ms(&result(0)?)?, result(1)?, time_ms(&result(2)?)?))
+}
+
+/// How a run on Redis's clock went: steps compared field by field, and
+/// steps that straddled a millisecond (checked for their verdict only).
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    exact: u64,
+    straddled: u64,
+}
+
+async fn run_on_redis_clock(
+    backend: &Backend,
+    policies: &[(Policy, bool)],
+    steps: &[Step],
+) -> Result<Tally, TestCaseError> {
+    let case = CASE.fetch_add(1, Ordering::Relaxed);
+    let rules: Vec<Rule> = policies
+        .iter()
+        .enumerate()
+        .map(|(i, (p, shadow))| Rule {
+            mode: if *shadow { Mode::Shadow } else { Mode::Enforce },
+            ..Rule::with_policy(&format!("live{case}r{i}"), p.clone())
+        })
+        .collect();
+    let http = reqwest::Client::new();
+    let url = backend.endpoint.url();
+    let mut model = Model::new();
+    let mut tally = Tally::default();
+    for (n, s) in steps.iter().enumerate() {
+        tokio::time::sleep(Duration::from_millis(s.wait_ms)).await;
+        let client = format!("client{}", s.client);
+        let checks: Vec<_> = rules
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| s.rules & (1 << i) != 0)
+            .map(|(_, r)| {
+                (
+                    Check {
+                        rule: r,
+                        cost: s.cost,
+                    },
+                    vec![client.as_str()],
+                )
+            })
+            .collect();
+        if checks.is_empty() {
+            continue;
+        }
+        let call = ScriptCall::decide(&checks, None);
+        let (before, reply, after) = bracketed(&http, &url, &call).await?;
+        let real = call
+            .decision(&reply)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        if before == after {
+            let expected = model.decide(&checks, before);
+            prop_assert_eq!(
+                &real,
+                &expected,
+                "step {} ({:?}) at {} ms, Redis's clock",
+                n,
+                s,
+                before
+            );
+            tally.exact += 1;
+            continue;
+        }
+        // The millisecond turned while the script ran: its reads may lie on
+        // either side. The verdict must be one the model gives at one of the
+        // two; then both sides forget these clients, so that the next steps
+        // are compared exactly again.
+        let verdicts: Vec<bool> = (before..=after)
+            .map(|t| model.clone().decide(&checks, t).allowed)
+            .collect();
+        prop_assert!(
+            verdicts.contains(&real.allowed),
+            "step {} ({:?}) between {} and {} ms: {:?}, the model says {:?}",
+            n,
+            s,
+            before,
+            after,
+            real,
+            verdicts
+        );
+        for ((check, id), key) in checks.iter().zip(&call.keys) {
+            model.reset(&check.rule.name, id);
+            backend.redis(&["DEL", key]);
+        }
+        tally.straddled += 1;
+    }
+    Ok(tally)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn on_redis_clock_the_script_decides_as_the_model(
+        policies in prop::collection::vec((prop_oneof![fast_gcra(), fast_windowed()], prop::bool::weighted(0.2)), 1..4),
+        steps in prop::collection::vec(real_step(), 1..30),
+    ) {
+        LIVE.with(|(backend, rt)| rt.block_on(run_on_redis_clock(backend, &policies, &steps)))
+            .map(|_| ())?;
+    }
+}
+
+/// The comparison above must not pass by straddling: nearly every step is
+/// compared field by field.
+#[test]
+fn steps_on_redis_clock_are_mostly_compared_exactly() {
+    let steps: Vec<Step> = (0..40)
+        .map(|i| Step {
+            wait_ms: i % 7 * 3,
+            rules: 0b11,
+            client: (i % 2) as u8,
+            cost: 1,
+        })
+        .collect();
+    let policies = [
+        (Policy::Gcra(Gcra::new(3, 100, 2).unwrap()), false),
+        (
+            Policy::Windowed(Windows::new(vec![Window::new(100, 3, 20).unwrap()]).unwrap()),
+            false,
+        ),
+    ];
+    let tally = LIVE
+        .with(|(backend, rt)| rt.block_on(run_on_redis_clock(backend, &policies, &steps)))
+        .unwrap();
+    println!("on Redis's clock: {tally:?} of 40 steps");
+    assert!(
+        tally.exact >= 20,
+        "only {} of 40 steps compared exactly",
+        tally.exact
+    );
+}
+
+thread_local! {
+    // The script loaded once, so that EVALSHA in a pipeline finds it.
+    static LIVE: (Backend, tokio::runtime::Runtime) = {
+        let backend = Backend::start();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(backend.client.command(&["SCRIPT", "LOAD", LIMITER.source])).expect("the script loads");
+        (backend, rt)
+    };
 }
