@@ -57,6 +57,8 @@ const NOT_IN_TRANSACTION: &[&[u8]] = &[b"MULTI", b"EXEC", b"DISCARD", b"WATCH", 
 pub struct Executor {
     pool: Pool,
     scripts: Scripts,
+    /// Redis's key specifications ([`crate::keyspecs::encode`]), read once.
+    specs: tokio::sync::OnceCell<String>,
 }
 
 impl Executor {
@@ -65,12 +67,31 @@ impl Executor {
         Executor {
             pool: Pool::new(redis, MAX_CONNECTIONS),
             scripts: Scripts::default(),
+            specs: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// Which arguments of each command are keys, as Redis itself says: asked
+    /// once, when the first command arrives (Redis may start after us).
+    async fn specs(&self) -> Result<&str, Unavailable> {
+        self.specs
+            .get_or_try_init(|| async {
+                let mut lease = self.pool.get().await?;
+                let mut wire = Vec::new();
+                encode_command(&[b"COMMAND"], &mut wire);
+                lease.conn().send(&wire).await?;
+                let reply = lease.conn().read_reply().await?;
+                lease.done();
+                Ok::<_, Unavailable>(crate::keyspecs::encode(&reply))
+            })
+            .await
+            .map(String::as_str)
     }
 
     /// Runs `commands` in order, one reply each. Not atomic; an entry's failure leaves
     /// the others alone.
     pub async fn pipeline(&self, commands: Vec<Command>) -> Result<Vec<Value>, Unavailable> {
+        let specs = self.specs().await?;
         let mut replies: Vec<Option<Value>> = Vec::with_capacity(commands.len());
         let mut fixups = Vec::with_capacity(commands.len());
         let mut wire = Vec::new();
@@ -83,7 +104,7 @@ impl Executor {
                 continue;
             }
             stateful |= STATEFUL.contains(&name.as_slice());
-            fixups.push(self.scripts.prepare(&mut command));
+            fixups.push(self.scripts.prepare(&mut command, specs));
             encode_command(&command, &mut wire);
             replies.push(None);
         }
@@ -104,6 +125,7 @@ impl Executor {
 
     /// Runs `commands` atomically with MULTI ... EXEC.
     pub async fn transaction(&self, mut commands: Vec<Command>) -> Result<TxOutcome, Unavailable> {
+        let specs = self.specs().await?;
         let mut fixups = Vec::with_capacity(commands.len());
         let mut wire = Vec::new();
         encode_command(&[b"MULTI"], &mut wire);
@@ -118,7 +140,7 @@ impl Executor {
                     String::from_utf8_lossy(&name)
                 )));
             }
-            fixups.push(self.scripts.prepare(command));
+            fixups.push(self.scripts.prepare(command, specs));
             encode_command(command, &mut wire);
         }
         encode_command(&[b"EXEC"], &mut wire);

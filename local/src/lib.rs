@@ -3,7 +3,8 @@
 //! It speaks the protocol described in `shared/upstash-rest-protocol.md`: `POST /`,
 //! `/pipeline`, `/multi-exec` and path-style commands, bearer or `_token` auth, and
 //! `Upstash-Encoding: base64`. It also accepts the `allow-key-locking` script shebang
-//! flag that hosted Upstash allows and Redis 7 rejects.
+//! flag that hosted Upstash allows and Redis 7 rejects, and holds such scripts to the
+//! rule Upstash enforces for them (only keys in `KEYS`, nothing database-wide).
 //!
 //! Without base64 mode, bulk strings that are not UTF-8 reach the client lossily
 //! converted (U+FFFD), because JSON strings cannot hold raw bytes; base64 mode is exact.
@@ -27,6 +28,7 @@ mod exec;
 pub mod fault_proxy;
 mod http;
 mod json;
+pub mod keyspecs;
 mod pool;
 pub mod resp;
 mod scripts;

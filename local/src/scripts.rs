@@ -1,14 +1,17 @@
-//! Makes stock Redis 7 accept scripts written for hosted Upstash.
+//! Makes stock Redis 7 accept scripts written for hosted Upstash, and hold them to
+//! Upstash's rule for them.
 //!
 //! Upstash accepts the shebang flag `allow-key-locking`; Redis 7 rejects the whole script
 //! (`ERR Unexpected flag in script shebang`). We drop that one flag before Redis sees the
-//! source. The SHA1 changes with it, so the SHA1 of the original source, which clients
-//! compute themselves for EVALSHA, is mapped to the SHA1 Redis knows.
+//! source, and put a guard in front of the body that refuses what Upstash refuses under
+//! the flag (see [`crate::keyspecs`]). The SHA1 changes with it, so the SHA1 of the
+//! original source, which clients compute themselves for EVALSHA, is mapped to the SHA1
+//! Redis knows.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use crate::resp::Value;
+use crate::{keyspecs, resp::Value};
 
 const FLAG: &str = "allow-key-locking";
 
@@ -58,11 +61,12 @@ pub struct Scripts {
 
 impl Scripts {
     /// Rewrites `args` (one command, name first) in place where it carries or names a
-    /// script with the flag, and says how to fix the reply.
-    pub fn prepare(&self, args: &mut [Vec<u8>]) -> Fixup {
+    /// script with the flag, and says how to fix the reply. `specs` is
+    /// [`keyspecs::encode`]'s text for the Redis behind us.
+    pub fn prepare(&self, args: &mut [Vec<u8>], specs: &str) -> Fixup {
         let name = args.first().map(|a| a.to_ascii_uppercase());
         match name.as_deref() {
-            Some(b"EVAL" | b"EVAL_RO") if args.len() > 1 => match self.rewrite(&args[1]) {
+            Some(b"EVAL" | b"EVAL_RO") if args.len() > 1 => match self.rewrite(&args[1], specs) {
                 Some((source, original, rewritten)) => {
                     args[1] = source;
                     Fixup::Ran {
@@ -86,7 +90,7 @@ impl Scripts {
             Some(b"SCRIPT") if args.len() > 2 => {
                 let sub = args[1].to_ascii_uppercase();
                 if sub == b"LOAD" {
-                    if let Some((source, original, _)) = self.rewrite(&args[2]) {
+                    if let Some((source, original, _)) = self.rewrite(&args[2], specs) {
                         args[2] = source;
                         return Fixup::Loaded { original };
                     }
@@ -104,8 +108,8 @@ impl Scripts {
     }
 
     /// Returns the rewritten source and both SHA1s, remembering the pair.
-    fn rewrite(&self, source: &[u8]) -> Option<(Vec<u8>, String, String)> {
-        let stripped = strip_flag(source)?;
+    fn rewrite(&self, source: &[u8], specs: &str) -> Option<(Vec<u8>, String, String)> {
+        let stripped = guarded(strip_flag(source)?, specs);
         let original = sha1_hex(source);
         let rewritten = sha1_hex(&stripped);
         self.rewritten_sha
@@ -129,6 +133,22 @@ impl Scripts {
 /// Lowercase hex SHA1, as Redis reports script ids.
 pub fn sha1_hex(bytes: &[u8]) -> String {
     sha1_smol::Sha1::from(bytes).digest().to_string()
+}
+
+/// The stripped source with [`keyspecs::guard`] at the start of its second line, so
+/// that every line keeps its number.
+fn guarded(mut stripped: Vec<u8>, specs: &str) -> Vec<u8> {
+    let guard = keyspecs::guard(specs);
+    match stripped.iter().position(|&b| b == b'\n') {
+        Some(end) => {
+            stripped.splice(end + 1..end + 1, guard.into_bytes());
+        }
+        None => {
+            stripped.push(b'\n');
+            stripped.extend_from_slice(guard.as_bytes());
+        }
+    }
+    stripped
 }
 
 /// Returns `source` without the flag, or `None` when its first line is not a `#!lua`
@@ -207,18 +227,20 @@ mod tests {
         let scripts = Scripts::default();
         let src = b"#!lua flags=allow-key-locking\nreturn 1".to_vec();
         let original = sha1_hex(&src);
-        let rewritten = sha1_hex(b"#!lua\nreturn 1");
+        let specs = ";GET=i:1:r:0:1:0;";
+        let expected = format!("#!lua\n{}return 1", keyspecs::guard(specs));
+        let rewritten = sha1_hex(expected.as_bytes());
 
         let mut eval = vec![b"eval".to_vec(), src.clone(), b"0".to_vec()];
-        let fixup = scripts.prepare(&mut eval);
-        assert_eq!(eval[1], b"#!lua\nreturn 1");
+        let fixup = scripts.prepare(&mut eval, specs);
+        assert_eq!(eval[1], expected.as_bytes());
         assert_eq!(
             fixup.apply(Value::Error(format!("ERR x script: {rewritten}, on"))),
             Value::Error(format!("ERR x script: {original}, on"))
         );
 
         let mut evalsha = vec![b"EvalSha".to_vec(), original.to_uppercase().into_bytes()];
-        scripts.prepare(&mut evalsha);
+        scripts.prepare(&mut evalsha, specs);
         assert_eq!(evalsha[1], rewritten.as_bytes());
 
         let mut exists = vec![
@@ -226,11 +248,11 @@ mod tests {
             b"exists".to_vec(),
             original.clone().into(),
         ];
-        scripts.prepare(&mut exists);
+        scripts.prepare(&mut exists, specs);
         assert_eq!(exists[2], rewritten.as_bytes());
 
         let mut load = vec![b"script".to_vec(), b"LOAD".to_vec(), src];
-        let fixup = scripts.prepare(&mut load);
+        let fixup = scripts.prepare(&mut load, specs);
         assert_eq!(
             fixup.apply(Value::Bulk(rewritten.into())),
             Value::Bulk(original.into())

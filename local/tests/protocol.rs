@@ -369,7 +369,9 @@ async fn script_load_of_a_flagged_script_returns_the_original_sha() {
 #[tokio::test]
 async fn flagged_script_errors_keep_line_numbers_and_the_original_sha() {
     let env = Env::start();
-    let src = "#!lua flags=no-writes,allow-key-locking\nlocal x = 1\nreturn redis.call('NOPE')";
+    // A Lua error keeps its line. (One raised by a Redis command is placed
+    // on line 2, where the guard in front of the body calls Redis.)
+    let src = "#!lua flags=no-writes,allow-key-locking\nlocal x = nil\nreturn x.y";
     let sha = sha1_hex(src.as_bytes());
     let reply = env.post("/", json!(["EVAL_RO", src, 0])).await;
     assert_eq!(reply.status, 400);
@@ -380,6 +382,11 @@ async fn flagged_script_errors_keep_line_numbers_and_the_original_sha() {
         "line number moved: {error}"
     );
     assert!(error.contains(&sha), "rewritten sha leaked: {error}");
+    let unknown = "#!lua flags=allow-key-locking\nreturn redis.call('NOPE')";
+    let reply = env.post("/", json!(["EVAL", unknown, 0])).await;
+    let error = reply.body["error"].as_str().unwrap();
+    assert!(error.starts_with("ERR Unknown Redis command"), "{error}");
+    assert!(error.contains(&sha1_hex(unknown.as_bytes())), "{error}");
     let syntax = env
         .post(
             "/",

@@ -201,6 +201,38 @@ for (const { name, options } of variants) {
       }
     });
 
+    test("allow-key-locking holds scripts to KEYS and refuses database-wide commands, as Upstash does", async () => {
+      const redis = client(options);
+      const flagged = (body) => `#!lua flags=allow-key-locking\n${body}`;
+      const declared = [`${tag}:mine`];
+      // Within the rule: every key it touches is in KEYS.
+      assert.equal(
+        await redis.eval(flagged("redis.call('SET', KEYS[1], ARGV[1])\nreturn redis.call('GET', KEYS[1])"), declared, ["v"]),
+        "v",
+      );
+      // A write, a read or a multi-key command naming a key outside KEYS.
+      for (const body of [
+        `return redis.call('SET', '${tag}:undeclared', 1)`,
+        `return redis.call('GET', '${tag}:undeclared')`,
+        `return redis.call('MSET', KEYS[1], 1, '${tag}:undeclared', 2)`,
+        `return redis.call('ZUNIONSTORE', KEYS[1], 2, KEYS[1], '${tag}:undeclared')`,
+      ]) {
+        await assert.rejects(redis.eval(flagged(body), declared, []), /may only touch keys given in KEYS/, body);
+      }
+      assert.equal(await redis.get(`${tag}:undeclared`), null, "nothing was written");
+      // Commands that need the whole database.
+      for (const command of ["FLUSHDB", "FLUSHALL", "KEYS', '*", "SCAN', '0", "RANDOMKEY", "DBSIZE"]) {
+        await assert.rejects(
+          redis.eval(flagged(`return redis.call('${command}')`), declared, []),
+          /needs the whole database/,
+          command,
+        );
+      }
+      assert.equal(await redis.get(`${tag}:mine`), "v", "FLUSHDB did not run");
+      // Without the flag, stock Redis's rules apply, as on Upstash.
+      assert.equal(await redis.eval(`return redis.call('SET', '${tag}:free', 1)`, [], []), "OK");
+    });
+
     test("Script.exec falls back to EVAL after SCRIPT FLUSH", async () => {
       const redis = client(options);
       const source = `#!lua flags=allow-key-locking\nreturn redis.call('INCR', KEYS[1]) -- ${tag}`;
