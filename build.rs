@@ -4,10 +4,11 @@
 use std::{env, fs, path::Path};
 
 /// The order matters: each part uses locals the earlier ones define.
-const PARTS: [&str; 4] = [
+const PARTS: [&str; 5] = [
     "lua/common.lua",
     "lua/gcra.lua",
     "lua/windowed.lua",
+    "lua/penalty.lua",
     "lua/limiter.lua",
 ];
 

@@ -1,16 +1,23 @@
 -- The entry point: decides every rule that matches one request, all or
--- nothing, in one call. common.lua, gcra.lua and windowed.lua are joined in
--- front of this file at build time (see build.rs), behind the `#!lua` shebang.
+-- nothing, in one call. common.lua, gcra.lua, windowed.lua and penalty.lua
+-- are joined in front of this file at build time (see build.rs), behind the
+-- `#!lua` shebang.
 --
--- KEYS[i]   state of rule i (all under one hash tag when run on a cluster)
+-- KEYS[i]   state of rule i (all under one hash tag when run on a cluster);
+--           after the rules' keys, one penalty key per rule with a penalty
 -- ARGV[1]   operation: 'decide', or 'reset' to forget every key given
 -- ARGV[2]   now in milliseconds, or '' to keep Redis's own time (key
 --           expiries, TIME), so that edge locations with skewed clocks agree
 -- ARGV[3]   one letter per rule: 'e' enforces, 's' is a shadow rule whose
---           denial is reported but blocks nothing (and it is then not charged)
+--           denial is reported but blocks nothing (and it is then not
+--           charged); 'c' and 'w' are the same checked at their cost but
+--           never charged in this call (rules that count only some
+--           responses: the caller charges them after the response)
 -- ARGV[4..] per rule, in KEYS order:
 --             'gcra',   cost, interval (us), burst
 --             'window', cost, offset (ms), n, then n x (duration, limit, precision) (ms)
+--           then, if any rule has a penalty: 'penalty', and per such rule
+--           its 1-based index and the penalty (ms), in penalty keys' order
 --
 -- Reply: six integers per rule, in KEYS order: allowed (1/0), limit,
 -- remaining, reset_after, retry_after (milliseconds; -1: never, the cost
@@ -25,10 +32,15 @@
 --                 the request lies in the newest bucket, reset_after is
 --                 duration minus how far into its bucket now lies, so the
 --                 second term is below precision.
+-- With penalties, the reply ends with one more integer: the sum of 2^(i-1)
+-- over the rules i whose penalty this call started.
 -- The request is allowed when every enforced rule admits it; then every rule
 -- that admits it is charged. Otherwise none is, and the rules that would
--- have admitted it are reported as they stand. Which rule binds, and the
--- request's retry-after, follow from the fields: the caller works them out.
+-- have admitted it are reported as they stand; an enforced rule with a
+-- penalty that denied it on its own starts its penalty. A rule whose
+-- penalty runs denies, its retry-after being what is left of the penalty.
+-- Which rule binds, and the request's retry-after, follow from the fields:
+-- the caller works them out.
 
 if ARGV[1] == 'reset' then
   return redis.call('DEL', unpack(KEYS))
@@ -49,7 +61,7 @@ local function clock_ms()
   return now_ms
 end
 
-if #KEYS == 1 then
+if #KEYS == 1 and (ARGV[3] == 'e' or ARGV[3] == 's') then
   -- One rule, the common case: its own verdict is the request's, so none of
   -- the all-or-nothing bookkeeping below is needed. A shadow rule's denial
   -- writes nothing either way. The reply is one integer where it can be
@@ -72,45 +84,85 @@ if #KEYS == 1 then
   return { a, b, c, d, e, f }
 end
 
-local reply, writes, modes = { 0, 0, 0, 0, 0, 0 }, { nil }, ARGV[3]
+local modes = ARGV[3]
+local rules = #modes
+local reply, writes, first = { 0, 0, 0, 0, 0, 0 }, { nil }, { nil }
+
+-- Where each rule's arguments start, and the penalties after them.
+local at = 4
+for i = 1, rules do
+  first[i] = at
+  if ARGV[at] == 'window' then
+    at = at + 4 + 3 * ARGV[at + 3]
+  else
+    at = at + 4
+  end
+end
+local penalties = nil
+if ARGV[at] == 'penalty' then
+  penalties = {}
+  for j = at + 1, #ARGV, 2 do
+    penalties[ARGV[j] + 0] = { key = KEYS[rules + (j - at + 1) / 2], ms = ARGV[j + 1] + 0 }
+  end
+end
 
 -- Decides every rule into reply[6i - 5 .. 6i] and writes[i]: at its own
 -- cost or, when peeking, at cost 0 and only for the rules that admitted the
 -- request. Returns whether an enforced rule denies it.
 local function decide(peek)
-  local denied, at = false, 4
-  for i = 1, #KEYS do
-    local k, n = 6 * i, 0
-    if ARGV[at] == 'window' then
-      n = ARGV[at + 3] + 0
-    end
+  local denied = false
+  for i = 1, rules do
+    local k, at, mode = 6 * i, first[i], string.byte(modes, i)
     if not peek or reply[k - 5] == 1 then
+      -- A running penalty denies whatever the rate says: the rule is then
+      -- reported as it stands (at cost 0), with the penalty's time left.
+      local penalty, left = penalties and penalties[i], 0
+      if penalty then
+        left = penalty_left(penalty.key, now_us and now_ms)
+        penalty.running = left > 0
+      end
       local cost = 0
-      if not peek then
+      if not peek and left == 0 then
         cost = ARGV[at + 1] + 0
       end
-      if n == 0 then
+      if ARGV[at] == 'gcra' then
         local interval = ARGV[at + 2] + 0
         reply[k - 5], reply[k - 4], reply[k - 3], reply[k - 2], reply[k - 1], reply[k], writes[i] =
           gcra_check(gcra_ahead(KEYS[i], now_us, interval), cost, interval, ARGV[at + 3] + 0)
       else
         reply[k - 5], reply[k - 4], reply[k - 3], reply[k - 2], reply[k - 1], reply[k], writes[i] =
-          windowed_check(KEYS[i], clock_ms(), now_us ~= nil, cost, ARGV[at + 2] + 0, at + 4, n)
+          windowed_check(KEYS[i], clock_ms(), now_us ~= nil, cost, ARGV[at + 2] + 0, at + 4, ARGV[at + 3] + 0)
       end
-      if reply[k - 5] == 0 and string.byte(modes, i) ~= 115 then -- not 's'
+      if mode == 99 or mode == 119 then -- 'c', 'w': charged after the response
+        writes[i] = nil
+      end
+      if left > 0 then
+        reply[k - 5], reply[k - 1], writes[i] = 0, left, nil
+        reply[k - 2] = math.max(reply[k - 2], left)
+      end
+      if reply[k - 5] == 0 and (mode == 101 or mode == 99) then -- 'e', 'c'
         denied = true
       end
     end
-    at = at + 4 + 3 * n
   end
   return denied
 end
 
+local started = 0
 if decide(false) then
   -- Nothing is consumed anywhere: report the admitting rules as they stand.
   decide(true)
+  for i, penalty in pairs(penalties or {}) do
+    local k, mode = 6 * i, string.byte(modes, i)
+    if reply[k - 5] == 0 and not penalty.running and (mode == 101 or mode == 99) then
+      penalty_start(penalty.key, now_us and now_ms, penalty.ms)
+      started = started + 2 ^ (i - 1)
+      reply[k - 1] = math.max(reply[k - 1], penalty.ms)
+      reply[k - 2] = math.max(reply[k - 2], penalty.ms)
+    end
+  end
 else
-  for i = 1, #KEYS do
+  for i = 1, rules do
     local write = writes[i]
     if type(write) == 'number' then
       gcra_commit(KEYS[i], now_us, write)
@@ -118,5 +170,8 @@ else
       windowed_commit(KEYS[i], write)
     end
   end
+end
+if penalties then
+  reply[#reply + 1] = started
 end
 return reply

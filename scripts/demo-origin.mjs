@@ -1,7 +1,12 @@
 // A stand-in origin for local runs and tests: answers every request with a
 // small page and counts what reached it, so tests can prove that denied
 // requests never did. GET /__origin/hits returns the counts as JSON;
-// /__origin/redirect answers 302 to /landed.
+// /__origin/redirect answers 302 to /landed; `?status=401` (any 200-599)
+// answers that status, to try rules that count only failed requests, and
+// `?delay=300` answers that many milliseconds late (at most 10 s). Every
+// answer says how many body bytes arrived and their SHA-1
+// (x-body-bytes, x-body-sha1), so tests can prove a body went through intact.
+import { createHash } from "node:crypto";
 import http from "node:http";
 
 const port = Number(process.env.ORIGIN_PORT ?? process.argv[2] ?? 8081);
@@ -18,18 +23,28 @@ const server = http.createServer({ maxHeaderSize: 256 * 1024 }, (req, res) => {
   }
   hits.total += 1;
   hits.paths[path] = (hits.paths[path] ?? 0) + 1;
-  // Drain the body so keep-alive connections stay usable.
-  req.resume();
-  req.on("end", () => {
+  const params = new URL(req.url, "http://origin").searchParams;
+  const asked = Number(params.get("status"));
+  const status = Number.isInteger(asked) && asked >= 200 && asked <= 599 ? asked : 200;
+  const delay = Math.min(Math.max(Number(params.get("delay")) || 0, 0), 10_000);
+  // Read the body through (keep-alive connections stay usable) into a hash.
+  const sha = createHash("sha1");
+  let bytes = 0;
+  req.on("data", (chunk) => {
+    bytes += chunk.length;
+    sha.update(chunk);
+  });
+  req.on("end", () => setTimeout(() => {
+    const body = { "x-body-bytes": String(bytes), "x-body-sha1": sha.digest("hex") };
     // A redirect, for tests that the limiter passes it on rather than following it.
     if (path === "/__origin/redirect") {
-      res.writeHead(302, { location: "/landed", "x-demo-origin": "1" });
+      res.writeHead(302, { location: "/landed", "x-demo-origin": "1", ...body });
       res.end();
       return;
     }
-    res.writeHead(200, { "content-type": "text/plain", "x-demo-origin": "1" });
-    res.end(`hello from the demo origin: ${req.method} ${req.url}\n`);
-  });
+    res.writeHead(status, { "content-type": "text/plain", "x-demo-origin": "1", ...body });
+    res.end(`hello from the demo origin: ${req.method} ${req.url} (${status})\n`);
+  }, delay));
 });
 
 server.listen(port, "127.0.0.1", () => {

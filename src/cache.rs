@@ -41,6 +41,8 @@ impl BlockCache {
             return None;
         }
         let mut d = decision.clone();
+        // Answered from memory, it starts no penalty: Redis's call did.
+        d.penalties_started.clear();
         d.retry_after_ms = d.retry_after_ms.map(|r| r - elapsed);
         for r in &mut d.rules {
             r.reset_after_ms = r.reset_after_ms.saturating_sub(elapsed);
@@ -85,6 +87,7 @@ mod tests {
     fn denied(retry: u64) -> Decision {
         Decision {
             allowed: false,
+            penalties_started: vec![],
             retry_after_ms: Some(retry),
             binding: 0,
             rules: vec![RuleState {
@@ -122,6 +125,7 @@ mod tests {
             "a".into(),
             &Decision {
                 allowed: true,
+                penalties_started: vec![],
                 retry_after_ms: Some(0),
                 ..denied(0)
             },

@@ -86,6 +86,39 @@ pub fn form_value(raw: &str) -> Cow<'_, str> {
     }
 }
 
+/// The distinct canonical values of every field named `name` (canonical,
+/// see [`name`]) in form-encoded text: a query, or an
+/// `application/x-www-form-urlencoded` body. Fields are separated by `&`
+/// and, as some servers also read them, `;`.
+pub fn form_field_values<'a>(text: &'a str, field: &str) -> Vec<Cow<'a, str>> {
+    let pairs = text
+        .split(['&', ';'])
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| pair.split_once('=').unwrap_or((pair, "")));
+    distinct(
+        pairs
+            .filter(|(n, _)| name(n) == field)
+            .map(|(_, v)| form_value(v)),
+    )
+}
+
+/// Each value once, in first-seen order.
+pub fn distinct<'a>(values: impl Iterator<Item = Cow<'a, str>>) -> Vec<Cow<'a, str>> {
+    let mut out: Vec<Cow<'a, str>> = Vec::new();
+    for v in values {
+        if !out.contains(&v) {
+            out.push(v);
+        }
+    }
+    out
+}
+
+/// A value the origin compares without regard to case or surrounding
+/// space (an account name, an e-mail address): trimmed and lower-cased.
+pub fn folded(value: &str) -> String {
+    value.trim().to_lowercase()
+}
+
 /// A parameter or cookie name as compared with a rule's: decoded as a form
 /// value, ASCII case folded (ASP.NET and others ignore the case of names),
 /// and `.`, ` ` and `[` read as `_`, as PHP rewrites them in names.

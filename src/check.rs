@@ -70,7 +70,19 @@ pub fn describe(config: &Config) -> Vec<String> {
                 FailMode::Open => "open",
                 FailMode::Closed => "closed",
             };
-            format!("{}: {policy}, {mode}, fail {fail}", r.name)
+            let mut line = format!("{}: {policy}, {mode}, fail {fail}", r.name);
+            if !r.count_status.is_empty() {
+                let list: Vec<String> = r.count_status.iter().map(u16::to_string).collect();
+                line.push_str(&format!(", counts only statuses {}", list.join("/")));
+            }
+            if let Some(ms) = r.penalty_ms {
+                line.push_str(&format!(", penalty {ms}ms"));
+            }
+            if !r.except_ips.is_empty() {
+                let list: Vec<String> = r.except_ips.iter().map(ToString::to_string).collect();
+                line.push_str(&format!(", except {}", list.join(" ")));
+            }
+            line
         })
         .collect()
 }

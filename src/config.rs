@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::{
     canon,
+    cidr::Cidr,
     policy::{Gcra, Policy, PolicyError, Window, Windows},
 };
 
@@ -54,6 +55,15 @@ pub struct Rule {
     pub budget_ms: u64,
     /// A body to send with this rule's 429 instead of the problem document.
     pub deny_body: Option<DenyBody>,
+    /// When not empty, the rule is charged only when the origin answers one
+    /// of these statuses (after the response); it still refuses up front
+    /// once exhausted.
+    pub count_status: Vec<u16>,
+    /// Once the rule denies a client, it keeps denying that client this
+    /// long, milliseconds, whatever the rate would allow meanwhile.
+    pub penalty_ms: Option<u64>,
+    /// Clients (`CF-Connecting-IP`) in these blocks are not subject to the rule.
+    pub except_ips: Vec<Cidr>,
 }
 
 /// A piece of the request that identifies the client.
@@ -73,6 +83,73 @@ pub enum KeyPart {
     Path,
     /// The `User-Agent` header.
     UserAgent,
+    /// A fact the edge knows of the request (`request.cf`).
+    Cf(CfField),
+    /// A value in a JSON body, by RFC 6901 pointer (`/user/name`).
+    Json(String),
+    /// A field of an `application/x-www-form-urlencoded` or
+    /// `multipart/form-data` body (name as [`canon::name`] reads it).
+    Form(String),
+    /// Another part, its value trimmed and case-folded, for values the
+    /// origin compares that way (account names, e-mail addresses).
+    Folded(Box<KeyPart>),
+}
+
+/// The facts of `request.cf` a rule can key on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CfField {
+    /// Two-letter country code.
+    Country,
+    /// Autonomous system number.
+    Asn,
+    /// The data center (IATA code).
+    Colo,
+    /// Two-letter continent code.
+    Continent,
+    /// The client's JA4 TLS fingerprint (`botManagement.ja4`).
+    Ja4,
+}
+
+impl CfField {
+    /// The name in a key part (`cf:country`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CfField::Country => "country",
+            CfField::Asn => "asn",
+            CfField::Colo => "colo",
+            CfField::Continent => "continent",
+            CfField::Ja4 => "ja4",
+        }
+    }
+
+    /// Every field, for parsing and for reading them off a request.
+    pub const ALL: [CfField; 5] = [
+        CfField::Country,
+        CfField::Asn,
+        CfField::Colo,
+        CfField::Continent,
+        CfField::Ja4,
+    ];
+}
+
+impl KeyPart {
+    /// Whether reading this part needs the request's body.
+    pub fn reads_body(&self) -> bool {
+        match self {
+            KeyPart::Json(_) | KeyPart::Form(_) => true,
+            KeyPart::Folded(inner) => inner.reads_body(),
+            _ => false,
+        }
+    }
+
+    /// Whether reading this part needs `request.cf`.
+    pub fn reads_cf(&self) -> bool {
+        match self {
+            KeyPart::Cf(_) => true,
+            KeyPart::Folded(inner) => inner.reads_cf(),
+            _ => false,
+        }
+    }
 }
 
 impl std::fmt::Display for KeyPart {
@@ -84,6 +161,10 @@ impl std::fmt::Display for KeyPart {
             KeyPart::Query(n) => write!(f, "query:{n}"),
             KeyPart::Path => write!(f, "path"),
             KeyPart::UserAgent => write!(f, "user-agent"),
+            KeyPart::Cf(field) => write!(f, "cf:{}", field.name()),
+            KeyPart::Json(pointer) => write!(f, "json:{pointer}"),
+            KeyPart::Form(n) => write!(f, "form:{n}"),
+            KeyPart::Folded(inner) => inner.fmt(f),
         }
     }
 }
@@ -277,6 +358,14 @@ struct RawRule {
     deny_body: Option<String>,
     #[serde(default)]
     deny_content_type: Option<String>,
+    #[serde(default)]
+    count_status: Option<Vec<u16>>,
+    #[serde(default)]
+    penalty: Option<RawDuration>,
+    #[serde(default)]
+    except_ips: Vec<String>,
+    #[serde(default)]
+    fold: Vec<String>,
 }
 
 /// Checks `ORIGIN_URL`, where allowed requests go instead of the request's
@@ -367,6 +456,9 @@ impl Rule {
             fail: FailMode::Closed,
             budget_ms: DEFAULT_BUDGET_MS,
             deny_body: None,
+            count_status: vec![],
+            penalty_ms: None,
+            except_ips: vec![],
         }
     }
 }
@@ -451,11 +543,21 @@ impl TryFrom<RawRule> for Rule {
         if raw.key.is_empty() {
             return Err(field_error("key", "give at least one part, e.g. [\"ip\"]"));
         }
-        let key = raw
+        let mut key = raw
             .key
             .iter()
             .map(|k| key_part(k))
             .collect::<Result<Vec<_>, _>>()?;
+        for name in &raw.fold {
+            let i = raw.key.iter().position(|k| k == name).ok_or_else(|| {
+                field_error(
+                    "fold",
+                    format!("`{name}` is not one of this rule's key parts"),
+                )
+            })?;
+            let part = std::mem::replace(&mut key[i], KeyPart::Ip);
+            key[i] = KeyPart::Folded(Box::new(part));
+        }
         let cost = raw.cost.map_or(Ok(Cost::flat(1)), cost)?;
         if cost.max() > policy.capacity() {
             return Err(field_error(
@@ -475,6 +577,19 @@ impl TryFrom<RawRule> for Rule {
             return Err(field_error("budget", "must be between 10ms and 30s"));
         }
         let deny_body = deny_body(raw.deny_body, raw.deny_content_type)?;
+        let count_status = raw.count_status.map_or(Ok(vec![]), count_status)?;
+        let penalty_ms = match &raw.penalty {
+            None => None,
+            Some(p) => Some(duration("penalty", p)?)
+                .filter(|ms| *ms <= crate::policy::MAX_DURATION_MS)
+                .map(Some)
+                .ok_or_else(|| field_error("penalty", "must be between 1ms and 366d"))?,
+        };
+        let except_ips = raw
+            .except_ips
+            .iter()
+            .map(|c| Cidr::parse(c).map_err(|why| field_error("except_ips", why)))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Rule {
             name,
             host,
@@ -490,6 +605,9 @@ impl TryFrom<RawRule> for Rule {
             fail: raw.fail.unwrap_or(FailMode::Closed),
             budget_ms,
             deny_body,
+            count_status,
+            penalty_ms,
+            except_ips,
         })
     }
 }
@@ -567,15 +685,42 @@ fn key_part(text: &str) -> Result<KeyPart, FieldError> {
             }
             Some(("cookie", name)) if !name.is_empty() => Some(KeyPart::Cookie(canon::name(name))),
             Some(("query", name)) if !name.is_empty() => Some(KeyPart::Query(canon::name(name))),
+            Some(("form", name)) if !name.is_empty() => Some(KeyPart::Form(canon::name(name))),
+            Some(("json", pointer)) if pointer.starts_with('/') => {
+                Some(KeyPart::Json(pointer.to_owned()))
+            }
+            Some(("cf", field)) => CfField::ALL
+                .into_iter()
+                .find(|f| f.name() == field)
+                .map(KeyPart::Cf),
             _ => None,
         },
     };
     part.ok_or_else(|| {
         field_error(
             "key",
-            format!("`{text}` is not a key part; use ip, path, user-agent, header:NAME, cookie:NAME or query:NAME"),
+            format!(
+                "`{text}` is not a key part; use ip, path, user-agent, header:NAME, cookie:NAME, \
+                 query:NAME, cf:country, cf:asn, cf:colo, cf:continent, cf:ja4, json:/POINTER or form:NAME"
+            ),
         )
     })
+}
+
+fn count_status(list: Vec<u16>) -> Result<Vec<u16>, FieldError> {
+    if list.is_empty() {
+        return Err(field_error(
+            "count_status",
+            "give at least one status, e.g. [401, 403]",
+        ));
+    }
+    match list.iter().find(|s| !(100..=599).contains(*s)) {
+        Some(bad) => Err(field_error(
+            "count_status",
+            format!("{bad} is not an HTTP status (100 to 599)"),
+        )),
+        None => Ok(list),
+    }
 }
 
 fn gcra(
@@ -916,6 +1061,58 @@ mod tests {
     fn parse_duration(v: Value) -> Result<u64, String> {
         let raw = RawDuration::deserialize(&v).map_err(|e| e.to_string())?;
         duration("d", &raw).map_err(|e| e.problem)
+    }
+
+    #[test]
+    fn edge_rule_fields_parse_and_name_their_errors() {
+        let base = json!({"name": "a", "key": ["ip", "json:/user", "cf:country", "form:User.Name"],
+            "algorithm": "gcra", "rate": 5, "period": "1m"});
+        let with = |k: &str, v: Value| {
+            let mut r = base.clone();
+            r[k] = v;
+            one_rule(r)
+        };
+        let c = with("fold", json!(["json:/user"])).unwrap();
+        assert_eq!(
+            c.rules[0].key,
+            [
+                KeyPart::Ip,
+                KeyPart::Folded(Box::new(KeyPart::Json("/user".into()))),
+                KeyPart::Cf(CfField::Country),
+                KeyPart::Form("user_name".into()),
+            ]
+        );
+        let mut r = base.clone();
+        r["count_status"] = json!([401, 403]);
+        r["penalty"] = json!("10m");
+        r["except_ips"] = json!(["10.0.0.0/8", "2001:db8::/32"]);
+        let rule = one_rule(r).unwrap().rules.remove(0);
+        assert_eq!(rule.count_status, [401, 403]);
+        assert_eq!(rule.penalty_ms, Some(600_000));
+        assert_eq!(rule.except_ips.len(), 2);
+        for (field, value) in [
+            ("count_status", json!([])),
+            ("count_status", json!([99])),
+            ("count_status", json!(["401"])),
+            ("penalty", json!("0s")),
+            ("penalty", json!("367d")),
+            ("except_ips", json!(["10.0.0.1/8"])),
+            ("except_ips", json!(["example.com"])),
+            ("fold", json!(["json:/other"])),
+        ] {
+            // A wrong element is named by its index (`count_status[0]`).
+            let msg = with(field, value.clone()).unwrap_err().to_string();
+            assert!(
+                msg.starts_with(&format!("rule `a`, field `{field}")),
+                "{field}={value}: {msg}"
+            );
+        }
+        for bad in ["cf:city", "json:user", "form:", "json:"] {
+            let mut r = base.clone();
+            r["key"] = json!([bad]);
+            let msg = one_rule(r).unwrap_err().to_string();
+            assert!(msg.starts_with("rule `a`, field `key`"), "{bad}: {msg}");
+        }
     }
 
     #[test]

@@ -70,6 +70,8 @@ pub struct Decision {
     pub binding: usize,
     /// One state per rule, in call order.
     pub rules: Vec<RuleState>,
+    /// Rules (0-based, call order) whose penalty this decision started.
+    pub penalties_started: Vec<usize>,
 }
 
 /// A rule applied to one request, with its cost.
@@ -92,6 +94,14 @@ pub struct ScriptCall {
     modes: Vec<Mode>,
     /// A rule that governs the request alone, whose reply may be one integer.
     lone: Option<Lone>,
+    /// Whether a rule has a penalty: the reply then ends with one more integer.
+    penalties: bool,
+}
+
+/// The key of a client's running penalty on a rule: its state key and
+/// `:p` (rule names hold no `:`, so no rule's key can be another's penalty).
+pub fn penalty_key(state_key: &str) -> String {
+    format!("{state_key}:p")
 }
 
 /// A rule alone in a call, for which the script replies with one integer
@@ -107,15 +117,34 @@ enum Lone {
 impl ScriptCall {
     /// A decision over `checks`, each with its client's identifier parts;
     /// `now_ms` pins the clock (tests, simulation), `None` uses Redis's.
+    /// Rules with `count_status` are checked at their cost but not charged:
+    /// [`ScriptCall::charge`] charges them once the origin has answered.
     pub fn decide(checks: &[(Check<'_>, Vec<&str>)], now_ms: Option<u64>) -> ScriptCall {
+        ScriptCall::build(checks, now_ms, false)
+    }
+
+    /// The after-response charge of rules with `count_status` whose status
+    /// the origin answered: decided like [`ScriptCall::decide`], but every
+    /// rule is charged when all admit.
+    pub fn charge(checks: &[(Check<'_>, Vec<&str>)], now_ms: Option<u64>) -> ScriptCall {
+        ScriptCall::build(checks, now_ms, true)
+    }
+
+    fn build(
+        checks: &[(Check<'_>, Vec<&str>)],
+        now_ms: Option<u64>,
+        charge_all: bool,
+    ) -> ScriptCall {
         let mut keys = Vec::with_capacity(checks.len());
         let modes: String = checks
             .iter()
             .map(|(c, _)| {
-                if c.rule.mode == Mode::Shadow {
-                    's'
-                } else {
-                    'e'
+                let later = !charge_all && !c.rule.count_status.is_empty();
+                match (c.rule.mode, later) {
+                    (Mode::Enforce, false) => 'e',
+                    (Mode::Shadow, false) => 's',
+                    (Mode::Enforce, true) => 'c',
+                    (Mode::Shadow, true) => 'w',
                 }
             })
             .collect();
@@ -130,8 +159,21 @@ impl ScriptCall {
             check.rule.policy.push_args(check.cost, offset, &mut args);
             keys.push(key);
         }
+        let mut penalties = 0;
+        for (i, (check, _)) in checks.iter().enumerate() {
+            if let Some(ms) = check.rule.penalty_ms {
+                if penalties == 0 {
+                    args.push("penalty".to_owned());
+                }
+                penalties += 1;
+                args.push((i + 1).to_string());
+                args.push(ms.to_string());
+                keys.push(penalty_key(&keys[i]));
+            }
+        }
         let lone = match checks {
-            [(check, _)] => match &check.rule.policy {
+            [(check, _)] if args[2] == "e" || args[2] == "s" => match &check.rule.policy {
+                _ if penalties > 0 => None,
                 Policy::Gcra(gcra) => Some(Lone::Gcra {
                     gcra: *gcra,
                     cost: check.cost,
@@ -149,6 +191,7 @@ impl ScriptCall {
             args,
             modes: checks.iter().map(|(c, _)| c.rule.mode).collect(),
             lone,
+            penalties: penalties > 0,
         }
     }
 
@@ -189,18 +232,28 @@ impl ScriptCall {
                 }
             }
             // Every other case replies with six fields per rule.
-            _ => return Decision::from_reply(reply, &self.modes),
+            _ => return Decision::from_reply(reply, &self.modes, self.penalties),
         };
         Ok(Decision::settle(vec![state], &self.modes))
     }
 
     /// Forgets the state of the given rules for these clients.
+    /// A rule's running penalty goes too.
     pub fn reset(rules: &[(&Rule, Vec<&str>)]) -> ScriptCall {
+        let mut keys = Vec::with_capacity(rules.len());
+        for (rule, id) in rules {
+            let key = redis_key(&rule.name, id);
+            if rule.penalty_ms.is_some() {
+                keys.push(penalty_key(&key));
+            }
+            keys.push(key);
+        }
         ScriptCall {
-            keys: rules.iter().map(|(r, id)| redis_key(&r.name, id)).collect(),
+            keys,
             args: vec!["reset".to_owned(), String::new(), String::new()],
             modes: vec![],
             lone: None,
+            penalties: false,
         }
     }
 }
@@ -252,19 +305,25 @@ impl Decision {
             retry_after_ms,
             binding,
             rules,
+            penalties_started: vec![],
         }
     }
 
     /// Reads a reply of six fields per rule for a call over rules with these
-    /// modes ([`ScriptCall::decision`] reads every kind of reply).
-    pub fn from_reply(reply: &Value, modes: &[Mode]) -> Result<Decision, RestError> {
+    /// modes, and with the penalties mask at its end when `penalties`
+    /// ([`ScriptCall::decision`] reads every kind of reply).
+    pub fn from_reply(
+        reply: &Value,
+        modes: &[Mode],
+        penalties: bool,
+    ) -> Result<Decision, RestError> {
         let malformed = |why: &str| {
             RestError::Malformed(format!("limiter script reply {why}: {}", excerpt(reply)))
         };
         let items = reply
             .as_array()
             .ok_or_else(|| malformed("is not an array"))?;
-        let expected = PER_RULE * modes.len();
+        let expected = PER_RULE * modes.len() + usize::from(penalties);
         if items.len() != expected {
             return Err(malformed(&format!(
                 "has {} items, expected {expected}",
@@ -277,7 +336,17 @@ impl Decision {
             .collect::<Option<Vec<i64>>>()
             .ok_or_else(|| malformed("holds a non-integer"))?;
         let count = |v: i64| u64::try_from(v).map_err(|_| malformed("holds a negative count"));
-        let states = ints
+        let (fields, mask) = ints.split_at(PER_RULE * modes.len());
+        let started = match mask {
+            [m] => {
+                let m = count(*m)?;
+                (0..modes.len().min(64))
+                    .filter(|i| m >> i & 1 == 1)
+                    .collect()
+            }
+            _ => vec![],
+        };
+        let states = fields
             .chunks(PER_RULE)
             .map(|c| {
                 if !matches!(c[0], 0 | 1) {
@@ -298,7 +367,10 @@ impl Decision {
                 })
             })
             .collect::<Result<Vec<_>, RestError>>()?;
-        Ok(Decision::settle(states, modes))
+        Ok(Decision {
+            penalties_started: started,
+            ..Decision::settle(states, modes)
+        })
     }
 }
 
@@ -311,7 +383,7 @@ mod tests {
     #[test]
     fn replies_parse_into_states() {
         let reply = json!([1, 3, 1, 200, 0, 1, 0, 2, 0, 1000, 1000, 1]);
-        let d = Decision::from_reply(&reply, &[Mode::Enforce; 2]).unwrap();
+        let d = Decision::from_reply(&reply, &[Mode::Enforce; 2], false).unwrap();
         assert!(!d.allowed);
         assert_eq!((d.retry_after_ms, d.binding), (Some(1000), 1));
         assert_eq!(
@@ -325,10 +397,11 @@ mod tests {
                 window: 1
             }
         );
-        let never = Decision::from_reply(&json!([0, 3, 0, 5, -1, 1]), &[Mode::Enforce]).unwrap();
+        let never =
+            Decision::from_reply(&json!([0, 3, 0, 5, -1, 1]), &[Mode::Enforce], false).unwrap();
         assert_eq!(never.retry_after_ms, None);
         // A shadow rule's denial blocks nothing, and binds nothing.
-        let shadow = Decision::from_reply(&reply, &[Mode::Enforce, Mode::Shadow]).unwrap();
+        let shadow = Decision::from_reply(&reply, &[Mode::Enforce, Mode::Shadow], false).unwrap();
         assert_eq!((shadow.allowed, shadow.retry_after_ms), (true, Some(0)));
         assert_eq!(shadow.binding, 1, "the fewest units left");
     }
@@ -378,7 +451,7 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    Decision::from_reply(&bad, &[Mode::Enforce]),
+                    Decision::from_reply(&bad, &[Mode::Enforce], false),
                     Err(RestError::Malformed(_))
                 ),
                 "{bad}"

@@ -3,15 +3,17 @@
 
 use std::{cell::RefCell, rc::Rc};
 
-use wasm_bindgen::JsCast;
+use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 use worker::{
     console_error, console_log, event, worker_sys::web_sys, Context, Env, Headers, Result, Url,
 };
 
 use crate::{
+    body::MAX_BODY_BYTES,
     cache::BlockCache,
-    config::{parse_origin, Config},
+    config::{parse_origin, CfField, Config, Rule},
+    events::Event,
     gateway::{Action, Limiter, Outcome},
     redis_rest::RestClient,
     rules::{normalize_path, RequestMeta},
@@ -59,7 +61,7 @@ fn setup(env: &Env) -> std::result::Result<Rc<Setup>, String> {
 // and method into Rust on every request, and rebuild each response, which
 // a limiter that only needs a few fields pays for on every call.
 #[event(fetch)]
-async fn fetch(req: web_sys::Request, env: Env, _ctx: Context) -> Result<web_sys::Response> {
+async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys::Response> {
     let setup = match setup(&env) {
         Ok(s) => s,
         Err(message) => {
@@ -68,7 +70,21 @@ async fn fetch(req: web_sys::Request, env: Env, _ctx: Context) -> Result<web_sys
         }
     };
     let url = Url::parse(&req.url())?;
-    let meta = request_meta(&req, &url);
+    let mut meta = request_meta(&req, &url);
+    // request.cf and the body are read only for a matching rule keyed on them.
+    let needed = |reads: fn(&Rule) -> bool, meta: &RequestMeta| {
+        setup
+            .config
+            .rules
+            .iter()
+            .any(|r| reads(r) && r.matches(meta))
+    };
+    if needed(Rule::reads_cf, &meta) {
+        meta.cf = cf_facts(&req);
+    }
+    if needed(Rule::reads_body, &meta) {
+        meta.body = body_prefix(&req).await;
+    }
     let now_ms = js_sys::Date::now() as u64;
     let limiter = Limiter {
         config: &setup.config,
@@ -76,9 +92,7 @@ async fn fetch(req: web_sys::Request, env: Env, _ctx: Context) -> Result<web_sys
         cache: &setup.cache,
     };
     let outcome = limiter.handle(&meta, now_ms).await;
-    for line in &outcome.log {
-        console_log!("{line}");
-    }
+    log(&outcome.events);
     match &outcome.action {
         Action::Respond {
             status,
@@ -92,8 +106,80 @@ async fn fetch(req: web_sys::Request, env: Env, _ctx: Context) -> Result<web_sys
         }
         Action::Forward => {
             let response = forward(&req, &url, setup.origin.as_deref()).await?;
+            if let Some(charge) = outcome.charge.clone() {
+                // Charged after the response has gone, never delaying it.
+                let status = response.status();
+                let setup = setup.clone();
+                ctx.wait_until(async move {
+                    let limiter = Limiter {
+                        config: &setup.config,
+                        store: &setup.client,
+                        cache: &setup.cache,
+                    };
+                    log(&limiter.charge(&charge, status).await);
+                });
+            }
             with_outcome_headers(response, &outcome)
         }
+    }
+}
+
+fn log(events: &[Event]) {
+    for event in events {
+        console_log!("{}", event.to_line());
+    }
+}
+
+/// The facts of `request.cf` a rule can key on, where the runtime gives them.
+fn cf_facts(req: &web_sys::Request) -> Vec<(CfField, String)> {
+    let get = |object: &JsValue, name: &str| {
+        js_sys::Reflect::get(object, &JsValue::from_str(name))
+            .ok()
+            .filter(|v| !v.is_undefined() && !v.is_null())
+    };
+    let Some(cf) = get(req, "cf") else {
+        return vec![];
+    };
+    CfField::ALL
+        .into_iter()
+        .filter_map(|field| {
+            let value = match field {
+                CfField::Ja4 => get(&cf, "botManagement").and_then(|b| get(&b, "ja4")),
+                _ => get(&cf, field.name()),
+            }?;
+            let text = value
+                .as_string()
+                .or_else(|| value.as_f64().map(|n| format!("{n}")))?;
+            Some((field, text))
+        })
+        .collect()
+}
+
+/// At most [`MAX_BODY_BYTES`] of the body, read from a copy so the origin
+/// still gets it whole; `None` when there is none, it is larger, or reading
+/// fails. Reading stops at the limit, so a large body is never buffered.
+async fn body_prefix(req: &web_sys::Request) -> Option<Vec<u8>> {
+    let copy = req.clone().ok()?;
+    let reader: web_sys::ReadableStreamDefaultReader = copy.body()?.get_reader().unchecked_into();
+    let mut bytes = Vec::new();
+    loop {
+        let chunk = JsFuture::from(reader.read()).await.ok()?;
+        let done = js_sys::Reflect::get(&chunk, &JsValue::from_str("done"))
+            .ok()?
+            .as_bool()
+            .unwrap_or(true);
+        if done {
+            return Some(bytes);
+        }
+        let value: js_sys::Uint8Array = js_sys::Reflect::get(&chunk, &JsValue::from_str("value"))
+            .ok()?
+            .dyn_into()
+            .ok()?;
+        if bytes.len() + value.length() as usize > MAX_BODY_BYTES {
+            let _ = reader.cancel();
+            return None;
+        }
+        bytes.extend(value.to_vec());
     }
 }
 
@@ -142,6 +228,7 @@ pub fn request_meta(req: &web_sys::Request, url: &Url) -> RequestMeta {
             .entries()
             .map(|(n, v)| (n.to_ascii_lowercase(), v))
             .collect(),
+        ..RequestMeta::default()
     }
 }
 

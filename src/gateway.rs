@@ -9,7 +9,8 @@ use serde_json::Value;
 use crate::{
     cache::{self, BlockCache},
     config::{Config, FailMode, Mode, Rule, DEFAULT_BUDGET_MS},
-    decision::{Check, Decision, ScriptCall},
+    decision::{penalty_key, Check, Decision, ScriptCall},
+    events::{Action as EventAction, Event},
     headers::{self, HeaderStyle},
     redis_rest::{RestClient, RestError},
     rules::{Ambiguous, RequestMeta},
@@ -54,8 +55,31 @@ pub struct Outcome {
     pub action: Action,
     /// Headers for the response, whichever it is.
     pub headers: Vec<(String, String)>,
-    /// Lines for the log, when something deserves them.
-    pub log: Vec<String>,
+    /// Events for the log, one JSON line each.
+    pub events: Vec<Event>,
+    /// Rules to charge once the origin has answered, if it answers one of
+    /// their `count_status`: see [`Limiter::charge`].
+    pub charge: Option<Charge>,
+}
+
+impl Outcome {
+    fn forward(headers: Vec<(String, String)>, events: Vec<Event>) -> Outcome {
+        Outcome {
+            action: Action::Forward,
+            headers,
+            events,
+            charge: None,
+        }
+    }
+}
+
+/// The after-response charge of a forwarded request's `count_status`
+/// rules: which rules (by index in the configuration), for which client,
+/// at what cost. Owned, so it can outlive the request's borrows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Charge {
+    /// Rule index, the client's identifier parts, and the cost.
+    pub rules: Vec<(usize, Vec<String>, u64)>,
 }
 
 /// Header telling the client the limiter could not decide and let it through.
@@ -73,38 +97,40 @@ pub struct Limiter<'a, S> {
     pub cache: &'a RefCell<BlockCache>,
 }
 
+/// A matched rule: its index in the configuration, and the rule.
+type Matched<'a> = (usize, &'a Rule);
+
 impl<S: ScriptRunner> Limiter<'_, S> {
     /// Decides `req` at `now_ms` (the isolate's clock, used only to age
     /// cached denials). Never fails: a Redis fault becomes the fail mode.
     pub async fn handle(&self, req: &RequestMeta, now_ms: u64) -> Outcome {
-        let mut matched: Vec<&Rule> = Vec::new();
+        let mut matched: Vec<Matched<'_>> = Vec::new();
         let mut ids = Vec::new();
-        let mut notes = Vec::new();
-        for rule in self.config.rules.iter().filter(|r| r.matches(req)) {
+        let mut events = Vec::new();
+        for (i, rule) in self.config.rules.iter().enumerate() {
+            if !rule.matches(req) {
+                continue;
+            }
             match rule.identifier(req) {
                 Ok(id) => {
-                    matched.push(rule);
+                    matched.push((i, rule));
                     ids.push(id);
                 }
                 // A shadow rule never blocks, not even an ambiguous request.
-                Err(a) if rule.mode == Mode::Shadow => notes.push(format!(
-                    "edge-limiter: shadow rule `{}` would refuse this request: `{}` has several values",
-                    rule.name, a.part
-                )),
+                Err(a) if rule.mode == Mode::Shadow => events.push(Event {
+                    error: Some(ambiguity(&a)),
+                    ..Event::new(EventAction::Refuse, &rule.name)
+                }),
                 Err(a) => return ambiguous(rule, &a),
             }
         }
         if matched.is_empty() {
-            return Outcome {
-                action: Action::Forward,
-                headers: vec![],
-                log: notes,
-            };
+            return Outcome::forward(vec![], events);
         }
         let checks: Vec<(Check<'_>, Vec<&str>)> = matched
             .iter()
             .zip(&ids)
-            .map(|(r, id)| {
+            .map(|((_, r), id)| {
                 (
                     Check {
                         rule: r,
@@ -115,15 +141,69 @@ impl<S: ScriptRunner> Limiter<'_, S> {
             })
             .collect();
         let mut outcome = self.decide(&matched, &checks, now_ms).await;
-        notes.append(&mut outcome.log);
-        outcome.log = notes;
+        events.append(&mut outcome.events);
+        outcome.events = events;
+        if outcome.action == Action::Forward {
+            let later: Vec<(usize, Vec<String>, u64)> = matched
+                .iter()
+                .zip(&checks)
+                .filter(|((_, r), _)| !r.count_status.is_empty())
+                .map(|((i, _), (c, id))| (*i, id.iter().map(|p| p.to_string()).collect(), c.cost))
+                .collect();
+            if !later.is_empty() {
+                outcome.charge = Some(Charge { rules: later });
+            }
+        }
         outcome
+    }
+
+    /// Charges the `count_status` rules of a forwarded request whose list
+    /// holds the origin's `status`, in one script call; nothing when none
+    /// does. Runs after the response has gone: a fault is only logged.
+    pub async fn charge(&self, charge: &Charge, status: u16) -> Vec<Event> {
+        let rules: Vec<(&Rule, Vec<&str>, u64)> = charge
+            .rules
+            .iter()
+            .filter_map(|(i, id, cost)| {
+                let rule = self.config.rules.get(*i)?;
+                rule.count_status
+                    .contains(&status)
+                    .then(|| (rule, id.iter().map(String::as_str).collect(), *cost))
+            })
+            .collect();
+        if rules.is_empty() {
+            return vec![];
+        }
+        let checks: Vec<(Check<'_>, Vec<&str>)> = rules
+            .iter()
+            .map(|(rule, id, cost)| (Check { rule, cost: *cost }, id.clone()))
+            .collect();
+        let call = ScriptCall::charge(&checks, None);
+        let budget = budget_of(rules.iter().map(|(r, _, _)| *r));
+        match self
+            .store
+            .run(&call, budget)
+            .await
+            .and_then(|reply| call.decision(&reply))
+        {
+            Ok(decision) => penalty_events(&checks, &call, &decision),
+            Err(error) => rules
+                .iter()
+                .zip(&call.keys)
+                .map(|((rule, _, _), key)| Event {
+                    status: Some(status),
+                    key: Some(key.clone()),
+                    error: Some(error.to_string()),
+                    ..Event::new(EventAction::ChargeFailed, &rule.name)
+                })
+                .collect(),
+        }
     }
 
     /// Decides the checks of the matched rules, from the cache or Redis.
     async fn decide(
         &self,
-        matched: &[&Rule],
+        matched: &[Matched<'_>],
         checks: &[(Check<'_>, Vec<&str>)],
         now_ms: u64,
     ) -> Outcome {
@@ -131,53 +211,55 @@ impl<S: ScriptRunner> Limiter<'_, S> {
         let signature = cache::signature(&call);
         let cached = self.cache.borrow_mut().lookup(&signature, now_ms);
         if let Some(decision) = cached {
-            return self.decided(matched, &decision);
+            return self.decided(checks, &call, &decision);
         }
-        // The tightest budget wins: no matched rule waits longer than it allows.
-        let budget = matched
-            .iter()
-            .map(|r| r.budget_ms)
-            .min()
-            .unwrap_or(DEFAULT_BUDGET_MS);
-        let result = self.store.run(&call, Duration::from_millis(budget)).await;
+        let budget = budget_of(matched.iter().map(|(_, r)| *r));
+        let result = self.store.run(&call, budget).await;
         match result.and_then(|reply| call.decision(&reply)) {
             Ok(decision) => {
                 self.cache
                     .borrow_mut()
                     .remember(signature, &decision, now_ms);
-                self.decided(matched, &decision)
+                self.decided(checks, &call, &decision)
             }
-            Err(error) => failed(matched, &error),
+            Err(error) => failed(checks, &call, &error),
         }
     }
 
-    fn decided(&self, matched: &[&Rule], decision: &Decision) -> Outcome {
+    fn decided(
+        &self,
+        checks: &[(Check<'_>, Vec<&str>)],
+        call: &ScriptCall,
+        decision: &Decision,
+    ) -> Outcome {
+        let rules: Vec<&Rule> = checks.iter().map(|(c, _)| c.rule).collect();
         let style = HeaderStyle {
             x_ratelimit: self.config.x_ratelimit_headers,
         };
-        let headers = headers::for_decision(matched, decision, style);
-        let log = matched
+        let headers = headers::for_decision(&rules, decision, style);
+        let retry_s = |ms: Option<u64>| ms.map(|ms| headers::seconds_up(ms).max(1));
+        let mut events: Vec<Event> = rules
             .iter()
             .zip(&decision.rules)
-            .filter(|(r, s)| r.mode == Mode::Shadow && !s.allowed)
-            .map(|(r, s)| {
-                let wait = s
-                    .retry_after_ms
-                    .map_or("never".to_owned(), |ms| format!("{ms} ms"));
-                format!(
-                    "edge-limiter: shadow rule `{}` would deny this request (retry after {wait})",
-                    r.name
-                )
+            .zip(&call.keys)
+            .filter(|((r, s), _)| r.mode == Mode::Shadow && !s.allowed)
+            .map(|((r, s), key)| Event {
+                retry_after: retry_s(s.retry_after_ms),
+                key: Some(key.clone()),
+                ..Event::new(EventAction::WouldDeny, &r.name)
             })
             .collect();
+        events.extend(penalty_events(checks, call, decision));
         if decision.allowed {
-            return Outcome {
-                action: Action::Forward,
-                headers,
-                log,
-            };
+            return Outcome::forward(headers, events);
         }
-        let rule = matched[decision.binding];
+        let rule = rules[decision.binding];
+        events.push(Event {
+            status: Some(429),
+            retry_after: retry_s(decision.retry_after_ms),
+            key: call.keys.get(decision.binding).cloned(),
+            ..Event::new(EventAction::Deny, &rule.name)
+        });
         let (content_type, body) = match &rule.deny_body {
             Some(custom) => (custom.content_type.clone(), custom.body.clone()),
             None => (
@@ -192,9 +274,45 @@ impl<S: ScriptRunner> Limiter<'_, S> {
                 body,
             },
             headers,
-            log,
+            events,
+            charge: None,
         }
     }
+}
+
+/// The tightest budget of these rules: none waits longer than it allows.
+fn budget_of<'a>(rules: impl Iterator<Item = &'a Rule>) -> Duration {
+    Duration::from_millis(
+        rules
+            .map(|r| r.budget_ms)
+            .min()
+            .unwrap_or(DEFAULT_BUDGET_MS),
+    )
+}
+
+/// One event per penalty the decision started, naming its penalty key.
+fn penalty_events(
+    checks: &[(Check<'_>, Vec<&str>)],
+    call: &ScriptCall,
+    decision: &Decision,
+) -> Vec<Event> {
+    decision
+        .penalties_started
+        .iter()
+        .filter_map(|&i| {
+            let rule = checks.get(i)?.0.rule;
+            Some(Event {
+                status: Some(429),
+                retry_after: rule.penalty_ms.map(headers::seconds_up),
+                key: call.keys.get(i).map(|k| penalty_key(k)),
+                ..Event::new(EventAction::PenaltyStart, &rule.name)
+            })
+        })
+        .collect()
+}
+
+fn ambiguity(a: &Ambiguous) -> String {
+    format!("`{}` came with several different values", a.part)
 }
 
 /// A 400 for a request that gives an enforced rule's key part several
@@ -219,23 +337,43 @@ fn ambiguous(rule: &Rule, a: &Ambiguous) -> Outcome {
             .to_string(),
         },
         headers: vec![],
-        log: vec![format!(
-            "edge-limiter: rule `{}` refused a request naming `{}` with several values",
-            rule.name, a.part
-        )],
+        events: vec![Event {
+            status: Some(400),
+            error: Some(ambiguity(a)),
+            ..Event::new(EventAction::Refuse, &rule.name)
+        }],
+        charge: None,
     }
 }
 
 /// Seconds a client is told to wait when the limiter cannot decide.
 const UNAVAILABLE_RETRY_S: u64 = 1;
 
-fn failed(matched: &[&Rule], error: &RestError) -> Outcome {
-    let names: Vec<&str> = matched.iter().map(|r| r.name.as_str()).collect();
+fn failed(checks: &[(Check<'_>, Vec<&str>)], call: &ScriptCall, error: &RestError) -> Outcome {
+    let rules: Vec<&Rule> = checks.iter().map(|(c, _)| c.rule).collect();
     // One enforced closed rule is enough to refuse: it asked never to be
     // bypassed. Shadow rules never block, not even here.
-    let closed = matched
+    let closed = rules
         .iter()
         .any(|r| r.fail == FailMode::Closed && r.mode == Mode::Enforce);
+    let events = rules
+        .iter()
+        .zip(&call.keys)
+        .map(|(rule, key)| Event {
+            status: closed.then_some(503),
+            retry_after: closed.then_some(UNAVAILABLE_RETRY_S),
+            key: Some(key.clone()),
+            error: Some(error.to_string()),
+            ..Event::new(
+                if closed {
+                    EventAction::FailClosed
+                } else {
+                    EventAction::FailOpen
+                },
+                &rule.name,
+            )
+        })
+        .collect();
     if closed {
         return Outcome {
             action: Action::Respond {
@@ -250,18 +388,14 @@ fn failed(matched: &[&Rule], error: &RestError) -> Outcome {
                 .to_string(),
             },
             headers: vec![("Retry-After".to_owned(), UNAVAILABLE_RETRY_S.to_string())],
-            log: vec![format!(
-                "edge-limiter: rules {names:?} failed closed: {error}"
-            )],
+            events,
+            charge: None,
         };
     }
-    Outcome {
-        action: Action::Forward,
-        headers: vec![(BYPASS_HEADER.to_owned(), "redis-unavailable".to_owned())],
-        log: vec![format!(
-            "edge-limiter: rules {names:?} failed open, request forwarded unlimited: {error}"
-        )],
-    }
+    Outcome::forward(
+        vec![(BYPASS_HEADER.to_owned(), "redis-unavailable".to_owned())],
+        events,
+    )
 }
 
 #[cfg(test)]
@@ -311,6 +445,7 @@ mod tests {
             path: normalize_path(path),
             query: None,
             headers: vec![("cf-connecting-ip".into(), "192.0.2.1".into())],
+            ..RequestMeta::default()
         }
     }
 
@@ -422,8 +557,12 @@ mod tests {
             .iter()
             .any(|(k, v)| k == "RateLimit" && v.contains("\"login\";r=0")));
         assert_eq!(
-            out.log,
-            ["edge-limiter: shadow rule `login` would deny this request (retry after 60000 ms)"]
+            out.events,
+            [Event {
+                retry_after: Some(60),
+                key: Some("el:{192.0.2.1}:login".into()),
+                ..Event::new(EventAction::WouldDeny, "login")
+            }]
         );
         assert_eq!(store.last.borrow().as_ref().unwrap().0.args[2], "es");
     }
@@ -442,16 +581,119 @@ mod tests {
                 open.headers,
                 [(BYPASS_HEADER.to_owned(), "redis-unavailable".to_owned())]
             );
-            assert!(open.log[0].contains("failed open"));
+            assert_eq!(open.events.len(), 1);
+            assert_eq!(open.events[0].action, EventAction::FailOpen);
+            assert_eq!(open.events[0].error, Some(error.to_string()));
             // /login also matches the default-closed rule, so closed wins.
             let closed = once(&c, &fake(Err(error)), "/login");
             assert!(matches!(closed.action, Action::Respond { status: 503, .. }));
             assert!(closed.headers.contains(&("Retry-After".into(), "1".into())));
+            let actions: Vec<_> = closed
+                .events
+                .iter()
+                .map(|e| (e.action, e.rule.as_str(), e.status))
+                .collect();
+            assert_eq!(
+                actions,
+                [
+                    (EventAction::FailClosed, "ip", Some(503)),
+                    (EventAction::FailClosed, "login", Some(503))
+                ]
+            );
         }
         let garbage = once(&c, &fake(Ok(json!("OK"))), "/login");
         assert!(matches!(
             garbage.action,
             Action::Respond { status: 503, .. }
         ));
+    }
+
+    #[test]
+    fn count_status_rules_are_checked_up_front_and_charged_after_the_response() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "login", "key": ["ip"], "algorithm": "gcra", "rate": 5, "period": "15m",
+             "count_status": [401, 403]}
+        ]}))
+        .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let cache = RefCell::new(BlockCache::new());
+        // Up front: checked at its cost, not charged ('c'), six fields back.
+        let store = fake(Ok(json!([1, 5, 4, 180000, 0, 1])));
+        let limiter = Limiter {
+            config: &c,
+            store: &store,
+            cache: &cache,
+        };
+        let out = rt.block_on(limiter.handle(&req("/login"), 0));
+        assert_eq!(out.action, Action::Forward);
+        assert_eq!(store.last.borrow().as_ref().unwrap().0.args[2], "c");
+        let charge = out.charge.expect("a charge for after the response");
+        // A status the rule does not count: no call at all.
+        assert!(rt.block_on(limiter.charge(&charge, 200)).is_empty());
+        assert_eq!(store.calls.get(), 1);
+        // A counted status: one call, charging ('e').
+        let store = fake(Ok(json!(0)));
+        let limiter = Limiter {
+            config: &c,
+            store: &store,
+            cache: &cache,
+        };
+        assert!(rt.block_on(limiter.charge(&charge, 401)).is_empty());
+        let (call, _) = store.last.borrow().clone().unwrap();
+        assert_eq!(
+            (call.args[2].as_str(), call.keys.as_slice()),
+            ("e", &["el:{192.0.2.1}:login".to_owned()][..])
+        );
+        // A fault after the response is only logged.
+        let store = fake(Err(RestError::Timeout { budget_ms: 1000 }));
+        let limiter = Limiter {
+            config: &c,
+            store: &store,
+            cache: &cache,
+        };
+        let events = rt.block_on(limiter.charge(&charge, 403));
+        assert_eq!(events.len(), 1);
+        assert_eq!(
+            (events[0].action, events[0].status),
+            (EventAction::ChargeFailed, Some(403))
+        );
+    }
+
+    #[test]
+    fn a_penalty_start_is_one_event_and_cached_denials_start_none() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "p", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1m", "penalty": "10m"}
+        ]}))
+        .unwrap();
+        // Denied, and the penalty started (the mask after the six fields).
+        let store = fake(Ok(json!([0, 1, 0, 600000, 600000, 1, 1])));
+        let cache = RefCell::new(BlockCache::new());
+        let first = run(&c, &store, &cache, "/", 0);
+        let actions: Vec<_> = first.events.iter().map(|e| e.action).collect();
+        assert_eq!(actions, [EventAction::PenaltyStart, EventAction::Deny]);
+        assert_eq!(first.events[0].key.as_deref(), Some("el:{192.0.2.1}:p:p"));
+        assert_eq!(first.events[0].retry_after, Some(600));
+        let (call, _) = store.last.borrow().clone().unwrap();
+        assert_eq!(call.keys, ["el:{192.0.2.1}:p", "el:{192.0.2.1}:p:p"]);
+        let again = run(&c, &store, &cache, "/", 1000);
+        assert_eq!(store.calls.get(), 1, "answered from the cache");
+        let actions: Vec<_> = again.events.iter().map(|e| e.action).collect();
+        assert_eq!(actions, [EventAction::Deny]);
+    }
+
+    #[test]
+    fn exempt_clients_make_no_call() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "ip", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1m",
+             "except_ips": ["192.0.2.0/24", "2001:db8::/32"]}
+        ]}))
+        .unwrap();
+        let store = fake(Ok(json!(0)));
+        let out = once(&c, &store, "/");
+        assert_eq!((out.action, out.headers.len()), (Action::Forward, 0));
+        assert_eq!(store.calls.get(), 0);
     }
 }

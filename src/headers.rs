@@ -162,6 +162,7 @@ mod tests {
         let rs = rules();
         let d = Decision {
             allowed: true,
+            penalties_started: vec![],
             retry_after_ms: Some(0),
             binding: 1,
             rules: vec![
@@ -204,6 +205,7 @@ mod tests {
         .rules;
         let d = Decision {
             allowed: false,
+            penalties_started: vec![],
             retry_after_ms: Some(u64::MAX),
             binding: 0,
             rules: vec![
@@ -229,6 +231,7 @@ mod tests {
         let rs = rules();
         let d = Decision {
             allowed: false,
+            penalties_started: vec![],
             retry_after_ms: Some(1001),
             binding: 0,
             rules: vec![state(false, 100, 0, 60_000, Some(1001), 1)],

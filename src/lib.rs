@@ -23,15 +23,18 @@
 //!
 //! Everything except [`entry`] is plain Rust that builds and tests natively.
 
+pub mod body;
 pub mod budget;
 pub mod cache;
 pub mod canon;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod check;
+pub mod cidr;
 pub mod config;
 pub mod decision;
 #[cfg(target_arch = "wasm32")]
 pub mod entry;
+pub mod events;
 pub mod gateway;
 pub mod headers;
 pub mod keys;

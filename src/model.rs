@@ -30,6 +30,8 @@ pub struct Model {
     tats: HashMap<Client, u64>,
     /// Windowed: admitted cost per bucket id, per client and (duration, precision).
     buckets: HashMap<(Client, u64, u64), BTreeMap<i64, u64>>,
+    /// When each running penalty ends, milliseconds.
+    penalties: HashMap<Client, u64>,
 }
 
 /// What a rule would store if the request is admitted.
@@ -65,9 +67,28 @@ impl Model {
     }
 
     /// Decides one request at `now_ms`: every rule is checked; when no
-    /// enforced rule denies, every rule that admits is charged, otherwise
-    /// none is and the admitting rules are reported as they stand.
+    /// enforced rule denies, every rule that admits is charged (but for
+    /// rules with `count_status`, charged only by [`Model::charge`]),
+    /// otherwise none is, the admitting rules are reported as they stand,
+    /// and an enforced rule with a penalty that denied on its own starts it.
+    /// A running penalty denies its rule, which is then reported at cost 0
+    /// with the penalty's time left.
     pub fn decide(&mut self, checks: &[(Check<'_>, Vec<&str>)], now_ms: u64) -> Decision {
+        self.run(checks, now_ms, false)
+    }
+
+    /// The after-response charge of rules with `count_status`: as
+    /// [`Model::decide`], with every rule charged when all admit.
+    pub fn charge(&mut self, checks: &[(Check<'_>, Vec<&str>)], now_ms: u64) -> Decision {
+        self.run(checks, now_ms, true)
+    }
+
+    fn run(
+        &mut self,
+        checks: &[(Check<'_>, Vec<&str>)],
+        now_ms: u64,
+        charge_all: bool,
+    ) -> Decision {
         let clients: Vec<Client> = checks
             .iter()
             .map(|(c, id)| {
@@ -77,23 +98,60 @@ impl Model {
                 )
             })
             .collect();
+        let left = |model: &Model, i: usize| {
+            let end = checks[i]
+                .0
+                .rule
+                .penalty_ms
+                .and(model.penalties.get(&clients[i]).copied());
+            end.map_or(0, |end| end.saturating_sub(now_ms))
+        };
+        let check = |model: &Model, i: usize, cost: u64| {
+            let rule = checks[i].0.rule;
+            let running = left(model, i);
+            let cost = if running > 0 { 0 } else { cost };
+            let (mut state, mut write) = model.check(rule, &clients[i], cost, now_ms);
+            if !charge_all && !rule.count_status.is_empty() {
+                write = None;
+            }
+            if running > 0 {
+                state.allowed = false;
+                state.retry_after_ms = Some(running);
+                state.reset_after_ms = state.reset_after_ms.max(running);
+                write = None;
+            }
+            (state, write)
+        };
         let mut states = Vec::with_capacity(checks.len());
         let mut writes = Vec::with_capacity(checks.len());
-        for ((check, _), client) in checks.iter().zip(&clients) {
-            let (state, write) = self.check(check.rule, client, check.cost, now_ms);
+        for (i, (c, _)) in checks.iter().enumerate() {
+            let (state, write) = check(self, i, c.cost);
             states.push(state);
             writes.push(write);
         }
         let enforced = |i: usize| checks[i].0.rule.mode == Mode::Enforce;
         let allowed = !(0..checks.len()).any(|i| enforced(i) && !states[i].allowed);
+        let mut started = vec![];
         if allowed {
-            for (write, client) in writes.into_iter().zip(clients) {
+            for (write, client) in writes.into_iter().zip(clients.iter().cloned()) {
                 self.apply(write, client);
             }
         } else {
-            for (i, ((check, _), client)) in checks.iter().zip(&clients).enumerate() {
-                if states[i].allowed {
-                    states[i] = self.check(check.rule, client, 0, now_ms).0;
+            for (i, state) in states.iter_mut().enumerate() {
+                if state.allowed {
+                    *state = check(self, i, 0).0;
+                }
+            }
+            for (i, (c, _)) in checks.iter().enumerate() {
+                let Some(ms) = c.rule.penalty_ms else {
+                    continue;
+                };
+                if enforced(i) && !states[i].allowed && left(self, i) == 0 {
+                    self.penalties.insert(clients[i].clone(), now_ms + ms);
+                    let s = &mut states[i];
+                    s.retry_after_ms = Some(s.retry_after_ms.map_or(ms, |r| r.max(ms)));
+                    s.reset_after_ms = s.reset_after_ms.max(ms);
+                    started.push(i);
                 }
             }
         }
@@ -121,6 +179,7 @@ impl Model {
             },
             binding,
             rules: states,
+            penalties_started: started,
         }
     }
 
@@ -128,6 +187,7 @@ impl Model {
     pub fn reset(&mut self, rule: &str, id: &[&str]) {
         let client: Client = (rule.to_owned(), id.iter().map(|p| p.to_string()).collect());
         self.tats.remove(&client);
+        self.penalties.remove(&client);
         self.buckets.retain(|(c, _, _), _| *c != client);
     }
 

@@ -3,8 +3,8 @@
 use std::borrow::Cow;
 
 use crate::{
-    canon,
-    config::{KeyPart, Rule},
+    body, canon,
+    config::{CfField, KeyPart, Rule},
 };
 
 /// The parts of a request the limiter looks at, independent of any runtime.
@@ -20,6 +20,13 @@ pub struct RequestMeta {
     pub query: Option<String>,
     /// Headers with lower-case names, in arrival order.
     pub headers: Vec<(String, String)>,
+    /// Facts of `request.cf`, read only when a matching rule keys on one.
+    pub cf: Vec<(CfField, String)>,
+    /// The body, when a matching rule keys on it and it fit in
+    /// [`body::MAX_BODY_BYTES`]; `None` otherwise.
+    pub body: Option<Vec<u8>>,
+    /// The body parsed as JSON, filled in on first use.
+    pub json: std::cell::OnceCell<Option<serde_json::Value>>,
 }
 
 impl RequestMeta {
@@ -41,7 +48,7 @@ impl RequestMeta {
             .filter(|(n, _)| n == "cookie")
             .flat_map(|(_, v)| v.split([';', ',']))
             .filter_map(|pair| pair.split_once('='));
-        distinct(
+        canon::distinct(
             pairs
                 .filter(|(n, _)| canon::name(n.trim()) == name)
                 .map(|(_, v)| canon::cookie_value(v)),
@@ -49,36 +56,32 @@ impl RequestMeta {
     }
 
     /// The distinct canonical values of every query parameter whose name
-    /// reads as `name`. Some servers split parameters on `;` as well as `&`.
+    /// reads as `name`.
     fn query_values(&self, name: &str) -> Vec<Cow<'_, str>> {
-        let Some(query) = self.query.as_deref() else {
-            return vec![];
-        };
-        let pairs = query
-            .split(['&', ';'])
-            .filter(|pair| !pair.is_empty())
-            .map(|pair| pair.split_once('=').unwrap_or((pair, "")));
-        distinct(
-            pairs
-                .filter(|(n, _)| canon::name(n) == name)
-                .map(|(_, v)| canon::form_value(v)),
-        )
+        self.query
+            .as_deref()
+            .map_or_else(Vec::new, |q| canon::form_field_values(q, name))
     }
-}
 
-fn distinct<'a>(values: impl Iterator<Item = Cow<'a, str>>) -> Vec<Cow<'a, str>> {
-    let mut out: Vec<Cow<'a, str>> = Vec::new();
-    for v in values {
-        if !out.contains(&v) {
-            out.push(v);
-        }
+    /// A fact of `request.cf`, if the runtime gave it.
+    fn cf(&self, field: CfField) -> Option<&str> {
+        self.cf
+            .iter()
+            .find(|(f, _)| *f == field)
+            .map(|(_, v)| v.as_str())
     }
-    out
+
+    /// The body parsed as JSON, once per request.
+    fn json(&self) -> Option<&serde_json::Value> {
+        self.json
+            .get_or_init(|| self.body.as_deref().and_then(body::parse_json))
+            .as_ref()
+    }
 }
 
 /// The path as origins most likely resolve it, so that no other spelling
 /// of a limited path escapes its rule or its key: percent-escapes decoded
-/// (`%2F` included, and twice-encoded ones), `\\` read as `/`, `.` and `..`
+/// (`%2F` included, and twice-encoded ones), `\` read as `/`, `.` and `..`
 /// segments resolved, `;` parameters (`/login;jsessionid=x`) dropped from
 /// each segment as Java servers do, empty segments and a trailing `/`
 /// dropped, and ASCII case folded, since many origins route without regard
@@ -184,6 +187,16 @@ impl Rule {
                 .is_none_or(|p| path_matches(p, &req.path))
             && self.with_headers.iter().all(|h| req.header(h).is_some())
             && !self.without_headers.iter().any(|h| req.header(h).is_some())
+            && !self.exempts(req)
+    }
+
+    /// Whether the client's address lies in one of `except_ips`.
+    fn exempts(&self, req: &RequestMeta) -> bool {
+        !self.except_ips.is_empty()
+            && req
+                .header("cf-connecting-ip")
+                .and_then(|ip| ip.trim().parse().ok())
+                .is_some_and(|ip| self.except_ips.iter().any(|c| c.contains(ip)))
     }
 
     /// The values that identify the client, one per key part, each in its
@@ -192,30 +205,57 @@ impl Rule {
     /// several different values for (`?k=a&k=b`, two `sid` cookies) is
     /// [`Ambiguous`]: the origin may read either, so no bucket is right.
     pub fn identifier<'a>(&self, req: &'a RequestMeta) -> Result<Vec<Cow<'a, str>>, Ambiguous> {
-        self.key
-            .iter()
-            .map(|part| {
-                let single = |values: Vec<Cow<'a, str>>| match values.len() {
-                    0 => Ok(Cow::Borrowed("")),
-                    1 => Ok(values.into_iter().next().unwrap_or_default()),
-                    _ => Err(Ambiguous { part: part.clone() }),
-                };
-                let header = |name: &str| Cow::Borrowed(req.header(name).unwrap_or_default());
-                match part {
-                    KeyPart::Ip => Ok(canon::ip(
-                        req.header("cf-connecting-ip").unwrap_or_default(),
-                    )),
-                    KeyPart::Header(name) if name == "x-forwarded-for" => Ok(Cow::Borrowed(
-                        canon::last_forwarded(req.header(name).unwrap_or_default()),
-                    )),
-                    KeyPart::Header(name) => Ok(header(name)),
-                    KeyPart::Cookie(name) => single(req.cookie_values(name)),
-                    KeyPart::Query(name) => single(req.query_values(name)),
-                    KeyPart::Path => Ok(Cow::Borrowed(req.path.as_str())),
-                    KeyPart::UserAgent => Ok(header("user-agent")),
+        self.key.iter().map(|part| part.value(req)).collect()
+    }
+
+    /// Whether reading this rule's key needs the request's body.
+    pub fn reads_body(&self) -> bool {
+        self.key.iter().any(KeyPart::reads_body)
+    }
+
+    /// Whether reading this rule's key needs `request.cf`.
+    pub fn reads_cf(&self) -> bool {
+        self.key.iter().any(KeyPart::reads_cf)
+    }
+}
+
+impl KeyPart {
+    /// This part's canonical value in `req` (empty when missing).
+    fn value<'a>(&self, req: &'a RequestMeta) -> Result<Cow<'a, str>, Ambiguous> {
+        let single = |values: Vec<Cow<'a, str>>| match values.len() {
+            0 => Ok(Cow::Borrowed("")),
+            1 => Ok(values.into_iter().next().unwrap_or_default()),
+            _ => Err(Ambiguous { part: self.clone() }),
+        };
+        let header = |name: &str| Cow::Borrowed(req.header(name).unwrap_or_default());
+        match self {
+            KeyPart::Ip => Ok(canon::ip(
+                req.header("cf-connecting-ip").unwrap_or_default(),
+            )),
+            KeyPart::Header(name) if name == "x-forwarded-for" => Ok(Cow::Borrowed(
+                canon::last_forwarded(req.header(name).unwrap_or_default()),
+            )),
+            KeyPart::Header(name) => Ok(header(name)),
+            KeyPart::Cookie(name) => single(req.cookie_values(name)),
+            KeyPart::Query(name) => single(req.query_values(name)),
+            KeyPart::Path => Ok(Cow::Borrowed(req.path.as_str())),
+            KeyPart::UserAgent => Ok(header("user-agent")),
+            KeyPart::Cf(field) => Ok(Cow::Borrowed(req.cf(*field).unwrap_or_default())),
+            KeyPart::Json(pointer) => Ok(req
+                .json()
+                .and_then(|doc| body::json_value(doc, pointer))
+                .unwrap_or_default()),
+            KeyPart::Form(name) => single(match &req.body {
+                Some(b) => {
+                    body::form_values(b, req.header("content-type").unwrap_or_default(), name)
                 }
-            })
-            .collect()
+                None => vec![],
+            }),
+            KeyPart::Folded(inner) => match inner.value(req) {
+                Err(Ambiguous { .. }) => Err(Ambiguous { part: self.clone() }),
+                Ok(v) => Ok(Cow::Owned(canon::folded(&v))),
+            },
+        }
     }
 }
 
@@ -254,6 +294,7 @@ mod tests {
                 .iter()
                 .map(|(n, v)| (n.to_string(), v.to_string()))
                 .collect(),
+            ..RequestMeta::default()
         }
     }
 

@@ -174,12 +174,10 @@ mode = "shadow"
     assert_eq!(header(&r, "location"), Some("/landed"));
     assert!(header(&r, "RateLimit").is_some());
     assert_eq!(stack.origin.hits().await["total"], 6);
-    let log = wait_for_log(&stack.worker, "shadow rule `trial` would deny", 4).await;
-    assert_eq!(
-        log.matches("shadow rule `trial` would deny").count(),
-        4,
-        "{log}"
-    );
+    // One JSON line per would-be denial, for Workers Logs to count.
+    let line = r#""action":"would_deny","rule":"trial""#;
+    let log = wait_for_log(&stack.worker, line, 4).await;
+    assert_eq!(log.matches(line).count(), 4, "{log}");
 }
 
 /// The worker's log, once it holds `needle` `times` times (wrangler prints
@@ -242,9 +240,15 @@ async fn redis_down_fails_open_or_closed_as_configured_then_recovers() {
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(header(&r, "Retry-After"), Some("1"));
     }
-    let log = wait_for_log(&stack.worker, "failed closed", 1).await;
-    assert!(
-        log.contains("failed open, request forwarded unlimited"),
+    let log = wait_for_log(
+        &stack.worker,
+        r#""action":"fail_closed","rule":"closed""#,
+        3,
+    )
+    .await;
+    assert_eq!(
+        log.matches(r#""action":"fail_open","rule":"open""#).count(),
+        3,
         "{log}"
     );
 

@@ -262,7 +262,7 @@ proptest! {
                 items[i] = value;
             }
         }
-        if let Ok(decision) = Decision::from_reply(&Value::Array(items), &vec![Mode::Enforce; rules]) {
+        if let Ok(decision) = Decision::from_reply(&Value::Array(items), &vec![Mode::Enforce; rules], false) {
             prop_assert_eq!(decision.rules.len(), rules);
             prop_assert!(decision.binding < rules.max(1));
         }
@@ -276,7 +276,7 @@ proptest! {
 fn a_script_reply_naming_window_i64_min_is_a_typed_error() {
     let reply = json!([1, 5, 4, 200, 0, i64::MIN]);
     assert!(matches!(
-        Decision::from_reply(&reply, &[Mode::Enforce]),
+        Decision::from_reply(&reply, &[Mode::Enforce], false),
         Err(RestError::Malformed(_))
     ));
 }

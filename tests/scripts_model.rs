@@ -52,13 +52,15 @@ fn windowed() -> impl Strategy<Value = Policy> {
 
 /// One request: how long after the previous one, which rules it falls under
 /// (a bit mask), which client, what it costs (0 peeks; above the limit is
-/// allowed here, to test "never").
+/// allowed here, to test "never"), and whether it is the after-response
+/// charge of rules that count only some statuses rather than a decision.
 #[derive(Debug, Clone)]
 struct Step {
     wait_ms: u64,
     rules: u8,
     client: u8,
     cost: u64,
+    charge: bool,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -67,13 +69,102 @@ fn step() -> impl Strategy<Value = Step> {
         1u8..8,
         0u8..2,
         prop_oneof![1 => Just(0u64), 8 => 1u64..3, 1 => 3u64..9],
+        prop::bool::weighted(0.15),
     )
-        .prop_map(|(wait_ms, rules, client, cost)| Step {
+        .prop_map(|(wait_ms, rules, client, cost, charge)| Step {
             wait_ms,
             rules,
             client,
             cost,
+            charge,
         })
+}
+
+/// A rule of the generated set: its policy, and whether it is a shadow
+/// rule, counts only some responses (`count_status`), or has a penalty.
+#[derive(Debug, Clone)]
+struct Spec {
+    policy: Policy,
+    shadow: bool,
+    counted: bool,
+    penalty_ms: Option<u64>,
+}
+
+fn spec(
+    policy: impl Strategy<Value = Policy>,
+    penalty: std::ops::Range<u64>,
+) -> impl Strategy<Value = Spec> {
+    (
+        policy,
+        prop::bool::weighted(0.2),
+        prop::bool::weighted(0.2),
+        prop_oneof![3 => Just(None), 1 => penalty.prop_map(Some)],
+    )
+        .prop_map(|(policy, shadow, counted, penalty_ms)| Spec {
+            policy,
+            shadow,
+            counted,
+            penalty_ms,
+        })
+}
+
+/// Rules named apart for each case, so cases never see each other's keys.
+fn rules_of(prefix: &str, specs: &[Spec]) -> Vec<Rule> {
+    let case = CASE.fetch_add(1, Ordering::Relaxed);
+    specs
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| Rule {
+            mode: if spec.shadow {
+                Mode::Shadow
+            } else {
+                Mode::Enforce
+            },
+            count_status: if spec.counted { vec![401] } else { vec![] },
+            penalty_ms: spec.penalty_ms,
+            ..Rule::with_policy(&format!("{prefix}{case}r{i}"), spec.policy.clone())
+        })
+        .collect()
+}
+
+/// The step's checks over the rules it falls under.
+fn checks_of<'a>(rules: &'a [Rule], s: &Step, client: &'a str) -> Vec<(Check<'a>, Vec<&'a str>)> {
+    rules
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| s.rules & (1 << i) != 0)
+        .map(|(_, r)| {
+            (
+                Check {
+                    rule: r,
+                    cost: s.cost,
+                },
+                vec![client],
+            )
+        })
+        .collect()
+}
+
+/// The script call for a step, and the model's verdict on it at `now`.
+fn call_of(checks: &[(Check<'_>, Vec<&str>)], s: &Step, now: Option<u64>) -> ScriptCall {
+    if s.charge {
+        ScriptCall::charge(checks, now)
+    } else {
+        ScriptCall::decide(checks, now)
+    }
+}
+
+fn model_of(
+    model: &mut Model,
+    checks: &[(Check<'_>, Vec<&str>)],
+    s: &Step,
+    now: u64,
+) -> edge_limiter::decision::Decision {
+    if s.charge {
+        model.charge(checks, now)
+    } else {
+        model.decide(checks, now)
+    }
 }
 
 static CASE: AtomicU64 = AtomicU64::new(0);
@@ -88,19 +179,10 @@ fn now_ms() -> u64 {
 fn run_case(
     backend: &Backend,
     rt: &tokio::runtime::Runtime,
-    policies: &[(Policy, bool)],
+    specs: &[Spec],
     steps: &[Step],
 ) -> Result<(), TestCaseError> {
-    // Fresh names per case, so cases never see each other's keys.
-    let case = CASE.fetch_add(1, Ordering::Relaxed);
-    let rules: Vec<Rule> = policies
-        .iter()
-        .enumerate()
-        .map(|(i, (p, shadow))| Rule {
-            mode: if *shadow { Mode::Shadow } else { Mode::Enforce },
-            ..Rule::with_policy(&format!("c{case}r{i}"), p.clone())
-        })
-        .collect();
+    let rules = rules_of("c", specs);
     let mut model = Model::new();
     // Simulated time never runs slower than the real clock, so a key can
     // only expire in Redis once the model, too, holds it worthless.
@@ -109,24 +191,11 @@ fn run_case(
         skew += s.wait_ms;
         let now = now_ms() + skew;
         let client = format!("client{}", s.client);
-        let checks: Vec<_> = rules
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| s.rules & (1 << i) != 0)
-            .map(|(_, r)| {
-                (
-                    Check {
-                        rule: r,
-                        cost: s.cost,
-                    },
-                    vec![client.as_str()],
-                )
-            })
-            .collect();
+        let checks = checks_of(&rules, s, &client);
         if checks.is_empty() {
             continue;
         }
-        let call = ScriptCall::decide(&checks, Some(now));
+        let call = call_of(&checks, s, Some(now));
         let reply = rt
             .block_on(
                 backend
@@ -137,7 +206,7 @@ fn run_case(
         let real = call
             .decision(&reply)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let expected = model.decide(&checks, now);
+        let expected = model_of(&mut model, &checks, s, now);
         prop_assert_eq!(&real, &expected, "step {} ({:?}) at {}", n, s, now);
     }
     Ok(())
@@ -148,10 +217,10 @@ proptest! {
 
     #[test]
     fn the_script_decides_exactly_as_the_model(
-        policies in prop::collection::vec((prop_oneof![gcra(), windowed()], prop::bool::weighted(0.25)), 1..4),
+        specs in prop::collection::vec(spec(prop_oneof![gcra(), windowed()], 20..3000), 1..4),
         steps in prop::collection::vec(step(), 1..40),
     ) {
-        BACKEND.with(|b| run_case(&b.0, &b.1, &policies, &steps))?;
+        BACKEND.with(|b| run_case(&b.0, &b.1, &specs, &steps))?;
     }
 }
 
@@ -170,6 +239,7 @@ fn figures_too_large_for_one_integer_come_as_six_fields() {
             rules: 1,
             client: 0,
             cost,
+            charge: false,
         })
     };
     BACKEND.with(|(backend, rt)| {
@@ -198,8 +268,14 @@ fn figures_too_large_for_one_integer_come_as_six_fields() {
         let small = reply("small", 1000);
         assert!(small.is_i64(), "{small}");
 
-        run_case(backend, rt, &[(fixed_day(1_000_000_000), false)], &steps(7)).unwrap();
-        run_case(backend, rt, &[(fixed_day(1000), false)], &steps(7)).unwrap();
+        let plain = |policy| Spec {
+            policy,
+            shadow: false,
+            counted: false,
+            penalty_ms: None,
+        };
+        run_case(backend, rt, &[plain(fixed_day(1_000_000_000))], &steps(7)).unwrap();
+        run_case(backend, rt, &[plain(fixed_day(1000))], &steps(7)).unwrap();
     });
 }
 
@@ -242,12 +318,14 @@ fn real_step() -> impl Strategy<Value = Step> {
         1u8..8,
         0u8..2,
         prop_oneof![1 => Just(0u64), 8 => 1u64..3, 1 => 3u64..6],
+        prop::bool::weighted(0.15),
     )
-        .prop_map(|(wait_ms, rules, client, cost)| Step {
+        .prop_map(|(wait_ms, rules, client, cost, charge)| Step {
             wait_ms,
             rules,
             client,
             cost,
+            charge,
         })
 }
 
@@ -307,18 +385,10 @@ struct Tally {
 
 async fn run_on_redis_clock(
     backend: &Backend,
-    policies: &[(Policy, bool)],
+    specs: &[Spec],
     steps: &[Step],
 ) -> Result<Tally, TestCaseError> {
-    let case = CASE.fetch_add(1, Ordering::Relaxed);
-    let rules: Vec<Rule> = policies
-        .iter()
-        .enumerate()
-        .map(|(i, (p, shadow))| Rule {
-            mode: if *shadow { Mode::Shadow } else { Mode::Enforce },
-            ..Rule::with_policy(&format!("live{case}r{i}"), p.clone())
-        })
-        .collect();
+    let rules = rules_of("live", specs);
     let http = reqwest::Client::new();
     let url = backend.endpoint.url();
     let mut model = Model::new();
@@ -326,30 +396,17 @@ async fn run_on_redis_clock(
     for (n, s) in steps.iter().enumerate() {
         tokio::time::sleep(Duration::from_millis(s.wait_ms)).await;
         let client = format!("client{}", s.client);
-        let checks: Vec<_> = rules
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| s.rules & (1 << i) != 0)
-            .map(|(_, r)| {
-                (
-                    Check {
-                        rule: r,
-                        cost: s.cost,
-                    },
-                    vec![client.as_str()],
-                )
-            })
-            .collect();
+        let checks = checks_of(&rules, s, &client);
         if checks.is_empty() {
             continue;
         }
-        let call = ScriptCall::decide(&checks, None);
+        let call = call_of(&checks, s, None);
         let (before, reply, after) = bracketed(&http, &url, &call).await?;
         let real = call
             .decision(&reply)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         if before == after {
-            let expected = model.decide(&checks, before);
+            let expected = model_of(&mut model, &checks, s, before);
             prop_assert_eq!(
                 &real,
                 &expected,
@@ -366,7 +423,7 @@ async fn run_on_redis_clock(
         // two; then both sides forget these clients, so that the next steps
         // are compared exactly again.
         let verdicts: Vec<bool> = (before..=after)
-            .map(|t| model.clone().decide(&checks, t).allowed)
+            .map(|t| model_of(&mut model.clone(), &checks, s, t).allowed)
             .collect();
         prop_assert!(
             verdicts.contains(&real.allowed),
@@ -378,8 +435,10 @@ async fn run_on_redis_clock(
             real,
             verdicts
         );
-        for ((check, id), key) in checks.iter().zip(&call.keys) {
+        for (check, id) in &checks {
             model.reset(&check.rule.name, id);
+        }
+        for key in &call.keys {
             backend.redis(&["DEL", key]);
         }
         tally.straddled += 1;
@@ -392,10 +451,10 @@ proptest! {
 
     #[test]
     fn on_redis_clock_the_script_decides_as_the_model(
-        policies in prop::collection::vec((prop_oneof![fast_gcra(), fast_windowed()], prop::bool::weighted(0.2)), 1..4),
+        specs in prop::collection::vec(spec(prop_oneof![fast_gcra(), fast_windowed()], 20..200), 1..4),
         steps in prop::collection::vec(real_step(), 1..30),
     ) {
-        LIVE.with(|(backend, rt)| rt.block_on(run_on_redis_clock(backend, &policies, &steps)))
+        LIVE.with(|(backend, rt)| rt.block_on(run_on_redis_clock(backend, &specs, &steps)))
             .map(|_| ())?;
     }
 }
@@ -404,23 +463,32 @@ proptest! {
 /// compared field by field.
 #[test]
 fn steps_on_redis_clock_are_mostly_compared_exactly() {
+    // A penalty and a rule that counts only some responses take part too.
     let steps: Vec<Step> = (0..40)
         .map(|i| Step {
             wait_ms: i % 7 * 3,
             rules: 0b11,
             client: (i % 2) as u8,
             cost: 1,
+            charge: i % 5 == 4,
         })
         .collect();
-    let policies = [
-        (Policy::Gcra(Gcra::new(3, 100, 2).unwrap()), false),
-        (
-            Policy::Windowed(Windows::new(vec![Window::new(100, 3, 20).unwrap()]).unwrap()),
-            false,
-        ),
+    let specs = [
+        Spec {
+            policy: Policy::Gcra(Gcra::new(3, 100, 2).unwrap()),
+            shadow: false,
+            counted: false,
+            penalty_ms: Some(50),
+        },
+        Spec {
+            policy: Policy::Windowed(Windows::new(vec![Window::new(100, 3, 20).unwrap()]).unwrap()),
+            shadow: false,
+            counted: true,
+            penalty_ms: None,
+        },
     ];
     let tally = LIVE
-        .with(|(backend, rt)| rt.block_on(run_on_redis_clock(backend, &policies, &steps)))
+        .with(|(backend, rt)| rt.block_on(run_on_redis_clock(backend, &specs, &steps)))
         .unwrap();
     println!("on Redis's clock: {tally:?} of 40 steps");
     assert!(

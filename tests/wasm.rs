@@ -48,7 +48,8 @@ fn outcome_headers_are_added_and_the_origins_kept() {
             ("RateLimit".into(), "\"r\";r=1;t=2".into()),
             ("RateLimit-Policy".into(), "\"r\";q=3;w=4".into()),
         ],
-        log: vec![],
+        events: vec![],
+        charge: None,
     };
     let out = with_outcome_headers(response, &outcome).unwrap();
     assert_eq!(out.status(), 200);

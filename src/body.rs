@@ -1,0 +1,175 @@
+//! What a rule can read from a request's body: a value in a JSON document
+//! by RFC 6901 pointer, or a field of a form. At most [`MAX_BODY_BYTES`]
+//! are ever read; a larger body, or one that does not parse, gives no value
+//! (the key part is then missing, as any other).
+
+use std::borrow::Cow;
+
+use serde_json::Value;
+
+use crate::canon;
+
+/// Bytes of a body the limiter reads at most, and only for rules keyed on it.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// The text a JSON value counts as: a string as itself, a number or a
+/// boolean as written canonically (`1.0` and `1e0` as `1`, so an origin
+/// comparing numbers sees one value), an object or array as compact JSON.
+/// `null` and a missing value count as missing (`None`).
+fn json_text(value: &Value) -> Option<Cow<'_, str>> {
+    match value {
+        Value::Null => None,
+        Value::String(s) => Some(Cow::Borrowed(s)),
+        Value::Number(n) => Some(Cow::Owned(match n.as_f64() {
+            Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9.007_199_254_740_992e15 => {
+                format!("{}", f as i64)
+            }
+            _ => n.to_string(),
+        })),
+        other => Some(Cow::Owned(other.to_string())),
+    }
+}
+
+/// Parses a JSON body. Deeply nested or invalid documents (bad UTF-8
+/// included) give `None`: serde_json refuses nesting beyond 128 levels
+/// rather than recursing without bound. Of two members with one name, the
+/// last counts, as `JSON.parse` and most origins read them.
+pub fn parse_json(body: &[u8]) -> Option<Value> {
+    serde_json::from_slice(body).ok()
+}
+
+/// The value at `pointer` in a parsed JSON body, as text.
+pub fn json_value<'a>(doc: &'a Value, pointer: &str) -> Option<Cow<'a, str>> {
+    doc.pointer(pointer).and_then(json_text)
+}
+
+/// The distinct canonical values of the fields named `name` (canonical, see
+/// [`canon::name`]) in a form body of this content type: urlencoded, or
+/// multipart. Any other type has no fields.
+pub fn form_values<'a>(body: &'a [u8], content_type: &str, name: &str) -> Vec<Cow<'a, str>> {
+    let media = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    match media.as_str() {
+        "application/x-www-form-urlencoded" => match std::str::from_utf8(body) {
+            Ok(text) => canon::form_field_values(text, name),
+            Err(_) => vec![],
+        },
+        "multipart/form-data" => match boundary(content_type) {
+            Some(b) => multipart_values(body, &b, name),
+            None => vec![],
+        },
+        _ => vec![],
+    }
+}
+
+/// The `boundary` parameter of a multipart content type, unquoted.
+fn boundary(content_type: &str) -> Option<String> {
+    content_type.split(';').skip(1).find_map(|param| {
+        let (k, v) = param.split_once('=')?;
+        (k.trim().eq_ignore_ascii_case("boundary"))
+            .then(|| v.trim().trim_matches('"').to_owned())
+            .filter(|b| !b.is_empty())
+    })
+}
+
+fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
+    if needle.is_empty() || from > haystack.len() {
+        return None;
+    }
+    haystack[from..]
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .map(|p| p + from)
+}
+
+/// Fields of a `multipart/form-data` body (RFC 7578): each part's
+/// `Content-Disposition: form-data; name="..."` names it, and its content
+/// runs to the line break before the next delimiter.
+fn multipart_values<'a>(body: &'a [u8], boundary: &str, name: &str) -> Vec<Cow<'a, str>> {
+    let delimiter = format!("--{boundary}");
+    let mut values: Vec<Cow<'a, str>> = Vec::new();
+    let mut at = match find(body, delimiter.as_bytes(), 0) {
+        Some(p) => p + delimiter.len(),
+        None => return values,
+    };
+    loop {
+        // `--` after a delimiter ends the body.
+        if body[at..].starts_with(b"--") {
+            break;
+        }
+        let Some(head_end) = find(body, b"\r\n\r\n", at) else {
+            break;
+        };
+        let Some(next) = find(body, format!("\r\n{delimiter}").as_bytes(), head_end) else {
+            break;
+        };
+        let head = String::from_utf8_lossy(&body[at..head_end]);
+        let named = head.lines().any(|line| {
+            let Some((field, value)) = line.split_once(':') else {
+                return false;
+            };
+            field.trim().eq_ignore_ascii_case("content-disposition")
+                && value.split(';').skip(1).any(|p| {
+                    p.split_once('=').is_some_and(|(k, v)| {
+                        k.trim().eq_ignore_ascii_case("name")
+                            && canon::name(v.trim().trim_matches('"')) == name
+                    })
+                })
+        });
+        if named {
+            let value = String::from_utf8_lossy(&body[head_end + 4..next]);
+            if !values.contains(&value) {
+                values.push(value);
+            }
+        }
+        at = next + 2 + delimiter.len();
+    }
+    values
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_values_by_pointer() {
+        let doc = parse_json(br#"{"user": {"name": "Alice", "id": 7, "n": 1.0, "tags": ["a"], "none": null}, "a/b": "slash"}"#).unwrap();
+        assert_eq!(json_value(&doc, "/user/name").as_deref(), Some("Alice"));
+        assert_eq!(json_value(&doc, "/user/id").as_deref(), Some("7"));
+        assert_eq!(json_value(&doc, "/user/n").as_deref(), Some("1"));
+        assert_eq!(json_value(&doc, "/user/tags").as_deref(), Some("[\"a\"]"));
+        assert_eq!(json_value(&doc, "/user/none"), None);
+        assert_eq!(json_value(&doc, "/user/missing"), None);
+        assert_eq!(json_value(&doc, "/a~1b").as_deref(), Some("slash"));
+        let twice = parse_json(br#"{"u": "first", "u": "last"}"#).unwrap();
+        assert_eq!(json_value(&twice, "/u").as_deref(), Some("last"));
+    }
+
+    #[test]
+    fn hostile_json_gives_no_value() {
+        let deep = format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert_eq!(parse_json(deep.as_bytes()), None);
+        assert_eq!(parse_json(b"{\"u\": \"\xff\xfe\"}"), None);
+        assert_eq!(parse_json(b"{\"u\": "), None);
+    }
+
+    #[test]
+    fn form_fields_urlencoded_and_multipart() {
+        let url = "application/x-www-form-urlencoded; charset=utf-8";
+        assert_eq!(form_values(b"user=alice&x=1", url, "user"), ["alice"]);
+        assert_eq!(form_values(b"User=%61lice", url, "user"), ["alice"]);
+        assert_eq!(form_values(b"user=a&user=b", url, "user"), ["a", "b"]);
+        let body = b"--XyZ\r\nContent-Disposition: form-data; name=\"user\"\r\n\r\nalice\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.txt\"\r\nContent-Type: text/plain\r\n\r\nhello\r\n--XyZ--\r\n";
+        let multipart = "multipart/form-data; boundary=XyZ";
+        assert_eq!(form_values(body, multipart, "user"), ["alice"]);
+        assert_eq!(form_values(body, multipart, "file"), ["hello"]);
+        assert!(form_values(body, multipart, "none").is_empty());
+        assert!(form_values(body, "multipart/form-data", "user").is_empty());
+        assert!(form_values(b"user=alice", "text/plain", "user").is_empty());
+        assert!(form_values(b"--XyZ\r\ngarbage", multipart, "user").is_empty());
+    }
+}

@@ -1,0 +1,618 @@
+//! The policy vocabulary of edge rate-limiting rules, end to end in
+//! `wrangler dev`: each field beside a rule without it, so that every test
+//! fails without the field. `count_status` (charged after the response,
+//! also under a Redis fault), `penalty` (also under 64-way concurrency),
+//! `except_ips`, `cf:*` key parts, body key parts (`json:`, `form:`, with
+//! `fold`, a 10 MB body and hostile JSON), and the JSON decision log.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use edge_limiter_local::fault_proxy::{Fault, FaultProxy};
+use reqwest::{Response, StatusCode};
+use serde_json::Value;
+use support::{
+    header,
+    report::Table,
+    worker::{Origin, Stack, Worker},
+    Backend,
+};
+
+fn client() -> reqwest::Client {
+    reqwest::Client::new()
+}
+
+async fn get(url: &str, ip: &str) -> Response {
+    client()
+        .get(url)
+        .header("CF-Connecting-IP", ip)
+        .send()
+        .await
+        .expect("the worker answers")
+}
+
+async fn post(url: &str, ip: &str, content_type: &str, body: Vec<u8>) -> Response {
+    client()
+        .post(url)
+        .header("CF-Connecting-IP", ip)
+        .header("content-type", content_type)
+        .body(body)
+        .send()
+        .await
+        .expect("the worker answers")
+}
+
+/// The worker's decision events so far: its log's JSON lines.
+fn events(worker: &Worker) -> Vec<Value> {
+    worker
+        .log()
+        .lines()
+        .filter_map(|l| l.find(r#"{"source":"edge-limiter""#).map(|at| &l[at..]))
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Events of `action` under `rule`, once there are at least `n` (wrangler
+/// prints asynchronously), or after 10 s.
+async fn wait_events(worker: &Worker, action: &str, rule: &str, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found: Vec<Value> = events(worker)
+            .into_iter()
+            .filter(|e| e["action"] == action && e["rule"] == rule)
+            .collect();
+        if found.len() >= n || Instant::now() > deadline {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the after-response charges the worker queued have landed:
+/// a failed login is charged once its response has gone.
+async fn settle_charges() {
+    tokio::time::sleep(Duration::from_millis(400)).await;
+}
+
+// ----------------------------------------------------------- count_status
+
+const LOGIN: &str = r#"
+[[vars.LIMITER.rules]]
+name = "failed-logins"
+key = ["ip"]
+path_prefix = "/login"
+methods = ["POST"]
+algorithm = "windowed"
+windows = [["15m", 3, "1m"]]
+count_status = [401, 403]
+
+[[vars.LIMITER.rules]]
+name = "every-login"
+key = ["ip"]
+path_prefix = "/every-login"
+methods = ["POST"]
+algorithm = "windowed"
+windows = [["15m", 3, "1m"]]
+"#;
+
+#[tokio::test]
+async fn count_status_charges_only_the_listed_statuses_after_the_response() {
+    let stack = Stack::start(LOGIN);
+    let url = |path: &str| format!("{}{path}", stack.worker.url);
+    let ip = "203.0.113.60";
+    let statuses = |v: Vec<Response>| v.iter().map(|r| r.status().as_u16()).collect::<Vec<_>>();
+    let mut sent = Vec::new();
+
+    // Successful logins are never counted by the rule with count_status...
+    for _ in 0..6 {
+        sent.push(post(&url("/login?status=200"), ip, "text/plain", vec![]).await);
+    }
+    assert_eq!(statuses(std::mem::take(&mut sent)), [200; 6]);
+    // ...while the same rule without it counts every one.
+    for _ in 0..5 {
+        sent.push(post(&url("/every-login?status=200"), ip, "text/plain", vec![]).await);
+    }
+    assert_eq!(
+        statuses(std::mem::take(&mut sent)),
+        [200, 200, 200, 429, 429]
+    );
+
+    // Failed logins reach the origin and are charged after the response;
+    // once three are counted, the next is refused before the origin.
+    for _ in 0..3 {
+        sent.push(post(&url("/login?status=401"), ip, "text/plain", vec![]).await);
+        settle_charges().await;
+    }
+    sent.push(post(&url("/login?status=401"), ip, "text/plain", vec![]).await);
+    sent.push(post(&url("/login?status=200"), ip, "text/plain", vec![]).await);
+    assert_eq!(statuses(sent), [401, 401, 401, 429, 429]);
+    let hits = stack.origin.hits().await;
+    assert_eq!(
+        hits["paths"]["/login"],
+        6 + 3,
+        "refused logins never reached the origin: {hits}"
+    );
+}
+
+#[tokio::test]
+async fn concurrent_failures_are_bounded_and_every_later_one_refused() {
+    // N failed logins at once on a fresh limit of L: all may pass the check
+    // before any is charged (at most max(L, N)); once they are charged,
+    // every later one is refused.
+    let stack = Stack::start(LOGIN);
+    let url = format!("{}/login?status=403", stack.worker.url);
+    let (limit, n) = (3, 8);
+    let ip = "203.0.113.61";
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { post(&url, ip, "text/plain", vec![]).await.status() })
+        })
+        .collect();
+    let mut admitted = 0;
+    for h in handles {
+        if h.await.unwrap() == StatusCode::FORBIDDEN {
+            admitted += 1;
+        }
+    }
+    assert!(admitted <= limit.max(n), "{admitted} failures admitted");
+    assert!(
+        admitted >= limit,
+        "{admitted} failures admitted, the limit is {limit}"
+    );
+    settle_charges().await;
+    for _ in 0..3 {
+        let later = post(&url, ip, "text/plain", vec![]).await;
+        assert_eq!(later.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+    let mut table = Table::new(
+        "count_status: concurrent failed logins on a fresh limit",
+        &[
+            "limit L",
+            "at once N",
+            "admitted",
+            "bound max(L, N)",
+            "later ones",
+        ],
+    );
+    table.row(vec![
+        limit.to_string(),
+        n.to_string(),
+        admitted.to_string(),
+        limit.max(n).to_string(),
+        "429".into(),
+    ]);
+    table.print("count-status-concurrency");
+}
+
+#[tokio::test]
+async fn a_redis_fault_after_the_response_loses_and_delays_nothing() {
+    let backend = Backend::start();
+    let proxy = FaultProxy::start(backend.endpoint.addr()).unwrap();
+    let origin = Origin::start();
+    let worker = Worker::start(LOGIN, &proxy.url(), &origin);
+    // A first request loads the script, so that the timed one's up-front
+    // check takes milliseconds.
+    let warm = post(
+        &format!("{}/login", worker.url),
+        "203.0.113.63",
+        "text/plain",
+        vec![],
+    )
+    .await;
+    assert_eq!(warm.status(), StatusCode::OK);
+    let url = format!("{}/login?status=401&delay=400", worker.url);
+    let request = tokio::spawn(async move {
+        let started = Instant::now();
+        let r = post(&url, "203.0.113.62", "text/plain", vec![]).await;
+        (r.status(), started.elapsed())
+    });
+    // The up-front check passes; while the origin takes its time, Redis
+    // becomes unreachable for the after-response charge.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.set(Fault::Reset);
+    let (status, took) = request.await.unwrap();
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "the origin's answer arrived"
+    );
+    assert!(
+        took < Duration::from_millis(1400),
+        "the response waited for the charge: {took:?}"
+    );
+    let failed = wait_events(&worker, "charge_failed", "failed-logins", 1).await;
+    assert_eq!(failed.len(), 1, "{}", worker.log());
+    assert_eq!(failed[0]["status"], 401);
+    assert!(failed[0]["error"].as_str().is_some_and(|e| !e.is_empty()));
+    assert_eq!(failed[0]["key"], "el:{203.0.113.62}:failed-logins");
+}
+
+// ---------------------------------------------------------------- penalty
+
+const PENALTY: &str = r#"
+[[vars.LIMITER.rules]]
+name = "with-penalty"
+key = ["ip"]
+path_prefix = "/p"
+algorithm = "gcra"
+rate = 1
+period = "1s"
+burst = 2
+penalty = "3s"
+
+[[vars.LIMITER.rules]]
+name = "without-penalty"
+key = ["ip"]
+path_prefix = "/n"
+algorithm = "gcra"
+rate = 1
+period = "1s"
+burst = 2
+"#;
+
+#[tokio::test]
+async fn a_penalty_holds_a_client_for_its_whole_length_and_no_longer() {
+    let stack = Stack::start(PENALTY);
+    let url = |path: &str| format!("{}{path}", stack.worker.url);
+    let ip = "203.0.113.70";
+    for path in ["/p", "/n"] {
+        assert_eq!(get(&url(path), ip).await.status(), StatusCode::OK);
+        assert_eq!(get(&url(path), ip).await.status(), StatusCode::OK);
+        let denied = get(&url(path), ip).await;
+        assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+        let expected = if path == "/p" { "3" } else { "1" };
+        assert_eq!(header(&denied, "Retry-After"), Some(expected), "{path}");
+    }
+    let key = "el:{203.0.113.70}:with-penalty:p";
+    let pttl = |b: &Backend| b.redis(&["PTTL", key]).parse::<i64>().unwrap();
+    let started = pttl(&stack.backend);
+    assert!(
+        (2_500..=3_000).contains(&started),
+        "penalty key lives {started} ms"
+    );
+    // A second later the rate allows a request again: without a penalty it
+    // is admitted, with one it is still denied, Retry-After counting down.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(get(&url("/n"), ip).await.status(), StatusCode::OK);
+    let held = get(&url("/p"), ip).await;
+    assert_eq!(held.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&held, "Retry-After"), Some("2"));
+    // Requests during the penalty never extend it.
+    for _ in 0..5 {
+        get(&url("/p"), ip).await;
+    }
+    assert!(
+        pttl(&stack.backend) < started - 1000,
+        "the penalty was extended"
+    );
+    // Once it has run out, the client is admitted again.
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    assert_eq!(get(&url("/p"), ip).await.status(), StatusCode::OK);
+    assert_eq!(
+        pttl(&stack.backend),
+        -2,
+        "the penalty key expired by itself"
+    );
+    let starts = wait_events(&stack.worker, "penalty_start", "with-penalty", 1).await;
+    assert_eq!(starts.len(), 1);
+    assert_eq!(starts[0]["retry_after"], 3);
+    assert_eq!(starts[0]["key"], key);
+}
+
+#[tokio::test]
+async fn sixty_four_at_once_start_exactly_one_penalty() {
+    let stack = Stack::start(PENALTY);
+    let url = format!("{}/p", stack.worker.url);
+    let ip = "203.0.113.71";
+    let handles: Vec<_> = (0..64)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { get(&url, ip).await.status() })
+        })
+        .collect();
+    let mut admitted = 0;
+    for h in handles {
+        if h.await.unwrap() == StatusCode::OK {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 2, "the burst, and nothing more");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let starts = wait_events(&stack.worker, "penalty_start", "with-penalty", 1).await;
+    let denials = events(&stack.worker)
+        .into_iter()
+        .filter(|e| e["action"] == "deny")
+        .count();
+    let mut table = Table::new(
+        "penalty: 64 requests at once from one client (burst 2, penalty 3 s)",
+        &["admitted", "denied", "penalty starts"],
+    );
+    table.row(vec![
+        admitted.to_string(),
+        denials.to_string(),
+        starts.len().to_string(),
+    ]);
+    table.print("penalty-concurrency");
+    assert_eq!(starts.len(), 1, "{}", stack.worker.log());
+    assert_eq!(denials, 62);
+}
+
+// ------------------------------------------------------------- except_ips
+
+#[tokio::test]
+async fn exempt_addresses_are_not_subject_to_the_rule() {
+    let rules = r#"
+[[vars.LIMITER.rules]]
+name = "exempting"
+key = ["ip"]
+path_prefix = "/e"
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 1
+except_ips = ["10.0.0.0/8", "2001:db8::/32"]
+
+[[vars.LIMITER.rules]]
+name = "everyone"
+key = ["ip"]
+path_prefix = "/a"
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 1
+"#;
+    let stack = Stack::start(rules);
+    let url = |path: &str| format!("{}{path}", stack.worker.url);
+    for ip in ["10.1.2.3", "2001:db8::7"] {
+        for _ in 0..3 {
+            let r = get(&url("/e"), ip).await;
+            assert_eq!(r.status(), StatusCode::OK, "{ip}");
+            assert_eq!(header(&r, "RateLimit"), None, "{ip} was decided");
+        }
+        assert_eq!(get(&url("/a"), ip).await.status(), StatusCode::OK);
+        assert_eq!(
+            get(&url("/a"), ip).await.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    assert_eq!(get(&url("/e"), "11.0.0.1").await.status(), StatusCode::OK);
+    assert_eq!(
+        get(&url("/e"), "11.0.0.1").await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let keys = stack.backend.redis(&["KEYS", "el:*:exempting"]);
+    assert_eq!(
+        keys.lines().count(),
+        1,
+        "exempt clients made no Redis call: {keys}"
+    );
+}
+
+// -------------------------------------------------------------- cf facts
+
+#[tokio::test]
+async fn edge_facts_key_clients() {
+    let rules = r#"
+[[vars.LIMITER.rules]]
+name = "per-country"
+key = ["cf:country"]
+path_prefix = "/c"
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 1
+
+[[vars.LIMITER.rules]]
+name = "per-ja4"
+key = ["cf:ja4", "cf:asn"]
+path_prefix = "/j"
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 1
+
+[[vars.LIMITER.rules]]
+name = "per-ip"
+key = ["ip"]
+path_prefix = "/i"
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 1
+"#;
+    let stack = Stack::start(rules);
+    let url = |path: &str| format!("{}{path}", stack.worker.url);
+    // Two addresses in one country share its bucket; keyed by address, not.
+    assert_eq!(
+        get(&url("/c"), "198.51.100.1").await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&url("/c"), "198.51.100.2").await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        get(&url("/i"), "198.51.100.1").await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&url("/i"), "198.51.100.2").await.status(),
+        StatusCode::OK
+    );
+    // No JA4 in wrangler dev (Bot Management): a missing part, shared.
+    assert_eq!(
+        get(&url("/j"), "198.51.100.3").await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&url("/j"), "198.51.100.4").await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let keys = stack.backend.redis(&["KEYS", "el:*:per-country"]);
+    let key = keys.lines().next().unwrap_or_default().to_owned();
+    assert!(
+        key.len() > "el:{}:per-country".len() && !key.starts_with("el:{#"),
+        "the country is the bucket: {keys}"
+    );
+}
+
+// ------------------------------------------------------------- body parts
+
+const BODY: &str = r#"
+[[vars.LIMITER.rules]]
+name = "account"
+key = ["json:/username"]
+fold = ["json:/username"]
+path_prefix = "/account"
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 1
+
+[[vars.LIMITER.rules]]
+name = "account-exact"
+key = ["json:/username"]
+path_prefix = "/exact"
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 1
+
+[[vars.LIMITER.rules]]
+name = "bodies"
+key = ["json:/username"]
+path_prefix = "/bodies"
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 10
+
+[[vars.LIMITER.rules]]
+name = "form-user"
+key = ["form:user"]
+path_prefix = "/form"
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 1
+"#;
+
+fn json(username: &str) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({"username": username, "password": "x"})).unwrap()
+}
+
+#[tokio::test]
+async fn json_and_form_fields_key_clients_folded_when_asked() {
+    let stack = Stack::start(BODY);
+    let url = |path: &str| format!("{}{path}", stack.worker.url);
+    let ct = "application/json";
+    // Folded: one account however it is cased or spaced, whatever the address.
+    let r = post(&url("/account"), "198.51.100.10", ct, json("Alice@x.com")).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = post(&url("/account"), "198.51.100.11", ct, json(" alice@X.com")).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Without fold, the two spellings are two accounts.
+    let r = post(&url("/exact"), "198.51.100.10", ct, json("Alice@x.com")).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = post(&url("/exact"), "198.51.100.10", ct, json(" alice@X.com")).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    // The origin got the admitted body byte for byte.
+    let r = post(&url("/exact"), "198.51.100.12", ct, json("bob")).await;
+    assert_eq!(
+        header(&r, "x-body-sha1"),
+        Some(sha1_hex(&json("bob")).as_str())
+    );
+
+    // A form field, urlencoded or multipart, is one client however sent.
+    let urlencoded = "application/x-www-form-urlencoded";
+    let r = post(
+        &url("/form"),
+        "198.51.100.13",
+        urlencoded,
+        b"user=carol&x=1".to_vec(),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let multipart =
+        b"--B0\r\nContent-Disposition: form-data; name=\"user\"\r\n\r\ncarol\r\n--B0--\r\n"
+            .to_vec();
+    let r = post(
+        &url("/form"),
+        "198.51.100.14",
+        "multipart/form-data; boundary=B0",
+        multipart,
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    // A form field given twice with different values is refused.
+    let r = post(
+        &url("/form"),
+        "198.51.100.15",
+        urlencoded,
+        b"user=dave&user=carol".to_vec(),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn large_and_hostile_bodies_are_forwarded_intact_as_missing_parts() {
+    let stack = Stack::start(BODY);
+    let url = format!("{}/bodies", stack.worker.url);
+    let mut table = Table::new(
+        "Bodies on a json: rule: forwarded byte for byte, read at most 64 KB",
+        &["body", "bytes", "status", "origin got", "same bytes"],
+    );
+    let big: Vec<u8> = {
+        let mut doc = br#"{"username": "big", "pad": ""#.to_vec();
+        doc.extend(std::iter::repeat_n(b'a', 10 * 1024 * 1024));
+        doc.extend(br#""}"#);
+        doc
+    };
+    let deep = format!("{}{}", "[".repeat(200_000), "]".repeat(200_000)).into_bytes();
+    let bad_utf8 = b"{\"username\": \"\xff\xfe\xfd\"}".to_vec();
+    let truncated = br#"{"username": "al"#.to_vec();
+    let mut failures = Vec::new();
+    for (label, body) in [
+        ("10 MB JSON", big),
+        ("nested 200 000 deep", deep),
+        ("invalid UTF-8", bad_utf8),
+        ("cut short", truncated),
+    ] {
+        let started = Instant::now();
+        let r = post(&url, "198.51.100.20", "application/json", body.clone()).await;
+        let status = r.status().as_u16();
+        let got = header(&r, "x-body-bytes").unwrap_or("-").to_owned();
+        let same = header(&r, "x-body-sha1") == Some(sha1_hex(&body).as_str());
+        table.row(vec![
+            label.into(),
+            body.len().to_string(),
+            status.to_string(),
+            got.clone(),
+            same.to_string(),
+        ]);
+        if status != 200 || !same || got != body.len().to_string() {
+            failures.push(format!("{label}: the origin got {got} bytes, same: {same}"));
+        }
+        if status >= 500 || started.elapsed() > Duration::from_secs(30) {
+            failures.push(format!("{label}: {status} after {:?}", started.elapsed()));
+        }
+    }
+    table.print("hostile-bodies");
+    assert!(failures.is_empty(), "{failures:#?}\n{}", stack.worker.log());
+    // None had a readable username: all four counted as the one client
+    // lacking it.
+    let keys = stack.backend.redis(&["KEYS", "el:*:bodies"]);
+    assert_eq!(keys.lines().count(), 1, "{keys}");
+    let missing = edge_limiter::keys::redis_key("bodies", &[""]);
+    assert_eq!(keys.trim(), missing, "a missing part");
+    let r = get(&format!("{}/bodies", stack.worker.url), "198.51.100.21").await;
+    assert_eq!(header(&r, "RateLimit"), Some("\"bodies\";r=5;t=18000"));
+}
+
+fn sha1_hex(bytes: &[u8]) -> String {
+    sha1_smol::Sha1::from(bytes).digest().to_string()
+}
