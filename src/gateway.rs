@@ -2,7 +2,7 @@
 //! matching rules, answer from the block cache or ask Redis once, and say
 //! what to answer.
 
-use std::{cell::RefCell, time::Duration};
+use std::{borrow::Cow, cell::RefCell, time::Duration};
 
 use serde_json::Value;
 
@@ -77,43 +77,29 @@ impl<S: ScriptRunner> Limiter<'_, S> {
     /// Decides `req` at `now_ms` (the isolate's clock, used only to age
     /// cached denials). Never fails: a Redis fault becomes the fail mode.
     pub async fn handle(&self, req: &RequestMeta, now_ms: u64) -> Outcome {
-        let mut matched: Vec<&Rule> = Vec::new();
-        let mut ids = Vec::new();
-        let mut notes = Vec::new();
-        for rule in self.config.rules.iter().filter(|r| r.matches(req)) {
-            match rule.identifier(req) {
-                Ok(id) => {
-                    matched.push(rule);
-                    ids.push(id);
-                }
-                // A shadow rule never blocks, not even an ambiguous request.
-                Err(a) if rule.mode == Mode::Shadow => notes.push(format!(
-                    "edge-limiter: shadow rule `{}` would refuse this request: `{}` has several values",
-                    rule.name, a.part
-                )),
-                Err(a) => return ambiguous(rule, &a),
-            }
-        }
-        if matched.is_empty() {
+        let selection = match select(self.config, req) {
+            Ok(selection) => selection,
+            Err((rule, a)) => return ambiguous(rule, &a),
+        };
+        let mut notes: Vec<String> = selection
+            .shadow_ambiguous
+            .iter()
+            .map(|(rule, a)| {
+                format!(
+                "edge-limiter: shadow rule `{}` would refuse this request: `{}` has several values",
+                rule.name, a.part
+            )
+            })
+            .collect();
+        if selection.rules.is_empty() {
             return Outcome {
                 action: Action::Forward,
                 headers: vec![],
                 log: notes,
             };
         }
-        let checks: Vec<(Check<'_>, Vec<&str>)> = matched
-            .iter()
-            .zip(&ids)
-            .map(|(r, id)| {
-                (
-                    Check {
-                        rule: r,
-                        cost: r.cost.for_method(&req.method),
-                    },
-                    id.iter().map(|p| p.as_ref()).collect(),
-                )
-            })
-            .collect();
+        let matched: Vec<&Rule> = selection.rules.iter().map(|(r, _)| *r).collect();
+        let checks = selection.checks(&req.method);
         let mut outcome = self.decide(&matched, &checks, now_ms).await;
         notes.append(&mut outcome.log);
         outcome.log = notes;
@@ -195,6 +181,58 @@ impl<S: ScriptRunner> Limiter<'_, S> {
             log,
         }
     }
+}
+
+/// The rules a request falls under, as the worker picks them.
+#[derive(Debug)]
+pub struct Selection<'c, 'r> {
+    /// Every matching rule that identifies the client, in configuration
+    /// order, with the identifier's parts.
+    pub rules: Vec<(&'c Rule, Vec<Cow<'r, str>>)>,
+    /// Matching shadow rules that cannot identify the client (a key part
+    /// given twice): they block nothing and are only logged.
+    pub shadow_ambiguous: Vec<(&'c Rule, Ambiguous)>,
+}
+
+impl Selection<'_, '_> {
+    /// The script's checks for a request with this (upper-case) method.
+    pub fn checks(&self, method: &str) -> Vec<(Check<'_>, Vec<&str>)> {
+        self.rules
+            .iter()
+            .map(|(rule, id)| {
+                (
+                    Check {
+                        rule,
+                        cost: rule.cost.for_method(method),
+                    },
+                    id.iter().map(|p| p.as_ref()).collect(),
+                )
+            })
+            .collect()
+    }
+}
+
+/// Picks the rules for `req`. `Err` names the first matching enforced rule
+/// that cannot identify the client: the request is then refused with a 400
+/// and nothing is decided. The worker and `edge-limiter simulate` share it.
+#[allow(clippy::type_complexity)]
+pub fn select<'c, 'r>(
+    config: &'c Config,
+    req: &'r RequestMeta,
+) -> Result<Selection<'c, 'r>, (&'c Rule, Ambiguous)> {
+    let mut selection = Selection {
+        rules: Vec::new(),
+        shadow_ambiguous: Vec::new(),
+    };
+    for rule in config.rules.iter().filter(|r| r.matches(req)) {
+        match rule.identifier(req) {
+            Ok(id) => selection.rules.push((rule, id)),
+            // A shadow rule never blocks, not even an ambiguous request.
+            Err(a) if rule.mode == Mode::Shadow => selection.shadow_ambiguous.push((rule, a)),
+            Err(a) => return Err((rule, a)),
+        }
+    }
+    Ok(selection)
 }
 
 /// A 400 for a request that gives an enforced rule's key part several
