@@ -128,8 +128,14 @@ pub trait Observer {
 /// An observer that hears nothing.
 impl Observer for () {}
 
+/// Records read ahead by the reading thread, per message.
+const READ_AHEAD: usize = 4096;
+
 /// Replays `input` through `config`'s rules, deciding with `engine`.
-pub fn simulate<R: BufRead>(
+///
+/// A thread of its own reads and parses the log while this one decides and
+/// counts: on two cores that nearly halves a model run.
+pub fn simulate<R: BufRead + Send>(
     config: &Config,
     input: R,
     options: &Options,
@@ -138,54 +144,91 @@ pub fn simulate<R: BufRead>(
 ) -> Result<Report, SimError> {
     let mut reader = LogReader::new(input, options.format, &options.host).map_err(SimError::Log)?;
     let mut tally = Tally::new(config, engine.name(), reader.format().name());
-    let mut waiting: BinaryHeap<Reverse<Waiting>> = BinaryHeap::new();
-    let mut batch: Vec<Record> = Vec::with_capacity(BATCH);
-    // The latest time read, and the time up to which requests were released.
-    let (mut newest, mut released) = (0u64, 0u64);
-    let mut seq = 0u64;
-    while let Some(item) = reader.next_record() {
-        let mut record = match item {
-            Ok(record) => record,
-            Err(e) if options.strict => return Err(SimError::Strict(e)),
-            Err(e) => {
-                tally.unreadable(e);
-                continue;
+    let (send, receive) = std::sync::mpsc::sync_channel::<(Vec<_>, u64)>(4);
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            let mut chunk = Vec::with_capacity(READ_AHEAD);
+            while let Some(item) = reader.next_record() {
+                chunk.push(item);
+                if chunk.len() == READ_AHEAD {
+                    let full = std::mem::replace(&mut chunk, Vec::with_capacity(READ_AHEAD));
+                    // The receiver is gone when the simulation stopped early.
+                    if send.send((full, reader.bytes_read())).is_err() {
+                        return;
+                    }
+                }
             }
-        };
-        if record.time_ms < released {
-            tally.late();
-            record.time_ms = released;
+            let _ = send.send((chunk, reader.bytes_read()));
+        });
+        let mut order = Reorder::default();
+        for (chunk, bytes) in receive {
+            for item in chunk {
+                let record = match item {
+                    Ok(record) => record,
+                    Err(e) if options.strict => return Err(SimError::Strict(e)),
+                    Err(e) => {
+                        tally.unreadable(e);
+                        continue;
+                    }
+                };
+                order.push(record, &mut tally);
+                while let Some(record) = order.pop_due() {
+                    order.batch.push(record);
+                    if order.batch.len() == BATCH {
+                        decide_batch(config, &mut order.batch, engine, &mut tally, observer)?;
+                    }
+                }
+            }
+            observer.progress(bytes);
         }
-        newest = newest.max(record.time_ms);
-        seq += 1;
-        waiting.push(Reverse(Waiting {
+        while let Some(Reverse(w)) = order.waiting.pop() {
+            order.batch.push(w.record);
+            if order.batch.len() == BATCH {
+                decide_batch(config, &mut order.batch, engine, &mut tally, observer)?;
+            }
+        }
+        decide_batch(config, &mut order.batch, engine, &mut tally, observer)
+    })?;
+    Ok(tally.finish())
+}
+
+/// Puts records in time order within [`REORDER_MS`].
+#[derive(Default)]
+struct Reorder {
+    waiting: BinaryHeap<Reverse<Waiting>>,
+    batch: Vec<Record>,
+    /// The latest time read.
+    newest: u64,
+    /// The time up to which records were released.
+    released: u64,
+    seq: u64,
+}
+
+impl Reorder {
+    fn push(&mut self, mut record: Record, tally: &mut Tally) {
+        if record.time_ms < self.released {
+            tally.late();
+            record.time_ms = self.released;
+        }
+        self.newest = self.newest.max(record.time_ms);
+        self.seq += 1;
+        self.waiting.push(Reverse(Waiting {
             time_ms: record.time_ms,
-            seq,
+            seq: self.seq,
             record,
         }));
-        while let Some(Reverse(first)) = waiting.peek() {
-            if first.time_ms + REORDER_MS > newest {
-                break;
-            }
-            if let Some(Reverse(w)) = waiting.pop() {
-                released = w.time_ms;
-                batch.push(w.record);
-            }
-            if batch.len() == BATCH {
-                decide_batch(config, &mut batch, engine, &mut tally, observer)?;
-                observer.progress(reader.bytes_read());
-            }
-        }
     }
-    while let Some(Reverse(w)) = waiting.pop() {
-        batch.push(w.record);
-        if batch.len() == BATCH {
-            decide_batch(config, &mut batch, engine, &mut tally, observer)?;
+
+    /// The earliest record, once nothing earlier can still come.
+    fn pop_due(&mut self) -> Option<Record> {
+        let Reverse(first) = self.waiting.peek()?;
+        if first.time_ms + REORDER_MS > self.newest {
+            return None;
         }
+        let Reverse(w) = self.waiting.pop()?;
+        self.released = w.time_ms;
+        Some(w.record)
     }
-    decide_batch(config, &mut batch, engine, &mut tally, observer)?;
-    observer.progress(reader.bytes_read());
-    Ok(tally.finish())
 }
 
 /// The index of `rule` in `config` (rules are few).
