@@ -91,6 +91,9 @@ local function gcra_commit(key, now, ahead)
   local value = ''
   if now then
     value = struct.pack('<d', now + ahead)
+    -- Stand-in until main's pinned-mode expiry lands (issue 14 branch):
+    -- on a pinned clock the key must outlive a replay slower than its log.
+    ttl = ttl + 86400000
   elseif ttl * 1000 > ahead then
     value = struct.pack('<d', ttl * 1000 - ahead)
   end
