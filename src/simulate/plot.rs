@@ -112,6 +112,7 @@ pub fn svg(report: &Report) -> Result<String, String> {
             let mut chart = ChartBuilder::on(panel)
                 .caption(caption, ("sans-serif", 16))
                 .margin(12)
+                .margin_right(40)
                 .x_label_area_size(28)
                 .y_label_area_size(56)
                 .build_cartesian_2d(start..end, 0u64..top)
