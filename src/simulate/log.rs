@@ -307,12 +307,7 @@ fn parse_clf(line: &str, host: Option<&str>) -> Result<(u64, RequestMeta, Option
     let mut words = request.split(' ');
     let (method, target) = match (words.next(), words.next()) {
         (Some(m), Some(t)) if is_method(m) && !t.is_empty() => (m, t),
-        _ => {
-            return Err(format!(
-                "request {:?} is not `METHOD target`",
-                excerpt(&request)
-            ))
-        }
+        _ => return Err("the quoted request is not `METHOD target PROTOCOL`".into()),
     };
     let mut fields = rest.trim_start().splitn(3, ' ');
     let status = match fields.next() {
@@ -712,7 +707,10 @@ mod tests {
             .collect();
         assert_eq!(errors.len(), 4, "{errors:?}");
         assert_eq!(errors.iter().map(|e| e.0).collect::<Vec<_>>(), [4, 5, 6, 7]);
-        assert!(errors[0].1.contains("is not `METHOD target`"), "{errors:?}");
+        assert!(
+            errors[0].1.contains("is not `METHOD target PROTOCOL`"),
+            "{errors:?}"
+        );
         assert!(errors[2].1.contains("unreadable time"), "{errors:?}");
         assert!(errors[3].1.contains("status"), "{errors:?}");
         assert_eq!(records[3].as_ref().unwrap_err().text, "garbage");

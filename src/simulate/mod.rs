@@ -64,8 +64,8 @@ impl std::fmt::Display for SimError {
             SimError::Log(e) => e.fmt(f),
             SimError::Strict(e) => write!(
                 f,
-                "line {}: {} (--strict stops at the first unreadable line): {:?}",
-                e.line, e.reason, e.text
+                "line {}: {} (--strict stops at the first unreadable line)",
+                e.line, e.reason
             ),
             SimError::Engine(e) => e.fmt(f),
         }

@@ -283,6 +283,20 @@ impl Tally {
     }
 }
 
+/// Text from a log made safe for a terminal: control characters (a
+/// hostile log line may carry escape sequences) written as escapes.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// A Markdown table, columns padded to line up in a terminal.
 fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let width = |i: usize| {
@@ -425,7 +439,12 @@ impl Report {
         if self.unreadable > 0 {
             out.push_str(&format!("\nUnreadable lines: {}\n", self.unreadable));
             for e in &self.unreadable_first {
-                out.push_str(&format!("  line {}: {}: {:?}\n", e.line, e.reason, e.text));
+                out.push_str(&format!(
+                    "  line {}: {}\n    {}\n",
+                    e.line,
+                    e.reason,
+                    printable(&e.text)
+                ));
             }
         }
         out
