@@ -62,6 +62,9 @@ fn command(dir: &PathBuf, settings: Option<(&str, &str)>, args: &[&str]) -> (i32
     )
 }
 
+/// REST settings, the command's arguments, and what its error must say.
+type Case<'a> = (Option<(&'a str, &'a str)>, &'a [&'a str], &'a str);
+
 fn json(stdout: &str) -> Value {
     serde_json::from_str(stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
 }
@@ -192,7 +195,7 @@ async fn a_client_exhausted_through_the_worker_is_inspected_reset_and_admitted_a
     let wrong_token = "wrong-token-5b1e";
     let port = edge_limiter_local::testenv::free_port();
     let unreachable = format!("http://127.0.0.1:{port}");
-    let cases: [(Option<(&str, &str)>, &[&str], &str); 4] = [
+    let cases: [Case<'_>; 4] = [
         (
             Some((rest.as_str(), wrong_token)),
             &["inspect", "login", "203.0.113.9"],
