@@ -855,3 +855,50 @@ mod tests {
         assert_eq!(results, [Ok(1), Err((2, "not UTF-8".to_owned())), Ok(3)]);
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Pieces real lines are made of, so that generated lines get past the
+    /// first checks and reach the deeper ones.
+    fn piece() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("203.0.113.9 - - ".to_owned()),
+            Just("[20/Nov/2026:10:00:00 +0000] ".to_owned()),
+            Just("\"GET /a?b=c HTTP/1.1\" ".to_owned()),
+            Just("200 12 \"-\" \"ua\"".to_owned()),
+            Just("{\"EdgeStartTimestamp\":".to_owned()),
+            Just("\"ClientRequestURI\":\"/\"}".to_owned()),
+            Just("1795168800000,".to_owned()),
+            Just("\"".to_owned()),
+            Just("\\".to_owned()),
+            Just("[".to_owned()),
+            Just(",".to_owned()),
+            "\\PC{0,12}",
+            any::<char>().prop_map(String::from),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        /// No line, however mangled, panics a reader of any format: it is a
+        /// record or a counted error.
+        #[test]
+        fn no_line_panics(pieces in proptest::collection::vec(piece(), 0..12), more in "\\PC{0,40}") {
+            let line: String = pieces.concat() + &more;
+            for format in [Format::Csv, Format::Clf, Format::Logpush] {
+                let text = match format {
+                    Format::Csv => format!("time,ip,method,path,status,header:x,cookie:y\n{line}\n{line}"),
+                    _ => format!("{line}\n{line}"),
+                };
+                if let Ok(mut reader) = LogReader::new(text.as_bytes(), Some(format), "") {
+                    while reader.next_record().is_some() {}
+                }
+            }
+            let _ = Format::guess(&line);
+        }
+    }
+}
