@@ -3,6 +3,7 @@
 //! plain-Rust reference model.
 
 use std::{
+    collections::VecDeque,
     io::{BufReader, Write},
     os::unix::net::UnixStream,
     path::PathBuf,
@@ -62,9 +63,21 @@ impl From<std::io::Error> for EngineError {
 }
 
 /// Something that decides requests in order, each on its own pinned clock.
+/// Batches are sent and received separately, so that the engine can work
+/// on one while the caller prepares the next.
 pub trait Engine {
-    /// Decides `jobs` in the order given (equal times too): one decision each.
-    fn decide(&mut self, jobs: &[Job<'_>]) -> Result<Vec<Decision>, EngineError>;
+    /// Sends `jobs` to be decided in the order given (equal times too),
+    /// after every batch sent before.
+    fn send(&mut self, jobs: &[Job<'_>]) -> Result<(), EngineError>;
+
+    /// The decisions of the oldest batch sent and not yet received, one per job.
+    fn receive(&mut self) -> Result<Vec<Decision>, EngineError>;
+
+    /// Decides `jobs` and waits for the decisions.
+    fn decide(&mut self, jobs: &[Job<'_>]) -> Result<Vec<Decision>, EngineError> {
+        self.send(jobs)?;
+        self.receive()
+    }
 
     /// The engine's name for the report.
     fn name(&self) -> &'static str;
@@ -74,6 +87,7 @@ pub trait Engine {
 #[derive(Default)]
 pub struct ModelEngine {
     model: Model,
+    decided: VecDeque<Vec<Decision>>,
 }
 
 impl ModelEngine {
@@ -84,11 +98,17 @@ impl ModelEngine {
 }
 
 impl Engine for ModelEngine {
-    fn decide(&mut self, jobs: &[Job<'_>]) -> Result<Vec<Decision>, EngineError> {
-        Ok(jobs
+    fn send(&mut self, jobs: &[Job<'_>]) -> Result<(), EngineError> {
+        let decisions = jobs
             .iter()
             .map(|job| self.model.decide(&job.checks, job.now_ms))
-            .collect())
+            .collect();
+        self.decided.push_back(decisions);
+        Ok(())
+    }
+
+    fn receive(&mut self) -> Result<Vec<Decision>, EngineError> {
+        self.decided.pop_front().ok_or_else(nothing_sent)
     }
 
     fn name(&self) -> &'static str {
@@ -199,12 +219,18 @@ pub fn stock_redis_source() -> String {
     format!("#!lua\n{body}")
 }
 
+fn nothing_sent() -> EngineError {
+    EngineError::Reply("decisions received for a batch never sent".into())
+}
+
 /// The real script on a private redis-server, calls pipelined in order.
 pub struct RedisEngine {
     conn: BufReader<UnixStream>,
     sha1: String,
     out: Vec<u8>,
     line: Vec<u8>,
+    /// The calls of each batch sent, whose replies are still to be read.
+    sent: VecDeque<Vec<ScriptCall>>,
     // Last, so the connection closes before the server is killed.
     _redis: PrivateRedis,
 }
@@ -228,13 +254,14 @@ impl RedisEngine {
             sha1,
             out: Vec::with_capacity(1 << 20),
             line: Vec::new(),
+            sent: VecDeque::new(),
             _redis: redis,
         })
     }
 }
 
 impl Engine for RedisEngine {
-    fn decide(&mut self, jobs: &[Job<'_>]) -> Result<Vec<Decision>, EngineError> {
+    fn send(&mut self, jobs: &[Job<'_>]) -> Result<(), EngineError> {
         // EVALSHA calls on one connection run in the order sent, so a whole
         // batch goes out at once and its replies come back in that order.
         self.out.clear();
@@ -256,15 +283,21 @@ impl Engine for RedisEngine {
             resp::encode(args.into_iter(), &mut self.out);
         }
         self.conn.get_mut().write_all(&self.out)?;
+        self.sent.push_back(calls);
+        Ok(())
+    }
+
+    fn receive(&mut self) -> Result<Vec<Decision>, EngineError> {
+        let calls = self.sent.pop_front().ok_or_else(nothing_sent)?;
         let mut decisions = Vec::with_capacity(calls.len());
         let mut failure = None;
         for call in &calls {
             // Every reply is read, even after a failure, to keep the stream in step.
             let reply = resp::read_reply(&mut self.conn, &mut self.line)?;
-            match reply
+            let decision = reply
                 .map_err(|e| format!("Redis error: {e}"))
-                .and_then(|value| call.decision(&value).map_err(|e| e.to_string()))
-            {
+                .and_then(|value| call.decision(&value).map_err(|e| e.to_string()));
+            match decision {
                 Ok(d) => decisions.push(d),
                 Err(e) => failure = failure.or(Some(e)),
             }

@@ -161,6 +161,20 @@ pub fn simulate<R: BufRead + Send>(
             let _ = send.send((chunk, reader.bytes_read()));
         });
         let mut order = Reorder::default();
+        // One batch in flight while the next is read and prepared: Redis
+        // decides one while this thread counts the one before.
+        let mut in_flight: Option<InFlight> = None;
+        let mut flush = |records: Vec<Record>,
+                         in_flight: &mut Option<InFlight>,
+                         tally: &mut Tally,
+                         observer: &mut dyn Observer|
+         -> Result<(), SimError> {
+            let sent = send_batch(config, records, engine)?;
+            match in_flight.replace(sent) {
+                Some(before) => finish_batch(before, engine, tally, observer),
+                None => Ok(()),
+            }
+        };
         for (chunk, bytes) in receive {
             for item in chunk {
                 let record = match item {
@@ -175,7 +189,8 @@ pub fn simulate<R: BufRead + Send>(
                 while let Some(record) = order.pop_due() {
                     order.batch.push(record);
                     if order.batch.len() == BATCH {
-                        decide_batch(config, &mut order.batch, engine, &mut tally, observer)?;
+                        let full = std::mem::replace(&mut order.batch, Vec::with_capacity(BATCH));
+                        flush(full, &mut in_flight, &mut tally, observer)?;
                     }
                 }
             }
@@ -184,10 +199,16 @@ pub fn simulate<R: BufRead + Send>(
         while let Some(Reverse(w)) = order.waiting.pop() {
             order.batch.push(w.record);
             if order.batch.len() == BATCH {
-                decide_batch(config, &mut order.batch, engine, &mut tally, observer)?;
+                let full = std::mem::replace(&mut order.batch, Vec::with_capacity(BATCH));
+                flush(full, &mut in_flight, &mut tally, observer)?;
             }
         }
-        decide_batch(config, &mut order.batch, engine, &mut tally, observer)
+        let last = std::mem::take(&mut order.batch);
+        flush(last, &mut in_flight, &mut tally, observer)?;
+        match in_flight.take() {
+            Some(batch) => finish_batch(batch, engine, &mut tally, observer),
+            None => Ok(()),
+        }
     })?;
     Ok(tally.finish())
 }
@@ -240,20 +261,32 @@ fn index_of(config: &Config, rule: &Rule) -> usize {
         .unwrap_or_default()
 }
 
-/// Decides a batch of records in order, counts them, and empties the batch.
-fn decide_batch(
+/// What a request of a batch in flight needs once its decision is back.
+struct Fate {
+    /// The enforced rule (its index) that refused it with a 400.
+    refused: Option<usize>,
+    /// Shadow rules (indices) that could not identify its client.
+    shadow_refused: Vec<usize>,
+    /// The rules in its call (indices), with the client's identifier under each.
+    rules: Vec<(usize, String)>,
+}
+
+/// A batch sent to the engine, its decisions still to come.
+struct InFlight {
+    records: Vec<Record>,
+    fates: Vec<Fate>,
+}
+
+/// Picks each record's rules and sends the decisions to make to the
+/// engine, without waiting for them.
+fn send_batch(
     config: &Config,
-    batch: &mut Vec<Record>,
+    records: Vec<Record>,
     engine: &mut dyn Engine,
-    tally: &mut Tally,
-    observer: &mut dyn Observer,
-) -> Result<(), SimError> {
-    if batch.is_empty() {
-        return Ok(());
-    }
+) -> Result<InFlight, SimError> {
     let selections: Vec<Result<Selection<'_, '_>, (&Rule, Ambiguous)>> =
-        batch.iter().map(|r| select(config, &r.request)).collect();
-    let jobs: Vec<Job<'_>> = batch
+        records.iter().map(|r| select(config, &r.request)).collect();
+    let jobs: Vec<Job<'_>> = records
         .iter()
         .zip(&selections)
         .filter_map(|(record, selection)| match selection {
@@ -264,21 +297,53 @@ fn decide_batch(
             _ => None,
         })
         .collect();
-    let mut decisions = engine.decide(&jobs)?.into_iter();
-    for (record, selection) in batch.iter().zip(&selections) {
-        let selection = match selection {
-            Ok(s) => s,
-            Err((rule, _)) => {
-                let rule = index_of(config, rule);
-                tally.refused(record.time_ms, rule);
-                observer.verdict(record, Verdict::Refused(rule));
-                continue;
-            }
-        };
-        for (rule, _) in &selection.shadow_ambiguous {
-            tally.shadow_refused(index_of(config, rule));
+    engine.send(&jobs)?;
+    let fates = selections
+        .iter()
+        .map(|selection| match selection {
+            Err((rule, _)) => Fate {
+                refused: Some(index_of(config, rule)),
+                shadow_refused: vec![],
+                rules: vec![],
+            },
+            Ok(s) => Fate {
+                refused: None,
+                shadow_refused: s
+                    .shadow_ambiguous
+                    .iter()
+                    .map(|(rule, _)| index_of(config, rule))
+                    .collect(),
+                rules: s
+                    .rules
+                    .iter()
+                    .map(|(rule, id)| (index_of(config, rule), id.join(" | ")))
+                    .collect(),
+            },
+        })
+        .collect();
+    drop(jobs);
+    drop(selections);
+    Ok(InFlight { records, fates })
+}
+
+/// Receives a batch's decisions from the engine and counts its requests.
+fn finish_batch(
+    batch: InFlight,
+    engine: &mut dyn Engine,
+    tally: &mut Tally,
+    observer: &mut dyn Observer,
+) -> Result<(), SimError> {
+    let mut decisions = engine.receive()?.into_iter();
+    for (record, fate) in batch.records.iter().zip(&batch.fates) {
+        if let Some(rule) = fate.refused {
+            tally.refused(record.time_ms, rule);
+            observer.verdict(record, Verdict::Refused(rule));
+            continue;
         }
-        if selection.rules.is_empty() {
+        for rule in &fate.shadow_refused {
+            tally.shadow_refused(*rule);
+        }
+        if fate.rules.is_empty() {
             tally.unmatched(record.time_ms);
             observer.verdict(record, Verdict::Unmatched);
             continue;
@@ -288,20 +353,15 @@ fn decide_batch(
                 "the engine returned fewer decisions than requests".into(),
             )));
         };
-        let rules: Vec<(usize, String)> = selection
-            .rules
-            .iter()
-            .map(|(rule, id)| (index_of(config, rule), id.join(" | ")))
-            .collect();
-        tally.decided(record.time_ms, &rules, &decision);
+        tally.decided(record.time_ms, &fate.rules, &decision);
         observer.verdict(record, Verdict::Decided(&decision));
         // Issue 13 hooks in here: a rule with `count_status` charges the
         // client after the origin answered (`record.status`) an admitted
         // request, and a denial may start a `penalty` (count it in
         // `RuleReport::penalties_started`). Such a charge depends on this
         // decision and must reach the engine before the client's next
-        // request, so a batch would end after any request that charges.
+        // request: send it before the next batch, and let a batch end after
+        // any request whose rules charge after the response.
     }
-    batch.clear();
     Ok(())
 }
