@@ -4,6 +4,7 @@
 //! line only; reading goes on.
 
 use std::{
+    borrow::Cow,
     collections::HashMap,
     io::{BufRead, Read},
 };
@@ -337,13 +338,18 @@ fn parse_clf(line: &str, host: Option<&str>) -> Result<(u64, RequestMeta, Option
 }
 
 /// The text up to the closing `"` (a `\"` inside is a quote, as nginx and
-/// Apache escape it), unescaped, and what follows the quote.
-fn quoted(text: &str) -> Option<(String, &str)> {
-    let mut out = String::new();
-    let mut chars = text.char_indices();
+/// Apache escape it), unescaped, and what follows the quote. Borrowed when
+/// there is nothing to unescape, as in most lines.
+fn quoted(text: &str) -> Option<(Cow<'_, str>, &str)> {
+    let end = text.find(['"', '\\'])?;
+    if text.as_bytes()[end] == b'"' {
+        return Some((Cow::Borrowed(&text[..end]), &text[end + 1..]));
+    }
+    let mut out = String::from(&text[..end]);
+    let mut chars = text[end..].char_indices();
     while let Some((i, c)) = chars.next() {
         match c {
-            '"' => return Some((out, &text[i + 1..])),
+            '"' => return Some((Cow::Owned(out), &text[end + i + 1..])),
             '\\' => match chars.next() {
                 Some((_, '"')) => out.push('"'),
                 Some((_, '\\')) => out.push('\\'),

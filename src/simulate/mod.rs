@@ -14,7 +14,7 @@ pub mod plot;
 pub mod report;
 mod resp;
 
-use std::{cmp::Reverse, collections::BinaryHeap, io::BufRead};
+use std::{collections::VecDeque, io::BufRead};
 
 use crate::{
     config::{Config, Rule},
@@ -80,29 +80,10 @@ impl From<EngineError> for SimError {
     }
 }
 
-/// A record waiting in the reordering window, ordered by time, then by
-/// its place in the log, so equal times keep log order.
+/// A record waiting in the reordering window.
 struct Waiting {
     time_ms: u64,
-    seq: u64,
     record: Record,
-}
-
-impl PartialEq for Waiting {
-    fn eq(&self, other: &Self) -> bool {
-        (self.time_ms, self.seq) == (other.time_ms, other.seq)
-    }
-}
-impl Eq for Waiting {}
-impl PartialOrd for Waiting {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Waiting {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.time_ms, self.seq).cmp(&(other.time_ms, other.seq))
-    }
 }
 
 /// What became of one request.
@@ -196,7 +177,7 @@ pub fn simulate<R: BufRead + Send>(
             }
             observer.progress(bytes);
         }
-        while let Some(Reverse(w)) = order.waiting.pop() {
+        while let Some(w) = order.waiting.pop_front() {
             order.batch.push(w.record);
             if order.batch.len() == BATCH {
                 let full = std::mem::replace(&mut order.batch, Vec::with_capacity(BATCH));
@@ -213,16 +194,18 @@ pub fn simulate<R: BufRead + Send>(
     Ok(tally.finish())
 }
 
-/// Puts records in time order within [`REORDER_MS`].
+/// Puts records in time order within [`REORDER_MS`]; equal times keep
+/// log order.
 #[derive(Default)]
 struct Reorder {
-    waiting: BinaryHeap<Reverse<Waiting>>,
+    /// In time order. Most logs are nearly sorted, so a record mostly goes
+    /// at the back, or close to it: cheaper than a heap of whole records.
+    waiting: VecDeque<Waiting>,
     batch: Vec<Record>,
     /// The latest time read.
     newest: u64,
     /// The time up to which records were released.
     released: u64,
-    seq: u64,
 }
 
 impl Reorder {
@@ -231,22 +214,24 @@ impl Reorder {
             tally.late();
             record.time_ms = self.released;
         }
-        self.newest = self.newest.max(record.time_ms);
-        self.seq += 1;
-        self.waiting.push(Reverse(Waiting {
-            time_ms: record.time_ms,
-            seq: self.seq,
-            record,
-        }));
+        let time_ms = record.time_ms;
+        self.newest = self.newest.max(time_ms);
+        let waiting = Waiting { time_ms, record };
+        if self.waiting.back().is_none_or(|w| w.time_ms <= time_ms) {
+            self.waiting.push_back(waiting);
+        } else {
+            let at = self.waiting.partition_point(|w| w.time_ms <= time_ms);
+            self.waiting.insert(at, waiting);
+        }
     }
 
     /// The earliest record, once nothing earlier can still come.
     fn pop_due(&mut self) -> Option<Record> {
-        let Reverse(first) = self.waiting.peek()?;
+        let first = self.waiting.front()?;
         if first.time_ms + REORDER_MS > self.newest {
             return None;
         }
-        let Reverse(w) = self.waiting.pop()?;
+        let w = self.waiting.pop_front()?;
         self.released = w.time_ms;
         Some(w.record)
     }

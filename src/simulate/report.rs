@@ -119,8 +119,8 @@ pub struct Report {
 /// Counts requests as they are decided, in time order.
 pub struct Tally {
     report: Report,
-    /// Requests and denials per (rule, client identifier).
-    clients: HashMap<(usize, String), (u64, u64)>,
+    /// Per rule, requests and denials per client identifier.
+    clients: Vec<HashMap<String, (u64, u64)>>,
     second: SecondReport,
 }
 
@@ -144,7 +144,7 @@ impl Tally {
                 series: vec![Vec::new(); config.rules.len()],
                 ..Report::default()
             },
-            clients: HashMap::new(),
+            clients: vec![HashMap::new(); config.rules.len()],
             second: SecondReport::default(),
         }
     }
@@ -248,7 +248,12 @@ impl Tally {
             }
             let plotted_denial = !state.allowed && (r.shadow || !decision.allowed);
             self.point(*rule, time_ms, decision.allowed, plotted_denial);
-            let counts = self.clients.entry((*rule, client.clone())).or_default();
+            // Most requests come from clients seen before: no key to copy then.
+            let clients = &mut self.clients[*rule];
+            let counts = match clients.get_mut(client.as_str()) {
+                Some(counts) => counts,
+                None => clients.entry(client.clone()).or_default(),
+            };
             counts.0 += 1;
             // The binding rule is the one the client was told it hit.
             if !decision.allowed && i == decision.binding {
@@ -262,8 +267,10 @@ impl Tally {
         let mut denied: Vec<ClientReport> = self
             .clients
             .into_iter()
-            .filter(|(_, (_, d))| *d > 0)
-            .map(|((rule, client), (requests, denied))| ClientReport {
+            .enumerate()
+            .flat_map(|(rule, clients)| clients.into_iter().map(move |c| (rule, c)))
+            .filter(|(_, (_, (_, d)))| *d > 0)
+            .map(|(rule, (client, (requests, denied)))| ClientReport {
                 rule: self.report.rules[rule].name.clone(),
                 client,
                 denied,
