@@ -81,6 +81,8 @@ pub struct LineError {
 pub enum LogError {
     /// Reading the file failed.
     Io(std::io::Error),
+    /// `--format` was not given and the log holds nothing to guess it from.
+    Empty,
     /// `--format` was not given and the first line fits none.
     Unrecognized(String),
     /// The CSV header row lacks a column the simulator needs.
@@ -91,6 +93,7 @@ impl std::fmt::Display for LogError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             LogError::Io(e) => write!(f, "cannot read the log: {e}"),
+            LogError::Empty => write!(f, "the log is empty"),
             LogError::Unrecognized(line) => write!(
                 f,
                 "the log's first line is neither CSV with a `time` column, the Common Log Format, \
@@ -526,6 +529,7 @@ impl<R: BufRead> LogReader<Replayed<R>> {
         let first_text = String::from_utf8_lossy(&first).into_owned();
         let format = match format {
             Some(f) => f,
+            None if first_text.trim().is_empty() => return Err(LogError::Empty),
             None => Format::guess(&first_text)
                 .ok_or_else(|| LogError::Unrecognized(excerpt(&first_text)))?,
         };
@@ -787,6 +791,11 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("--format"), "{err}");
+        let err = LogReader::new("".as_bytes(), None, "").err().unwrap();
+        assert_eq!(err.to_string(), "the log is empty");
+        // Named, an empty log is an empty report.
+        let mut empty = LogReader::new("".as_bytes(), Some(Format::Clf), "").unwrap();
+        assert!(empty.next_record().is_none());
     }
 
     #[test]
