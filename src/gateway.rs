@@ -84,12 +84,7 @@ impl<S: ScriptRunner> Limiter<'_, S> {
         let mut notes: Vec<String> = selection
             .shadow_ambiguous
             .iter()
-            .map(|(rule, a)| {
-                format!(
-                "edge-limiter: shadow rule `{}` would refuse this request: `{}` has several values",
-                rule.name, a.part
-            )
-            })
+            .map(|(rule, a)| shadow_refusal_note(rule, a))
             .collect();
         if selection.rules.is_empty() {
             return Outcome {
@@ -212,14 +207,17 @@ impl Selection<'_, '_> {
     }
 }
 
+/// An enforced rule that cannot identify a request's client, and why: the
+/// request is refused with a 400.
+pub type Refusal<'c> = (&'c Rule, Ambiguous);
+
 /// Picks the rules for `req`. `Err` names the first matching enforced rule
 /// that cannot identify the client: the request is then refused with a 400
 /// and nothing is decided. The worker and `edge-limiter simulate` share it.
-#[allow(clippy::type_complexity)]
 pub fn select<'c, 'r>(
     config: &'c Config,
     req: &'r RequestMeta,
-) -> Result<Selection<'c, 'r>, (&'c Rule, Ambiguous)> {
+) -> Result<Selection<'c, 'r>, Refusal<'c>> {
     let mut selection = Selection {
         rules: Vec::new(),
         shadow_ambiguous: Vec::new(),
@@ -233,6 +231,14 @@ pub fn select<'c, 'r>(
         }
     }
     Ok(selection)
+}
+
+/// The log line for a shadow rule that could not identify a client.
+fn shadow_refusal_note(rule: &Rule, a: &Ambiguous) -> String {
+    format!(
+        "edge-limiter: shadow rule `{}` would refuse this request: `{}` has several values",
+        rule.name, a.part
+    )
 }
 
 /// A 400 for a request that gives an enforced rule's key part several

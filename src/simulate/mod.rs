@@ -19,8 +19,7 @@ use std::{collections::VecDeque, io::BufRead};
 use crate::{
     config::{Config, Rule},
     decision::Decision,
-    gateway::{select, Selection},
-    rules::Ambiguous,
+    gateway::{select, Refusal, Selection},
 };
 use engine::{Engine, EngineError, Job};
 use log::{Format, LineError, LogError, LogReader, Record};
@@ -269,7 +268,7 @@ fn send_batch(
     records: Vec<Record>,
     engine: &mut dyn Engine,
 ) -> Result<InFlight, SimError> {
-    let selections: Vec<Result<Selection<'_, '_>, (&Rule, Ambiguous)>> =
+    let selections: Vec<Result<Selection<'_, '_>, Refusal<'_>>> =
         records.iter().map(|r| select(config, &r.request)).collect();
     let jobs: Vec<Job<'_>> = records
         .iter()
