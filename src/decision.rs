@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::{
     config::{Mode, Rule},
     keys::{redis_key, window_offset},
-    policy::{Gcra, Policy, Window},
+    policy::{Gcra, Policy, Window, Windows},
     redis_rest::RestError,
 };
 
@@ -235,6 +235,37 @@ impl ScriptCall {
             _ => return Decision::from_reply(reply, &self.modes, self.penalties),
         };
         Ok(Decision::settle(vec![state], &self.modes))
+    }
+
+    /// A look at where one client stands on `rule`, consuming nothing:
+    /// one state per window in the reply's decision (a decision reports
+    /// only the binding window), or the one GCRA state. Each window is
+    /// peeked as a rule of its own over the same key, with the rule's own
+    /// bucket offset, so it reads exactly the counters the rule keeps.
+    pub fn inspect(rule: &Rule, id: &[&str]) -> ScriptCall {
+        let windows = match &rule.policy {
+            Policy::Windowed(ws) if ws.len() > 1 => ws,
+            _ => return ScriptCall::decide(&[(Check { rule, cost: 0 }, id.to_vec())], None),
+        };
+        let key = redis_key(&rule.name, id);
+        let offset = window_offset(&key, rule.policy.longest_ms());
+        let mut args = vec![
+            "decide".to_owned(),
+            String::new(),
+            "e".repeat(windows.len()),
+        ];
+        for w in windows.iter() {
+            if let Ok(one) = Windows::new(vec![*w]) {
+                Policy::Windowed(one).push_args(0, offset, &mut args);
+            }
+        }
+        ScriptCall {
+            keys: vec![key; windows.len()],
+            args,
+            modes: vec![Mode::Enforce; windows.len()],
+            lone: None,
+            penalties: false,
+        }
     }
 
     /// Forgets the state of the given rules for these clients.
@@ -558,6 +589,42 @@ mod tests {
             call(&c.rules[1]).decision(&json!(5_000)),
             Err(RestError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn an_inspection_peeks_at_every_window_with_the_rules_offset() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "w", "key": ["ip"], "algorithm": "windowed",
+             "windows": [["1s", 10, "100ms"], ["1m", 100, "1s"]]},
+            {"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s"}
+        ]}))
+        .unwrap();
+        let call = ScriptCall::inspect(&c.rules[0], &["1.2.3.4"]);
+        let offset = window_offset("el:{1.2.3.4}:w", 60_000).to_string();
+        assert_eq!(call.keys, ["el:{1.2.3.4}:w", "el:{1.2.3.4}:w"]);
+        assert_eq!(
+            call.args,
+            [
+                "decide", "", "ee", "window", "0", &offset, "1", "1000", "10", "100", "window",
+                "0", &offset, "1", "60000", "100", "1000"
+            ]
+        );
+        let d = call
+            .decision(&json!([1, 10, 7, 900, 0, 1, 1, 100, 40, 59_000, 0, 1]))
+            .unwrap();
+        assert_eq!((d.rules[0].remaining, d.rules[1].remaining), (7, 40));
+        // GCRA, or a single window: the rule's own peek.
+        let peek = ScriptCall::decide(
+            &[(
+                Check {
+                    rule: &c.rules[1],
+                    cost: 0,
+                },
+                vec!["1.2.3.4"],
+            )],
+            None,
+        );
+        assert_eq!(ScriptCall::inspect(&c.rules[1], &["1.2.3.4"]), peek);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! matching rules, answer from the block cache or ask Redis once, and say
 //! what to answer.
 
-use std::{cell::RefCell, time::Duration};
+use std::{borrow::Cow, cell::RefCell, time::Duration};
 
 use serde_json::Value;
 
@@ -104,42 +104,35 @@ impl<S: ScriptRunner> Limiter<'_, S> {
     /// Decides `req` at `now_ms` (the isolate's clock, used only to age
     /// cached denials). Never fails: a Redis fault becomes the fail mode.
     pub async fn handle(&self, req: &RequestMeta, now_ms: u64) -> Outcome {
-        let mut matched: Vec<Matched<'_>> = Vec::new();
-        let mut ids = Vec::new();
-        let mut events = Vec::new();
-        for (i, rule) in self.config.rules.iter().enumerate() {
-            if !rule.matches(req) {
-                continue;
-            }
-            match rule.identifier(req) {
-                Ok(id) => {
-                    matched.push((i, rule));
-                    ids.push(id);
-                }
-                // A shadow rule never blocks, not even an ambiguous request.
-                Err(a) if rule.mode == Mode::Shadow => events.push(Event {
-                    error: Some(ambiguity(&a)),
-                    ..Event::new(EventAction::Refuse, &rule.name)
-                }),
-                Err(a) => return ambiguous(rule, &a),
-            }
-        }
-        if matched.is_empty() {
-            return Outcome::forward(vec![], events);
-        }
-        let checks: Vec<(Check<'_>, Vec<&str>)> = matched
+        let selection = match select(self.config, req) {
+            Ok(selection) => selection,
+            Err((rule, a)) => return ambiguous(rule, &a),
+        };
+        // A shadow rule never blocks, not even an ambiguous request.
+        let mut events: Vec<Event> = selection
+            .shadow_ambiguous
             .iter()
-            .zip(&ids)
-            .map(|((_, r), id)| {
-                (
-                    Check {
-                        rule: r,
-                        cost: r.cost.for_method(&req.method),
-                    },
-                    id.iter().map(|p| p.as_ref()).collect(),
-                )
+            .map(|(rule, a)| Event {
+                error: Some(ambiguity(a)),
+                ..Event::new(EventAction::Refuse, &rule.name)
             })
             .collect();
+        if selection.rules.is_empty() {
+            return Outcome::forward(vec![], events);
+        }
+        let matched: Vec<Matched<'_>> = selection
+            .rules
+            .iter()
+            .map(|(rule, _)| {
+                let index = self
+                    .config
+                    .rules
+                    .iter()
+                    .position(|r| std::ptr::eq(r, *rule));
+                (index.unwrap_or_default(), *rule)
+            })
+            .collect();
+        let checks = selection.checks(&req.method);
         let mut outcome = self.decide(&matched, &checks, now_ms).await;
         events.append(&mut outcome.events);
         outcome.events = events;
@@ -278,6 +271,61 @@ impl<S: ScriptRunner> Limiter<'_, S> {
             charge: None,
         }
     }
+}
+
+/// The rules a request falls under, as the worker picks them.
+#[derive(Debug)]
+pub struct Selection<'c, 'r> {
+    /// Every matching rule that identifies the client, in configuration
+    /// order, with the identifier's parts.
+    pub rules: Vec<(&'c Rule, Vec<Cow<'r, str>>)>,
+    /// Matching shadow rules that cannot identify the client (a key part
+    /// given twice): they block nothing and are only logged.
+    pub shadow_ambiguous: Vec<(&'c Rule, Ambiguous)>,
+}
+
+impl Selection<'_, '_> {
+    /// The script's checks for a request with this (upper-case) method.
+    pub fn checks(&self, method: &str) -> Vec<(Check<'_>, Vec<&str>)> {
+        self.rules
+            .iter()
+            .map(|(rule, id)| {
+                (
+                    Check {
+                        rule,
+                        cost: rule.cost.for_method(method),
+                    },
+                    id.iter().map(|p| p.as_ref()).collect(),
+                )
+            })
+            .collect()
+    }
+}
+
+/// An enforced rule that cannot identify a request's client, and why: the
+/// request is refused with a 400.
+pub type Refusal<'c> = (&'c Rule, Ambiguous);
+
+/// Picks the rules for `req`. `Err` names the first matching enforced rule
+/// that cannot identify the client: the request is then refused with a 400
+/// and nothing is decided. The worker and `edge-limiter simulate` share it.
+pub fn select<'c, 'r>(
+    config: &'c Config,
+    req: &'r RequestMeta,
+) -> Result<Selection<'c, 'r>, Refusal<'c>> {
+    let mut selection = Selection {
+        rules: Vec::new(),
+        shadow_ambiguous: Vec::new(),
+    };
+    for rule in config.rules.iter().filter(|r| r.matches(req)) {
+        match rule.identifier(req) {
+            Ok(id) => selection.rules.push((rule, id)),
+            // A shadow rule never blocks, not even an ambiguous request.
+            Err(a) if rule.mode == Mode::Shadow => selection.shadow_ambiguous.push((rule, a)),
+            Err(a) => return Err((rule, a)),
+        }
+    }
+    Ok(selection)
 }
 
 /// The tightest budget of these rules: none waits longer than it allows.

@@ -23,6 +23,8 @@
 //!
 //! Everything except [`entry`] is plain Rust that builds and tests natively.
 
+#[cfg(not(target_arch = "wasm32"))]
+pub mod admin;
 pub mod body;
 pub mod budget;
 pub mod cache;
@@ -43,3 +45,5 @@ pub mod policy;
 pub mod redis_rest;
 pub mod rules;
 pub mod scripts;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod simulate;

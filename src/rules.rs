@@ -259,6 +259,113 @@ impl KeyPart {
     }
 }
 
+impl Rule {
+    /// A request carrying `values` as this rule's key parts, in order, each
+    /// spelled as a client would send it (a query value or cookie as it
+    /// appears on the wire). [`Rule::identifier`] of it is the identifier
+    /// the worker derives for such a client, so tools that name a client by
+    /// its values (`edge-limiter inspect`, `reset`) reach the worker's key.
+    pub fn request_with_key(&self, values: &[&str]) -> Result<RequestMeta, WrongValueCount> {
+        if values.len() != self.key.len() {
+            return Err(WrongValueCount {
+                parts: self.key.clone(),
+                given: values.len(),
+            });
+        }
+        let mut req = RequestMeta {
+            method: "GET".to_owned(),
+            path: "/".to_owned(),
+            ..RequestMeta::default()
+        };
+        let mut query = Vec::new();
+        let mut form = Vec::new();
+        let mut json = serde_json::Value::Null;
+        for (part, value) in self.key.iter().zip(values) {
+            part.put(value, &mut req, &mut query, &mut form, &mut json);
+        }
+        if !query.is_empty() {
+            req.query = Some(query.join("&"));
+        }
+        if !json.is_null() {
+            req.body = serde_json::to_vec(&json).ok();
+        } else if !form.is_empty() {
+            req.body = Some(form.join("&").into_bytes());
+            req.headers.push((
+                "content-type".to_owned(),
+                "application/x-www-form-urlencoded".to_owned(),
+            ));
+        }
+        Ok(req)
+    }
+}
+
+impl KeyPart {
+    /// Puts `value` where a client's request would carry this part.
+    fn put(
+        &self,
+        value: &str,
+        req: &mut RequestMeta,
+        query: &mut Vec<String>,
+        form: &mut Vec<String>,
+        json: &mut serde_json::Value,
+    ) {
+        let header = |name: &str| (name.to_owned(), value.to_owned());
+        match self {
+            KeyPart::Ip => req.headers.push(header("cf-connecting-ip")),
+            KeyPart::Header(name) => req.headers.push(header(name)),
+            KeyPart::Cookie(name) => req
+                .headers
+                .push(("cookie".to_owned(), format!("{name}={value}"))),
+            KeyPart::Query(name) => query.push(format!("{name}={value}")),
+            KeyPart::Path => req.path = normalize_path(value),
+            KeyPart::UserAgent => req.headers.push(header("user-agent")),
+            KeyPart::Cf(field) => req.cf.push((*field, value.to_owned())),
+            KeyPart::Form(name) => form.push(format!("{name}={value}")),
+            KeyPart::Json(pointer) => {
+                // The document {"a": {"b": value}} for the pointer /a/b.
+                let mut at = json;
+                for token in pointer.split('/').skip(1) {
+                    let token = token.replace("~1", "/").replace("~0", "~");
+                    if !at.is_object() {
+                        *at = serde_json::Value::Object(Default::default());
+                    }
+                    at = at
+                        .as_object_mut()
+                        .expect("made an object just above")
+                        .entry(token)
+                        .or_insert(serde_json::Value::Null);
+                }
+                *at = serde_json::Value::String(value.to_owned());
+            }
+            KeyPart::Folded(inner) => inner.put(value, req, query, form, json),
+        }
+    }
+}
+
+/// Values given for a rule's key parts that do not match them one to one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrongValueCount {
+    /// The rule's key parts, in order.
+    pub parts: Vec<KeyPart>,
+    /// How many values were given.
+    pub given: usize,
+}
+
+impl std::fmt::Display for WrongValueCount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self.parts.iter().map(ToString::to_string).collect();
+        write!(
+            f,
+            "the rule is keyed on [{}]: give {} value(s), one per part in that order, not {}",
+            parts.join(", "),
+            parts.len(),
+            self.given
+        )
+    }
+}
+
+impl std::error::Error for WrongValueCount {}
+
 /// A request that names one key part more than once with different values.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ambiguous {
@@ -511,6 +618,35 @@ mod tests {
             ids(&r, &q).unwrap(),
             ["198.51.100.4", "key1", "s3", "v2", "/p", "curl/8"]
         );
+    }
+
+    #[test]
+    fn key_values_give_the_identifier_the_worker_derives() {
+        let r =
+            rule(json!({"key": ["ip", "query:k", "cookie:sid", "path", "header:x-forwarded-for"]}));
+        let sent = r
+            .request_with_key(&[
+                "2001:db8::7",
+                "a+b",
+                "%73%33",
+                "/API/x/",
+                "spoofed, 10.0.0.1",
+            ])
+            .unwrap();
+        let worker = req(
+            "POST",
+            "/api/x",
+            Some("k=a%20b"),
+            &[
+                ("cf-connecting-ip", "2001:db8:0:0:1::9"),
+                ("cookie", "sid=s3"),
+                ("x-forwarded-for", "10.0.0.1"),
+            ],
+        );
+        assert_eq!(ids(&r, &sent), ids(&r, &worker));
+        let wrong = r.request_with_key(&["1.2.3.4"]).unwrap_err();
+        assert_eq!(wrong.given, 1);
+        assert!(wrong.to_string().contains("give 5 value(s)"), "{wrong}");
     }
 
     #[test]

@@ -1,53 +1,336 @@
-//! `edge-limiter check [wrangler.toml]`: validates the limiter configuration
-//! of every environment in a wrangler.toml before `wrangler deploy`.
+//! `edge-limiter`: the native command beside the worker.
+//!
+//! - `check [wrangler.toml]` validates every environment's rules;
+//! - `simulate [wrangler.toml] --log FILE` replays a request log through them;
+//! - `inspect RULE VALUE...` shows where one client stands on one rule;
+//! - `reset RULE VALUE...` forgets that client's state on that rule.
+
+#[cfg(not(target_arch = "wasm32"))]
+mod cli {
+    use std::{
+        fs::File,
+        io::{BufReader, IsTerminal, Write},
+        path::{Path, PathBuf},
+        process::ExitCode,
+        time::{Duration, Instant},
+    };
+
+    use clap::{Parser, Subcommand, ValueEnum};
+    use edge_limiter::{
+        admin,
+        check::{check_wrangler_toml, describe},
+        config::Config,
+        redis_rest::RestClient,
+        simulate::{
+            self,
+            engine::{Engine, ModelEngine, RedisEngine},
+            log::Format,
+            plot,
+        },
+    };
+    use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+    /// Rate-limit rules for the edge-limiter worker: check, simulate, inspect, reset.
+    #[derive(Parser)]
+    #[command(name = "edge-limiter", version, about)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Command,
+    }
+
+    #[derive(Subcommand)]
+    enum Command {
+        /// Validate every environment's rules in a wrangler.toml before deploying.
+        Check {
+            /// The configuration.
+            #[arg(default_value = "wrangler.toml")]
+            config: PathBuf,
+        },
+        /// Replay a request log through the rules and report what the worker would have decided.
+        Simulate(SimulateArgs),
+        /// Show where one client stands on one rule, consuming nothing.
+        Inspect(ClientArgs),
+        /// Forget one client's state on one rule.
+        Reset(ClientArgs),
+    }
+
+    #[derive(clap::Args)]
+    struct SimulateArgs {
+        /// The configuration whose rules to replay.
+        #[arg(default_value = "wrangler.toml")]
+        config: PathBuf,
+        /// The request log: CSV with a header row, Common/Combined Log Format, or Logpush JSON lines.
+        #[arg(long, value_name = "FILE")]
+        log: PathBuf,
+        /// Use the rules of `[env.NAME]` instead of the top level.
+        #[arg(long, value_name = "NAME")]
+        env: Option<String>,
+        /// The log's format; guessed from its first line when absent.
+        #[arg(long, value_enum)]
+        format: Option<LogFormat>,
+        /// What decides: the real script on a private redis-server, or the reference model.
+        #[arg(long, value_enum, default_value_t = EngineKind::Redis)]
+        engine: EngineKind,
+        /// Stop with an error at the first line that cannot be read.
+        #[arg(long)]
+        strict: bool,
+        /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
+        /// Also draw admitted and denied requests over time: FILE.svg, or FILE.html for a page.
+        #[arg(long, value_name = "FILE")]
+        plot: Option<PathBuf>,
+        /// Host of requests whose log line names none (the Common Log Format never does).
+        #[arg(long, value_name = "HOST", default_value = "")]
+        host: String,
+        /// No progress bar.
+        #[arg(long, short)]
+        quiet: bool,
+    }
+
+    #[derive(Clone, Copy, ValueEnum)]
+    enum LogFormat {
+        Csv,
+        Clf,
+        Logpush,
+    }
+
+    #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+    enum EngineKind {
+        Redis,
+        Model,
+    }
+
+    #[derive(clap::Args)]
+    struct ClientArgs {
+        /// The rule's name.
+        rule: String,
+        /// The client's key parts in the rule's order, as the client sends them (e.g. its IP).
+        #[arg(required = true, value_name = "VALUE")]
+        values: Vec<String>,
+        /// The configuration holding the rule.
+        #[arg(long, default_value = "wrangler.toml", value_name = "FILE")]
+        config: PathBuf,
+        /// Use the rules of `[env.NAME]` instead of the top level.
+        #[arg(long, value_name = "NAME")]
+        env: Option<String>,
+        /// Print the answer as JSON.
+        #[arg(long)]
+        json: bool,
+    }
+
+    /// A one-line error on stderr, and the exit status it calls for.
+    struct Failure(String, u8);
+
+    impl<E: std::fmt::Display> From<E> for Failure {
+        fn from(e: E) -> Failure {
+            Failure(e.to_string(), 1)
+        }
+    }
+
+    pub fn main() -> ExitCode {
+        let cli = Cli::parse();
+        let result = match cli.command {
+            Command::Check { config } => return check(&config),
+            Command::Simulate(args) => simulate(args),
+            Command::Inspect(args) => client_command(args, false),
+            Command::Reset(args) => client_command(args, true),
+        };
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(Failure(message, code)) => {
+                eprintln!("edge-limiter: {message}");
+                ExitCode::from(code)
+            }
+        }
+    }
+
+    fn check(path: &Path) -> ExitCode {
+        let shown = path.display();
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("{shown}: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        let verdicts = match check_wrangler_toml(&text) {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("{shown}: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let mut ok = true;
+        for (env, verdict) in verdicts {
+            match verdict {
+                Ok(config) => {
+                    println!("{shown} [{env}]: ok");
+                    for line in describe(&config) {
+                        println!("  {line}");
+                    }
+                }
+                Err(e) => {
+                    ok = false;
+                    eprintln!("{shown} [{env}]: {e}");
+                }
+            }
+        }
+        if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    }
+
+    /// The configuration of one environment (`None`: the top level).
+    fn load_config(path: &Path, env: Option<&str>) -> Result<Config, Failure> {
+        let shown = path.display();
+        let text =
+            std::fs::read_to_string(path).map_err(|e| Failure(format!("{shown}: {e}"), 2))?;
+        let verdicts = check_wrangler_toml(&text).map_err(|e| format!("{shown}: {e}"))?;
+        let wanted = env.map_or("(top level)".to_owned(), |e| format!("env.{e}"));
+        let envs: Vec<String> = verdicts.iter().map(|(name, _)| name.clone()).collect();
+        let (_, verdict) = verdicts
+            .into_iter()
+            .find(|(name, _)| *name == wanted)
+            .ok_or_else(|| {
+                Failure(
+                    format!("{shown} has no [{wanted}]; it has {}", envs.join(", ")),
+                    2,
+                )
+            })?;
+        verdict.map_err(|e| Failure(format!("{shown} [{wanted}]: {e}"), 1))
+    }
+
+    fn simulate(args: SimulateArgs) -> Result<(), Failure> {
+        let config = load_config(&args.config, args.env.as_deref())?;
+        let shown = args.log.display().to_string();
+        let file = File::open(&args.log).map_err(|e| Failure(format!("{shown}: {e}"), 2))?;
+        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let options = simulate::Options {
+            format: args.format.map(|f| match f {
+                LogFormat::Csv => Format::Csv,
+                LogFormat::Clf => Format::Clf,
+                LogFormat::Logpush => Format::Logpush,
+            }),
+            host: args.host.to_ascii_lowercase(),
+            strict: args.strict,
+        };
+        let mut engine: Box<dyn Engine> = match args.engine {
+            EngineKind::Redis => Box::new(RedisEngine::start()?),
+            EngineKind::Model => Box::new(ModelEngine::new()),
+        };
+        let mut bar = Progress::new(size, args.quiet);
+        let report = simulate::simulate(
+            &config,
+            BufReader::with_capacity(1 << 20, file),
+            &options,
+            engine.as_mut(),
+            &mut bar,
+        );
+        bar.finish();
+        // The private redis-server stops here, before anything is printed.
+        drop(engine);
+        let report = report?;
+        if let Some(path) = &args.plot {
+            let is_html = path
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("html") || e.eq_ignore_ascii_case("htm"));
+            let page = if is_html {
+                plot::html(&report, &shown)?
+            } else {
+                plot::svg(&report)?
+            };
+            std::fs::write(path, page).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        let mut out = std::io::stdout().lock();
+        let text = if args.json {
+            format!("{}\n", report.to_json())
+        } else {
+            report.render_text(&shown)
+        };
+        out.write_all(text.as_bytes())?;
+        Ok(())
+    }
+
+    /// A progress bar on stderr over the log's bytes, shown only when stderr
+    /// is a terminal and the run has lasted a second.
+    struct Progress {
+        bar: Option<ProgressBar>,
+        started: Instant,
+    }
+
+    impl Progress {
+        fn new(size: u64, quiet: bool) -> Progress {
+            let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
+                let bar = ProgressBar::with_draw_target(Some(size), ProgressDrawTarget::hidden());
+                if let Ok(style) = ProgressStyle::with_template(
+                    "{elapsed_precise} [{bar:40}] {bytes}/{total_bytes} ({eta} left)",
+                ) {
+                    bar.set_style(style.progress_chars("=> "));
+                }
+                bar
+            });
+            Progress {
+                bar,
+                started: Instant::now(),
+            }
+        }
+
+        fn finish(&self) {
+            if let Some(bar) = &self.bar {
+                bar.finish_and_clear();
+            }
+        }
+    }
+
+    impl simulate::Observer for Progress {
+        fn progress(&mut self, bytes: u64) {
+            if let Some(bar) = &self.bar {
+                if bar.is_hidden() && self.started.elapsed() > Duration::from_secs(1) {
+                    bar.set_draw_target(ProgressDrawTarget::stderr());
+                }
+                bar.set_position(bytes);
+            }
+        }
+    }
+
+    fn client_command(args: ClientArgs, reset: bool) -> Result<(), Failure> {
+        let config = load_config(&args.config, args.env.as_deref())?;
+        let rule = admin::find_rule(&config, &args.rule)?;
+        let values: Vec<&str> = args.values.iter().map(String::as_str).collect();
+        // Wrong values fail before any setting is needed.
+        admin::identifier(rule, &values)?;
+        let dev_vars = std::fs::read_to_string(".dev.vars").ok();
+        let (url, token) = admin::settings(|k| std::env::var(k).ok(), dev_vars.as_deref())?;
+        let client = RestClient::new(&url, &token)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let text = if reset {
+            let removed = runtime.block_on(admin::reset(&client, rule, &values))?;
+            if args.json {
+                format!("{}\n", removed.to_json())
+            } else {
+                removed.render()
+            }
+        } else {
+            let standing = runtime.block_on(admin::inspect(&client, rule, &values))?;
+            if args.json {
+                format!("{}\n", standing.to_json())
+            } else {
+                standing.render()
+            }
+        };
+        std::io::stdout().lock().write_all(text.as_bytes())?;
+        Ok(())
+    }
+}
 
 #[cfg(not(target_arch = "wasm32"))]
 fn main() -> std::process::ExitCode {
-    use std::process::ExitCode;
-
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let path = match args.as_slice() {
-        [cmd] if cmd == "check" => "wrangler.toml".to_owned(),
-        [cmd, path] if cmd == "check" => path.clone(),
-        _ => {
-            eprintln!("usage: edge-limiter check [path/to/wrangler.toml]");
-            return ExitCode::from(2);
-        }
-    };
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("{path}: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let verdicts = match edge_limiter::check::check_wrangler_toml(&text) {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("{path}: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let mut ok = true;
-    for (env, verdict) in verdicts {
-        match verdict {
-            Ok(config) => {
-                println!("{path} [{env}]: ok");
-                for line in edge_limiter::check::describe(&config) {
-                    println!("  {line}");
-                }
-            }
-            Err(e) => {
-                ok = false;
-                eprintln!("{path} [{env}]: {e}");
-            }
-        }
-    }
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    cli::main()
 }
 
 // The worker's build compiles every target for wasm32; this command is native only.

@@ -1,0 +1,378 @@
+//! `edge-limiter inspect` and `reset`: where one client stands on one rule,
+//! and forgetting it, against the deployment's own Redis REST endpoint. The
+//! client is named by its key-part values and keyed by the worker's code.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::{
+    config::{Config, Rule},
+    decision::{penalty_key, ScriptCall},
+    policy::Policy,
+    redis_rest::{RestClient, RestError},
+    scripts::LIMITER,
+};
+
+/// The environment variable holding the REST URL.
+pub const URL_VAR: &str = "UPSTASH_REDIS_REST_URL";
+/// The environment variable holding the REST token.
+pub const TOKEN_VAR: &str = "UPSTASH_REDIS_REST_TOKEN";
+
+/// How long one inspect or reset call may take.
+const BUDGET: Duration = Duration::from_secs(10);
+
+/// Why inspect or reset could not answer. No message carries the token.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AdminError {
+    /// A setting is missing: names it, and where it was looked for.
+    Missing(&'static str),
+    /// No rule of that name in the configuration.
+    UnknownRule {
+        /// The name asked for.
+        rule: String,
+        /// The names there are.
+        known: Vec<String>,
+    },
+    /// The values do not fit the rule's key parts.
+    Values {
+        /// The rule.
+        rule: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The REST call failed (its message names the setting to check).
+    Rest(RestError),
+}
+
+impl std::fmt::Display for AdminError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdminError::Missing(var) => write!(
+                f,
+                "{var} is not set: set it in the environment or in .dev.vars in this directory"
+            ),
+            AdminError::UnknownRule { rule, known } => write!(
+                f,
+                "no rule `{rule}` in the configuration; its rules are: {}",
+                known.join(", ")
+            ),
+            AdminError::Values { rule, problem } => write!(f, "rule `{rule}`: {problem}"),
+            AdminError::Rest(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for AdminError {}
+
+impl From<RestError> for AdminError {
+    fn from(e: RestError) -> AdminError {
+        AdminError::Rest(e)
+    }
+}
+
+/// `KEY=VALUE` lines as wrangler reads `.dev.vars`: blank lines and `#`
+/// comments skipped, an optional `export `, values optionally quoted.
+pub fn parse_dev_vars(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| {
+            let k = k.trim().trim_start_matches("export ").trim();
+            let v = v.trim();
+            let unquoted = ['"', '\'']
+                .iter()
+                .find_map(|q| v.strip_prefix(*q).and_then(|v| v.strip_suffix(*q)))
+                .unwrap_or(v);
+            (k.to_owned(), unquoted.to_owned())
+        })
+        .collect()
+}
+
+/// The REST URL and token: from `env` (the environment), or else from
+/// the text of `.dev.vars`, as wrangler does.
+pub fn settings(
+    env: impl Fn(&str) -> Option<String>,
+    dev_vars: Option<&str>,
+) -> Result<(String, String), AdminError> {
+    let file = dev_vars.map(parse_dev_vars).unwrap_or_default();
+    let get = |var: &'static str| {
+        env(var)
+            .filter(|v| !v.is_empty())
+            .or_else(|| {
+                file.iter()
+                    .rev()
+                    .find(|(k, _)| k == var)
+                    .map(|(_, v)| v.clone())
+            })
+            .filter(|v| !v.is_empty())
+            .ok_or(AdminError::Missing(var))
+    };
+    Ok((get(URL_VAR)?, get(TOKEN_VAR)?))
+}
+
+/// The rule named `name` in `config`.
+pub fn find_rule<'c>(config: &'c Config, name: &str) -> Result<&'c Rule, AdminError> {
+    config
+        .rules
+        .iter()
+        .find(|r| r.name == name)
+        .ok_or_else(|| AdminError::UnknownRule {
+            rule: name.to_owned(),
+            known: config.rules.iter().map(|r| r.name.clone()).collect(),
+        })
+}
+
+/// The client's identifier under `rule`, from its key-part values, as the
+/// worker derives it.
+pub fn identifier(rule: &Rule, values: &[&str]) -> Result<Vec<String>, AdminError> {
+    let problem = |problem: String| AdminError::Values {
+        rule: rule.name.clone(),
+        problem,
+    };
+    let request = rule
+        .request_with_key(values)
+        .map_err(|e| problem(e.to_string()))?;
+    let id = rule
+        .identifier(&request)
+        .map_err(|a| problem(format!("`{}` is given twice with different values", a.part)))?;
+    Ok(id.into_iter().map(|p| p.into_owned()).collect())
+}
+
+/// One window's standing (GCRA: the one state).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowStanding {
+    /// What the window is: `gcra 5/1000ms burst 5`, `window 60000ms by 1000ms`.
+    pub label: String,
+    /// Units it allows (GCRA: the burst).
+    pub limit: u64,
+    /// Units left now.
+    pub remaining: u64,
+    /// Milliseconds until it holds nothing again (GCRA: until the burst is full).
+    pub reset_after_ms: u64,
+}
+
+/// Where one client stands on one rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Standing {
+    /// The rule.
+    pub rule: String,
+    /// The client's identifier, canonical, one part per key part.
+    pub client: Vec<String>,
+    /// The Redis key holding its state.
+    pub key: String,
+    /// Per window, or the one GCRA state.
+    pub windows: Vec<WindowStanding>,
+    /// Milliseconds left of a running penalty, if one runs.
+    pub penalty_ms: Option<u64>,
+}
+
+impl Standing {
+    /// The standing as text, a line per window.
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "rule `{}`, client {} (key {}):\n",
+            self.rule,
+            self.client.join(" | "),
+            self.key
+        );
+        for w in &self.windows {
+            out.push_str(&format!(
+                "  {}: {} of {} left, {}\n",
+                w.label,
+                w.remaining,
+                w.limit,
+                if w.reset_after_ms == 0 {
+                    "nothing counted".to_owned()
+                } else {
+                    format!("all back in {} ms", w.reset_after_ms)
+                }
+            ));
+        }
+        out.push_str(&match self.penalty_ms {
+            Some(ms) => format!("  penalty: {ms} ms left\n"),
+            None => "  penalty: none\n".to_owned(),
+        });
+        out
+    }
+
+    /// The standing as JSON.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "rule": self.rule,
+            "client": self.client,
+            "key": self.key,
+            "windows": self.windows.iter().map(|w| json!({
+                "window": w.label,
+                "limit": w.limit,
+                "remaining": w.remaining,
+                "reset_after_ms": w.reset_after_ms,
+            })).collect::<Vec<_>>(),
+            "penalty_ms": self.penalty_ms,
+        })
+    }
+}
+
+/// Where the client with these key-part values stands on `rule`, read
+/// with a peek (cost 0) that consumes nothing.
+pub async fn inspect(
+    client: &RestClient,
+    rule: &Rule,
+    values: &[&str],
+) -> Result<Standing, AdminError> {
+    let id = identifier(rule, values)?;
+    let parts: Vec<&str> = id.iter().map(String::as_str).collect();
+    let call = ScriptCall::inspect(rule, &parts);
+    let reply = client
+        .run_script(&LIMITER, &call.keys, &call.args, BUDGET)
+        .await?;
+    let decision = call.decision(&reply)?;
+    let labels: Vec<String> = match &rule.policy {
+        Policy::Gcra(g) => vec![format!(
+            "gcra {}/{}ms burst {}",
+            g.rate(),
+            g.period_ms(),
+            g.burst()
+        )],
+        Policy::Windowed(ws) => ws
+            .iter()
+            .map(|w| format!("window {}ms by {}ms", w.duration_ms(), w.precision_ms()))
+            .collect(),
+    };
+    let windows = labels
+        .into_iter()
+        .zip(&decision.rules)
+        .map(|(label, s)| WindowStanding {
+            label,
+            limit: s.limit,
+            remaining: s.remaining,
+            reset_after_ms: s.reset_after_ms,
+        })
+        .collect();
+    let key = call.keys.first().cloned().unwrap_or_default();
+    // A running penalty is its key's expiry, on Redis's clock as the worker reads it.
+    let penalty_ms = match rule.penalty_ms {
+        Some(_) => client
+            .command(&["PTTL", &penalty_key(&key)])
+            .await?
+            .as_i64()
+            .filter(|ms| *ms > 0)
+            .map(|ms| ms as u64),
+        None => None,
+    };
+    Ok(Standing {
+        rule: rule.name.clone(),
+        client: id,
+        key,
+        windows,
+        penalty_ms,
+    })
+}
+
+/// What a reset removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removed {
+    /// The standing just before.
+    pub before: Standing,
+    /// Keys deleted (0: there was nothing to forget).
+    pub deleted: u64,
+}
+
+impl Removed {
+    /// What was removed, as text.
+    pub fn render(&self) -> String {
+        let client = self.before.client.join(" | ");
+        if self.deleted == 0 {
+            return format!(
+                "rule `{}`, client {client}: nothing to remove (no state at {})\n",
+                self.before.rule, self.before.key
+            );
+        }
+        let mut out = format!(
+            "rule `{}`, client {client}: removed {} ({} key), which held:\n",
+            self.before.rule, self.before.key, self.deleted
+        );
+        for line in self.before.render().lines().skip(1) {
+            out.push_str(line);
+            out.push('\n');
+        }
+        out
+    }
+
+    /// What was removed, as JSON.
+    pub fn to_json(&self) -> Value {
+        json!({ "deleted": self.deleted, "before": self.before.to_json() })
+    }
+}
+
+/// Forgets the client's state on `rule`, a running penalty included (the
+/// reset call deletes every key the rule keeps for it).
+pub async fn reset(
+    client: &RestClient,
+    rule: &Rule,
+    values: &[&str],
+) -> Result<Removed, AdminError> {
+    let before = inspect(client, rule, values).await?;
+    let parts: Vec<&str> = before.client.iter().map(String::as_str).collect();
+    let call = ScriptCall::reset(&[(rule, parts)]);
+    let reply = client
+        .run_script(&LIMITER, &call.keys, &call.args, BUDGET)
+        .await?;
+    let deleted = reply.as_u64().ok_or_else(|| {
+        RestError::Malformed(format!("the reset call answered {reply}, not a count"))
+    })?;
+    Ok(Removed { before, deleted })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dev_vars_read_as_wrangler_reads_them() {
+        let text = "# local\nUPSTASH_REDIS_REST_URL=\"http://127.0.0.1:8079\"\n\n\
+                    export UPSTASH_REDIS_REST_TOKEN='t=1'\nORIGIN_URL=x\n";
+        let none = |_: &str| None;
+        assert_eq!(
+            settings(none, Some(text)).unwrap(),
+            ("http://127.0.0.1:8079".to_owned(), "t=1".to_owned())
+        );
+        // The environment wins over the file.
+        let env = |k: &str| (k == URL_VAR).then(|| "https://x.upstash.io".to_owned());
+        assert_eq!(settings(env, Some(text)).unwrap().0, "https://x.upstash.io");
+        let missing = settings(none, Some("UPSTASH_REDIS_REST_URL=u\n")).unwrap_err();
+        assert_eq!(
+            missing.to_string(),
+            "UPSTASH_REDIS_REST_TOKEN is not set: set it in the environment or in .dev.vars in this directory"
+        );
+        assert!(matches!(
+            settings(none, None),
+            Err(AdminError::Missing(URL_VAR))
+        ));
+    }
+
+    #[test]
+    fn rules_and_values_are_checked_before_any_call() {
+        let config = Config::from_json(&json!({"rules": [
+            {"name": "login", "key": ["ip", "cookie:sid"], "algorithm": "gcra", "rate": 5, "period": "1m"}
+        ]}))
+        .unwrap();
+        let unknown = find_rule(&config, "logn").unwrap_err().to_string();
+        assert_eq!(
+            unknown,
+            "no rule `logn` in the configuration; its rules are: login"
+        );
+        let rule = find_rule(&config, "login").unwrap();
+        assert_eq!(
+            identifier(rule, &["2001:db8::1", "\"s%33\""]).unwrap(),
+            ["2001:db8::/64", "s3"]
+        );
+        let wrong = identifier(rule, &["1.2.3.4"]).unwrap_err().to_string();
+        assert!(
+            wrong.starts_with("rule `login`: the rule is keyed on [ip, cookie:sid]"),
+            "{wrong}"
+        );
+    }
+}

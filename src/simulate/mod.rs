@@ -1,0 +1,427 @@
+//! `edge-limiter simulate`: replays a request log through a configuration's
+//! rules and reports what the deployed worker would have decided, request by
+//! request, on the log's own clock.
+//!
+//! Each request is matched and keyed by the worker's own code
+//! ([`crate::gateway::select`]) and decided by an [`engine::Engine`]: the
+//! real Lua script on a private redis-server with the clock pinned to the
+//! request's time, or the reference model.
+
+pub mod clock;
+pub mod engine;
+pub mod log;
+pub mod plot;
+pub mod report;
+mod resp;
+
+use std::{collections::VecDeque, io::BufRead};
+
+use crate::{
+    config::{Config, Rule},
+    decision::{Check, Decision},
+    gateway::{select, Refusal, Selection},
+};
+use engine::{Engine, EngineError, Job};
+use log::{Format, LineError, LogError, LogReader, Record};
+use report::{Report, Tally};
+
+/// How far out of order a log's requests may come and still be decided in
+/// time order: nginx and Apache write a request when it ends, and Logpush
+/// batches overlap. Requests later than this are decided at the latest time
+/// already reached, and counted.
+pub const REORDER_MS: u64 = 60_000;
+
+/// Requests sent to the engine at once (pipelined to Redis).
+const BATCH: usize = 2048;
+
+/// How to read the log.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// The log's format; `None` guesses it from the first line.
+    pub format: Option<Format>,
+    /// Host for requests whose log line names none (CLF never does).
+    pub host: String,
+    /// Stop at the first unreadable line instead of counting it.
+    pub strict: bool,
+}
+
+/// Why a simulation stopped.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SimError {
+    /// The log cannot be read at all.
+    Log(LogError),
+    /// `--strict`, and a line could not be read.
+    Strict(LineError),
+    /// The engine failed.
+    Engine(EngineError),
+}
+
+impl std::fmt::Display for SimError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SimError::Log(e) => e.fmt(f),
+            SimError::Strict(e) => write!(
+                f,
+                "line {}: {} (--strict stops at the first unreadable line)",
+                e.line, e.reason
+            ),
+            SimError::Engine(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for SimError {}
+
+impl From<EngineError> for SimError {
+    fn from(e: EngineError) -> SimError {
+        SimError::Engine(e)
+    }
+}
+
+/// A record waiting in the reordering window.
+struct Waiting {
+    time_ms: u64,
+    record: Record,
+}
+
+/// What became of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict<'a> {
+    /// No rule matched: forwarded.
+    Unmatched,
+    /// Refused with 400 by this rule (its index): a key part given twice.
+    Refused(usize),
+    /// Decided by the engine.
+    Decided(&'a Decision),
+}
+
+/// Hears about a simulation as it goes; every method does nothing by default.
+pub trait Observer {
+    /// Bytes of the log read so far, now and then.
+    fn progress(&mut self, _bytes: u64) {}
+
+    /// One request's fate, in the order decided.
+    fn verdict(&mut self, _record: &Record, _verdict: Verdict<'_>) {}
+}
+
+/// An observer that hears nothing.
+impl Observer for () {}
+
+/// Records read ahead by the reading thread, per message.
+const READ_AHEAD: usize = 4096;
+
+/// Replays `input` through `config`'s rules, deciding with `engine`.
+///
+/// A thread of its own reads and parses the log while this one decides and
+/// counts: on two cores that nearly halves a model run.
+pub fn simulate<R: BufRead + Send>(
+    config: &Config,
+    input: R,
+    options: &Options,
+    engine: &mut dyn Engine,
+    observer: &mut dyn Observer,
+) -> Result<Report, SimError> {
+    let mut reader = LogReader::new(input, options.format, &options.host).map_err(SimError::Log)?;
+    let mut tally = Tally::new(config, engine.name(), reader.format().name());
+    let (send, receive) = std::sync::mpsc::sync_channel::<(Vec<_>, u64)>(4);
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            let mut chunk = Vec::with_capacity(READ_AHEAD);
+            while let Some(item) = reader.next_record() {
+                chunk.push(item);
+                if chunk.len() == READ_AHEAD {
+                    let full = std::mem::replace(&mut chunk, Vec::with_capacity(READ_AHEAD));
+                    // The receiver is gone when the simulation stopped early.
+                    if send.send((full, reader.bytes_read())).is_err() {
+                        return;
+                    }
+                }
+            }
+            let _ = send.send((chunk, reader.bytes_read()));
+        });
+        let mut order = Reorder::default();
+        // One batch in flight while the next is read and prepared: Redis
+        // decides one while this thread counts the one before.
+        let mut in_flight: Option<InFlight> = None;
+        let mut flush = |records: Vec<Record>,
+                         in_flight: &mut Option<InFlight>,
+                         tally: &mut Tally,
+                         observer: &mut dyn Observer|
+         -> Result<(), SimError> {
+            // A batch that charges after responses is finished (its charges
+            // made) before the next is sent; any other overlaps the next.
+            if in_flight.as_ref().is_some_and(|b| b.charges) {
+                if let Some(before) = in_flight.take() {
+                    finish_batch(config, before, engine, tally, observer)?;
+                }
+            }
+            let sent = send_batch(config, records, engine)?;
+            match in_flight.replace(sent) {
+                Some(before) => finish_batch(config, before, engine, tally, observer),
+                None => Ok(()),
+            }
+        };
+        for (chunk, bytes) in receive {
+            for item in chunk {
+                let record = match item {
+                    Ok(record) => record,
+                    Err(e) if options.strict => return Err(SimError::Strict(e)),
+                    Err(e) => {
+                        tally.unreadable(e);
+                        continue;
+                    }
+                };
+                order.push(record, &mut tally);
+                while let Some(record) = order.pop_due() {
+                    // A request charged after its response ends its batch:
+                    // the charge must land before its client's next request.
+                    let charges = charges_after(config, &record);
+                    order.batch.push(record);
+                    if order.batch.len() == BATCH || charges {
+                        let full = std::mem::replace(&mut order.batch, Vec::with_capacity(BATCH));
+                        flush(full, &mut in_flight, &mut tally, observer)?;
+                    }
+                }
+            }
+            observer.progress(bytes);
+        }
+        while let Some(w) = order.waiting.pop_front() {
+            let charges = charges_after(config, &w.record);
+            order.batch.push(w.record);
+            if order.batch.len() == BATCH || charges {
+                let full = std::mem::replace(&mut order.batch, Vec::with_capacity(BATCH));
+                flush(full, &mut in_flight, &mut tally, observer)?;
+            }
+        }
+        let last = std::mem::take(&mut order.batch);
+        flush(last, &mut in_flight, &mut tally, observer)?;
+        match in_flight.take() {
+            Some(batch) => finish_batch(config, batch, engine, &mut tally, observer),
+            None => Ok(()),
+        }
+    })?;
+    Ok(tally.finish())
+}
+
+/// Puts records in time order within [`REORDER_MS`]; equal times keep
+/// log order.
+#[derive(Default)]
+struct Reorder {
+    /// In time order. Most logs are nearly sorted, so a record mostly goes
+    /// at the back, or close to it: cheaper than a heap of whole records.
+    waiting: VecDeque<Waiting>,
+    batch: Vec<Record>,
+    /// The latest time read.
+    newest: u64,
+    /// The time up to which records were released.
+    released: u64,
+}
+
+impl Reorder {
+    fn push(&mut self, mut record: Record, tally: &mut Tally) {
+        if record.time_ms < self.released {
+            tally.late();
+            record.time_ms = self.released;
+        }
+        let time_ms = record.time_ms;
+        self.newest = self.newest.max(time_ms);
+        let waiting = Waiting { time_ms, record };
+        if self.waiting.back().is_none_or(|w| w.time_ms <= time_ms) {
+            self.waiting.push_back(waiting);
+        } else {
+            let at = self.waiting.partition_point(|w| w.time_ms <= time_ms);
+            self.waiting.insert(at, waiting);
+        }
+    }
+
+    /// The earliest record, once nothing earlier can still come.
+    fn pop_due(&mut self) -> Option<Record> {
+        let first = self.waiting.front()?;
+        if first.time_ms + REORDER_MS > self.newest {
+            return None;
+        }
+        let w = self.waiting.pop_front()?;
+        self.released = w.time_ms;
+        Some(w.record)
+    }
+}
+
+/// The index of `rule` in `config` (rules are few).
+fn index_of(config: &Config, rule: &Rule) -> usize {
+    config
+        .rules
+        .iter()
+        .position(|r| std::ptr::eq(r, rule))
+        .unwrap_or_default()
+}
+
+/// Whether `record` may be charged after its response: a rule counting
+/// only some statuses, among them the one the origin answered, matches it.
+fn charges_after(config: &Config, record: &Record) -> bool {
+    record.status.is_some_and(|status| {
+        config
+            .rules
+            .iter()
+            .any(|r| r.count_status.contains(&status) && r.matches(&record.request))
+    })
+}
+
+/// What a request of a batch in flight needs once its decision is back.
+struct Fate {
+    /// The enforced rule (its index) that refused it with a 400.
+    refused: Option<usize>,
+    /// Shadow rules (indices) that could not identify its client.
+    shadow_refused: Vec<usize>,
+    /// The rules in its call (indices), with the client's identifier under each.
+    rules: Vec<(usize, String)>,
+    /// For a request that may be charged after its response: each rule's
+    /// index, identifier parts and cost.
+    later: Vec<(usize, Vec<String>, u64)>,
+}
+
+/// A batch sent to the engine, its decisions still to come.
+struct InFlight {
+    records: Vec<Record>,
+    fates: Vec<Fate>,
+    /// Whether a request of it may be charged after its response.
+    charges: bool,
+}
+
+/// Picks each record's rules and sends the decisions to make to the
+/// engine, without waiting for them.
+fn send_batch(
+    config: &Config,
+    records: Vec<Record>,
+    engine: &mut dyn Engine,
+) -> Result<InFlight, SimError> {
+    let selections: Vec<Result<Selection<'_, '_>, Refusal<'_>>> =
+        records.iter().map(|r| select(config, &r.request)).collect();
+    let jobs: Vec<Job<'_>> = records
+        .iter()
+        .zip(&selections)
+        .filter_map(|(record, selection)| match selection {
+            Ok(s) if !s.rules.is_empty() => Some(Job {
+                checks: s.checks(&record.request.method),
+                now_ms: record.time_ms,
+                charge: false,
+            }),
+            _ => None,
+        })
+        .collect();
+    engine.send(&jobs)?;
+    let mut fates: Vec<Fate> = selections
+        .iter()
+        .map(|selection| match selection {
+            Err((rule, _)) => Fate {
+                refused: Some(index_of(config, rule)),
+                shadow_refused: vec![],
+                rules: vec![],
+                later: vec![],
+            },
+            Ok(s) => Fate {
+                refused: None,
+                shadow_refused: s
+                    .shadow_ambiguous
+                    .iter()
+                    .map(|(rule, _)| index_of(config, rule))
+                    .collect(),
+                rules: s
+                    .rules
+                    .iter()
+                    .map(|(rule, id)| (index_of(config, rule), id.join(" | ")))
+                    .collect(),
+                later: vec![],
+            },
+        })
+        .collect();
+    let mut charges = false;
+    for ((record, selection), fate) in records.iter().zip(&selections).zip(&mut fates) {
+        let (Some(status), Ok(s)) = (record.status, selection) else {
+            continue;
+        };
+        fate.later = s
+            .rules
+            .iter()
+            .filter(|(rule, _)| rule.count_status.contains(&status))
+            .map(|(rule, id)| {
+                let parts = id.iter().map(|p| p.to_string()).collect();
+                (
+                    index_of(config, rule),
+                    parts,
+                    rule.cost.for_method(&record.request.method),
+                )
+            })
+            .collect();
+        charges |= !fate.later.is_empty();
+    }
+    drop(jobs);
+    drop(selections);
+    Ok(InFlight {
+        records,
+        fates,
+        charges,
+    })
+}
+
+/// Receives a batch's decisions from the engine and counts its requests.
+fn finish_batch(
+    config: &Config,
+    batch: InFlight,
+    engine: &mut dyn Engine,
+    tally: &mut Tally,
+    observer: &mut dyn Observer,
+) -> Result<(), SimError> {
+    let mut decisions = engine.receive()?.into_iter();
+    for (record, fate) in batch.records.iter().zip(&batch.fates) {
+        if let Some(rule) = fate.refused {
+            tally.refused(record.time_ms, rule);
+            observer.verdict(record, Verdict::Refused(rule));
+            continue;
+        }
+        for rule in &fate.shadow_refused {
+            tally.shadow_refused(*rule);
+        }
+        if fate.rules.is_empty() {
+            tally.unmatched(record.time_ms);
+            observer.verdict(record, Verdict::Unmatched);
+            continue;
+        }
+        let Some(decision) = decisions.next() else {
+            return Err(SimError::Engine(EngineError::Reply(
+                "the engine returned fewer decisions than requests".into(),
+            )));
+        };
+        tally.decided(record.time_ms, &fate.rules, &decision);
+        observer.verdict(record, Verdict::Decided(&decision));
+        // A forwarded request whose origin answered a status a rule counts
+        // is charged to it now, before the client's next request.
+        if decision.allowed && !fate.later.is_empty() {
+            let checks: Vec<(Check<'_>, Vec<&str>)> = fate
+                .later
+                .iter()
+                .map(|(rule, id, cost)| {
+                    let check = Check {
+                        rule: &config.rules[*rule],
+                        cost: *cost,
+                    };
+                    (check, id.iter().map(String::as_str).collect())
+                })
+                .collect();
+            let job = Job {
+                checks,
+                now_ms: record.time_ms,
+                charge: true,
+            };
+            let charged = engine.decide(std::slice::from_ref(&job))?;
+            for d in &charged {
+                tally.penalties(
+                    d.penalties_started
+                        .iter()
+                        .filter_map(|i| fate.later.get(*i).map(|l| l.0)),
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,236 @@
+//! Admitted and denied requests over time, one panel per rule, drawn with
+//! plotters as SVG, and an HTML page that shows the plot with the report.
+
+use plotters::prelude::*;
+
+use super::{
+    clock::format_ms,
+    report::{Point, Report},
+};
+
+/// Admitted requests' colour.
+pub const ADMITTED: RGBColor = RGBColor(0x2c, 0xa0, 0x2c);
+/// Denied (or, for a shadow rule, would-deny) requests' colour.
+pub const DENIED: RGBColor = RGBColor(0xd6, 0x27, 0x28);
+
+/// The plot's width, pixels.
+const WIDTH: u32 = 1000;
+/// Height of each rule's panel, pixels.
+const PANEL: u32 = 260;
+/// At most this many points across a panel: buckets grow to keep to it.
+const MAX_BUCKETS: u64 = 300;
+
+/// Bucket widths to choose from, seconds: round figures a reader can add up.
+const BUCKETS_S: [u64; 16] = [
+    1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21_600, 86_400,
+];
+
+/// The bucket width for a log spanning `span_s` seconds.
+fn bucket_for(span_s: u64) -> u64 {
+    BUCKETS_S
+        .iter()
+        .copied()
+        .find(|b| span_s / b < MAX_BUCKETS)
+        .unwrap_or_else(|| span_s / MAX_BUCKETS + 1)
+}
+
+/// A rule's points summed into buckets of `bucket` seconds from `start`,
+/// every bucket present (empty ones as 0), so the lines fall to zero
+/// between bursts rather than joining them.
+fn bucketed(points: &[Point], start: u64, buckets: u64, bucket: u64) -> Vec<(u64, u64, u64)> {
+    let mut out: Vec<(u64, u64, u64)> = (0..buckets).map(|i| (start + i * bucket, 0, 0)).collect();
+    for p in points {
+        let i = ((p.second - start) / bucket) as usize;
+        if let Some(b) = out.get_mut(i) {
+            b.1 += p.admitted;
+            b.2 += p.denied;
+        }
+    }
+    out
+}
+
+fn label(seconds: u64, span_s: u64) -> String {
+    let text = format_ms(seconds * 1000);
+    // 2026-11-20T10:00:00Z: the date only matters over a day or more.
+    if span_s < 86_400 {
+        text[11..19].to_owned()
+    } else {
+        format!("{} {}", &text[5..10], &text[11..16])
+    }
+}
+
+/// The plot as an SVG document.
+pub fn svg(report: &Report) -> Result<String, String> {
+    let (first, last) = report.span_ms.map_or((0, 0), |(a, b)| (a / 1000, b / 1000));
+    let span = last - first + 1;
+    let bucket = bucket_for(span);
+    // Buckets start on a multiple of their width, as a reader would count them.
+    let start = first - first % bucket;
+    let buckets = (last - start) / bucket + 1;
+    let end = start + buckets * bucket;
+    let rules = report.rules.len().max(1) as u32;
+    let mut out = String::new();
+    {
+        let root =
+            SVGBackend::with_string(&mut out, (WIDTH, 40 + PANEL * rules)).into_drawing_area();
+        let fail = |e: DrawingAreaErrorKind<_>| format!("drawing the plot: {e}");
+        root.fill(&WHITE).map_err(fail)?;
+        let (title, body) = root.split_vertically(40);
+        title
+            .titled(
+                &format!(
+                    "edge-limiter simulate: requests per {bucket} s, {} to {}",
+                    format_ms(start * 1000),
+                    format_ms(end * 1000)
+                ),
+                ("sans-serif", 20),
+            )
+            .map_err(fail)?;
+        let panels = body.split_evenly((rules as usize, 1));
+        for ((panel, rule), points) in panels.iter().zip(&report.rules).zip(&report.series) {
+            let series = bucketed(points, start, buckets, bucket);
+            let top = series
+                .iter()
+                .map(|b| b.1.max(b.2))
+                .max()
+                .unwrap_or(0)
+                .max(1);
+            let top = top + top / 10 + 1;
+            let caption = format!(
+                "{}{}: {} matched, {} admitted, {} {}",
+                rule.name,
+                if rule.shadow { " (shadow)" } else { "" },
+                rule.matched,
+                rule.admitted,
+                if rule.shadow {
+                    rule.shadow_would_deny
+                } else {
+                    rule.denied
+                },
+                if rule.shadow { "would deny" } else { "denied" }
+            );
+            let mut chart = ChartBuilder::on(panel)
+                .caption(caption, ("sans-serif", 16))
+                .margin(12)
+                .margin_right(40)
+                .x_label_area_size(28)
+                .y_label_area_size(56)
+                .build_cartesian_2d(start..end, 0u64..top)
+                .map_err(fail)?;
+            chart
+                .configure_mesh()
+                .x_labels(8)
+                .y_labels(5)
+                .x_label_formatter(&|s| label(*s, span))
+                .y_desc("requests")
+                .light_line_style(WHITE.mix(0.0))
+                .draw()
+                .map_err(fail)?;
+            let denied_label = if rule.shadow { "would deny" } else { "denied" };
+            for (color, name, pick) in [
+                (ADMITTED, "admitted", 1usize),
+                (DENIED, denied_label, 2usize),
+            ] {
+                let line = series.iter().map(|b| {
+                    let y = if pick == 1 { b.1 } else { b.2 };
+                    (b.0, y)
+                });
+                chart
+                    .draw_series(LineSeries::new(line, color.stroke_width(2)))
+                    .map_err(fail)?
+                    .label(name)
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3))
+                    });
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK.mix(0.3))
+                .draw()
+                .map_err(fail)?;
+        }
+        root.present().map_err(fail)?;
+    }
+    Ok(out)
+}
+
+/// Text made safe inside HTML.
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// A page with the plot inline and the per-rule table under it.
+pub fn html(report: &Report, source: &str) -> Result<String, String> {
+    let svg = svg(report)?;
+    let (header, rows) = report.rule_rows();
+    let head: String = header
+        .iter()
+        .map(|h| format!("<th>{}</th>", escape(h)))
+        .collect();
+    let body: String = rows
+        .iter()
+        .map(|r| {
+            let cells: String = r
+                .iter()
+                .map(|c| format!("<td>{}</td>", escape(c)))
+                .collect();
+            format!("<tr>{cells}</tr>\n")
+        })
+        .collect();
+    let summary = format!(
+        "{} requests: admitted {}, denied (429) {}, refused (400) {}; no rule matched {}. Decided by {}.",
+        report.requests,
+        report.admitted,
+        report.denied,
+        report.refused,
+        report.unmatched,
+        report.engine
+    );
+    Ok(format!(
+        "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
+         <title>edge-limiter simulate: {title}</title>\n<style>\n\
+         body {{ font-family: sans-serif; margin: 1.5em; color: #222; }}\n\
+         table {{ border-collapse: collapse; margin-top: 1em; }}\n\
+         th, td {{ border: 1px solid #bbb; padding: 0.25em 0.6em; }}\n\
+         td {{ text-align: right; }} td:first-child, td:nth-child(2) {{ text-align: left; }}\n\
+         </style>\n</head>\n<body>\n<h1>edge-limiter simulate: {title}</h1>\n<p>{summary}</p>\n\
+         <figure>\n{svg}\n</figure>\n<table>\n<tr>{head}</tr>\n{body}</table>\n</body>\n</html>\n",
+        title = escape(source),
+        summary = escape(&summary),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_keep_panels_readable() {
+        assert_eq!(bucket_for(1), 1);
+        assert_eq!(bucket_for(299), 1);
+        assert_eq!(bucket_for(300), 2);
+        assert_eq!(bucket_for(3600), 15);
+        assert_eq!(bucket_for(7 * 86_400), 3600);
+        let points = [
+            Point {
+                second: 100,
+                admitted: 2,
+                denied: 1,
+            },
+            Point {
+                second: 104,
+                admitted: 3,
+                denied: 0,
+            },
+        ];
+        assert_eq!(
+            bucketed(&points, 100, 3, 2),
+            [(100, 2, 1), (102, 0, 0), (104, 3, 0)]
+        );
+    }
+}

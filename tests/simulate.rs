@@ -1,0 +1,499 @@
+//! `edge-limiter simulate` on small traces whose every figure was worked out
+//! by hand, through the real script on a private redis-server and through
+//! the model; and the command itself: formats, `--strict`, `--json`, errors.
+#![cfg(not(target_arch = "wasm32"))]
+
+use std::process::Command;
+
+use edge_limiter::{
+    config::Config,
+    simulate::{
+        engine::{Engine, ModelEngine, RedisEngine},
+        log::Format,
+        report::{ClientReport, Report, RuleReport, SecondReport},
+        simulate, Options, SimError,
+    },
+};
+use serde_json::json;
+
+/// 2026-11-20T10:00:00Z, epoch milliseconds.
+const T0: u64 = 1_795_168_800_000;
+
+/// Rules in front of distinct paths, so each part of the trace is checked
+/// on its own; `all` sees every GET and never denies.
+fn config() -> Config {
+    Config::from_json(&json!({"rules": [
+        {"name": "all", "methods": ["GET"], "key": ["ip"], "algorithm": "gcra", "rate": 100, "period": "1s", "burst": 100},
+        {"name": "g", "path_prefix": "/g", "key": ["ip"], "algorithm": "gcra", "rate": 2, "period": "1s", "burst": 3},
+        {"name": "w", "path_prefix": "/w", "key": ["ip"], "algorithm": "windowed", "windows": [["1s", 2, "1s"]]},
+        {"name": "m", "path_prefix": "/m", "key": ["ip"], "algorithm": "windowed",
+         "windows": [["1s", 2, "100ms"], ["10s", 3, "1s"]]},
+        {"name": "s", "path_prefix": "/s", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "10s", "burst": 1, "mode": "shadow"},
+        {"name": "q", "path_prefix": "/q", "key": ["query:k"], "algorithm": "gcra", "rate": 10, "period": "1s"}
+    ]}))
+    .unwrap()
+}
+
+/// `(ms after T0, ip, method, path)`, with the verdict each gets, as the
+/// comments work it out. The /w lines come first in the file although
+/// they are a second later: the simulator decides in time order.
+const TRACE: [(u64, &str, &str, &str); 23] = [
+    // w, a fixed 1 s window of 2: two fit, the third not; 2 s later (a
+    // window further, wherever its edges fall) one fits again.
+    (1000, "198.51.100.3", "GET", "/w"),
+    (1000, "198.51.100.3", "GET", "/w"),
+    (1000, "198.51.100.3", "GET", "/w"), // denied by w
+    (3000, "198.51.100.3", "GET", "/w"),
+    // g, GCRA 2/s (500 ms a unit), burst 3: three at once, the fourth
+    // waits; at 400 ms the next would end 1600 ms ahead (> 1500): denied;
+    // at 500 ms it ends exactly 1500 ms ahead: admitted.
+    (0, "198.51.100.1", "GET", "/g"),
+    (0, "198.51.100.1", "GET", "/g"),
+    (0, "198.51.100.1", "GET", "/g"),
+    (0, "198.51.100.1", "GET", "/g"), // denied by g
+    (100, "198.51.100.2", "GET", "/g"),
+    (200, "198.51.100.2", "GET", "/g"),
+    (400, "198.51.100.1", "GET", "/g"), // denied by g
+    (500, "198.51.100.1", "GET", "/g"),
+    // m: 2 per second (100 ms buckets) and 3 per 10 s (1 s buckets). At
+    // 1500 ms the first buckets left the 1 s window, not the 10 s one.
+    (0, "198.51.100.4", "GET", "/m"),
+    (0, "198.51.100.4", "GET", "/m"),
+    (0, "198.51.100.4", "GET", "/m"), // denied by m's first window
+    (1500, "198.51.100.4", "GET", "/m"),
+    (1600, "198.51.100.4", "GET", "/m"), // denied by m's second window
+    // s, shadow, 1 per 10 s: would deny the second and third, blocks none.
+    (0, "198.51.100.5", "GET", "/s"),
+    (100, "198.51.100.5", "GET", "/s"),
+    (200, "198.51.100.5", "GET", "/s"),
+    // q: the key part given twice with different values is refused (400).
+    (300, "198.51.100.6", "GET", "/q?k=1&k=2"),
+    (300, "198.51.100.6", "GET", "/q?k=1"),
+    // No rule matches a DELETE outside the prefixes.
+    (700, "198.51.100.6", "DELETE", "/other"),
+];
+
+fn csv_trace() -> String {
+    let mut csv = String::from("time,ip,method,path\n");
+    for (t, ip, method, path) in TRACE {
+        csv.push_str(&format!("{},{ip},{method},{path}\n", T0 + t));
+    }
+    csv
+}
+
+fn run(engine: &mut dyn Engine, log: &str, options: &Options) -> Result<Report, SimError> {
+    simulate(&config(), log.as_bytes(), options, engine, &mut ())
+}
+
+fn rule(name: &str, shadow: bool, figures: [u64; 6]) -> RuleReport {
+    let [matched, admitted, denied, denied_by_others, shadow_would_deny, refused] = figures;
+    RuleReport {
+        name: name.into(),
+        shadow,
+        matched,
+        admitted,
+        denied,
+        denied_by_others,
+        shadow_would_deny,
+        refused,
+        penalties_started: 0,
+    }
+}
+
+fn check_hand_computed(report: &Report) {
+    assert_eq!(
+        (
+            report.requests,
+            report.admitted,
+            report.denied,
+            report.refused,
+            report.unmatched
+        ),
+        (23, 17, 5, 1, 1)
+    );
+    // matched, admitted, denied, denied by others, shadow would deny, refused
+    assert_eq!(
+        report.rules,
+        [
+            // Every decided GET (the refused one never got a decision): 21.
+            rule("all", false, [21, 16, 0, 5, 0, 0]),
+            rule("g", false, [8, 6, 2, 0, 0, 0]),
+            rule("w", false, [4, 3, 1, 0, 0, 0]),
+            rule("m", false, [5, 3, 2, 0, 0, 0]),
+            rule("s", true, [3, 3, 0, 0, 2, 0]),
+            rule("q", false, [2, 1, 0, 0, 0, 1]),
+        ]
+    );
+    let client = |rule: &str, client: &str, denied, requests| ClientReport {
+        rule: rule.into(),
+        client: client.into(),
+        denied,
+        requests,
+    };
+    assert_eq!(
+        report.top_denied,
+        [
+            client("g", "198.51.100.1", 2, 6),
+            client("m", "198.51.100.4", 2, 5),
+            client("w", "198.51.100.3", 1, 4),
+        ]
+    );
+    // The first second holds 17 requests: 3 denied (g twice, m once), 1 refused.
+    assert_eq!(
+        report.busiest,
+        Some(SecondReport {
+            start_ms: T0,
+            requests: 17,
+            admitted: 13,
+            denied: 3
+        })
+    );
+    assert_eq!(report.span_ms, Some((T0, T0 + 3000)));
+    assert_eq!((report.late, report.unreadable), (0, 0));
+    // Per second and rule, for the plot: w's second 1 has 2 admitted, 1 denied.
+    let w = &report.series[2];
+    assert_eq!(
+        w.iter()
+            .map(|p| (p.second - T0 / 1000, p.admitted, p.denied))
+            .collect::<Vec<_>>(),
+        [(1, 2, 1), (3, 1, 0)]
+    );
+    // The shadow rule's would-deny requests are its plotted denials.
+    assert_eq!(report.series[4][0].denied, 2);
+}
+
+#[test]
+fn hand_computed_trace_through_the_real_script() {
+    let mut engine = RedisEngine::start().expect("redis-server starts");
+    let report = run(&mut engine, &csv_trace(), &Options::default()).unwrap();
+    assert_eq!(report.engine, "redis");
+    check_hand_computed(&report);
+}
+
+#[test]
+fn hand_computed_trace_through_the_model() {
+    let report = run(&mut ModelEngine::new(), &csv_trace(), &Options::default()).unwrap();
+    assert_eq!(report.engine, "model");
+    check_hand_computed(&report);
+}
+
+/// The same requests in the Common Log Format: to the second, so the g
+/// burst's 400 and 500 ms requests fall at 0 ms and are both denied.
+#[test]
+fn clf_logs_decide_on_whole_seconds() {
+    let clf: String = TRACE
+        .iter()
+        .filter(|(_, _, _, path)| path.starts_with("/g"))
+        .map(|(t, ip, method, path)| {
+            format!(
+                "{ip} - - [20/Nov/2026:10:00:{:02} +0000] \"{method} {path} HTTP/1.1\" 200 5 \"-\" \"curl/8\"\n",
+                t / 1000
+            )
+        })
+        .collect::<String>()
+        + "not a log line\n";
+    let report = run(&mut ModelEngine::new(), &clf, &Options::default()).unwrap();
+    assert_eq!(report.format, "clf");
+    assert_eq!((report.requests, report.admitted, report.denied), (8, 5, 3));
+    assert_eq!(report.unreadable, 1);
+    assert_eq!(report.unreadable_first[0].line, 9);
+    let strict = Options {
+        strict: true,
+        ..Options::default()
+    };
+    match run(&mut ModelEngine::new(), &clf, &strict) {
+        Err(SimError::Strict(e)) => assert_eq!(e.line, 9),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Logpush lines, out of order by up to a few seconds (batches overlap),
+/// give the same figures as the CSV.
+#[test]
+fn logpush_lines_out_of_order_are_decided_in_time_order() {
+    let mut lines: Vec<String> = TRACE
+        .iter()
+        .map(|(t, ip, method, path)| {
+            json!({
+                "EdgeStartTimestamp": (T0 + t) * 1_000_000,
+                "ClientIP": ip,
+                "ClientRequestMethod": method,
+                "ClientRequestURI": path,
+                "ClientRequestHost": "example.com",
+                "EdgeResponseStatus": 200,
+            })
+            .to_string()
+        })
+        .collect();
+    lines.reverse();
+    lines.insert(3, "{\"EdgeStartTimestamp\": \"yesterday\"}".into());
+    let report = run(
+        &mut ModelEngine::new(),
+        &lines.join("\n"),
+        &Options::default(),
+    )
+    .unwrap();
+    // Reversed, requests of equal time run in reverse log order; in this
+    // trace that changes no figure.
+    assert_eq!(report.unreadable, 1);
+    assert_eq!(report.unreadable_first[0].line, 4);
+    assert_eq!(report.format, "logpush");
+    let mut expected = run(&mut ModelEngine::new(), &csv_trace(), &Options::default()).unwrap();
+    expected.format = "logpush".into();
+    expected.unreadable = 1;
+    expected.unreadable_first = report.unreadable_first.clone();
+    assert_eq!(format!("{report:?}"), format!("{expected:?}"));
+}
+
+/// A request logged over a minute late is decided at the latest time
+/// reached, and counted.
+#[test]
+fn requests_beyond_the_reordering_window_are_counted_late() {
+    let log = format!(
+        "time,ip,method,path\n{},198.51.100.1,GET,/g\n{},198.51.100.1,GET,/g\n{},198.51.100.1,GET,/g\n",
+        T0 + 120_000,
+        T0 + 200_000,
+        T0
+    );
+    let report = run(&mut ModelEngine::new(), &log, &Options::default()).unwrap();
+    assert_eq!((report.requests, report.late), (3, 1));
+    assert_eq!(report.span_ms, Some((T0 + 120_000, T0 + 200_000)));
+}
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_edge-limiter"))
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "edge-limiter-simulate-test-{}-{name}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+const TOML_RULES: &str = r#"
+[[vars.LIMITER.rules]]
+name = "g"
+key = ["ip"]
+algorithm = "gcra"
+rate = 2
+period = "1s"
+burst = 3
+
+[env.staging.vars]
+[[env.staging.vars.LIMITER.rules]]
+name = "tight"
+key = ["ip"]
+algorithm = "gcra"
+rate = 1
+period = "1m"
+burst = 1
+"#;
+
+#[test]
+fn the_command_prints_tables_json_and_clear_errors() {
+    let dir = temp_dir("cli");
+    let config = dir.join("wrangler.toml");
+    std::fs::write(&config, TOML_RULES).unwrap();
+    let log = dir.join("access.csv");
+    std::fs::write(
+        &log,
+        format!(
+            "time,ip,method,path\n{T0},198.51.100.1,GET,/\n{T0},198.51.100.1,GET,/\n{T0},198.51.100.1,GET,/\n{T0},198.51.100.1,GET,/\n{T0},oops\n"
+        ),
+    )
+    .unwrap();
+
+    let out = bin()
+        .arg("simulate")
+        .arg(&config)
+        .arg("--log")
+        .arg(&log)
+        .args(["--engine", "model", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&report["requests"], &report["admitted"], &report["denied"]),
+        (&json!(4), &json!(3), &json!(1))
+    );
+    assert_eq!(
+        report["rules"]["g"],
+        json!({"mode": "enforce", "matched": 4, "admitted": 3, "denied": 1, "denied_by_other_rules": 0,
+               "shadow_would_deny": 0, "refused": 0, "penalties_started": 0})
+    );
+    assert_eq!(report["unreadable"]["count"], json!(1));
+    assert_eq!(report["unreadable"]["first"][0]["line"], json!(6));
+    assert!(out.stderr.is_empty(), "no progress bar off a terminal");
+
+    // --env picks [env.staging]'s rules; the default engine is the real script.
+    let out = bin()
+        .arg("simulate")
+        .arg(&config)
+        .arg("--log")
+        .arg(&log)
+        .args(["--env", "staging"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("decided by redis") && text.contains("admitted 1, denied (429) 3"),
+        "{text}"
+    );
+    assert!(text.contains("| tight | enforce |"), "{text}");
+    assert!(text.contains("line 6: "), "{text}");
+
+    // --strict stops at the bad line with its number.
+    let out = bin()
+        .arg("simulate")
+        .arg(&config)
+        .arg("--log")
+        .arg(&log)
+        .args(["--strict", "--engine", "model"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(err.starts_with("edge-limiter: line 6: "), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+
+    // Arguments clap refuses, and settings the command refuses, each in one line.
+    let cases: [(&[&str], i32, &str); 4] = [
+        (
+            &["simulate", "--engine", "lua"],
+            2,
+            "invalid value 'lua' for '--engine",
+        ),
+        (
+            &["simulate", "--log"],
+            2,
+            "a value is required for '--log <FILE>'",
+        ),
+        (
+            &["simulate", "--format", "json", "--log", "x"],
+            2,
+            "invalid value 'json' for '--format",
+        ),
+        (
+            &["simulate", "nowhere.toml", "--log", "x"],
+            2,
+            "nowhere.toml: ",
+        ),
+    ];
+    for (args, code, needle) in cases {
+        let out = bin().args(args).output().unwrap();
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    let out = bin()
+        .arg("simulate")
+        .arg(&config)
+        .arg("--log")
+        .arg(&log)
+        .args(["--env", "prod"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("has no [env.prod]; it has (top level), env.staging"),
+        "{err}"
+    );
+    for sub in ["simulate", "inspect", "reset", "check"] {
+        let out = bin().args([sub, "--help"]).output().unwrap();
+        assert!(out.status.success());
+        assert!(String::from_utf8(out.stdout)
+            .unwrap()
+            .contains("Usage: edge-limiter"));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_format_can_be_named_when_the_first_line_hides_it() {
+    // A CSV whose first line lacks `time` is no CSV log: the error says so.
+    let err = run(
+        &mut ModelEngine::new(),
+        "when,ip\n1,2\n",
+        &Options {
+            format: Some(Format::Csv),
+            ..Options::default()
+        },
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("missing column(s) time, method, path"),
+        "{err}"
+    );
+}
+
+/// Failed logins: `count_status` charges only listed statuses, after the
+/// request, and a denial starts the rule's penalty; beside the same rule
+/// counting every request. GCRA 1 per hour, burst 2.
+#[test]
+fn count_status_and_penalties_by_hand() {
+    let config = Config::from_json(&json!({"rules": [
+        {"name": "failed", "path_prefix": "/login", "key": ["ip"], "algorithm": "gcra",
+         "rate": 1, "period": "1h", "burst": 2, "count_status": [401], "penalty": "10s"},
+        {"name": "every", "path_prefix": "/every", "key": ["ip"], "algorithm": "gcra",
+         "rate": 1, "period": "1h", "burst": 2}
+    ]}))
+    .unwrap();
+    let lines = [
+        // 401: admitted, then charged (one hour of the two spent).
+        (0, "/login", 401),
+        // 200: admitted, never charged.
+        (100, "/login", 200),
+        // 401: admitted, then charged: both hours spent.
+        (200, "/login", 401),
+        // Denied up front, whatever the origin would say; the penalty starts.
+        (300, "/login", 401),
+        (400, "/login", 200),
+        // The same requests against a rule counting every one: the third is denied.
+        (0, "/every", 200),
+        (100, "/every", 200),
+        (200, "/every", 200),
+    ];
+    let mut csv = String::from("time,ip,method,path,status\n");
+    for (t, path, status) in lines {
+        csv.push_str(&format!("{},203.0.113.1,POST,{path},{status}\n", T0 + t));
+    }
+    let engines: [Box<dyn Engine>; 2] = [
+        Box::new(RedisEngine::start().expect("redis-server starts")),
+        Box::new(ModelEngine::new()),
+    ];
+    for mut engine in engines {
+        let report = simulate(
+            &config,
+            csv.as_bytes(),
+            &Options::default(),
+            engine.as_mut(),
+            &mut (),
+        )
+        .unwrap();
+        let figures: Vec<_> = report
+            .rules
+            .iter()
+            .map(|r| {
+                (
+                    r.name.as_str(),
+                    r.matched,
+                    r.admitted,
+                    r.denied,
+                    r.penalties_started,
+                )
+            })
+            .collect();
+        assert_eq!(
+            figures,
+            [("failed", 5, 3, 2, 1), ("every", 3, 2, 1, 0)],
+            "{}",
+            report.engine
+        );
+    }
+}
