@@ -22,92 +22,124 @@
 -- pinned clock (tests, simulations) Redis's clock is not the timeline, so
 -- the value holds the TAT itself.
 
--- How far the key's TAT lies ahead of now, microseconds (0: not at all).
---   now       the pinned clock, microseconds, or nil for Redis's clock
-local function gcra_ahead(key, now, interval)
-  local ahead
-  if now then
-    ahead = 0
-    -- Text that is no number (an older format, a stray write) is no state.
-    local tat = tonumber(redis.call('GET', key) or '')
-    if tat then
-      ahead = tat - now
-    end
-  else
-    -- -2 (no key) and -1 (a key without expiry, which this script never
-    -- writes) both come out negative: no state.
-    ahead = redis.call('PTTL', key) * 1000
-    if ahead > 0 and interval % 1000 ~= 0 then
-      -- Anything but a number within a millisecond is no remainder (an
-      -- older release's value): the expiry alone then tells the debt.
-      local slack = tonumber(redis.call('GET', key) or '')
-      if slack and slack >= 0 and slack < 1000 then
-        ahead = ahead - slack
-      end
+-- A rule that governs a request alone, on Redis's clock: the commonest
+-- call, decided here before any function of this script is built (each
+-- costs its closure on every call).
+--   ARGV  interval (us), burst, then the cost when it is not 1 (every
+--         argument costs Redis as much as a few lines of Lua, so there
+--         are no others)
+-- Replies with one integer: how far the TAT lay ahead before the request
+-- (us), or -1 minus that when the request is denied; the caller derives
+-- every header from it, and Redis turns a number into its reply for about
+-- 1 us less than a table. A number passed to redis.call costs Redis a
+-- %.17g conversion, dearer than string.format '%d'.
+if #ARGV <= 3 and ARGV[1] ~= 'reset' then
+  local key, interval, cost = KEYS[1], ARGV[1] + 0, 1
+  if ARGV[3] then
+    cost = ARGV[3] + 0
+  end
+  -- -2 (no key) and -1 (a key without expiry, which this script never
+  -- writes) both come out negative: no state.
+  local pttl = redis.call('PTTL', key)
+  local ahead = pttl * 1000
+  if ahead > 0 and interval % 1000 ~= 0 then
+    -- Anything but a number within a millisecond is no remainder (an
+    -- older release's value): the expiry alone then tells the debt.
+    local slack = tonumber(redis.call('GET', key) or '')
+    if slack and slack >= 0 and slack < 1000 then
+      ahead = ahead - slack
     end
   end
   if ahead < 0 then
-    return 0
+    ahead = 0
   end
-  return ahead
-end
-
--- Decides one rule without writing anything.
---   ahead     how far the TAT lies ahead of now (gcra_ahead)
---   cost      units this request asks for (0 = peek)
---   interval  emission interval, microseconds (>= 1)
---   burst     units admitted back to back from a fresh key (>= 1)
--- Returns the six reply fields: allowed (1/0), limit, remaining,
--- reset_after, retry_after (milliseconds, rounded up; -1: never) and window
--- (always 1); then how far ahead the TAT is to be stored if the whole
--- request is admitted (nil: nothing to write).
-local function gcra_check(ahead, cost, interval, burst)
-  local tolerance = interval * burst
   local after = ahead + cost * interval
-  if after <= tolerance then
-    local write
-    if cost > 0 then
-      write = after
-    end
-    return 1, burst, math.floor((tolerance - after) / interval), math.ceil(after / 1000), 0, 1, write
-  end
-  local retry_after = -1 -- more than a fresh key could ever admit: no wait helps
-  if cost <= burst then
-    -- The earliest instant at which the request fits the tolerance.
-    retry_after = math.ceil((after - tolerance) / 1000)
-  end
-  return 0, burst, math.floor((tolerance - ahead) / interval), math.ceil(ahead / 1000), retry_after, 1, nil
-end
-
--- Stores an admitted request's TAT, `ahead` microseconds from now. On
--- Redis's clock the key lives exactly until the TAT has passed: by then a
--- fresh key would behave the same, and the expiry can never outlast the
--- debt, so nobody is locked out by it.
-local function gcra_commit(key, now, ahead)
-  local ttl = math.ceil(ahead / 1000)
-  if now then
-    redis.call('SET', key, string.format('%d', now + ahead), 'PX', string.format('%d', ttl + 86400000))
-  elseif ttl * 1000 > ahead then
-    redis.call('SET', key, string.format('%d', ttl * 1000 - ahead), 'PX', string.format('%d', ttl))
-  else
-    redis.call('SET', key, '', 'PX', string.format('%d', ttl))
-  end
-end
-
--- Decides a request that only this rule governs, and writes if it is
--- admitted. The reply is one integer instead of the six fields: how far the
--- TAT lay ahead before the request (microseconds), or -1 minus that when
--- the request is denied. The caller knows cost, interval and burst, so every
--- field follows from it (gcra_check's arithmetic, done in Rust), and Redis
--- turns a number into its reply for about 1 us less than a table.
-local function gcra_decide(key, now, cost, interval, burst)
-  local ahead = gcra_ahead(key, now, interval)
-  local after = ahead + cost * interval
-  if after > interval * burst then
+  if after > interval * ARGV[2] then
     return -1 - ahead
   end
   if cost > 0 then
-    gcra_commit(key, now, after)
+    local ttl = math.ceil(after / 1000)
+    if ttl * 1000 > after then
+      redis.call('SET', key, string.format('%d', ttl * 1000 - after), 'PX', string.format('%d', ttl))
+    elseif pttl >= 0 and interval % 1000 == 0 then
+      -- Whole milliseconds: the value stays empty, only the expiry moves.
+      redis.call('PEXPIRE', key, string.format('%d', ttl))
+    else
+      redis.call('SET', key, '', 'PX', string.format('%d', ttl))
+    end
   end
   return ahead
+end
+
+-- The general path's functions (limiter.lua), built only for the calls
+-- that reach it: Redis builds every function of a script anew on each call.
+local gcra_ahead, gcra_check, gcra_commit
+if ARGV[1] == 'decide' then
+  -- How far the key's TAT lies ahead of now, microseconds (0: not at all).
+  --   now       the pinned clock, microseconds, or nil for Redis's clock
+  function gcra_ahead(key, now, interval)
+    local ahead
+    if now then
+      ahead = 0
+      -- Text that is no number (an older format, a stray write) is no state.
+      local tat = tonumber(redis.call('GET', key) or '')
+      if tat then
+        ahead = tat - now
+      end
+    else
+      ahead = redis.call('PTTL', key) * 1000
+      if ahead > 0 and interval % 1000 ~= 0 then
+        local slack = tonumber(redis.call('GET', key) or '')
+        if slack and slack >= 0 and slack < 1000 then
+          ahead = ahead - slack
+        end
+      end
+    end
+    if ahead < 0 then
+      return 0
+    end
+    return ahead
+  end
+
+  -- Decides one rule without writing anything.
+  --   ahead     how far the TAT lies ahead of now (gcra_ahead)
+  --   cost      units this request asks for (0 = peek)
+  --   interval  emission interval, microseconds (>= 1)
+  --   burst     units admitted back to back from a fresh key (>= 1)
+  -- Returns the six reply fields: allowed (1/0), limit, remaining,
+  -- reset_after, retry_after (milliseconds, rounded up; -1: never) and window
+  -- (always 1); then how far ahead the TAT is to be stored if the whole
+  -- request is admitted (nil: nothing to write).
+  function gcra_check(ahead, cost, interval, burst)
+    local tolerance = interval * burst
+    local after = ahead + cost * interval
+    if after <= tolerance then
+      local write
+      if cost > 0 then
+        write = after
+      end
+      return 1, burst, math.floor((tolerance - after) / interval), math.ceil(after / 1000), 0, 1, write
+    end
+    local retry_after = -1 -- more than a fresh key could ever admit: no wait helps
+    if cost <= burst then
+      -- The earliest instant at which the request fits the tolerance.
+      retry_after = math.ceil((after - tolerance) / 1000)
+    end
+    return 0, burst, math.floor((tolerance - ahead) / interval), math.ceil(ahead / 1000), retry_after, 1, nil
+  end
+
+  -- Stores an admitted request's TAT, `ahead` microseconds from now. On
+  -- Redis's clock the key lives exactly until the TAT has passed: by then a
+  -- fresh key would behave the same, and the expiry can never outlast the
+  -- debt, so nobody is locked out by it.
+  function gcra_commit(key, now, ahead)
+    local ttl = math.ceil(ahead / 1000)
+    if now then
+      redis.call('SET', key, now + ahead, 'PX', ttl + 86400000)
+    elseif ttl * 1000 > ahead then
+      redis.call('SET', key, ttl * 1000 - ahead, 'PX', ttl)
+    else
+      redis.call('SET', key, '', 'PX', ttl)
+    end
+  end
 end

@@ -1,11 +1,13 @@
 -- The entry point: decides every rule that matches one request, all or
 -- nothing, in one call. common.lua, gcra.lua, windowed.lua and penalty.lua
 -- are joined in front of this file at build time (see build.rs), behind the
--- `#!lua` shebang.
+-- `#!lua` shebang. A rule that governs a request alone on Redis's clock
+-- was decided in gcra.lua or windowed.lua already (such a call has no
+-- operation argument); everything else comes here.
 --
 -- KEYS[i]   state of rule i (all under one hash tag when run on a cluster);
 --           after the rules' keys, one penalty key per rule with a penalty
--- ARGV[1]   operation: 'decide', or 'reset' to forget every key given
+-- ARGV[1]   operation: 'decide', or 'reset' (alone) to forget every key given
 -- ARGV[2]   now in milliseconds, or '' to keep Redis's own time (key
 --           expiries, TIME), so that edge locations with skewed clocks agree
 -- ARGV[3]   one letter per rule: 'e' enforces, 's' is a shadow rule whose
@@ -21,17 +23,8 @@
 --
 -- Reply: six integers per rule, in KEYS order: allowed (1/0), limit,
 -- remaining, reset_after, retry_after (milliseconds; -1: never, the cost
--- exceeds the limit) and the 1-based binding window. A rule alone, in the
--- common cases, replies with one integer instead, from which the caller
--- derives the six (Redis turns a Lua table into its reply for about 1 us
--- more than a number):
---   GCRA          how far its TAT lay ahead before the request (us), or -1
---                 minus that when it is denied (see gcra_decide);
---   one window    when it admits at a cost and the figure stays exact below
---                 2^53: remaining x precision + (duration - reset_after). As
---                 the request lies in the newest bucket, reset_after is
---                 duration minus how far into its bucket now lies, so the
---                 second term is below precision.
+-- exceeds the limit) and the 1-based binding window. (A rule alone replies
+-- with one integer where it can; see gcra.lua and windowed.lua.)
 -- With penalties, the reply ends with one more integer: the sum of 2^(i-1)
 -- over the rules i whose penalty this call started.
 -- The request is allowed when every enforced rule admits it; then every rule
@@ -46,42 +39,13 @@ if ARGV[1] == 'reset' then
   return redis.call('DEL', unpack(KEYS))
 end
 
--- The pinned clock, microseconds; nil on Redis's clock. GCRA then needs no
--- clock (its state is the key's expiry); windowed rules read TIME, once.
+-- The pinned clock, microseconds and milliseconds; nil on Redis's clock.
+-- GCRA then needs no clock (its state is the key's expiry), and a windowed
+-- rule reads its key's (or TIME for a fresh key).
 local now_us, now_ms
 if ARGV[2] ~= '' then
   now_us = ARGV[2] * 1000
   now_ms = ARGV[2] + 0
-end
-local function clock_ms()
-  if not now_ms then
-    local t = redis.call('TIME')
-    now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
-  end
-  return now_ms
-end
-
-if #KEYS == 1 and (ARGV[3] == 'e' or ARGV[3] == 's') then
-  -- One rule, the common case: its own verdict is the request's, so none of
-  -- the all-or-nothing bookkeeping below is needed. A shadow rule's denial
-  -- writes nothing either way. The reply is one integer where it can be
-  -- (see above). The windowed dispatch repeats decide()'s on purpose:
-  -- a shared check/commit pair of functions measured about 0.5 us more per
-  -- call (another call layer, and the clock captured by one more function).
-  if ARGV[4] == 'gcra' then
-    return gcra_decide(KEYS[1], now_us, ARGV[5] + 0, ARGV[6] + 0, ARGV[7] + 0)
-  end
-  local a, b, c, d, e, f, write = windowed_check(KEYS[1], clock_ms(), now_us ~= nil, ARGV[5] + 0, ARGV[6] + 0, 8, ARGV[7] + 0)
-  if write then
-    windowed_commit(KEYS[1], write)
-    if ARGV[7] == '1' then
-      local packed = c * ARGV[10] + ARGV[8] - d
-      if packed < 9007199254740992 then
-        return packed
-      end
-    end
-  end
-  return { a, b, c, d, e, f }
 end
 
 local modes = ARGV[3]
@@ -118,7 +82,7 @@ local function decide(peek)
       -- reported as it stands (at cost 0), with the penalty's time left.
       local penalty, left = penalties and penalties[i], 0
       if penalty then
-        left = penalty_left(penalty.key, now_us and now_ms)
+        left = penalty_left(penalty.key, now_ms)
         penalty.running = left > 0
       end
       local cost = 0
@@ -131,7 +95,7 @@ local function decide(peek)
           gcra_check(gcra_ahead(KEYS[i], now_us, interval), cost, interval, ARGV[at + 3] + 0)
       else
         reply[k - 5], reply[k - 4], reply[k - 3], reply[k - 2], reply[k - 1], reply[k], writes[i] =
-          windowed_check(KEYS[i], clock_ms(), now_us ~= nil, cost, ARGV[at + 2] + 0, at + 4, ARGV[at + 3] + 0)
+          windowed_check(KEYS[i], now_ms, cost, ARGV[at + 2] + 0, at + 4, ARGV[at + 3] + 0)
       end
       if mode == 99 or mode == 119 then -- 'c', 'w': charged after the response
         writes[i] = nil
@@ -155,7 +119,7 @@ if decide(false) then
   for i, penalty in pairs(penalties or {}) do
     local k, mode = 6 * i, string.byte(modes, i)
     if reply[k - 5] == 0 and not penalty.running and (mode == 101 or mode == 99) then
-      penalty_start(penalty.key, now_us and now_ms, penalty.ms)
+      penalty_start(penalty.key, now_ms, penalty.ms)
       started = started + 2 ^ (i - 1)
       reply[k - 1] = math.max(reply[k - 1], penalty.ms)
       reply[k - 2] = math.max(reply[k - 2], penalty.ms)

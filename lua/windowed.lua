@@ -6,76 +6,170 @@
 -- the buckets that still overlap the window plus this request's cost fits the
 -- limit. precision == duration is a plain fixed window.
 --
--- The hash holds, per window, with P = "<duration>:<precision>":
---   P          "<total> <newest> <cost>": the running total of the buckets
---              still counted, the id of the newest bucket holding cost, and
---              that bucket's cost. So a request in the same bucket as the
---              last one reads and writes this one field per window.
---   P:<id>     cost admitted in an older bucket <id>, written when a newer
---              bucket takes its place in P (its two colons keep it apart
---              from every P).
--- Every bucket field lies in [newest - buckets + 1, newest - 1], so trimming
--- never scans more than one window. Only admitted requests are counted, so a
--- flood of rejected calls can grow neither the hash nor its lifetime.
+-- Times here are on the key's shifted clock: Redis's milliseconds plus
+-- `offset`, chosen per key by the caller, which shifts every bucket edge so
+-- that clients' windows do not all roll over at the same instant.
 --
--- `offset` (milliseconds, chosen per key by the caller) shifts every bucket
--- edge, so that clients' windows do not all roll over at the same instant.
+-- The hash holds, as decimal text, with P = "<duration>:<precision>":
+--   e        when the key expires (shifted): its newest bucket then leaves
+--            the longest window. On Redis's clock, now = e - PTTL, so a key
+--            that exists tells the time without TIME.
+--   t        when an admission last moved a window's newest bucket: every
+--            window's newest bucket is the one t lies in.
+--   v        e minus the first bucket edge after t in any window: while
+--            PTTL > v, no bucket has moved since t, which is all a request
+--            in the same buckets needs to know.
+--   c        the cost admitted since t. All of it lies in every window's
+--            newest bucket, so a request in the same buckets as the last
+--            admission changes this one field (HINCRBY), whatever the
+--            number of windows.
+--   P        the window's total at t (the cost in its counted buckets).
+--   P:n      the cost in its newest bucket at t.
+--   P:<id>   the cost in an older bucket <id>.
+-- So a window counts P + c, of which P:n + c in its newest bucket. Bucket
+-- fields lie in [newest - buckets + 1, newest - 1], so trimming never scans
+-- more than one window. Only admitted requests are counted, so a flood of
+-- rejected calls can grow neither the hash nor its lifetime.
+
+-- A rule of windows that governs a request alone, on Redis's clock, in the
+-- same buckets as the last admission: the commonest windowed call, decided
+-- before any function of this script is built.
+--   ARGV  offset, then n x (duration, limit, precision), then the cost
+--         when it is not 1 (every argument costs Redis as much as a few
+--         lines of Lua, so there are no others)
+-- Replies like the general path below: for a lone window admitted at a
+-- cost, one integer (remaining x precision + how far into its bucket now
+-- lies); otherwise the six fields of the binding window. Anything else (a
+-- fresh key, a bucket that moved, a denial) falls through to that path.
+-- Written for Redis's cost model: tonumber, a number passed to redis.call
+-- (formatted with %.17g) and every redis.call are what a call pays most for.
+local args = #ARGV
+local lone = ARGV[1] ~= 'decide' and ARGV[1] ~= 'reset' and args > 3
+if lone then
+  local key, extra = KEYS[1], (args - 1) % 3
+  local n, cost = (args - 1 - extra) / 3, '1'
+  if extra == 1 then
+    cost = ARGV[args]
+  end
+  local pttl = redis.call('PTTL', key)
+  if pttl > 0 and cost ~= '0' then
+    -- v, e, then each window's total at t (one window needs no e).
+    local state, first
+    if n == 1 then
+      state, first = redis.call('HMGET', key, 'v', ARGV[2] .. ':' .. ARGV[4]), 2
+    else
+      local fields = { 'v', 'e' }
+      for j = 1, n do
+        fields[j + 2] = ARGV[3 * j - 1] .. ':' .. ARGV[3 * j + 1]
+      end
+      state, first = redis.call('HMGET', key, unpack(fields)), 3
+    end
+    local v, e = tonumber(state[1]), n == 1 or tonumber(state[2])
+    -- A value that is no integer (not ours) makes HINCRBY fail: pcall.
+    local c = v and e and pttl > v and redis.pcall('HINCRBY', key, 'c', cost)
+    if type(c) == 'number' then
+      local bound, fewest = 0, 0
+      for j = 1, n do
+        local total = tonumber(state[first + j - 1])
+        local left = total and ARGV[3 * j] - total - c
+        if not left or left < 0 then
+          bound = -1
+          break
+        end
+        if bound == 0 or left < fewest then
+          bound, fewest = j, left
+        end
+      end
+      if bound > 0 then
+        local b = 3 * bound
+        local precision = ARGV[b + 1] + 0
+        -- How far into its bucket now lies: for one window, its bucket
+        -- ends `pttl - v` from now; for several, now = e - PTTL.
+        local into
+        if n == 1 then
+          into = precision - pttl + v
+        else
+          into = (e - pttl) % precision
+        end
+        if n == 1 and fewest * precision + into < 9007199254740992 then
+          return fewest * precision + into
+        end
+        return { 1, ARGV[b] + 0, fewest, ARGV[b - 1] - into, 0, bound }
+      end
+      -- Undone, and decided again below, which knows how long to wait.
+      redis.call('HINCRBY', key, 'c', -cost)
+    end
+  end
+end
 
 -- Decides one rule without writing anything.
 --   key     the hash (may be absent)
---   now     current time, milliseconds
---   pinned  true when `now` is a pinned clock rather than Redis's
+--   pinned  the pinned clock (ms), or nil for Redis's
 --   cost    units this request asks for (0 = peek)
 --   offset  bucket edge shift, milliseconds
 --   at, n   the n windows' duration, limit, precision are ARGV[at], ARGV[at+1]...
---   wipe    true to ignore whatever the hash holds and replace it whole
 -- Returns the six reply fields of the binding window: allowed (1/0), limit,
 -- remaining, reset_after, retry_after (milliseconds; -1: never) and its
--- 1-based index; then the arguments windowed_commit needs if the whole
--- request is admitted (nil: nothing to write).
-local function windowed_check(key, now, pinned, cost, offset, at, n, wipe)
-  local shifted = now + offset
-  local fields = { nil }
+-- 1-based index; then what windowed_commit needs if the whole request is
+-- admitted (nil: nothing to write).
+local function windowed_check(key, pinned, cost, offset, at, n)
+  local fields = { 'e', 't', 'c' }
   for j = 1, n do
     local b = at + 3 * j - 3
-    fields[j] = ARGV[b] .. ':' .. ARGV[b + 2]
+    local p = ARGV[b] .. ':' .. ARGV[b + 2]
+    fields[2 * j + 2], fields[2 * j + 3] = p, p .. ':n'
   end
-  local stored
-  if wipe then
-    stored = {}
+  local pttl = -2
+  if not pinned then
+    pttl = redis.call('PTTL', key)
+  end
+  local stored = redis.call('HMGET', key, unpack(fields))
+  local e, t, since = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3] or 0)
+  local now
+  if pinned then
+    now = pinned + offset
+  elseif pttl > 0 and e then
+    now = e - pttl
   else
-    stored = redis.call('HMGET', key, unpack(fields))
+    local time = redis.call('TIME')
+    now = time[1] * 1000 + math.floor(time[2] / 1000) + offset
   end
-  -- HSET's arguments, filled in while every window admits the request.
-  local plan, np = { nil, nil }, 0
+  -- No state, or not ours (an older release's format, a stray write):
+  -- counted as none, and replaced whole by the next admission.
+  local valid = t and since
+  for i = 4, #fields, 2 do
+    if stored[i] and not tonumber(stored[i]) then
+      valid = false
+    end
+  end
+  local wipe = not valid and (pttl ~= -2 or stored[1] or stored[2] or stored[3] or stored[4])
 
   -- The binding window so far, and its fields.
   local allowed, bound, b_limit, b_remaining, b_reset, b_retry = 1, 0, 0, 0, 0, 0
-  local stale, moved, expire_at = nil, false, 0
+  -- Each window's total and newest bucket after the request, and the
+  -- fields of the buckets it moved or forgot.
+  local totals, newests, moves, stale, moved, expire_at = {}, {}, nil, nil, false, 0
+  -- The first bucket edge after now, in any window.
+  local edge = math.huge
   for j = 1, n do
     local b = at + 3 * j - 3
     local limit, precision = ARGV[b + 1] + 0, ARGV[b + 2] + 0
     local buckets = ARGV[b] / precision
-    local cur = math.floor(shifted / precision)
-    local prefix = fields[j]
-    -- last: the newest bucket holding cost, last_cost: its cost.
-    local total, last, last_cost = 0, cur, 0
-    local state = stored[j]
-    if state then
-      local t, l, c = string.match(state, '^(%d+) (%-?%d+) (%d+)$')
-      if not t then
-        -- Not three integers (an older release's format, a stray write):
-        -- the whole hash is no state, and is replaced before the next write
-        -- so that none of its fields can linger or be counted.
-        return windowed_check(key, now, pinned, cost, offset, at, n, true)
-      end
-      total, last, last_cost = t + 0, l + 0, c + 0
+    local cur = math.floor(now / precision)
+    local prefix = fields[2 * j + 2]
+    -- last: the newest bucket holding cost; older: the cost before it
+    -- still counted; newest: its own cost.
+    local last, older, newest = cur, 0, 0
+    local base = valid and tonumber(stored[2 * j + 2])
+    if base then
+      local newest_at_t = tonumber(stored[2 * j + 3]) or 0
+      last, older, newest = math.floor(t / precision), base - newest_at_t, newest_at_t + since
     else
       moved = true -- a window new to this key
     end
     if last < cur then
-      -- The older buckets up to cur - buckets have slid out of the window
-      -- since the last admission: forget them.
+      -- The buckets up to cur - buckets have slid out of the window since
+      -- the last admission: forget them. The newest becomes an older one.
       moved = true
       stale = stale or {}
       local from = #stale + 1
@@ -83,25 +177,32 @@ local function windowed_check(key, now, pinned, cost, offset, at, n, wipe)
         stale[#stale + 1] = string.format('%s:%d', prefix, id)
       end
       if last <= cur - buckets then
-        total = 0 -- every bucket, the newest too
+        older = 0 -- every bucket, the newest too
       else
         for _, c in ipairs(redis.call('HMGET', key, unpack(stale, from))) do
-          total = total - (tonumber(c) or 0)
+          older = older - (tonumber(c) or 0)
         end
+        if newest > 0 then
+          moves = moves or {}
+          moves[#moves + 1], moves[#moves + 2] = string.format('%s:%d', prefix, last), newest
+        end
+        older = older + newest
       end
+      newest = 0
     end
 
+    local total = older + newest
     local fits = total + cost <= limit
-    local retry_after, newest = 0, last
+    local retry_after, newest_id = 0, last
     if fits then
       if cost > 0 then
-        total, newest = total + cost, cur
+        total, newest, newest_id = total + cost, newest + cost, cur
       end
     elseif cost > limit then
       retry_after = -1
     else
       -- Walk the counted buckets oldest first until enough cost has left;
-      -- the newest one's cost is in the state.
+      -- the last one walked is the newest (its cost is what is left).
       local from = math.max(cur, last) - buckets + 1
       local need, freed, id = total + cost - limit, 0, from
       if from < last then
@@ -117,13 +218,16 @@ local function windowed_check(key, now, pinned, cost, offset, at, n, wipe)
           id = id + 1
         end
       end
-      retry_after = (id + buckets) * precision - shifted
+      retry_after = (id + buckets) * precision - now
     end
     local reset_after = 0
     if total > 0 then
-      reset_after = (newest + buckets) * precision - shifted
+      reset_after = (newest_id + buckets) * precision - now
     end
     local remaining = limit - total
+    totals[j], newests[j] = total, newest
+    expire_at = math.max(expire_at, (cur + buckets) * precision)
+    edge = math.min(edge, (cur + 1) * precision)
 
     -- When denied, the first denying window that frees up last binds; when
     -- admitted, the first with the fewest units left.
@@ -132,60 +236,80 @@ local function windowed_check(key, now, pinned, cost, offset, at, n, wipe)
         bound, b_limit, b_remaining, b_reset, b_retry = j, limit, remaining, reset_after, retry_after
       end
       allowed = 0
-    elseif allowed == 1 then
-      if bound == 0 or remaining < b_remaining then
-        bound, b_limit, b_remaining, b_reset = j, limit, remaining, reset_after
-      end
-      if cost > 0 then
-        if last == cur then
-          last_cost = last_cost + cost
-        else
-          if last > cur - buckets then
-            -- The newest bucket is still counted: it moves to a field of its own.
-            plan[np + 1], plan[np + 2], np = string.format('%s:%d', prefix, last), string.format('%d', last_cost), np + 2
-          end
-          last_cost = cost
-        end
-        plan[np + 1], plan[np + 2], np = prefix, string.format('%d %d %d', total, cur, last_cost), np + 2
-        expire_at = math.max(expire_at, (cur + buckets) * precision)
-      end
+    elseif allowed == 1 and (bound == 0 or remaining < b_remaining) then
+      bound, b_limit, b_remaining, b_reset = j, limit, remaining, reset_after
     end
   end
 
   if allowed == 0 or cost == 0 then
-    plan = nil
-  else
-    if wipe then
-      plan.wipe = true
-    elseif stale and #stale > 0 then
+    return allowed, b_limit, b_remaining, b_reset, b_retry, bound, nil
+  end
+  local plan = { cost = string.format('%d', cost) }
+  if moved or wipe then
+    -- Every window's newest bucket is now the one `now` lies in: the
+    -- totals and newest buckets are written whole, and `c` starts again.
+    local set = { 'c', '0', 't', now, 'e', expire_at, 'v', expire_at - edge }
+    for j = 1, n do
+      set[#set + 1], set[#set + 2] = fields[2 * j + 2], totals[j]
+      set[#set + 1], set[#set + 2] = fields[2 * j + 3], newests[j]
+    end
+    for i = 1, #(moves or {}) do
+      set[#set + 1] = moves[i]
+    end
+    plan.set, plan.wipe = set, wipe
+    if not wipe then
       plan.stale = stale
     end
-    -- The key lives until its newest bucket leaves the longest window; that
-    -- instant only moves when some window's current bucket does.
-    if moved then
-      local ttl = expire_at - shifted
-      if pinned then
-        ttl = ttl + 86400000
-      end
-      plan.expire = string.format('%d', ttl)
+    if pinned then
+      plan.expire, plan.relative = expire_at - now + 86400000, true
+    else
+      plan.expire = expire_at - offset
     end
   end
   return allowed, b_limit, b_remaining, b_reset, b_retry, bound, plan
 end
 
--- Records an admitted request: one HSET for every window's state (and a
--- bucket that left it), one HDEL for the buckets that left, and a PEXPIRE
--- when the expiry moves. Only admissions reach here, so denied traffic can
--- never prolong a key.
+-- Records an admitted request: in the same buckets as the last admission,
+-- only `c` grows; otherwise one HSET writes every window's fields, one HDEL
+-- drops the buckets that left, and the expiry moves (an instant on Redis's
+-- clock; a span with a pinned one). Only admissions reach here, so denied
+-- traffic can never prolong a key.
 local function windowed_commit(key, plan)
+  if not plan.set then
+    redis.call('HINCRBY', key, 'c', plan.cost)
+    return
+  end
   if plan.wipe then
     redis.call('DEL', key)
   end
-  redis.call('HSET', key, unpack(plan))
-  if plan.stale then
+  redis.call('HSET', key, unpack(plan.set))
+  if plan.stale and #plan.stale > 0 then
     redis.call('HDEL', key, unpack(plan.stale))
   end
-  if plan.expire then
+  if plan.relative then
     redis.call('PEXPIRE', key, plan.expire)
+  else
+    redis.call('PEXPIREAT', key, plan.expire)
   end
+end
+
+-- A lone rule that the path at the top of this file did not decide.
+if lone then
+  local extra = (args - 1) % 3
+  local n = (args - 1 - extra) / 3
+  local cost = 1
+  if extra == 1 then
+    cost = ARGV[args] + 0
+  end
+  local a, b, c, d, e, f, write = windowed_check(KEYS[1], nil, cost, ARGV[1] + 0, 2, n)
+  if write then
+    windowed_commit(KEYS[1], write)
+    if n == 1 then
+      local packed = c * ARGV[4] + ARGV[2] - d
+      if packed < 9007199254740992 then
+        return packed
+      end
+    end
+  end
+  return { a, b, c, d, e, f }
 end

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use crate::decision::{Decision, ScriptCall};
+use crate::decision::Decision;
 
 /// Denied requests, keyed by everything that decided them (keys, costs,
 /// policies), with the instant they were decided.
@@ -15,14 +15,6 @@ pub struct BlockCache {
 /// Entries kept at most; a flood of distinct denied clients cannot grow the
 /// isolate's memory beyond this.
 pub const CAPACITY: usize = 10_000;
-
-/// What identifies a decision: the keys and every argument but the clock.
-pub fn signature(call: &ScriptCall) -> String {
-    let mut s = call.keys.join("\n");
-    s.push('\n');
-    s.push_str(&call.args[2..].join(" "));
-    s
-}
 
 impl BlockCache {
     /// An empty cache.

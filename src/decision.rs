@@ -135,6 +135,13 @@ impl ScriptCall {
         now_ms: Option<u64>,
         charge_all: bool,
     ) -> ScriptCall {
+        if let (None, [(check, id)]) = (now_ms, checks) {
+            let rule = check.rule;
+            let later = !charge_all && !rule.count_status.is_empty();
+            if !later && rule.penalty_ms.is_none() {
+                return ScriptCall::lone(rule, check.cost, id);
+            }
+        }
         let mut keys = Vec::with_capacity(checks.len());
         let modes: String = checks
             .iter()
@@ -171,28 +178,49 @@ impl ScriptCall {
                 keys.push(penalty_key(&keys[i]));
             }
         }
-        let lone = match checks {
-            [(check, _)] if args[2] == "e" || args[2] == "s" => match &check.rule.policy {
-                _ if penalties > 0 => None,
-                Policy::Gcra(gcra) => Some(Lone::Gcra {
-                    gcra: *gcra,
-                    cost: check.cost,
-                }),
-                // A peek (cost 0) always replies with six fields.
-                Policy::Windowed(windows) => match windows[..] {
-                    [window] if check.cost > 0 => Some(Lone::Window(window)),
-                    _ => None,
-                },
-            },
-            _ => None,
-        };
         ScriptCall {
             keys,
             args,
             modes: checks.iter().map(|(c, _)| c.rule.mode).collect(),
-            lone,
+            lone: None,
             penalties: penalties > 0,
         }
+    }
+
+    /// A rule governing a request alone on Redis's clock: the script's own
+    /// path for it, which replies with one integer where it can.
+    fn lone(rule: &Rule, cost: u64, id: &[&str]) -> ScriptCall {
+        let key = redis_key(&rule.name, id);
+        let offset = window_offset(&key, rule.policy.longest_ms());
+        let lone = match &rule.policy {
+            Policy::Gcra(gcra) => Some(Lone::Gcra { gcra: *gcra, cost }),
+            // A peek (cost 0) always replies with six fields.
+            Policy::Windowed(windows) => match windows[..] {
+                [window] if cost > 0 => Some(Lone::Window(window)),
+                _ => None,
+            },
+        };
+        ScriptCall {
+            args: rule.policy.lone_args(cost, offset),
+            keys: vec![key],
+            modes: vec![rule.mode],
+            lone,
+            penalties: false,
+        }
+    }
+
+    /// What decides the same way wherever it is sent: the keys and every
+    /// argument but the clock. The block cache keys its denials on it.
+    pub fn signature(&self) -> String {
+        let mut s = self.keys.join("\n");
+        for (i, arg) in self.args.iter().enumerate() {
+            // The general call's second argument is the clock.
+            if !(i == 1 && self.args[0] == "decide") {
+                s.push('\n');
+                s.push_str(arg);
+            }
+        }
+        s
     }
 
     /// Reads the script's reply to this call.
@@ -281,7 +309,7 @@ impl ScriptCall {
         }
         ScriptCall {
             keys,
-            args: vec!["reset".to_owned(), String::new(), String::new()],
+            args: vec!["reset".to_owned()],
             modes: vec![],
             lone: None,
             penalties: false,

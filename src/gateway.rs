@@ -7,7 +7,7 @@ use std::{borrow::Cow, cell::RefCell, time::Duration};
 use serde_json::Value;
 
 use crate::{
-    cache::{self, BlockCache},
+    cache::BlockCache,
     config::{Config, FailMode, Mode, Rule, DEFAULT_BUDGET_MS},
     decision::{penalty_key, Check, Decision, ScriptCall},
     events::{Action as EventAction, Event},
@@ -201,7 +201,7 @@ impl<S: ScriptRunner> Limiter<'_, S> {
         now_ms: u64,
     ) -> Outcome {
         let call = ScriptCall::decide(checks, None);
-        let signature = cache::signature(&call);
+        let signature = call.signature();
         let cached = self.cache.borrow_mut().lookup(&signature, now_ms);
         if let Some(decision) = cached {
             return self.decided(checks, &call, &decision);
@@ -682,7 +682,7 @@ mod tests {
         // A status the rule does not count: no call at all.
         assert!(rt.block_on(limiter.charge(&charge, 200)).is_empty());
         assert_eq!(store.calls.get(), 1);
-        // A counted status: one call, charging ('e').
+        // A counted status: one call, charging (a rule alone: GCRA's own path).
         let store = fake(Ok(json!(0)));
         let limiter = Limiter {
             config: &c,
@@ -692,8 +692,11 @@ mod tests {
         assert!(rt.block_on(limiter.charge(&charge, 401)).is_empty());
         let (call, _) = store.last.borrow().clone().unwrap();
         assert_eq!(
-            (call.args[2].as_str(), call.keys.as_slice()),
-            ("e", &["el:{192.0.2.1}:login".to_owned()][..])
+            (call.args.as_slice(), call.keys.as_slice()),
+            (
+                &["180000000".to_owned(), "5".to_owned()][..],
+                &["el:{192.0.2.1}:login".to_owned()][..]
+            )
         );
         // A fault after the response is only logged.
         let store = fake(Err(RestError::Timeout { budget_ms: 1000 }));

@@ -248,6 +248,29 @@ impl Policy {
         args.extend(numbers.iter().map(u64::to_string));
     }
 
+    /// The script's arguments for this rule governing a request alone on
+    /// Redis's clock, the commonest call (see the top of `lua/gcra.lua` and
+    /// `lua/windowed.lua`): the interval and burst; or the offset, then each
+    /// window; then the cost when it is not 1. The script tells the two
+    /// apart by their number: every argument costs Redis its own parsing.
+    pub fn lone_args(&self, cost: u64, offset_ms: u64) -> Vec<String> {
+        let mut args = match self {
+            Policy::Gcra(g) => vec![g.interval_us(), g.burst()],
+            Policy::Windowed(ws) => {
+                let mut n = Vec::with_capacity(2 + 3 * ws.len());
+                n.push(offset_ms);
+                for w in ws.iter() {
+                    n.extend([w.duration_ms(), w.limit(), w.precision_ms()]);
+                }
+                n
+            }
+        };
+        if cost != 1 {
+            args.push(cost);
+        }
+        args.iter().map(u64::to_string).collect()
+    }
+
     /// The longest window, milliseconds: the span over which edge offsets spread.
     pub fn longest_ms(&self) -> u64 {
         match self {
@@ -280,6 +303,15 @@ mod tests {
         let mut args = vec![];
         gcra(10, 1000, 5).push_args(2, 0, &mut args);
         assert_eq!(args, ["gcra", "2", "100000", "5"]);
+    }
+
+    #[test]
+    fn a_lone_rule_has_arguments_of_its_own() {
+        assert_eq!(gcra(10, 1000, 5).lone_args(1, 0), ["100000", "5"]);
+        assert_eq!(gcra(10, 1000, 5).lone_args(0, 0), ["100000", "5", "0"]);
+        let one = Policy::Windowed(Windows::new(vec![window(1000, 10, 100)]).unwrap());
+        assert_eq!(one.lone_args(1, 7), ["7", "1000", "10", "100"]);
+        assert_eq!(one.lone_args(2, 7), ["7", "1000", "10", "100", "2"]);
     }
 
     #[test]

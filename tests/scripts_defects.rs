@@ -10,7 +10,7 @@ use edge_limiter::{
     decision::{Check, Decision, ScriptCall},
     scripts::LIMITER,
 };
-use edge_limiter_local::{resp::Value as Resp, testenv::redis_call};
+use edge_limiter_local::testenv::redis_call;
 use serde_json::json;
 use support::{rules, Backend, BUDGET};
 
@@ -279,8 +279,9 @@ async fn cost_zero_peeks_without_writing_and_reset_forgets() {
 
 #[tokio::test]
 async fn edges_with_skewed_clocks_agree_because_redis_keeps_time() {
-    // The worker never sends its own clock: the script reads Redis's TIME,
-    // so two edge locations minutes apart in local time see one timeline.
+    // The worker never sends its own clock: the script reads Redis's (a
+    // key's PTTL, or TIME), so two edge locations minutes apart in local
+    // time see one timeline.
     let b = Backend::start();
     let rs = gcra_and_windowed();
     let checks = vec![(
@@ -290,11 +291,8 @@ async fn edges_with_skewed_clocks_agree_because_redis_keeps_time() {
         },
         vec!["skew"],
     )];
-    assert_eq!(
-        ScriptCall::decide(&checks, None).args[1],
-        "",
-        "no clock is sent"
-    );
+    let call = ScriptCall::decide(&checks, None);
+    assert_eq!(call.args, ["6000000", "5"], "no clock is sent");
     b.decide(&[&rs[0]], "skew", 1, None).await;
     // The TAT is the key's expiry, kept by Redis: one interval (6 s) ahead
     // of Redis's now, give or take the milliseconds between the two calls.
@@ -308,28 +306,29 @@ async fn edges_with_skewed_clocks_agree_because_redis_keeps_time() {
         "",
         "a whole-millisecond interval needs nothing stored beside the expiry"
     );
-    // The windowed rule reads Redis's TIME: the bucket it counted in is the
-    // one Redis's clock (shifted by the key's offset) is in.
+    // The windowed rule reads Redis's TIME for a fresh key: the time it
+    // stored as its last admission's (`t`, shifted by the key's offset) is
+    // Redis's, and so is the key's expiry (`e`, as PTTL then tells).
     assert!(b.decide(&[&rs[1]], "skew", 1, None).await.allowed);
     let time = b.redis(&["TIME"]);
     let mut parts = time.lines().map(|l| l.parse::<u64>().unwrap());
     let redis_now_ms = parts.next().unwrap() * 1000 + parts.next().unwrap() / 1000;
     let offset = edge_limiter::keys::window_offset("el:{skew}:w", 3_600_000);
-    let state = match redis_call(&b.redis.addr(), &["HGET", "el:{skew}:w", "1000:100"]) {
-        Resp::Bulk(bytes) => bytes,
-        other => panic!("no window state: {other:?}"),
-    };
-    // "<total> <newest bucket> <its cost>": the second number.
-    let bucket: u64 = String::from_utf8(state)
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .and_then(|b| b.parse().ok())
-        .expect("three numbers");
-    let expected = (redis_now_ms + offset) / 100;
+    let field = |name: &str| -> u64 { b.redis(&["HGET", "el:{skew}:w", name]).parse().unwrap() };
+    let stored = field("t");
     assert!(
-        bucket.abs_diff(expected) <= 2,
-        "bucket {bucket}, Redis's clock says {expected}"
+        (redis_now_ms + offset).abs_diff(stored) <= 20,
+        "admitted at {stored} (shifted), Redis's clock says {}",
+        redis_now_ms + offset
+    );
+    let expires = b
+        .redis(&["PEXPIRETIME", "el:{skew}:w"])
+        .parse::<u64>()
+        .unwrap();
+    assert_eq!(
+        expires + offset,
+        field("e"),
+        "the expiry is where the hash says"
     );
 }
 
@@ -383,10 +382,23 @@ async fn state_in_another_format_counts_as_none() {
         "the admission gave the key its expiry: {ttl}"
     );
     let fields = b.redis(&["HKEYS", "el:{stray}:w"]);
+    let mut fields: Vec<&str> = fields.lines().collect();
+    fields.sort_unstable();
     assert_eq!(
-        fields.lines().collect::<Vec<_>>(),
-        ["1000:100", "60000:1000", "3600000:60000"],
-        "one state per window: the old fields went with the first admission"
+        fields,
+        [
+            "1000:100",
+            "1000:100:n",
+            "3600000:60000",
+            "3600000:60000:n",
+            "60000:1000",
+            "60000:1000:n",
+            "c",
+            "e",
+            "t",
+            "v"
+        ],
+        "two fields per window and four per key: the old fields went with the first admission"
     );
     assert!(pttl(&b, "el:{stray}:w") > 0, "and the hash expires");
 }

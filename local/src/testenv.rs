@@ -204,11 +204,18 @@ impl Drop for ProcessGroup {
     }
 }
 
-/// The repository holding this crate: its scripts, node_modules and worker.
+/// The repository the tests run in: its scripts, node_modules and worker.
+///
+/// Found at run time, from the working directory up (cargo runs tests in
+/// their package's directory): a path baked in at compile time would name
+/// whichever checkout last compiled this crate into a shared target
+/// directory, and tests would then run that checkout's worker.
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("local/ lies inside the repository")
+    let start = std::env::current_dir().expect("a working directory");
+    start
+        .ancestors()
+        .find(|dir| dir.join("wrangler.toml").is_file() && dir.join("lua").is_dir())
+        .unwrap_or_else(|| panic!("no edge-limiter repository at or above {}", start.display()))
         .to_path_buf()
 }
 
@@ -401,7 +408,7 @@ fn build_endpoint(profile_dir: &Path) {
         "upstash-local",
         "--manifest-path",
     ])
-    .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+    .arg(repo().join("local/Cargo.toml"));
     match profile_dir.file_name().and_then(|n| n.to_str()) {
         Some("debug") | None => {}
         Some("release") => {
