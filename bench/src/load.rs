@@ -19,7 +19,7 @@ pub struct Shape {
 }
 
 /// One wrk run's figures.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Run {
     pub requests: u64,
     pub rps: f64,
@@ -31,6 +31,8 @@ pub struct Run {
     pub socket_errors: u64,
     /// CPU seconds the run cost each part of the stack.
     pub cpu: Cpu,
+    /// Latency at a grid of percentiles, as (percentile, ms), ascending.
+    pub quantiles: Vec<(f64, f64)>,
 }
 
 /// CPU seconds, per process, over one run.
@@ -130,6 +132,19 @@ fn parse(text: &str) -> Option<Run> {
     };
     let requests = field("requests")?;
     let duration_us = field("duration_us")?;
+    let quantiles = text
+        .lines()
+        .find_map(|l| l.strip_prefix("PCT"))
+        .map(|points| {
+            points
+                .split_whitespace()
+                .filter_map(|point| {
+                    let (p, us) = point.split_once(':')?;
+                    Some((p.parse().ok()?, us.parse::<f64>().ok()? / 1000.0))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     Some(Run {
         requests,
         rps: requests as f64 / (duration_us.max(1) as f64 / 1e6),
@@ -139,7 +154,39 @@ fn parse(text: &str) -> Option<Run> {
         hot_admitted: 0,
         socket_errors: field("socket_errors")?,
         cpu: Cpu::default(),
+        quantiles,
     })
+}
+
+/// The `p`-th percentile (0..100), ms, of the latencies of all these runs
+/// pooled, and how many requests they made: one slow moment in one round
+/// then weighs as what it is, a few requests among many. Each run's share
+/// between two grid percentiles is counted at the upper one's latency, so
+/// the figure errs high, never low.
+pub fn pooled_percentile(runs: &[Run], p: f64) -> (f64, u64) {
+    let mut mass: Vec<(f64, f64)> = Vec::new();
+    for run in runs {
+        let mut below = 0.0;
+        for &(q, ms) in &run.quantiles {
+            mass.push((ms, (q - below) / 100.0 * run.requests as f64));
+            below = q;
+        }
+    }
+    mass.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total: f64 = mass.iter().map(|(_, m)| m).sum();
+    let requests = runs
+        .iter()
+        .filter(|r| !r.quantiles.is_empty())
+        .map(|r| r.requests)
+        .sum();
+    let mut seen = 0.0;
+    for (ms, m) in mass {
+        seen += m;
+        if seen >= p / 100.0 * total - 1e-9 {
+            return (ms, requests);
+        }
+    }
+    (f64::NAN, requests)
 }
 
 #[cfg(test)]
@@ -155,5 +202,31 @@ mod tests {
         assert_eq!((run.p50_ms, run.p99_ms), (15.691, 68.116));
         assert_eq!((run.hot_sent, run.socket_errors), (240, 1));
         assert!(parse("wrk: connection refused\n").is_none());
+        let with_grid = format!("{out}PCT 50:1500 99:20000 100:68116\n");
+        assert_eq!(
+            parse(&with_grid).unwrap().quantiles,
+            [(50.0, 1.5), (99.0, 20.0), (100.0, 68.116)]
+        );
+    }
+
+    #[test]
+    fn percentiles_pool_every_round() {
+        let run = |requests, quantiles: Vec<(f64, f64)>| Run {
+            requests,
+            quantiles,
+            ..Run::default()
+        };
+        // A fast round of 900 requests and a slow one of 100 whose slowest
+        // 10 % took 50 ms: pooled, 1 % of all requests took 50 ms.
+        let runs = [
+            run(900, vec![(50.0, 1.0), (100.0, 2.0)]),
+            run(100, vec![(90.0, 3.0), (100.0, 50.0)]),
+        ];
+        assert_eq!(pooled_percentile(&runs, 40.0), (1.0, 1000));
+        assert_eq!(pooled_percentile(&runs, 50.0), (2.0, 1000));
+        assert_eq!(pooled_percentile(&runs, 98.0), (3.0, 1000));
+        assert_eq!(pooled_percentile(&runs, 99.0), (3.0, 1000));
+        assert_eq!(pooled_percentile(&runs, 99.5), (50.0, 1000));
+        assert!(pooled_percentile(&[], 99.0).0.is_nan());
     }
 }

@@ -3,11 +3,13 @@
 //! both. `scripts/bench` builds what it needs and runs this; it prints one
 //! table and saves it, with the date and machine, to `bench/RESULTS.md`.
 //!
-//! The five parts (see the issue and `report.rs`): Redis-side cost per
-//! decision, worker overhead under load, REST calls per decision, wasm size
-//! and start, and exactness under load. Only figures: no timing fails a run.
+//! The six parts (see `report.rs`): Redis-side cost per decision, worker
+//! overhead under load, REST calls per decision, wasm size and start,
+//! exactness under load, and latency with Redis far away. Only figures: no
+//! timing fails a run; targets are ratios to figures of the same run.
 
 mod cpu;
+mod far;
 mod load;
 mod peer;
 mod redis_side;
@@ -17,22 +19,33 @@ mod stack;
 mod stats;
 mod trips;
 
-use std::{path::PathBuf, process::Command, process::ExitCode};
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+};
 
-use edge_limiter_local::testenv::{Endpoint, RedisServer};
+use edge_limiter_local::{
+    fault_proxy::{Fault, FaultProxy},
+    testenv::{Endpoint, RedisServer},
+};
 
 use crate::{
     load::Shape,
-    report::{Results, OURS, OURS_UNMATCHED, PASSTHROUGH, PEER},
+    report::{Results, OURS, OURS_BASELINE, OURS_FAR, OURS_UNMATCHED, PASSTHROUGH, PEER, PEER_FAR},
     stack::{repo, Origin, Worker, TOKEN},
 };
 
 const USAGE: &str = "\
-usage: edge-limiter-bench [--quick] [--rounds N] [--seconds S] [--no-save | --out FILE]
+usage: edge-limiter-bench [--quick] [--rounds N] [--seconds S] [--baseline DIR]
+                          [--no-save | --out FILE]
 
   --quick      one short round of everything, to try the setup (about a minute)
   --rounds N   interleaved rounds per part (default: 7 for Redis, 5 under load)
-  --seconds S  length of each load run (default 6)
+  --seconds S  length of each load run (default 10)
+  --baseline DIR
+               another build of our worker (what scripts/build-worker leaves
+               in build/, e.g. of an earlier commit), run beside this one
+               under load: a change's before and after in one run
   --no-save    print the table only
   --out FILE   where to save it (default bench/RESULTS.md)";
 
@@ -42,6 +55,8 @@ struct Options {
     load_rounds: u32,
     seconds: u32,
     redis_calls: u32,
+    far_clients: u32,
+    baseline: Option<PathBuf>,
     out: Option<PathBuf>,
 }
 
@@ -50,8 +65,10 @@ impl Options {
         let mut o = Options {
             redis_rounds: 7,
             load_rounds: 5,
-            seconds: 6,
+            seconds: 10,
             redis_calls: 50_000,
+            far_clients: 200,
+            baseline: None,
             out: Some(repo().join("bench/RESULTS.md")),
         };
         while let Some(arg) = args.next() {
@@ -67,6 +84,7 @@ impl Options {
                     o.load_rounds = 1;
                     o.seconds = 3;
                     o.redis_calls = 20_000;
+                    o.far_clients = 20;
                 }
                 "--rounds" => {
                     let n = number("--rounds")?;
@@ -74,6 +92,9 @@ impl Options {
                     o.load_rounds = n;
                 }
                 "--seconds" => o.seconds = number("--seconds")?,
+                "--baseline" => {
+                    o.baseline = Some(args.next().ok_or("--baseline needs a directory")?.into())
+                }
                 "--no-save" => o.out = None,
                 "--out" => o.out = Some(args.next().ok_or("--out needs a file")?.into()),
                 "-h" | "--help" => return Err(USAGE.to_owned()),
@@ -136,12 +157,14 @@ async fn main() -> ExitCode {
 
 async fn run(o: &Options) -> Result<Results, String> {
     let built = repo().join("build");
-    for file in ["index.js", "index_bg.wasm", "worker/shim.mjs"] {
-        if !built.join(file).exists() {
-            return Err(format!(
-                "no built worker ({}); run scripts/build-worker (scripts/bench does)",
-                built.join(file).display()
-            ));
+    for dir in std::iter::once(&built).chain(&o.baseline) {
+        for file in BUILD {
+            if !dir.join(file).exists() {
+                return Err(format!(
+                    "no built worker ({}); run scripts/build-worker (scripts/bench does)",
+                    dir.join(file).display()
+                ));
+            }
         }
     }
     let mut r = Results {
@@ -176,7 +199,7 @@ async fn run(o: &Options) -> Result<Results, String> {
     }
     let mut shas = Vec::with_capacity(cases.len());
     for case in &cases {
-        shas.push(redis_side::load(&http, &endpoint_url, &redis.addr(), case).await?);
+        shas.push(redis_side::load(&redis.addr(), case)?);
     }
     let pinning = redis_side::Pinning::start(&redis.addr());
     r.pinned = pinning.is_some();
@@ -201,19 +224,29 @@ async fn run(o: &Options) -> Result<Results, String> {
     say("starting four workers in wrangler dev");
     let scratch = std::env::temp_dir().join(format!("edge-limiter-bench-{}", std::process::id()));
     let (workers, probe) = start_workers(&scratch, &endpoint_url, &origin.url)?;
-    for w in workers.iter().chain([&probe]) {
+    let baseline = match &o.baseline {
+        Some(dir) => Some(spawn_ours(
+            OURS_BASELINE,
+            dir,
+            &scratch,
+            &endpoint_url,
+            &origin.url,
+        )?),
+        None => None,
+    };
+    for w in workers.iter().chain([&probe]).chain(&baseline) {
         w.ready(&http).await?;
     }
-    let [passthrough, ours, peer] = &workers;
+    let [passthrough, ours, peer] = workers;
 
     say("part 3: round trips");
     r.trips.push((
         OURS,
-        trips::count(&http, &endpoint_url, &redis.addr(), ours, 1).await?,
+        trips::count(&http, &endpoint_url, &redis.addr(), &ours, 1).await?,
     ));
     r.trips.push((
         PEER,
-        trips::count(&http, &endpoint_url, &redis.addr(), peer, 2).await?,
+        trips::count(&http, &endpoint_url, &redis.addr(), &peer, 2).await?,
     ));
 
     say("part 4: instantiation in workerd");
@@ -234,19 +267,22 @@ async fn run(o: &Options) -> Result<Results, String> {
         label,
         prefix,
     };
-    let order = [
-        target(passthrough, PASSTHROUGH, "/load"),
-        target(ours, OURS, "/load"),
-        target(peer, PEER, "/load"),
+    let mut order = vec![
+        target(&passthrough, PASSTHROUGH, "/load"),
+        target(&ours, OURS, "/load"),
+        target(&peer, PEER, "/load"),
         // Our worker where no rule applies: its cost without the Redis call.
-        target(ours, OURS_UNMATCHED, "/free"),
+        target(&ours, OURS_UNMATCHED, "/free"),
     ];
+    if let Some(b) = &baseline {
+        order.push(target(b, OURS_BASELINE, "/load"));
+    }
     let warm = Shape {
         seconds: 2,
         ..shape
     };
-    for t in order {
-        load::run(&http, t, &origin, warm, 0).await?;
+    for t in &order {
+        load::run(&http, *t, &origin, warm, 0).await?;
     }
     r.load = order.iter().map(|t| (t.label, vec![])).collect();
     for round in 1..=o.load_rounds {
@@ -256,7 +292,35 @@ async fn run(o: &Options) -> Result<Results, String> {
             r.load[k].1.push(run);
         }
     }
-    drop(workers);
+    drop((ours, peer, baseline));
+
+    say("part 6: Redis 40 ms away");
+    let proxy = FaultProxy::start(endpoint.addr()).map_err(|e| format!("fault proxy: {e}"))?;
+    proxy.set(Fault::Delay(far::DELAY));
+    let far_workers = [
+        spawn_ours(OURS_FAR, &built, &scratch, &proxy.url(), &origin.url)?,
+        spawn_peer(PEER_FAR, &scratch, &proxy.url(), &origin.url)?,
+    ];
+    for w in &far_workers {
+        w.ready(&http).await?;
+    }
+    r.far_clients = o.far_clients;
+    for (salt, w) in far_workers.iter().enumerate() {
+        // One client through each worker first: its first call may load the
+        // script, which is not what this part measures.
+        far::measure(&http, w, &passthrough, &proxy, 1, 0xff00 + salt as u16).await?;
+        let situations = far::measure(
+            &http,
+            w,
+            &passthrough,
+            &proxy,
+            o.far_clients,
+            salt as u16 + 1,
+        )
+        .await?;
+        r.far.push((w.label, situations));
+    }
+    drop((far_workers, passthrough));
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(r)
 }
@@ -264,19 +328,11 @@ async fn run(o: &Options) -> Result<Results, String> {
 /// Starts (a) the passthrough, (b) ours, (c) the peer, and the instantiate
 /// probe, all at once: wrangler's start-up is the slow part.
 fn start_workers(
-    scratch: &std::path::Path,
+    scratch: &Path,
     rest: &str,
     origin: &str,
 ) -> Result<([Worker; 3], Worker), String> {
     let bench = repo().join("bench/workers");
-    let copy = |from: PathBuf, to: PathBuf| -> Result<(), String> {
-        std::fs::create_dir_all(to.parent().expect("a file path"))
-            .and_then(|_| std::fs::copy(&from, &to).map(drop))
-            .map_err(|e| format!("copying {}: {e}", from.display()))
-    };
-    let rest_vars = format!(
-        "UPSTASH_REDIS_REST_URL = \"{rest}\"\nUPSTASH_REDIS_REST_TOKEN = \"{TOKEN}\"\nORIGIN_URL = \"{origin}\""
-    );
     let passthrough = Worker::spawn(
         PASSTHROUGH,
         scratch.join(PASSTHROUGH),
@@ -284,36 +340,8 @@ fn start_workers(
         &format!("ORIGIN_URL = \"{origin}\""),
         "",
     )?;
-
-    // A copy of the build, so that a rebuild during the run changes nothing.
-    let ours_dir = scratch.join(OURS);
-    for file in ["index.js", "index_bg.wasm", "worker/shim.mjs"] {
-        copy(
-            repo().join("build").join(file),
-            ours_dir.join("build").join(file),
-        )?;
-    }
-    let rules = format!(
-        "[[vars.LIMITER.rules]]\nname = \"load\"\nkey = [\"ip\"]\nalgorithm = \"windowed\"\nwindows = [[\"1d\", {HOT_LIMIT}, \"24m\"]]\npath_prefix = \"/load\"\n\n[[vars.LIMITER.rules]]\nname = \"rt\"\nkey = [\"ip\"]\nalgorithm = \"windowed\"\nwindows = [[\"1d\", 1, \"24m\"]]\npath_prefix = \"/rt\"\n"
-    );
-    let ours = Worker::spawn(
-        OURS,
-        ours_dir,
-        std::path::Path::new("build/worker/shim.mjs"),
-        &rest_vars,
-        &rules,
-    )?;
-
-    let peer_rules = format!(
-        "PEER_RULES = '[{{\"prefix\": \"/rt\", \"limit\": 1, \"window\": \"1 d\"}}, {{\"prefix\": \"/load\", \"limit\": {HOT_LIMIT}, \"window\": \"1 d\"}}]'"
-    );
-    let peer = Worker::spawn(
-        PEER,
-        scratch.join(PEER),
-        &bench.join("peer.mjs"),
-        &format!("{rest_vars}\n{peer_rules}"),
-        "",
-    )?;
+    let ours = spawn_ours(OURS, &repo().join("build"), scratch, rest, origin)?;
+    let peer = spawn_peer(PEER, scratch, rest, origin)?;
 
     let probe_dir = scratch.join("instantiate");
     copy(
@@ -327,11 +355,70 @@ fn start_workers(
     let probe = Worker::spawn(
         "instantiate",
         probe_dir,
-        std::path::Path::new("instantiate.mjs"),
+        Path::new("instantiate.mjs"),
         "",
         "",
     )?;
     Ok(([passthrough, ours, peer], probe))
+}
+
+fn copy(from: PathBuf, to: PathBuf) -> Result<(), String> {
+    std::fs::create_dir_all(to.parent().expect("a file path"))
+        .and_then(|_| std::fs::copy(&from, &to).map(drop))
+        .map_err(|e| format!("copying {}: {e}", from.display()))
+}
+
+fn rest_vars(rest: &str, origin: &str) -> String {
+    format!(
+        "UPSTASH_REDIS_REST_URL = \"{rest}\"\nUPSTASH_REDIS_REST_TOKEN = \"{TOKEN}\"\nORIGIN_URL = \"{origin}\""
+    )
+}
+
+/// The files of a worker build (`scripts/build-worker` leaves them in `build/`).
+const BUILD: [&str; 3] = ["index.js", "index_bg.wasm", "worker/shim.mjs"];
+
+/// Our worker, from a copy of the build in `build` (so that a rebuild during
+/// the run changes nothing), with the `/load` and `/rt` rules.
+fn spawn_ours(
+    label: &'static str,
+    build: &Path,
+    scratch: &Path,
+    rest: &str,
+    origin: &str,
+) -> Result<Worker, String> {
+    let dir = scratch.join(label);
+    for file in BUILD {
+        copy(build.join(file), dir.join("build").join(file))?;
+    }
+    let rules = format!(
+        "[[vars.LIMITER.rules]]\nname = \"load\"\nkey = [\"ip\"]\nalgorithm = \"windowed\"\nwindows = [[\"1d\", {HOT_LIMIT}, \"24m\"]]\npath_prefix = \"/load\"\n\n[[vars.LIMITER.rules]]\nname = \"rt\"\nkey = [\"ip\"]\nalgorithm = \"windowed\"\nwindows = [[\"1d\", 1, \"24m\"]]\npath_prefix = \"/rt\"\n"
+    );
+    Worker::spawn(
+        label,
+        dir,
+        Path::new("build/worker/shim.mjs"),
+        &rest_vars(rest, origin),
+        &rules,
+    )
+}
+
+/// The peer's worker with the same two rules.
+fn spawn_peer(
+    label: &'static str,
+    scratch: &Path,
+    rest: &str,
+    origin: &str,
+) -> Result<Worker, String> {
+    let peer_rules = format!(
+        "PEER_RULES = '[{{\"prefix\": \"/rt\", \"limit\": 1, \"window\": \"1 d\"}}, {{\"prefix\": \"/load\", \"limit\": {HOT_LIMIT}, \"window\": \"1 d\"}}]'"
+    );
+    Worker::spawn(
+        label,
+        scratch.join(label),
+        &repo().join("bench/workers/peer.mjs"),
+        &format!("{}\n{peer_rules}", rest_vars(rest, origin)),
+        "",
+    )
 }
 
 /// A command's trimmed stdout (stderr if stdout is empty), or "?".
@@ -443,7 +530,7 @@ mod tests {
     #[test]
     fn options() {
         let o = parse(&[]).unwrap();
-        assert_eq!((o.redis_rounds, o.load_rounds, o.seconds), (7, 5, 6));
+        assert_eq!((o.redis_rounds, o.load_rounds, o.seconds), (7, 5, 10));
         assert!(o.out.unwrap().ends_with("bench/RESULTS.md"));
         let o = parse(&["--quick", "--no-save"]).unwrap();
         assert_eq!((o.redis_rounds, o.load_rounds), (1, 1));

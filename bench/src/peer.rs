@@ -14,8 +14,6 @@ pub struct PeerCall {
     pub label: String,
     /// The source, shebang included, as the package holds it.
     pub source: String,
-    /// The SHA1 the library sends with EVALSHA.
-    pub sha1: String,
     pub keys: Vec<String>,
     pub args: Vec<String>,
 }
@@ -67,13 +65,12 @@ fn parse(text: &str) -> Result<Vec<PeerCall>, String> {
             Some(PeerCall {
                 label: item["label"].as_str()?.to_owned(),
                 source: item["source"].as_str()?.to_owned(),
-                sha1: item["sha1"].as_str()?.to_owned(),
                 keys: strings(&item["keys"])?,
                 args: strings(&item["args"])?,
             })
         })
         .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| bad("an entry without label, source, sha1, keys or args"))
+        .ok_or_else(|| bad("an entry without label, source, keys or args"))
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::stack::{Worker, TOKEN};
 
-/// The situations the issue names, in the order they are produced.
+/// The situations measured, in the order they are produced.
 pub const STEPS: [&str; 4] = [
     "allowed",
     "denied",

@@ -1,0 +1,133 @@
+//! Part 6, Redis far away: the REST endpoint behind the fault proxy, which
+//! holds every request 40 ms before passing it on, so that each REST call
+//! costs what a real round trip to a distant Redis does. One request at a
+//! time, each worker request just after a passthrough one, so that the added
+//! latency compares two requests made under the same conditions.
+
+use std::time::{Duration, Instant};
+
+use edge_limiter_local::fault_proxy::FaultProxy;
+
+use crate::stack::Worker;
+
+/// How far away Redis is: the delay the proxy adds to every REST call.
+pub const DELAY: Duration = Duration::from_millis(40);
+
+/// What each client's first, second and third request meet, in that order,
+/// under a rule that admits one request per client per day.
+pub const SITUATIONS: [&str; 3] = ["allowed", "denied", "denied again (cacheable)"];
+
+/// One situation, for one worker.
+#[derive(Debug, Clone, Default)]
+pub struct Situation {
+    /// Each request's latency through the worker, ms.
+    pub worker_ms: Vec<f64>,
+    /// The passthrough's, one request sent just before each of those.
+    pub passthrough_ms: Vec<f64>,
+    /// REST calls that reached the proxy during the situation.
+    pub calls: u64,
+    /// The worker's answers, as (status, how many).
+    pub statuses: Vec<(u16, u64)>,
+}
+
+impl Situation {
+    /// How much later than the passthrough the worker answers at the `p`-th
+    /// percentile (0..100), ms.
+    pub fn added_ms(&self, p: f64) -> f64 {
+        percentile(&self.worker_ms, p) - percentile(&self.passthrough_ms, p)
+    }
+
+    /// REST calls per request.
+    pub fn calls_per_decision(&self) -> f64 {
+        self.calls as f64 / self.worker_ms.len().max(1) as f64
+    }
+}
+
+/// Nearest-rank percentile; `NaN` for no values.
+pub fn percentile(values: &[f64], p: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    sorted
+        .get(rank.clamp(1, sorted.len().max(1)) - 1)
+        .copied()
+        .unwrap_or(f64::NAN)
+}
+
+async fn timed(http: &reqwest::Client, url: &str, ip: &str) -> Result<(f64, u16), String> {
+    let start = Instant::now();
+    let response = http
+        .get(url)
+        .header("CF-Connecting-IP", ip)
+        .send()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    let status = response.status().as_u16();
+    response.bytes().await.map_err(|e| format!("{url}: {e}"))?;
+    Ok((start.elapsed().as_secs_f64() * 1000.0, status))
+}
+
+/// Sends `clients` fresh clients through `worker`'s `/rt` rule three times
+/// each, one situation after the other; `salt` keeps these clients apart
+/// from any other run's. Nothing else may use the proxy meanwhile.
+pub async fn measure(
+    http: &reqwest::Client,
+    worker: &Worker,
+    passthrough: &Worker,
+    proxy: &FaultProxy,
+    clients: u32,
+    salt: u16,
+) -> Result<Vec<Situation>, String> {
+    let mut out = Vec::with_capacity(SITUATIONS.len());
+    for _ in SITUATIONS {
+        let before = proxy.exchanges().len();
+        let mut s = Situation::default();
+        for client in 0..clients {
+            // A /64 of its own: ours counts an IPv6 client by its /64.
+            let ip = format!("2001:db8:{salt:x}:{client:x}::1");
+            let (base, _) = timed(http, &format!("{}/rt/page", passthrough.url), &ip).await?;
+            let (ms, status) = timed(http, &format!("{}/rt/page", worker.url), &ip).await?;
+            s.passthrough_ms.push(base);
+            s.worker_ms.push(ms);
+            match s.statuses.iter_mut().find(|(st, _)| *st == status) {
+                Some((_, n)) => *n += 1,
+                None => s.statuses.push((status, 1)),
+            }
+        }
+        // Calls a worker makes after answering (waitUntil) count too.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if !proxy.wait_idle(Duration::from_secs(10)) {
+            return Err(format!("{}: REST calls still in flight", worker.label));
+        }
+        s.calls = (proxy.exchanges().len() - before) as u64;
+        out.push(s);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_by_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 50.0);
+        assert_eq!(percentile(&v, 99.0), 99.0);
+        assert_eq!(percentile(&[7.0], 99.0), 7.0);
+        assert!(percentile(&[], 50.0).is_nan());
+    }
+
+    #[test]
+    fn added_latency_and_calls() {
+        let s = Situation {
+            worker_ms: vec![45.0, 50.0, 44.0, 60.0],
+            passthrough_ms: vec![4.0, 5.0, 6.0, 9.0],
+            calls: 4,
+            statuses: vec![(200, 4)],
+        };
+        assert_eq!(s.added_ms(50.0), 40.0);
+        assert_eq!(s.added_ms(99.0), 51.0);
+        assert_eq!(s.calls_per_decision(), 1.0);
+    }
+}
