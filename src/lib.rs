@@ -26,7 +26,6 @@
 #[cfg(not(target_arch = "wasm32"))]
 pub mod admin;
 pub mod body;
-pub mod budget;
 pub mod cache;
 pub mod canon;
 #[cfg(not(target_arch = "wasm32"))]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::header::{HeaderValue, AUTHORIZATION};
 use serde_json::{json, Value};
 
-use crate::{budget, scripts::Script};
+use crate::scripts::Script;
 
 /// Why a REST call gave no result. The token never appears in any message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,7 +127,7 @@ impl RestClient {
     /// [`COMMAND_BUDGET`] (tools and tests; decisions go through
     /// [`RestClient::run_script`] with the rule's own budget).
     pub async fn command(&self, args: &[&str]) -> Result<Value, RestError> {
-        within(COMMAND_BUDGET, self.post(json!(args))).await
+        self.post(json!(args), COMMAND_BUDGET).await
     }
 
     /// Runs `script` by SHA1 and, if Redis does not have it (after a restart
@@ -140,35 +140,54 @@ impl RestClient {
         args: &[String],
         budget: Duration,
     ) -> Result<Value, RestError> {
-        let exchange = async {
-            match self
-                .post(eval_body("EVALSHA", script.sha1, keys, args))
-                .await
-            {
-                Err(RestError::NoScript) => {
-                    self.post(eval_body("EVAL", script.source, keys, args))
-                        .await
+        let started = clock_ms();
+        match self
+            .post(eval_body("EVALSHA", script.sha1, keys, args), budget)
+            .await
+        {
+            Err(RestError::NoScript) => {
+                let spent = Duration::from_millis((clock_ms() - started).max(0.0) as u64);
+                let left = budget.saturating_sub(spent);
+                if left.is_zero() {
+                    return Err(timed_out(budget));
                 }
-                other => other,
+                // The fallback gets what is left, and a timeout names the
+                // rule's budget, not the remainder.
+                match self
+                    .post(eval_body("EVAL", script.source, keys, args), left)
+                    .await
+                {
+                    Err(RestError::Timeout { .. }) => Err(timed_out(budget)),
+                    other => other,
+                }
             }
-        };
-        within(budget, exchange).await
+            other => other,
+        }
     }
 
-    async fn post(&self, body: Value) -> Result<Value, RestError> {
+    /// One `POST`, abandoned after `budget`. The time limit is reqwest's own
+    /// (on wasm32 a timer on the fetch's abort signal, which reqwest creates
+    /// anyway): a separate timer raced against the request cost every
+    /// decision a promise and two callbacks more.
+    async fn post(&self, body: Value, budget: Duration) -> Result<Value, RestError> {
+        let failed = |e: reqwest::Error| {
+            if e.is_timeout() {
+                timed_out(budget)
+            } else {
+                RestError::Transport(e.without_url().to_string())
+            }
+        };
         let response = self
             .http
             .post(self.url.clone())
             .header(AUTHORIZATION, self.authorization.clone())
+            .timeout(budget)
             .json(&body)
             .send()
             .await
-            .map_err(|e| RestError::Transport(e.without_url().to_string()))?;
+            .map_err(failed)?;
         let status = response.status().as_u16();
-        let text = response
-            .text()
-            .await
-            .map_err(|e| RestError::Transport(e.without_url().to_string()))?;
+        let text = response.text().await.map_err(failed)?;
         parse_reply(status, &text).map_err(|e| e.redacted(&self.token))
     }
 }
@@ -203,16 +222,27 @@ impl RestError {
 /// Time allowed for a plain [`RestClient::command`].
 pub const COMMAND_BUDGET: Duration = Duration::from_secs(5);
 
-/// Runs a REST exchange for at most `budget`.
-async fn within(
-    budget: Duration,
-    exchange: impl std::future::Future<Output = Result<Value, RestError>>,
-) -> Result<Value, RestError> {
-    budget::within(budget, exchange)
-        .await
-        .unwrap_or(Err(RestError::Timeout {
-            budget_ms: budget.as_millis() as u64,
-        }))
+fn timed_out(budget: Duration) -> RestError {
+    RestError::Timeout {
+        budget_ms: budget.as_millis() as u64,
+    }
+}
+
+/// Milliseconds on a clock that moves forward while a call is waited for
+/// (in a worker, `Date.now()` advances across I/O).
+#[cfg(target_arch = "wasm32")]
+fn clock_ms() -> f64 {
+    js_sys::Date::now()
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn clock_ms() -> f64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs_f64()
+        * 1000.0
 }
 
 fn eval_body(verb: &str, script: &str, keys: &[String], args: &[String]) -> Value {

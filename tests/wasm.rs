@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use edge_limiter::{
-    budget,
     entry::{request_meta, with_outcome_headers},
     gateway::{Action, Outcome},
     redis_rest::{RestClient, RestError},
@@ -72,16 +71,6 @@ fn outcome_headers_are_added_and_the_origins_kept() {
     assert_eq!(
         h.get("ratelimit-policy").unwrap().as_deref(),
         Some("\"r\";q=3;w=4")
-    );
-}
-
-#[wasm_bindgen_test]
-async fn the_budget_runs_on_a_js_timer() {
-    let never = std::future::pending::<()>();
-    assert_eq!(budget::within(Duration::from_millis(20), never).await, None);
-    assert_eq!(
-        budget::within(Duration::from_secs(5), async { 7 }).await,
-        Some(7)
     );
 }
 
