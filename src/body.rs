@@ -12,14 +12,15 @@ use crate::canon;
 /// Bytes of a body the limiter reads at most, and only for rules keyed on it.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// The text a JSON value counts as: a string as itself, a number or a
+/// The text a JSON value counts as: a string as itself up to any NUL
+/// ([`canon::before_nul`]), a number or a
 /// boolean as written canonically (`1.0` and `1e0` as `1`, so an origin
 /// comparing numbers sees one value), an object or array as compact JSON.
 /// `null` and a missing value count as missing (`None`).
 fn json_text(value: &Value) -> Option<Cow<'_, str>> {
     match value {
         Value::Null => None,
-        Value::String(s) => Some(Cow::Borrowed(s)),
+        Value::String(s) => Some(Cow::Borrowed(canon::before_nul(s))),
         Value::Number(n) => Some(Cow::Owned(match n.as_f64() {
             Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9.007_199_254_740_992e15 => {
                 format!("{}", f as i64)
@@ -147,6 +148,8 @@ mod tests {
         assert_eq!(json_value(&doc, "/a~1b").as_deref(), Some("slash"));
         let twice = parse_json(br#"{"u": "first", "u": "last"}"#).unwrap();
         assert_eq!(json_value(&twice, "/u").as_deref(), Some("last"));
+        let nul = parse_json(br#"{"u": "alice\u0000x"}"#).unwrap();
+        assert_eq!(json_value(&nul, "/u").as_deref(), Some("alice"));
     }
 
     #[test]

@@ -50,7 +50,8 @@ fn has_escape(input: &[u8]) -> bool {
         .any(|w| w[0] == b'%' && hex(w[1]).is_some() && hex(w[2]).is_some())
 }
 
-/// Percent-escapes decoded, up to [`DECODE_PASSES`] times, as bytes.
+/// Percent-escapes decoded, up to [`DECODE_PASSES`] times, as bytes, and
+/// cut at the first NUL byte (see [`before_nul`]).
 pub fn percent_decoded(raw: &str) -> Cow<'_, [u8]> {
     let mut bytes = Cow::Borrowed(raw.as_bytes());
     for _ in 0..DECODE_PASSES {
@@ -59,7 +60,17 @@ pub fn percent_decoded(raw: &str) -> Cow<'_, [u8]> {
         }
         bytes = Cow::Owned(decode_once(&bytes));
     }
-    bytes
+    match bytes.iter().position(|&b| b == 0) {
+        Some(end) => Cow::Owned(bytes[..end].to_vec()),
+        None => bytes,
+    }
+}
+
+/// Text up to its first NUL. An origin written in C, or handing values to
+/// C code (file names, many database drivers), reads `a\0xyz` as `a`: kept
+/// whole, every suffix would be a fresh bucket for the same client.
+pub fn before_nul(text: &str) -> &str {
+    text.split('\0').next().unwrap_or_default()
 }
 
 /// Bytes as text; bytes that are no UTF-8 become U+FFFD (which merges some
@@ -205,6 +216,10 @@ mod tests {
             ("%E2%82%AC", "\u{20ac}"),
             ("%ff", "\u{fffd}"),
             ("", ""),
+            ("a%00", "a"),
+            ("a%00b", "a"),
+            ("a%2500b", "a"),
+            ("%00", ""),
         ] {
             assert_eq!(form_value(raw), canonical, "{raw}");
         }
@@ -238,6 +253,8 @@ mod tests {
             ("%22s3%22", "s3"),
             ("\"", "\""),
             ("a+b", "a b"),
+            ("s3%00x", "s3"),
+            ("\"s3%00\"", "s3"),
         ] {
             assert_eq!(cookie_value(raw), canonical, "{raw}");
         }

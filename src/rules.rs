@@ -574,6 +574,8 @@ mod tests {
             ("/%2561pi/x", "/api/x"),
             ("/login;jsessionid=1", "/login"),
             ("/api;x/y;z", "/api/y"),
+            ("/login%00.png", "/login"),
+            ("/login%2500/x", "/login"),
         ] {
             assert_eq!(normalize_path(raw), normal, "{raw}");
         }

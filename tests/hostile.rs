@@ -732,6 +732,12 @@ fn spellings_share_one_bucket(base: &str) -> (Vec<String>, u64) {
             ["k=v}3", "k=v%7D3"].map(query).to_vec(),
         ),
         (
+            "query value, cut at a NUL as C code reads it",
+            ["k=v4", "k=v4%00x", "k=v4%00y", "k=v4%2500z"]
+                .map(query)
+                .to_vec(),
+        ),
+        (
             "cookie, quoted and escaped",
             [
                 "sid=c1",
@@ -741,6 +747,7 @@ fn spellings_share_one_bucket(base: &str) -> (Vec<String>, u64) {
                 "sid=%22c1%22",
                 "SID=c1",
                 "x=1, sid=c1",
+                "sid=c1%00x",
             ]
             .map(cookie)
             .to_vec(),
@@ -1044,6 +1051,7 @@ async fn re_encoded_paths_stay_under_their_rule_and_key() {
             ("/%41PI/x", "429 api"),
             ("/%2561pi/x", "429 api"),
             ("/api;jsessionid=1/x", "429 api"),
+            ("/api/x%00.png", "429 api"),
             ("/%61dmin", "200 admin"),
             ("//admin", "429 admin"),
             ("/p/a", "200 by-path"),
@@ -1051,6 +1059,7 @@ async fn re_encoded_paths_stay_under_their_rule_and_key() {
             ("/p//a", "429 by-path"),
             ("/p%2Fa", "429 by-path"),
             ("/p/a;x=1", "429 by-path"),
+            ("/p/a%00/b", "429 by-path"),
         ],
     );
     let failures = path_table(
