@@ -29,9 +29,10 @@
 -- over the rules i whose penalty this call started.
 -- The request is allowed when every enforced rule admits it; then every rule
 -- that admits it is charged. Otherwise none is, and the rules that would
--- have admitted it are reported as they stand; an enforced rule with a
--- penalty that denied it on its own starts its penalty. A rule whose
--- penalty runs denies, its retry-after being what is left of the penalty.
+-- have admitted it are reported as they stand. Either way, a rule with a
+-- penalty that denied it on its own (a shadow rule too) starts its
+-- penalty. A rule whose penalty runs denies, its retry-after being what
+-- is left of the penalty.
 -- Which rule binds, and the request's retry-after, follow from the fields:
 -- the caller works them out.
 
@@ -112,19 +113,9 @@ local function decide(peek)
   return denied
 end
 
-local started = 0
 if decide(false) then
   -- Nothing is consumed anywhere: report the admitting rules as they stand.
   decide(true)
-  for i, penalty in pairs(penalties or {}) do
-    local k, mode = 6 * i, string.byte(modes, i)
-    if reply[k - 5] == 0 and not penalty.running and (mode == 101 or mode == 99) then
-      penalty_start(penalty.key, now_ms, penalty.ms)
-      started = started + 2 ^ (i - 1)
-      reply[k - 1] = math.max(reply[k - 1], penalty.ms)
-      reply[k - 2] = math.max(reply[k - 2], penalty.ms)
-    end
-  end
 else
   for i = 1, rules do
     local write = writes[i]
@@ -136,6 +127,18 @@ else
   end
 end
 if penalties then
+  -- Every rule that denied on its own starts its penalty, a shadow rule's
+  -- too: it then reports the denials enforcing it would have made.
+  local started = 0
+  for i, penalty in pairs(penalties) do
+    local k = 6 * i
+    if reply[k - 5] == 0 and not penalty.running then
+      penalty_start(penalty.key, now_ms, penalty.ms)
+      started = started + 2 ^ (i - 1)
+      reply[k - 1] = math.max(reply[k - 1], penalty.ms)
+      reply[k - 2] = math.max(reply[k - 2], penalty.ms)
+    end
+  end
   reply[#reply + 1] = started
 end
 return reply

@@ -15,6 +15,9 @@ pub enum Action {
     WouldDeny,
     /// A rule's penalty started: the client is denied for its whole length.
     PenaltyStart,
+    /// A shadow rule's penalty started: for its whole length the rule
+    /// reports would-deny, as enforcing it would have denied.
+    WouldPenaltyStart,
     /// A key part came with several values; the request was refused (400),
     /// or, for a shadow rule, left out of its count.
     Refuse,

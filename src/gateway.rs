@@ -349,11 +349,15 @@ fn penalty_events(
         .iter()
         .filter_map(|&i| {
             let rule = checks.get(i)?.0.rule;
+            let action = match rule.mode {
+                Mode::Shadow => EventAction::WouldPenaltyStart,
+                Mode::Enforce => EventAction::PenaltyStart,
+            };
             Some(Event {
-                status: Some(429),
+                status: (!decision.allowed).then_some(429),
                 retry_after: rule.penalty_ms.map(headers::seconds_up),
                 key: call.keys.get(i).map(|k| penalty_key(k)),
-                ..Event::new(EventAction::PenaltyStart, &rule.name)
+                ..Event::new(action, &rule.name)
             })
         })
         .collect()
@@ -733,6 +737,30 @@ mod tests {
         assert_eq!(store.calls.get(), 1, "answered from the cache");
         let actions: Vec<_> = again.events.iter().map(|e| e.action).collect();
         assert_eq!(actions, [EventAction::Deny]);
+    }
+
+    #[test]
+    fn a_shadow_penalty_start_is_logged_and_blocks_nothing() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "s", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1m",
+             "penalty": "10m", "mode": "shadow"}
+        ]}))
+        .unwrap();
+        let store = fake(Ok(json!([0, 1, 0, 600000, 600000, 1, 1])));
+        let cache = RefCell::new(BlockCache::new());
+        let out = run(&c, &store, &cache, "/", 0);
+        assert_eq!(out.action, Action::Forward);
+        let actions: Vec<_> = out.events.iter().map(|e| (e.action, e.status)).collect();
+        assert_eq!(
+            actions,
+            [
+                (EventAction::WouldDeny, None),
+                (EventAction::WouldPenaltyStart, None)
+            ]
+        );
+        assert_eq!(out.events[1].retry_after, Some(600));
+        run(&c, &store, &cache, "/", 1000);
+        assert_eq!(store.calls.get(), 2, "a shadow verdict is never cached");
     }
 
     #[test]

@@ -69,8 +69,9 @@ impl Model {
     /// Decides one request at `now_ms`: every rule is checked; when no
     /// enforced rule denies, every rule that admits is charged (but for
     /// rules with `count_status`, charged only by [`Model::charge`]),
-    /// otherwise none is, the admitting rules are reported as they stand,
-    /// and an enforced rule with a penalty that denied on its own starts it.
+    /// otherwise none is and the admitting rules are reported as they
+    /// stand; either way, a rule with a penalty that denied on its own (a
+    /// shadow rule too) starts it.
     /// A running penalty denies its rule, which is then reported at cost 0
     /// with the penalty's time left.
     pub fn decide(&mut self, checks: &[(Check<'_>, Vec<&str>)], now_ms: u64) -> Decision {
@@ -131,7 +132,6 @@ impl Model {
         }
         let enforced = |i: usize| checks[i].0.rule.mode == Mode::Enforce;
         let allowed = !(0..checks.len()).any(|i| enforced(i) && !states[i].allowed);
-        let mut started = vec![];
         if allowed {
             for (write, client) in writes.into_iter().zip(clients.iter().cloned()) {
                 self.apply(write, client);
@@ -142,17 +142,18 @@ impl Model {
                     *state = check(self, i, 0).0;
                 }
             }
-            for (i, (c, _)) in checks.iter().enumerate() {
-                let Some(ms) = c.rule.penalty_ms else {
-                    continue;
-                };
-                if enforced(i) && !states[i].allowed && left(self, i) == 0 {
-                    self.penalties.insert(clients[i].clone(), now_ms + ms);
-                    let s = &mut states[i];
-                    s.retry_after_ms = Some(s.retry_after_ms.map_or(ms, |r| r.max(ms)));
-                    s.reset_after_ms = s.reset_after_ms.max(ms);
-                    started.push(i);
-                }
+        }
+        let mut started = vec![];
+        for (i, (c, _)) in checks.iter().enumerate() {
+            let Some(ms) = c.rule.penalty_ms else {
+                continue;
+            };
+            if !states[i].allowed && left(self, i) == 0 {
+                self.penalties.insert(clients[i].clone(), now_ms + ms);
+                let s = &mut states[i];
+                s.retry_after_ms = Some(s.retry_after_ms.map_or(ms, |r| r.max(ms)));
+                s.reset_after_ms = s.reset_after_ms.max(ms);
+                started.push(i);
             }
         }
         // Denied: the enforced denying rule that frees up last binds (the

@@ -1,9 +1,10 @@
 //! The policy vocabulary of edge rate-limiting rules, end to end in
 //! `wrangler dev`: each field beside a rule without it, so that every test
 //! fails without the field. `count_status` (charged after the response,
-//! also under a Redis fault), `penalty` (also under 64-way concurrency),
-//! `except_ips`, `cf:*` key parts, body key parts (`json:`, `form:`, with
-//! `fold`, a 10 MB body and hostile JSON), and the JSON decision log.
+//! also under a Redis fault), `penalty` (also under 64-way concurrency, and
+//! in a shadow rule), `except_ips`, `cf:*` key parts, body key parts
+//! (`json:`, `form:`, with `fold`, a 10 MB body and hostile JSON), and the
+//! JSON decision log.
 #![cfg(not(target_arch = "wasm32"))]
 
 mod support;
@@ -251,6 +252,17 @@ algorithm = "gcra"
 rate = 1
 period = "1s"
 burst = 2
+
+[[vars.LIMITER.rules]]
+name = "shadow-penalty"
+key = ["ip"]
+path_prefix = "/s"
+algorithm = "gcra"
+rate = 1
+period = "1s"
+burst = 2
+penalty = "3s"
+mode = "shadow"
 "#;
 
 #[tokio::test]
@@ -300,6 +312,50 @@ async fn a_penalty_holds_a_client_for_its_whole_length_and_no_longer() {
     assert_eq!(starts.len(), 1);
     assert_eq!(starts[0]["retry_after"], 3);
     assert_eq!(starts[0]["key"], key);
+}
+
+/// A shadow rule's penalty runs as an enforced one would, blocking nothing:
+/// its log shows what enforcing it would deny, penalty included.
+#[tokio::test]
+async fn a_shadow_penalty_reports_would_deny_for_its_length_and_blocks_nothing() {
+    let stack = Stack::start(PENALTY);
+    let url = format!("{}/s", stack.worker.url);
+    let ip = "203.0.113.72";
+    for _ in 0..3 {
+        assert_eq!(get(&url, ip).await.status(), StatusCode::OK);
+    }
+    let key = "el:{203.0.113.72}:shadow-penalty:p";
+    let pttl = |b: &Backend| b.redis(&["PTTL", key]).parse::<i64>().unwrap();
+    assert!((2_500..=3_000).contains(&pttl(&stack.backend)));
+    let starts = wait_events(&stack.worker, "would_penalty_start", "shadow-penalty", 1).await;
+    assert_eq!(starts.len(), 1, "{}", stack.worker.log());
+    assert_eq!(starts[0]["retry_after"], 3);
+    assert_eq!(
+        starts[0]["status"],
+        Value::Null,
+        "the client was not refused"
+    );
+    // The rate allows a request again, the penalty does not: would-deny,
+    // counting the penalty down, and still forwarded.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(get(&url, ip).await.status(), StatusCode::OK);
+    let would = wait_events(&stack.worker, "would_deny", "shadow-penalty", 2).await;
+    assert_eq!(would.len(), 2, "{}", stack.worker.log());
+    assert_eq!(would[1]["retry_after"], 2);
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    assert_eq!(
+        pttl(&stack.backend),
+        -2,
+        "the penalty key expired by itself"
+    );
+    assert_eq!(get(&url, ip).await.status(), StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let would_deny = |e: &Value| e["action"] == "would_deny" && e["rule"] == "shadow-penalty";
+    let after = events(&stack.worker).into_iter().filter(would_deny).count();
+    assert_eq!(after, 2, "admitted once the penalty ended");
+    assert!(events(&stack.worker)
+        .iter()
+        .all(|e| e["action"] != "deny" && e["action"] != "penalty_start"));
 }
 
 #[tokio::test]

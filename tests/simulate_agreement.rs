@@ -37,7 +37,7 @@ fn config() -> Config {
          "algorithm": "windowed", "windows": [["10s", 3, "1s"], ["1h", 20, "1h"]],
          "count_status": [401, 403], "penalty": "30s"},
         {"name": "search", "path": "/api/search", "key": ["ip"], "algorithm": "gcra",
-         "rate": 1, "period": "1s", "burst": 2, "mode": "shadow"},
+         "rate": 1, "period": "1s", "burst": 2, "mode": "shadow", "penalty": "3s"},
         {"name": "agents", "key": ["user-agent"], "algorithm": "windowed",
          "windows": [["5s", 400, "500ms"]], "mode": "shadow", "cost": {"HEAD": 0, "default": 1}},
         {"name": "pages", "path_prefix": "/list", "key": ["query:page"], "algorithm": "gcra",
@@ -198,7 +198,7 @@ fn the_real_script_and_the_model_decide_every_request_alike() {
         );
     }
     assert!(rule("per-ip").denied_by_others > 0);
-    for name in ["keyed", "login"] {
+    for name in ["keyed", "login", "search"] {
         assert!(
             rule(name).penalties_started > 0,
             "{name} never started a penalty:\n{}",
