@@ -97,9 +97,6 @@ pub struct Limiter<'a, S> {
     pub cache: &'a RefCell<BlockCache>,
 }
 
-/// A matched rule: its index in the configuration, and the rule.
-type Matched<'a> = (usize, &'a Rule);
-
 impl<S: ScriptRunner> Limiter<'_, S> {
     /// Decides `req` at `now_ms` (the isolate's clock, used only to age
     /// cached denials). Never fails: a Redis fault becomes the fail mode.
@@ -120,28 +117,26 @@ impl<S: ScriptRunner> Limiter<'_, S> {
         if selection.rules.is_empty() {
             return Outcome::forward(vec![], events);
         }
-        let matched: Vec<Matched<'_>> = selection
-            .rules
-            .iter()
-            .map(|(rule, _)| {
-                let index = self
-                    .config
-                    .rules
-                    .iter()
-                    .position(|r| std::ptr::eq(r, *rule));
-                (index.unwrap_or_default(), *rule)
-            })
-            .collect();
         let checks = selection.checks(&req.method);
-        let mut outcome = self.decide(&matched, &checks, now_ms).await;
+        let mut outcome = self.decide(&checks, now_ms).await;
         events.append(&mut outcome.events);
         outcome.events = events;
         if outcome.action == Action::Forward {
-            let later: Vec<(usize, Vec<String>, u64)> = matched
+            // A rule's index is looked up only for the rare count_status rule.
+            let index = |rule: &Rule| {
+                let found = self.config.rules.iter().position(|r| std::ptr::eq(r, rule));
+                found.unwrap_or_default()
+            };
+            let later: Vec<(usize, Vec<String>, u64)> = checks
                 .iter()
-                .zip(&checks)
-                .filter(|((_, r), _)| !r.count_status.is_empty())
-                .map(|((i, _), (c, id))| (*i, id.iter().map(|p| p.to_string()).collect(), c.cost))
+                .filter(|(c, _)| !c.rule.count_status.is_empty())
+                .map(|(c, id)| {
+                    (
+                        index(c.rule),
+                        id.iter().map(|p| p.to_string()).collect(),
+                        c.cost,
+                    )
+                })
                 .collect();
             if !later.is_empty() {
                 outcome.charge = Some(Charge { rules: later });
@@ -154,25 +149,22 @@ impl<S: ScriptRunner> Limiter<'_, S> {
     /// holds the origin's `status`, in one script call; nothing when none
     /// does. Runs after the response has gone: a fault is only logged.
     pub async fn charge(&self, charge: &Charge, status: u16) -> Vec<Event> {
-        let rules: Vec<(&Rule, Vec<&str>, u64)> = charge
+        let checks: Vec<(Check<'_>, Vec<&str>)> = charge
             .rules
             .iter()
             .filter_map(|(i, id, cost)| {
                 let rule = self.config.rules.get(*i)?;
-                rule.count_status
-                    .contains(&status)
-                    .then(|| (rule, id.iter().map(String::as_str).collect(), *cost))
+                rule.count_status.contains(&status).then(|| {
+                    let id = id.iter().map(String::as_str).collect();
+                    (Check { rule, cost: *cost }, id)
+                })
             })
             .collect();
-        if rules.is_empty() {
+        if checks.is_empty() {
             return vec![];
         }
-        let checks: Vec<(Check<'_>, Vec<&str>)> = rules
-            .iter()
-            .map(|(rule, id, cost)| (Check { rule, cost: *cost }, id.clone()))
-            .collect();
         let call = ScriptCall::charge(&checks, None);
-        let budget = budget_of(rules.iter().map(|(r, _, _)| *r));
+        let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
         match self
             .store
             .run(&call, budget)
@@ -180,33 +172,28 @@ impl<S: ScriptRunner> Limiter<'_, S> {
             .and_then(|reply| call.decision(&reply))
         {
             Ok(decision) => penalty_events(&checks, &call, &decision),
-            Err(error) => rules
+            Err(error) => checks
                 .iter()
                 .zip(&call.keys)
-                .map(|((rule, _, _), key)| Event {
+                .map(|((check, _), key)| Event {
                     status: Some(status),
                     key: Some(key.clone()),
                     error: Some(error.to_string()),
-                    ..Event::new(EventAction::ChargeFailed, &rule.name)
+                    ..Event::new(EventAction::ChargeFailed, &check.rule.name)
                 })
                 .collect(),
         }
     }
 
     /// Decides the checks of the matched rules, from the cache or Redis.
-    async fn decide(
-        &self,
-        matched: &[Matched<'_>],
-        checks: &[(Check<'_>, Vec<&str>)],
-        now_ms: u64,
-    ) -> Outcome {
+    async fn decide(&self, checks: &[(Check<'_>, Vec<&str>)], now_ms: u64) -> Outcome {
         let call = ScriptCall::decide(checks, None);
         let signature = call.signature();
         let cached = self.cache.borrow_mut().lookup(&signature, now_ms);
         if let Some(decision) = cached {
             return self.decided(checks, &call, &decision);
         }
-        let budget = budget_of(matched.iter().map(|(_, r)| *r));
+        let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
         let result = self.store.run(&call, budget).await;
         match result.and_then(|reply| call.decision(&reply)) {
             Ok(decision) => {

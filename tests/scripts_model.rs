@@ -63,21 +63,27 @@ struct Step {
     charge: bool,
 }
 
-fn step() -> impl Strategy<Value = Step> {
-    (
-        prop_oneof![3 => 0u64..5, 3 => 5u64..400, 1 => 400u64..4000],
-        1u8..8,
-        0u8..2,
-        prop_oneof![1 => Just(0u64), 8 => 1u64..3, 1 => 3u64..9],
-        prop::bool::weighted(0.15),
-    )
-        .prop_map(|(wait_ms, rules, client, cost, charge)| Step {
+/// Steps waiting `wait` milliseconds before each request of `cost` units.
+fn steps(
+    wait: impl Strategy<Value = u64>,
+    cost: impl Strategy<Value = u64>,
+) -> impl Strategy<Value = Step> {
+    (wait, 1u8..8, 0u8..2, cost, prop::bool::weighted(0.15)).prop_map(
+        |(wait_ms, rules, client, cost, charge)| Step {
             wait_ms,
             rules,
             client,
             cost,
             charge,
-        })
+        },
+    )
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    steps(
+        prop_oneof![3 => 0u64..5, 3 => 5u64..400, 1 => 400u64..4000],
+        prop_oneof![1 => Just(0u64), 8 => 1u64..3, 1 => 3u64..9],
+    )
 }
 
 /// A rule of the generated set: its policy, and whether it is a shadow
@@ -313,20 +319,10 @@ fn fast_windowed() -> impl Strategy<Value = Policy> {
 
 /// A step on Redis's clock: how long to really wait before it.
 fn real_step() -> impl Strategy<Value = Step> {
-    (
+    steps(
         prop_oneof![4 => 0u64..3, 3 => 3u64..40, 1 => 40u64..150],
-        1u8..8,
-        0u8..2,
         prop_oneof![1 => Just(0u64), 8 => 1u64..3, 1 => 3u64..6],
-        prop::bool::weighted(0.15),
     )
-        .prop_map(|(wait_ms, rules, client, cost, charge)| Step {
-            wait_ms,
-            rules,
-            client,
-            cost,
-            charge,
-        })
 }
 
 /// Redis's `TIME` reply, in milliseconds.
