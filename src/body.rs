@@ -13,9 +13,9 @@ use crate::canon;
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// The text a JSON value counts as: a string as itself up to any NUL
-/// ([`canon::before_nul`]), a number or a
-/// boolean as written canonically (`1.0` and `1e0` as `1`, so an origin
-/// comparing numbers sees one value), an object or array as compact JSON.
+/// ([`canon::before_nul`]), a number or a boolean as written canonically
+/// (`1.0` and `1e0` as `1`, so an origin comparing numbers sees one
+/// value), an object or array as compact JSON.
 /// `null` and a missing value count as missing (`None`).
 fn json_text(value: &Value) -> Option<Cow<'_, str>> {
     match value {
@@ -89,7 +89,8 @@ fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
 
 /// Fields of a `multipart/form-data` body (RFC 7578): each part's
 /// `Content-Disposition: form-data; name="..."` names it, and its content
-/// runs to the line break before the next delimiter.
+/// runs to the line break before the next delimiter (or to a NUL in it, as
+/// for every other value: [`canon::before_nul_bytes`]).
 fn multipart_values<'a>(body: &'a [u8], boundary: &str, name: &str) -> Vec<Cow<'a, str>> {
     let delimiter = format!("--{boundary}");
     let mut values: Vec<Cow<'a, str>> = Vec::new();
@@ -122,14 +123,12 @@ fn multipart_values<'a>(body: &'a [u8], boundary: &str, name: &str) -> Vec<Cow<'
                 })
         });
         if named {
-            let value = String::from_utf8_lossy(&body[head_end + 4..next]);
-            if !values.contains(&value) {
-                values.push(value);
-            }
+            let content = canon::before_nul_bytes(&body[head_end + 4..next]);
+            values.push(String::from_utf8_lossy(content));
         }
         at = next + 2 + delimiter.len();
     }
-    values
+    canon::distinct(values.into_iter())
 }
 
 #[cfg(test)]
@@ -170,6 +169,12 @@ mod tests {
         let multipart = "multipart/form-data; boundary=XyZ";
         assert_eq!(form_values(body, multipart, "user"), ["alice"]);
         assert_eq!(form_values(body, multipart, "file"), ["hello"]);
+        let nul = b"--XyZ\r\nContent-Disposition: form-data; name=\"user\"\r\n\r\nalice\0x\r\n--XyZ\r\nContent-Disposition: form-data; name=\"user\"\r\n\r\nalice\r\n--XyZ--\r\n";
+        assert_eq!(
+            form_values(nul, multipart, "user"),
+            ["alice"],
+            "cut at NUL, then one value"
+        );
         assert!(form_values(body, multipart, "none").is_empty());
         assert!(form_values(body, "multipart/form-data", "user").is_empty());
         assert!(form_values(b"user=alice", "text/plain", "user").is_empty());

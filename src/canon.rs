@@ -51,7 +51,7 @@ fn has_escape(input: &[u8]) -> bool {
 }
 
 /// Percent-escapes decoded, up to [`DECODE_PASSES`] times, as bytes, and
-/// cut at the first NUL byte (see [`before_nul`]).
+/// cut at the first NUL byte (see [`before_nul_bytes`]).
 pub fn percent_decoded(raw: &str) -> Cow<'_, [u8]> {
     let mut bytes = Cow::Borrowed(raw.as_bytes());
     for _ in 0..DECODE_PASSES {
@@ -60,17 +60,26 @@ pub fn percent_decoded(raw: &str) -> Cow<'_, [u8]> {
         }
         bytes = Cow::Owned(decode_once(&bytes));
     }
-    match bytes.iter().position(|&b| b == 0) {
-        Some(end) => Cow::Owned(bytes[..end].to_vec()),
-        None => bytes,
+    match bytes {
+        Cow::Borrowed(b) => Cow::Borrowed(before_nul_bytes(b)),
+        Cow::Owned(mut b) => {
+            b.truncate(before_nul_bytes(&b).len());
+            Cow::Owned(b)
+        }
     }
 }
 
-/// Text up to its first NUL. An origin written in C, or handing values to
+/// Bytes up to the first NUL. An origin written in C, or handing values to
 /// C code (file names, many database drivers), reads `a\0xyz` as `a`: kept
 /// whole, every suffix would be a fresh bucket for the same client.
+pub fn before_nul_bytes(bytes: &[u8]) -> &[u8] {
+    bytes.split(|&b| b == 0).next().unwrap_or_default()
+}
+
+/// Text up to its first NUL, as [`before_nul_bytes`] (NUL is ASCII, so the
+/// cut never splits a character).
 pub fn before_nul(text: &str) -> &str {
-    text.split('\0').next().unwrap_or_default()
+    &text[..before_nul_bytes(text.as_bytes()).len()]
 }
 
 /// Bytes as text; bytes that are no UTF-8 become U+FFFD (which merges some
