@@ -33,19 +33,19 @@
 -- every header from it, and Redis turns a number into its reply for about
 -- 1 us less than a table. A number passed to redis.call costs Redis a
 -- %.17g conversion, dearer than string.format '%d'.
-if #ARGV <= 3 and ARGV[1] ~= 'reset' then
-  local key, interval, cost = KEYS[1], ARGV[1] + 0, 1
-  if ARGV[3] then
-    cost = ARGV[3] + 0
+if args <= 3 and argv[1] ~= 'reset' then
+  local key, interval, cost = KEYS[1], argv[1] + 0, 1
+  if argv[3] then
+    cost = argv[3] + 0
   end
   -- -2 (no key) and -1 (a key without expiry, which this script never
   -- writes) both come out negative: no state.
-  local pttl = redis.call('PTTL', key)
+  local pttl = call('PTTL', key)
   local ahead = pttl * 1000
   if ahead > 0 and interval % 1000 ~= 0 then
     -- Anything but a number within a millisecond is no remainder (an
     -- older release's value): the expiry alone then tells the debt.
-    local slack = tonumber(redis.call('GET', key) or '')
+    local slack = tonumber(call('GET', key) or '')
     if slack and slack >= 0 and slack < 1000 then
       ahead = ahead - slack
     end
@@ -54,18 +54,18 @@ if #ARGV <= 3 and ARGV[1] ~= 'reset' then
     ahead = 0
   end
   local after = ahead + cost * interval
-  if after > interval * ARGV[2] then
+  if after > interval * argv[2] then
     return -1 - ahead
   end
   if cost > 0 then
     local ttl = math.ceil(after / 1000)
     if ttl * 1000 > after then
-      redis.call('SET', key, string.format('%d', ttl * 1000 - after), 'PX', string.format('%d', ttl))
+      call('SET', key, string.format('%d', ttl * 1000 - after), 'PX', string.format('%d', ttl))
     elseif pttl >= 0 and interval % 1000 == 0 then
       -- Whole milliseconds: the value stays empty, only the expiry moves.
-      redis.call('PEXPIRE', key, string.format('%d', ttl))
+      call('PEXPIRE', key, string.format('%d', ttl))
     else
-      redis.call('SET', key, '', 'PX', string.format('%d', ttl))
+      call('SET', key, '', 'PX', string.format('%d', ttl))
     end
   end
   return ahead
@@ -74,7 +74,7 @@ end
 -- The general path's functions (limiter.lua), built only for the calls
 -- that reach it: Redis builds every function of a script anew on each call.
 local gcra_ahead, gcra_check, gcra_commit
-if ARGV[1] == 'decide' then
+if argv[1] == 'decide' then
   -- How far the key's TAT lies ahead of now, microseconds (0: not at all).
   --   now       the pinned clock, microseconds, or nil for Redis's clock
   function gcra_ahead(key, now, interval)

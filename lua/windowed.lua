@@ -10,26 +10,34 @@
 -- `offset`, chosen per key by the caller, which shifts every bucket edge so
 -- that clients' windows do not all roll over at the same instant.
 --
--- The hash holds, as decimal text, with P = "<duration>:<precision>":
+-- The hash holds, as decimal text, with P = "<duration>:<precision>" for
+-- a window and S = "<duration>:<limit>:<precision>" for every window in
+-- order, joined by ':':
 --   e        when the key expires (shifted): its newest bucket then leaves
 --            the longest window. On Redis's clock, now = e - PTTL, so a key
 --            that exists tells the time without TIME.
 --   t        when an admission last moved a window's newest bucket: every
 --            window's newest bucket is the one t lies in.
---   v        e minus the first bucket edge after t in any window: while
---            PTTL > v, no bucket has moved since t, which is all a request
---            in the same buckets needs to know.
---   c        the cost admitted since t. All of it lies in every window's
---            newest bucket, so a request in the same buckets as the last
---            admission changes this one field (HINCRBY), whatever the
---            number of windows.
+--   S        e minus the first bucket edge after t in any window: while
+--            PTTL > it, no bucket has moved since t, which is all a request
+--            in the same buckets needs to know. Named after the windows and
+--            limits it was written for, so that a call with others never
+--            reads it; s names it, so that such a call's admission drops it.
+--   a        the room at t: the fewest units any window had left.
+--   u        the cost admitted since t, minus a. All of that cost lies in
+--            every window's newest bucket, so a request in the same buckets
+--            as the last admission changes this one field (HINCRBY),
+--            whatever the number of windows: it fits while u stays <= 0,
+--            and -u is then what is left.
+--   b        the window with the fewest units left at t (the first such),
+--            which binds while only u grows.
 --   P        the window's total at t (the cost in its counted buckets).
 --   P:n      the cost in its newest bucket at t.
 --   P:<id>   the cost in an older bucket <id>.
--- So a window counts P + c, of which P:n + c in its newest bucket. Bucket
--- fields lie in [newest - buckets + 1, newest - 1], so trimming never scans
--- more than one window. Only admitted requests are counted, so a flood of
--- rejected calls can grow neither the hash nor its lifetime.
+-- So a window counts P + u + a, of which P:n + u + a in its newest bucket.
+-- Bucket fields lie in [newest - buckets + 1, newest - 1], so trimming
+-- never scans more than one window. Only admitted requests are counted, so
+-- a flood of rejected calls can grow neither the hash nor its lifetime.
 
 -- A rule of windows that governs a request alone, on Redis's clock, in the
 -- same buckets as the last admission: the commonest windowed call, decided
@@ -40,64 +48,50 @@
 -- Replies like the general path below: for a lone window admitted at a
 -- cost, one integer (remaining x precision + how far into its bucket now
 -- lies); otherwise the six fields of the binding window. Anything else (a
--- fresh key, a bucket that moved, a denial) falls through to that path.
--- Written for Redis's cost model: tonumber, a number passed to redis.call
--- (formatted with %.17g) and every redis.call are what a call pays most for.
-local args = #ARGV
-local lone = ARGV[1] ~= 'decide' and ARGV[1] ~= 'reset' and args > 3
+-- fresh key, a bucket that moved, other windows or limits, a denial) falls
+-- through to that path. Written for Redis's cost model: tonumber, a number
+-- passed to redis.call (formatted with %.17g), a table made of a reply and
+-- every redis.call are what a call pays most for; so one window reads one
+-- field and adds the cost as the text it came as.
+local lone = args > 3 and argv[1] ~= 'decide' and argv[1] ~= 'reset'
 if lone then
-  local key, extra = KEYS[1], (args - 1) % 3
-  local n, cost = (args - 1 - extra) / 3, '1'
-  if extra == 1 then
-    cost = ARGV[args]
+  local key, cost = KEYS[1], '1'
+  if args % 3 == 2 then
+    cost = argv[args]
   end
-  local pttl = redis.call('PTTL', key)
+  local pttl = call('PTTL', key)
   if pttl > 0 and cost ~= '0' then
-    -- v, e, then each window's total at t (one window needs no e).
-    local state, first
-    if n == 1 then
-      state, first = redis.call('HMGET', key, 'v', ARGV[2] .. ':' .. ARGV[4]), 2
-    else
-      local fields = { 'v', 'e' }
-      for j = 1, n do
-        fields[j + 2] = ARGV[3 * j - 1] .. ':' .. ARGV[3 * j + 1]
-      end
-      state, first = redis.call('HMGET', key, unpack(fields)), 3
-    end
-    local v, e = tonumber(state[1]), n == 1 or tonumber(state[2])
     -- A value that is no integer (not ours) makes HINCRBY fail: pcall.
-    local c = v and e and pttl > v and redis.pcall('HINCRBY', key, 'c', cost)
-    if type(c) == 'number' then
-      local bound, fewest = 0, 0
-      for j = 1, n do
-        local total = tonumber(state[first + j - 1])
-        local left = total and ARGV[3 * j] - total - c
-        if not left or left < 0 then
-          bound = -1
-          break
+    if args < 6 then
+      local v = tonumber(call('HGET', key, argv[2] .. ':' .. argv[3] .. ':' .. argv[4]))
+      local u = v and pttl > v and redis.pcall('HINCRBY', key, 'u', cost)
+      if type(u) == 'number' then
+        if u <= 0 then
+          -- Its bucket ends `pttl - v` from now.
+          local precision = argv[4] + 0
+          local into = precision - pttl + v
+          local packed = -u * precision + into
+          if packed < 9007199254740992 then
+            return packed
+          end
+          return { 1, argv[3] + 0, -u, argv[2] - into, 0, 1 }
         end
-        if bound == 0 or left < fewest then
-          bound, fewest = j, left
-        end
+        -- Undone, and decided again below, which knows how long to wait.
+        call('HINCRBY', key, 'u', -cost)
       end
-      if bound > 0 then
-        local b = 3 * bound
-        local precision = ARGV[b + 1] + 0
-        -- How far into its bucket now lies: for one window, its bucket
-        -- ends `pttl - v` from now; for several, now = e - PTTL.
-        local into
-        if n == 1 then
-          into = precision - pttl + v
-        else
-          into = (e - pttl) % precision
+    else
+      local state = call('HMGET', key, table.concat(argv, ':', 2, args - (args - 1) % 3), 'e', 'b')
+      local v, e, b = tonumber(state[1]), tonumber(state[2]), tonumber(state[3])
+      local u = v and e and b and pttl > v and redis.pcall('HINCRBY', key, 'u', cost)
+      if type(u) == 'number' then
+        if u <= 0 then
+          -- now = e - PTTL; window b binds.
+          local w = 3 * b
+          local into = (e - pttl) % argv[w + 1]
+          return { 1, argv[w] + 0, -u, argv[w - 1] - into, 0, b }
         end
-        if n == 1 and fewest * precision + into < 9007199254740992 then
-          return fewest * precision + into
-        end
-        return { 1, ARGV[b] + 0, fewest, ARGV[b - 1] - into, 0, bound }
+        call('HINCRBY', key, 'u', -cost)
       end
-      -- Undone, and decided again below, which knows how long to wait.
-      redis.call('HINCRBY', key, 'c', -cost)
     end
   end
 end
@@ -113,18 +107,31 @@ end
 -- 1-based index; then what windowed_commit needs if the whole request is
 -- admitted (nil: nothing to write).
 local function windowed_check(key, pinned, cost, offset, at, n)
-  local fields = { 'e', 't', 'c' }
+  -- e, t and the previous release's c, each window's two fields, then u,
+  -- a, s and the previous release's v (k is where they start).
+  local fields, k = { 'e', 't', 'c' }, 2 * n + 3
   for j = 1, n do
     local b = at + 3 * j - 3
     local p = ARGV[b] .. ':' .. ARGV[b + 2]
     fields[2 * j + 2], fields[2 * j + 3] = p, p .. ':n'
   end
+  fields[k + 1], fields[k + 2], fields[k + 3], fields[k + 4] = 'u', 'a', 's', 'v'
+  local spec = table.concat(ARGV, ':', at, at + 3 * n - 1)
   local pttl = -2
   if not pinned then
     pttl = redis.call('PTTL', key)
   end
   local stored = redis.call('HMGET', key, unpack(fields))
-  local e, t, since = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3] or 0)
+  local e, t, a = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[k + 2])
+  local since
+  if a then
+    since = tonumber(stored[k + 1] or '')
+    since = since and since + a
+  else
+    -- The previous release counted c up from 0; its hash is rewritten
+    -- whole at the next admission.
+    since = tonumber(stored[3] or 0)
+  end
   local now
   if pinned then
     now = pinned + offset
@@ -137,7 +144,7 @@ local function windowed_check(key, pinned, cost, offset, at, n)
   -- No state, or not ours (an older release's format, a stray write):
   -- counted as none, and replaced whole by the next admission.
   local valid = t and since
-  for i = 4, #fields, 2 do
+  for i = 4, k, 2 do
     if stored[i] and not tonumber(stored[i]) then
       valid = false
     end
@@ -148,7 +155,9 @@ local function windowed_check(key, pinned, cost, offset, at, n)
   local allowed, bound, b_limit, b_remaining, b_reset, b_retry = 1, 0, 0, 0, 0, 0
   -- Each window's total and newest bucket after the request, and the
   -- fields of the buckets it moved or forgot.
-  local totals, newests, moves, stale, moved, expire_at = {}, {}, nil, nil, false, 0
+  -- Written under other windows or by the previous release, the fields
+  -- the lone-rule path reads are all written anew at this admission.
+  local totals, newests, moves, stale, moved, expire_at = {}, {}, nil, nil, stored[k + 3] ~= spec, 0
   -- The first bucket edge after now, in any window.
   local edge = math.huge
   for j = 1, n do
@@ -248,16 +257,33 @@ local function windowed_check(key, pinned, cost, offset, at, n)
   if moved or wipe then
     -- Every window's newest bucket is now the one `now` lies in: the
     -- totals and newest buckets are written whole, and `c` starts again.
-    local set = { 'c', '0', 't', now, 'e', expire_at, 'v', expire_at - edge }
+    -- A new hash keeps this order, and Redis finds a field in a small hash
+    -- by scanning from the front: first what the lone-rule path reads.
+    local set = { spec, expire_at - edge, 'u', string.format('%d', -b_remaining), 'e', expire_at, 'b', bound }
     for j = 1, n do
-      set[#set + 1], set[#set + 2] = fields[2 * j + 2], totals[j]
-      set[#set + 1], set[#set + 2] = fields[2 * j + 3], newests[j]
+      set[2 * j + 7], set[2 * j + 8] = fields[2 * j + 2], totals[j]
+    end
+    set[2 * n + 9], set[2 * n + 10], set[2 * n + 11], set[2 * n + 12] = 'a', b_remaining, 's', spec
+    set[2 * n + 13], set[2 * n + 14] = 't', now
+    for j = 1, n do
+      set[2 * n + 13 + 2 * j], set[2 * n + 14 + 2 * j] = fields[2 * j + 3], newests[j]
     end
     for i = 1, #(moves or {}) do
       set[#set + 1] = moves[i]
     end
     plan.set, plan.wipe = set, wipe
     if not wipe then
+      -- The lone-rule fields of other windows, and the previous release's.
+      stale = stale or {}
+      if stored[k + 3] and stored[k + 3] ~= spec then
+        stale[#stale + 1] = stored[k + 3]
+      end
+      if stored[3] then
+        stale[#stale + 1] = 'c'
+      end
+      if stored[k + 4] then
+        stale[#stale + 1] = 'v'
+      end
       plan.stale = stale
     end
     if pinned then
@@ -276,7 +302,7 @@ end
 -- traffic can never prolong a key.
 local function windowed_commit(key, plan)
   if not plan.set then
-    redis.call('HINCRBY', key, 'c', plan.cost)
+    redis.call('HINCRBY', key, 'u', plan.cost)
     return
   end
   if plan.wipe then

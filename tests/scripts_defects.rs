@@ -389,16 +389,92 @@ async fn state_in_another_format_counts_as_none() {
         [
             "1000:100",
             "1000:100:n",
+            "1000:3:100:60000:6:1000:3600000:50:60000",
             "3600000:60000",
             "3600000:60000:n",
             "60000:1000",
             "60000:1000:n",
-            "c",
+            "a",
+            "b",
             "e",
+            "s",
             "t",
-            "v"
+            "u"
         ],
-        "two fields per window and four per key: the old fields went with the first admission"
+        "two fields per window and seven per key: the old fields went with the first admission"
     );
     assert!(pttl(&b, "el:{stray}:w") > 0, "and the hash expires");
+}
+
+#[tokio::test]
+async fn a_limit_changed_under_a_live_key_holds_at_once() {
+    // The lone-window path adds to the room left at the last admission,
+    // which came from the limits then: lowered, they must bind on the next
+    // request, not when a bucket next moves.
+    let b = Backend::start();
+    let window = |limit: u64| {
+        rules(
+            json!([{"name": "w", "key": ["ip"], "algorithm": "windowed", "windows": [["1h", limit, "1h"]]}]),
+        )
+    };
+    let (wide, narrow) = (window(10), window(3));
+    for _ in 0..3 {
+        assert!(b.decide(&[&wide[0]], "lim", 1, None).await.allowed);
+    }
+    let d = b.decide(&[&narrow[0]], "lim", 1, None).await;
+    assert!(!d.allowed, "3 of 3 used: {d:?}");
+    let d = b.decide(&[&wide[0]], "lim", 1, None).await;
+    assert!(d.allowed, "raised again, 4 of 10: {d:?}");
+    assert_eq!(d.rules[0].remaining, 6);
+    let d = b.decide(&[&narrow[0]], "lim", 1, None).await;
+    assert!(!d.allowed, "and lowered again: {d:?}");
+    let fields = b.redis(&["HKEYS", "el:{lim}:w"]);
+    assert!(
+        !fields.lines().any(|f| f == "3600000:3:3600000"),
+        "the narrow limit never admitted, so wrote nothing: {fields}"
+    );
+}
+
+#[tokio::test]
+async fn the_previous_releases_window_state_carries_over() {
+    // Before the room field, the hash counted the cost since t in `c` and
+    // kept `v` under that name; a deploy must neither forget those counts
+    // (a fresh budget for every client) nor keep the old fields.
+    let b = Backend::start();
+    let rs = rules(
+        json!([{"name": "w", "key": ["ip"], "algorithm": "windowed", "windows": [["1h", 10, "1h"]]}]),
+    );
+    assert!(b.decide(&[&rs[0]], "old", 1, None).await.allowed);
+    let key = "el:{old}:w";
+    let field = |name: &str| b.redis(&["HGET", key, name]);
+    let (e, t, v) = (field("e"), field("t"), field("3600000:10:3600000"));
+    // As that release left it: 4 at t, 3 more since.
+    b.redis(&["DEL", key]);
+    let ttl = (e.parse::<i64>().unwrap() - t.parse::<i64>().unwrap()).to_string();
+    for pair in [
+        ["e", &e],
+        ["t", &t],
+        ["v", &v],
+        ["c", "3"],
+        ["3600000:3600000", "4"],
+        ["3600000:3600000:n", "4"],
+    ] {
+        b.redis(&["HSET", key, pair[0], pair[1]]);
+    }
+    b.redis(&["PEXPIRE", key, &ttl]);
+    let d = b.decide(&[&rs[0]], "old", 1, None).await;
+    assert!(d.allowed, "{d:?}");
+    assert_eq!(d.rules[0].remaining, 2, "7 counted before, 8 now");
+    let fields = b.redis(&["HKEYS", key]);
+    assert!(
+        !fields.lines().any(|f| f == "c" || f == "v"),
+        "the old fields are gone: {fields}"
+    );
+    for _ in 0..2 {
+        assert!(b.decide(&[&rs[0]], "old", 1, None).await.allowed);
+    }
+    assert!(
+        !b.decide(&[&rs[0]], "old", 1, None).await.allowed,
+        "10 of 10"
+    );
 }
