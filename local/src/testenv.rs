@@ -252,7 +252,17 @@ impl DemoOrigin {
 
 /// `wrangler dev` (the repository's pinned one, in `node_modules`) serving the config in `dir` on `port`, with its own
 /// inspector port so that several can run at once, and without telemetry.
+/// Its debug log goes to `/dev/null`.
 pub fn wrangler_dev(dir: &Path, port: u16, log_level: &str) -> Command {
+    // Whatever the log level, wrangler appends every debug message to a file
+    // under ~/.config, among them each inspector event of each subrequest
+    // (about 5 KB per request served): gigabytes over the tests and the
+    // bench, written beside the processes the bench measures.
+    let debug_log = dir.join("wrangler-debug.log");
+    if std::fs::symlink_metadata(&debug_log).is_err() {
+        // Best effort: without the link, wrangler writes a real file there.
+        let _ = std::os::unix::fs::symlink("/dev/null", &debug_log);
+    }
     let mut cmd = Command::new(repo().join("node_modules/.bin/wrangler"));
     cmd.args(["dev", "--ip", "127.0.0.1", "--port", &port.to_string()])
         .args(["--inspector-port", &free_port().to_string()])
@@ -265,6 +275,7 @@ pub fn wrangler_dev(dir: &Path, port: u16, log_level: &str) -> Command {
         .env("WRANGLER_SEND_METRICS", "false")
         .env("WRANGLER_SEND_ERROR_REPORTS", "false")
         .env("CLOUDFLARE_CF_FETCH_ENABLED", "false")
+        .env("WRANGLER_LOG_PATH", &debug_log)
         .stdin(Stdio::null());
     cmd
 }
