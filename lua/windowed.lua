@@ -11,8 +11,8 @@
 -- that clients' windows do not all roll over at the same instant.
 --
 -- The hash holds, as decimal text, with P = "<duration>:<precision>" for
--- a window and S = "<duration>:<limit>:<precision>" for every window in
--- order, joined by ':':
+-- a window and S = "<duration>/<limit>/<precision>" for every window in
+-- order, joined by '/' (no field name with ':' can take that form):
 --   e        when the key expires (shifted): its newest bucket then leaves
 --            the longest window. On Redis's clock, now = e - PTTL, so a key
 --            that exists tells the time without TIME.
@@ -63,7 +63,7 @@ if lone then
   if pttl > 0 and cost ~= '0' then
     -- A value that is no integer (not ours) makes HINCRBY fail: pcall.
     if args < 6 then
-      local v = tonumber(call('HGET', key, argv[2] .. ':' .. argv[3] .. ':' .. argv[4]))
+      local v = tonumber(call('HGET', key, argv[2] .. '/' .. argv[3] .. '/' .. argv[4]))
       local u = v and pttl > v and redis.pcall('HINCRBY', key, 'u', cost)
       if type(u) == 'number' then
         if u <= 0 then
@@ -80,7 +80,7 @@ if lone then
         call('HINCRBY', key, 'u', -cost)
       end
     else
-      local state = call('HMGET', key, table.concat(argv, ':', 2, args - (args - 1) % 3), 'e', 'b')
+      local state = call('HMGET', key, table.concat(argv, '/', 2, args - (args - 1) % 3), 'e', 'b')
       local v, e, b = tonumber(state[1]), tonumber(state[2]), tonumber(state[3])
       local u = v and e and b and pttl > v and redis.pcall('HINCRBY', key, 'u', cost)
       if type(u) == 'number' then
@@ -116,7 +116,7 @@ local function windowed_check(key, pinned, cost, offset, at, n)
     fields[2 * j + 2], fields[2 * j + 3] = p, p .. ':n'
   end
   fields[k + 1], fields[k + 2], fields[k + 3], fields[k + 4] = 'u', 'a', 's', 'v'
-  local spec = table.concat(ARGV, ':', at, at + 3 * n - 1)
+  local spec = table.concat(ARGV, '/', at, at + 3 * n - 1)
   local pttl = -2
   if not pinned then
     pttl = redis.call('PTTL', key)
@@ -256,7 +256,7 @@ local function windowed_check(key, pinned, cost, offset, at, n)
   local plan = { cost = string.format('%d', cost) }
   if moved or wipe then
     -- Every window's newest bucket is now the one `now` lies in: the
-    -- totals and newest buckets are written whole, and `c` starts again.
+    -- totals and newest buckets are written whole, and u starts again.
     -- A new hash keeps this order, and Redis finds a field in a small hash
     -- by scanning from the front: first what the lone-rule path reads.
     local set = { spec, expire_at - edge, 'u', string.format('%d', -b_remaining), 'e', expire_at, 'b', bound }
