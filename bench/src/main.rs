@@ -328,8 +328,8 @@ async fn run(o: &Options) -> Result<Results, String> {
 /// Starts (a) the passthrough, (b) ours, (c) the peer, ours again for the
 /// requests no rule applies to, and the instantiate probe, all at once:
 /// wrangler's start-up is the slow part. Under `wrangler dev`, workerd's
-/// memory grows with every request it serves (about 10 KB each, ours and
-/// the peer's alike), and its tail with it; so no measured worker serves
+/// memory grows with every request it serves (about 4 KB per subrequest,
+/// whoever the worker), and its tail with it; so no measured worker serves
 /// another's runs.
 fn start_workers(
     scratch: &Path,
