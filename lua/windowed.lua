@@ -296,10 +296,11 @@ local function windowed_check(key, pinned, cost, offset, at, n)
 end
 
 -- Records an admitted request: in the same buckets as the last admission,
--- only `c` grows; otherwise one HSET writes every window's fields, one HDEL
--- drops the buckets that left, and the expiry moves (an instant on Redis's
--- clock; a span with a pinned one). Only admissions reach here, so denied
--- traffic can never prolong a key.
+-- only `u` grows; otherwise one HSET writes every window's fields, one HDEL
+-- drops the buckets that left (and fields written for other windows or by
+-- the previous release), and the expiry moves (an instant on Redis's clock;
+-- a span with a pinned one). Only admissions reach here, so denied traffic
+-- can never prolong a key.
 local function windowed_commit(key, plan)
   if not plan.set then
     redis.call('HINCRBY', key, 'u', plan.cost)

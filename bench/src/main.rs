@@ -292,7 +292,7 @@ async fn run(o: &Options) -> Result<Results, String> {
             r.load[k].1.push(run);
         }
     }
-    drop((ours, peer, baseline));
+    drop((ours, peer, ours_unmatched, baseline));
 
     say("part 6: Redis 40 ms away");
     let proxy = FaultProxy::start(endpoint.addr()).map_err(|e| format!("fault proxy: {e}"))?;
