@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use edge_limiter_local::fault_proxy::FaultProxy;
 
-use crate::stack::Worker;
+use crate::{stack::Worker, stats::percentile};
 
 /// How far away Redis is: the delay the proxy adds to every REST call.
 pub const DELAY: Duration = Duration::from_millis(40);
@@ -41,17 +41,6 @@ impl Situation {
     pub fn calls_per_decision(&self) -> f64 {
         self.calls as f64 / self.worker_ms.len().max(1) as f64
     }
-}
-
-/// Nearest-rank percentile; `NaN` for no values.
-pub fn percentile(values: &[f64], p: f64) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
-    sorted
-        .get(rank.clamp(1, sorted.len().max(1)) - 1)
-        .copied()
-        .unwrap_or(f64::NAN)
 }
 
 async fn timed(http: &reqwest::Client, url: &str, ip: &str) -> Result<(f64, u16), String> {
@@ -108,15 +97,6 @@ pub async fn measure(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn percentiles_by_nearest_rank() {
-        let v: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(percentile(&v, 50.0), 50.0);
-        assert_eq!(percentile(&v, 99.0), 99.0);
-        assert_eq!(percentile(&[7.0], 99.0), 7.0);
-        assert!(percentile(&[], 50.0).is_nan());
-    }
 
     #[test]
     fn added_latency_and_calls() {

@@ -26,6 +26,17 @@ pub fn spread(values: &[f64]) -> (f64, f64) {
         .fold((f64::NAN, f64::NAN), |(lo, hi), v| (lo.min(v), hi.max(v)))
 }
 
+/// Nearest-rank percentile; `NaN` for no values.
+pub fn percentile(values: &[f64], p: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    sorted
+        .get(rank.clamp(1, sorted.len().max(1)) - 1)
+        .copied()
+        .unwrap_or(f64::NAN)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,5 +53,14 @@ mod tests {
     fn spread_ignores_missing_rounds() {
         assert_eq!(spread(&[2.0, f64::NAN, 7.0, 3.0]), (2.0, 7.0));
         assert!(spread(&[]).0.is_nan());
+    }
+
+    #[test]
+    fn percentiles_by_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 50.0);
+        assert_eq!(percentile(&v, 99.0), 99.0);
+        assert_eq!(percentile(&[7.0], 99.0), 7.0);
+        assert!(percentile(&[], 50.0).is_nan());
     }
 }
