@@ -38,6 +38,23 @@ impl RequestMeta {
             .map(|(_, v)| v.as_str())
     }
 
+    /// The distinct values of a header, read as comma-separated pieces: the
+    /// runtime hands a header sent twice over as one value, joined with
+    /// `, `, and origins disagree on which they read (Go's `Header.Get` and
+    /// Java's `getHeader` the first, Node the first for `Authorization`).
+    /// Whole, `a, <anything>` would be a fresh bucket for client `a`.
+    fn header_values(&self, name: &str) -> Vec<Cow<'_, str>> {
+        canon::distinct(
+            self.headers
+                .iter()
+                .filter(|(n, _)| n == name)
+                .flat_map(|(_, v)| v.split(','))
+                .map(str::trim)
+                .filter(|piece| !piece.is_empty())
+                .map(Cow::Borrowed),
+        )
+    }
+
     /// The distinct canonical values of every cookie whose name reads as
     /// `name` (already canonical, see [`canon::name`]).
     fn cookie_values(&self, name: &str) -> Vec<Cow<'_, str>> {
@@ -203,7 +220,8 @@ impl Rule {
     /// canonical form (see [`canon`]). A part the request lacks is empty:
     /// such clients share one bucket per rule. A part the request gives
     /// several different values for (`?k=a&k=b`, two `sid` cookies) is
-    /// [`Ambiguous`]: the origin may read either, so no bucket is right.
+    /// [`Ambiguous`], as is a header sent twice with different values:
+    /// the origin may read either, so no bucket is right.
     pub fn identifier<'a>(&self, req: &'a RequestMeta) -> Result<Vec<Cow<'a, str>>, Ambiguous> {
         self.key.iter().map(|part| part.value(req)).collect()
     }
@@ -235,7 +253,10 @@ impl KeyPart {
             KeyPart::Header(name) if name == "x-forwarded-for" => Ok(Cow::Borrowed(
                 canon::last_forwarded(req.header(name).unwrap_or_default()),
             )),
-            KeyPart::Header(name) => Ok(header(name)),
+            // Commas are part of real User-Agent strings, which a client
+            // picks freely anyway.
+            KeyPart::Header(name) if name == "user-agent" => Ok(header(name)),
+            KeyPart::Header(name) => single(req.header_values(name)),
             KeyPart::Cookie(name) => single(req.cookie_values(name)),
             KeyPart::Query(name) => single(req.query_values(name)),
             KeyPart::Path => Ok(Cow::Borrowed(req.path.as_str())),
@@ -507,6 +528,37 @@ mod tests {
                 ambiguous,
                 "{cookie}"
             );
+        }
+    }
+
+    #[test]
+    fn a_header_sent_twice_with_different_values_is_ambiguous() {
+        let r = rule(json!({"key": ["header:x-api-key"]}));
+        // How the runtime hands over `x-api-key: k1` sent once, or twice.
+        for value in ["k1", "k1, k1", "k1,k1", "k1, "] {
+            let id = one_id(&r, None, &[("x-api-key", value)]);
+            assert_eq!(id, Ok(vec!["k1".into()]), "{value}");
+        }
+        let twice = one_id(&r, None, &[("x-api-key", "k1"), ("x-api-key", "k1")]);
+        assert_eq!(twice, Ok(vec!["k1".into()]));
+        let ambiguous = Err(Ambiguous {
+            part: KeyPart::Header("x-api-key".into()),
+        });
+        for value in ["k1, fresh", "fresh, k1", "k1,fresh"] {
+            assert_eq!(
+                one_id(&r, None, &[("x-api-key", value)]),
+                ambiguous,
+                "{value}"
+            );
+        }
+        let two = one_id(&r, None, &[("x-api-key", "k1"), ("x-api-key", "fresh")]);
+        assert_eq!(two, ambiguous);
+        // A User-Agent holds commas of its own: it is taken whole.
+        let browser = "Mozilla/5.0 (KHTML, like Gecko)";
+        for part in ["user-agent", "header:user-agent"] {
+            let r = rule(json!({ "key": [part] }));
+            let id = one_id(&r, None, &[("user-agent", browser)]);
+            assert_eq!(id, Ok(vec![browser.into()]), "{part}");
         }
     }
 

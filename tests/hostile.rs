@@ -449,6 +449,13 @@ key = ["cookie:sid"]
 algorithm = "windowed"
 windows = [["1h", 1, "1h"]]
 path_prefix = "/cookie"
+
+[[vars.LIMITER.rules]]
+name = "header"
+key = ["header:x-key"]
+algorithm = "windowed"
+windows = [["1h", 1, "1h"]]
+path_prefix = "/header"
 "#;
 
 /// Sends the same request twice: a distinct identifier is admitted once
@@ -698,14 +705,19 @@ async fn hostile_identifiers_get_their_own_bucket_and_no_key_escapes_its_tag() {
 
 /// Spellings an origin reads as one value, sent in turn: the first is
 /// admitted, every other one must find the same bucket spent (429); a
-/// parameter or cookie given twice with different values must be refused
-/// (400) whichever value comes first. Returns what went wrong, and how
-/// many requests were admitted (and so reached the origin).
+/// parameter, cookie or header given twice with different values must be
+/// refused (400) whichever value comes first. Returns what went wrong, and
+/// how many requests were admitted (and so reached the origin).
 fn spellings_share_one_bucket(base: &str) -> (Vec<String>, u64) {
-    /// A request target, and the cookie header sent with it.
-    type Spelling = (String, Option<String>);
-    let query = |q: &str| (format!("/query?{q}"), None);
-    let cookie = |c: &str| ("/cookie".to_owned(), Some(c.to_owned()));
+    /// A request target, and the headers sent with it.
+    type Spelling = (String, Vec<(&'static str, String)>);
+    let query = |q: &str| (format!("/query?{q}"), vec![]);
+    let cookie = |c: &str| ("/cookie".to_owned(), vec![("cookie", c.to_owned())]);
+    // Each value one `x-key` line: the runtime joins repeats with ", ".
+    let header = |values: &[&str]| {
+        let lines = values.iter().map(|v| ("x-key", v.to_string()));
+        ("/header".to_owned(), lines.collect())
+    };
     let groups: Vec<(&str, Vec<Spelling>)> = vec![
         (
             "query value, escaped and re-encoded",
@@ -752,6 +764,15 @@ fn spellings_share_one_bucket(base: &str) -> (Vec<String>, u64) {
             .map(cookie)
             .to_vec(),
         ),
+        (
+            "header, sent again with the same value",
+            vec![
+                header(&["h1"]),
+                header(&["h1", "h1"]),
+                header(&["h1, h1"]),
+                header(&["h1,"]),
+            ],
+        ),
     ];
     let refused: Vec<Spelling> = vec![
         query("k=fresh1&k=v1"),
@@ -762,14 +783,21 @@ fn spellings_share_one_bucket(base: &str) -> (Vec<String>, u64) {
         cookie("sid=fresh6; sid=c1"),
         cookie("sid=c1; sid=fresh7"),
         cookie("sid=c1; sid=\"fresh8\""),
+        header(&["h1", "fresh9"]),
+        header(&["fresh10", "h1"]),
+        header(&["h1, fresh11"]),
     ];
-    let send = |(target, cookie): &Spelling| {
-        let headers: Vec<(&str, &[u8])> = cookie.iter().map(|c| ("cookie", c.as_bytes())).collect();
+    let send = |(target, headers): &Spelling| {
+        let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_bytes())).collect();
         raw_http::get(base, target.as_bytes(), &headers)
     };
-    let label = |(target, cookie): &Spelling| match cookie {
-        Some(c) => format!("cookie: {c}"),
-        None => target.clone(),
+    let label = |(target, headers): &Spelling| match headers.as_slice() {
+        [] => target.clone(),
+        lines => lines
+            .iter()
+            .map(|(n, v)| format!("{n}: {v}"))
+            .collect::<Vec<_>>()
+            .join(" + "),
     };
     let mut table = Table::new(
         "Spellings of one identifier (one request per hour per bucket)",
