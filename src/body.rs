@@ -3,8 +3,9 @@
 //! are ever read; a larger body, or one that does not parse, gives no value
 //! (the key part is then missing, as any other).
 
-use std::borrow::Cow;
+use std::{borrow::Cow, cell::RefCell};
 
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use crate::canon;
@@ -31,17 +32,132 @@ fn json_text(value: &Value) -> Option<Cow<'_, str>> {
     }
 }
 
-/// Parses a JSON body. Deeply nested or invalid documents (bad UTF-8
-/// included) give `None`: serde_json refuses nesting beyond 128 levels
-/// rather than recursing without bound. Of two members with one name, the
-/// last counts, as `JSON.parse` and most origins read them.
-pub fn parse_json(body: &[u8]) -> Option<Value> {
-    serde_json::from_slice(body).ok()
+/// A parsed JSON body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Json {
+    doc: Value,
+    /// Pointers of the members an object names twice with different
+    /// values. `JSON.parse` keeps the last, but Go's gjson, simdjson and
+    /// other streaming readers the first, so neither is the value.
+    repeated: Vec<String>,
 }
 
-/// The value at `pointer` in a parsed JSON body, as text.
-pub fn json_value<'a>(doc: &'a Value, pointer: &str) -> Option<Cow<'a, str>> {
-    doc.pointer(pointer).and_then(json_text)
+/// Parses a JSON body. Deeply nested or invalid documents (bad UTF-8
+/// included) give `None`: serde_json refuses nesting beyond 128 levels
+/// rather than recursing without bound.
+pub fn parse_json(body: &[u8]) -> Option<Json> {
+    let repeated = RefCell::new(Vec::new());
+    let seed = Member {
+        pointer: String::new(),
+        repeated: &repeated,
+    };
+    let mut reader = serde_json::Deserializer::from_slice(body);
+    let doc = seed.deserialize(&mut reader).ok()?;
+    reader.end().ok()?;
+    Some(Json {
+        doc,
+        repeated: repeated.into_inner(),
+    })
+}
+
+/// The value at `pointer` in a parsed JSON body, as text; `Err` when a
+/// member named twice lies on the way there or inside it.
+pub fn json_value<'a>(json: &'a Json, pointer: &str) -> Result<Option<Cow<'a, str>>, Repeated> {
+    let within = |outer: &str, inner: &str| {
+        inner
+            .strip_prefix(outer)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    };
+    if json
+        .repeated
+        .iter()
+        .any(|r| within(r, pointer) || within(pointer, r))
+    {
+        return Err(Repeated);
+    }
+    Ok(json.doc.pointer(pointer).and_then(json_text))
+}
+
+/// A JSON member named twice with different values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Repeated;
+
+/// Reads one JSON value at `pointer`, noting the members named twice.
+struct Member<'r> {
+    pointer: String,
+    repeated: &'r RefCell<Vec<String>>,
+}
+
+impl Member<'_> {
+    fn child(&self, token: &str) -> Self {
+        let token = token.replace('~', "~0").replace('/', "~1");
+        Member {
+            pointer: format!("{}/{token}", self.pointer),
+            repeated: self.repeated,
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Member<'_> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, reader: D) -> Result<Value, D::Error> {
+        reader.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Member<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(item) = items.next_element_seed(self.child(&out.len().to_string()))? {
+            out.push(item);
+        }
+        Ok(Value::Array(out))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(name) = members.next_key::<String>()? {
+            let member = self.child(&name);
+            let pointer = member.pointer.clone();
+            let value = members.next_value_seed(member)?;
+            if out.get(&name).is_some_and(|earlier| *earlier != value) {
+                self.repeated.borrow_mut().push(pointer);
+            }
+            out.insert(name, value);
+        }
+        Ok(Value::Object(out))
+    }
 }
 
 /// The distinct canonical values of the fields named `name` (canonical, see
@@ -135,20 +251,46 @@ fn multipart_values<'a>(body: &'a [u8], boundary: &str, name: &str) -> Vec<Cow<'
 mod tests {
     use super::*;
 
+    /// A value where no member is named twice.
+    fn value<'a>(json: &'a Json, pointer: &str) -> Option<Cow<'a, str>> {
+        json_value(json, pointer).expect("no repeated member on the way")
+    }
+
     #[test]
     fn json_values_by_pointer() {
         let doc = parse_json(br#"{"user": {"name": "Alice", "id": 7, "n": 1.0, "tags": ["a"], "none": null}, "a/b": "slash"}"#).unwrap();
-        assert_eq!(json_value(&doc, "/user/name").as_deref(), Some("Alice"));
-        assert_eq!(json_value(&doc, "/user/id").as_deref(), Some("7"));
-        assert_eq!(json_value(&doc, "/user/n").as_deref(), Some("1"));
-        assert_eq!(json_value(&doc, "/user/tags").as_deref(), Some("[\"a\"]"));
-        assert_eq!(json_value(&doc, "/user/none"), None);
-        assert_eq!(json_value(&doc, "/user/missing"), None);
-        assert_eq!(json_value(&doc, "/a~1b").as_deref(), Some("slash"));
-        let twice = parse_json(br#"{"u": "first", "u": "last"}"#).unwrap();
-        assert_eq!(json_value(&twice, "/u").as_deref(), Some("last"));
+        assert_eq!(value(&doc, "/user/name").as_deref(), Some("Alice"));
+        assert_eq!(value(&doc, "/user/id").as_deref(), Some("7"));
+        assert_eq!(value(&doc, "/user/n").as_deref(), Some("1"));
+        assert_eq!(value(&doc, "/user/tags").as_deref(), Some("[\"a\"]"));
+        assert_eq!(value(&doc, "/user/none"), None);
+        assert_eq!(value(&doc, "/user/missing"), None);
+        assert_eq!(value(&doc, "/a~1b").as_deref(), Some("slash"));
         let nul = parse_json(br#"{"u": "alice\u0000x"}"#).unwrap();
-        assert_eq!(json_value(&nul, "/u").as_deref(), Some("alice"));
+        assert_eq!(value(&nul, "/u").as_deref(), Some("alice"));
+    }
+
+    #[test]
+    fn a_member_named_twice_with_different_values_has_no_value() {
+        let doc = parse_json(
+            br#"{"u": "first", "u": "last", "same": 1, "same": 1,
+                "o": {"a/b": [{"x": 1, "x": 2}]}, "ok": "yes"}"#,
+        )
+        .unwrap();
+        for pointer in [
+            "/u",
+            "/o",
+            "/o/a~1b",
+            "/o/a~1b/0",
+            "/o/a~1b/0/x",
+            "/o/a~1b/0/x/y",
+        ] {
+            assert_eq!(json_value(&doc, pointer), Err(Repeated), "{pointer}");
+        }
+        for (pointer, expected) in [("/same", Some("1")), ("/ok", Some("yes")), ("/o2", None)] {
+            assert_eq!(value(&doc, pointer).as_deref(), expected, "{pointer}");
+        }
+        assert_eq!(json_value(&doc, ""), Err(Repeated), "the whole document");
     }
 
     #[test]

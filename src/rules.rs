@@ -26,7 +26,7 @@ pub struct RequestMeta {
     /// [`body::MAX_BODY_BYTES`]; `None` otherwise.
     pub body: Option<Vec<u8>>,
     /// The body parsed as JSON, filled in on first use.
-    pub json: std::cell::OnceCell<Option<serde_json::Value>>,
+    pub json: std::cell::OnceCell<Option<body::Json>>,
 }
 
 impl RequestMeta {
@@ -89,7 +89,7 @@ impl RequestMeta {
     }
 
     /// The body parsed as JSON, once per request.
-    fn json(&self) -> Option<&serde_json::Value> {
+    fn json(&self) -> Option<&body::Json> {
         self.json
             .get_or_init(|| self.body.as_deref().and_then(body::parse_json))
             .as_ref()
@@ -262,10 +262,11 @@ impl KeyPart {
             KeyPart::Path => Ok(Cow::Borrowed(req.path.as_str())),
             KeyPart::UserAgent => Ok(header("user-agent")),
             KeyPart::Cf(field) => Ok(Cow::Borrowed(req.cf(*field).unwrap_or_default())),
-            KeyPart::Json(pointer) => Ok(req
-                .json()
-                .and_then(|doc| body::json_value(doc, pointer))
-                .unwrap_or_default()),
+            KeyPart::Json(pointer) => match req.json().map(|doc| body::json_value(doc, pointer)) {
+                Some(Err(body::Repeated)) => Err(Ambiguous { part: self.clone() }),
+                Some(Ok(value)) => Ok(value.unwrap_or_default()),
+                None => Ok(Cow::Borrowed("")),
+            },
             KeyPart::Form(name) => single(match &req.body {
                 Some(b) => {
                     body::form_values(b, req.header("content-type").unwrap_or_default(), name)

@@ -612,6 +612,27 @@ async fn json_and_form_fields_key_clients_folded_when_asked() {
     )
     .await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+
+    // So is a JSON member: an origin reading the first would see `bob`,
+    // spent above, while the last would be a fresh bucket. The same value
+    // twice is still `bob`.
+    for (twice, expected) in [
+        (
+            r#"{"username": "bob", "username": "fresh"}"#,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            r#"{"username": "fresh", "username": "bob"}"#,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            r#"{"username": "bob", "username": "bob"}"#,
+            StatusCode::TOO_MANY_REQUESTS,
+        ),
+    ] {
+        let r = post(&url("/exact"), "198.51.100.16", ct, twice.into()).await;
+        assert_eq!(r.status(), expected, "{twice}");
+    }
 }
 
 #[tokio::test]
