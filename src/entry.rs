@@ -16,7 +16,7 @@ use crate::{
     events::Event,
     gateway::{Action, Limiter, Outcome},
     redis_rest::RestClient,
-    rules::{normalize_path, RequestMeta},
+    rules::{normalize_host, normalize_path, RequestMeta},
 };
 
 /// The `[vars]` entry holding the rules.
@@ -221,7 +221,7 @@ fn respond(status: u16, body: &str, headers: &web_sys::Headers) -> Result<web_sy
 pub fn request_meta(req: &web_sys::Request, url: &Url) -> RequestMeta {
     RequestMeta {
         method: req.method().to_ascii_uppercase(),
-        host: url.host_str().unwrap_or_default().to_ascii_lowercase(),
+        host: normalize_host(url.host_str().unwrap_or_default()),
         path: normalize_path(url.path()),
         query: url.query().map(str::to_owned),
         headers: Headers(req.headers())

@@ -174,6 +174,13 @@ pub fn path_matches(pattern: &str, path: &str) -> bool {
     live[toks.len()]
 }
 
+/// A request's host as rules match it: lower case, and without the
+/// trailing dot of a fully qualified name (`example.com.` is the same
+/// site, and would otherwise slip past a rule for `example.com`).
+pub fn normalize_host(host: &str) -> String {
+    host.trim_end_matches('.').to_ascii_lowercase()
+}
+
 fn host_matches(pattern: &str, host: &str) -> bool {
     match pattern.strip_prefix("*.") {
         Some(domain) => host
@@ -598,6 +605,14 @@ mod tests {
         assert!(rule(json!({"host": "*.example.com"})).matches(&q));
         q.host = "badexample.com".into();
         assert!(!rule(json!({"host": "*.example.com"})).matches(&q));
+        // A fully qualified name, as a client may spell the Host.
+        for (host, pattern) in [
+            ("Example.COM.", "example.com"),
+            ("eu.example.com..", "*.example.com"),
+        ] {
+            q.host = normalize_host(host);
+            assert!(rule(json!({ "host": pattern })).matches(&q), "{host}");
+        }
         assert!(rule(json!({"path": "/api/*/items"})).matches(&q));
         assert!(!rule(json!({"path": "/api/*"})).matches(&q));
         assert!(rule(json!({"path": "/api/**"})).matches(&q));

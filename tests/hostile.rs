@@ -975,6 +975,16 @@ rate = 1
 period = "1h"
 burst = 1
 path_prefix = "/p"
+
+[[vars.LIMITER.rules]]
+name = "site"
+key = ["ip"]
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 1
+host = "site.test"
+path_prefix = "/h"
 "#;
 
 /// What a path did: limited by a rule (with the rule's name) or passed
@@ -1055,6 +1065,57 @@ async fn dot_segments_and_case_in_paths_are_handled() {
     assert_eq!(hits, forwarded, "denied requests never reach the origin");
     let log = settled(|| stack.worker.log());
     assert_no_secret(TOKEN, "the worker log", [log.as_str()]);
+}
+
+/// A rule for one host holds however the client spells that host: the
+/// runtime lower-cases it, and the limiter drops the trailing dot of a
+/// fully qualified name.
+#[tokio::test]
+async fn host_spellings_stay_under_their_rule() {
+    let stack = Stack::start(PATH_RULES);
+    let port = stack
+        .worker
+        .url
+        .rsplit(':')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let http = reqwest::Client::new();
+    let mut table = Table::new(
+        "Hosts: case and a trailing dot",
+        &["Host", "expected", "got"],
+    );
+    let mut failures = Vec::new();
+    for (host, expected) in [
+        ("site.test".to_owned(), "200 site"),
+        ("SITE.Test".to_owned(), "429 site"),
+        ("site.test.".to_owned(), "429 site"),
+        (format!("site.test.:{port}"), "429 site"),
+        ("other.test".to_owned(), "200 no rule"),
+    ] {
+        let reply = http
+            .get(format!("{}/h", stack.worker.url))
+            .header("host", &host)
+            .header("cf-connecting-ip", "203.0.113.92")
+            .send()
+            .await
+            .expect("the worker answers");
+        let rule = reply
+            .headers()
+            .get("ratelimit")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .unwrap_or("no rule")
+            .trim_matches('"')
+            .to_owned();
+        let got = format!("{} {rule}", reply.status().as_u16());
+        if got != expected {
+            failures.push(format!("{host}: expected {expected}, got {got}"));
+        }
+        table.row(vec![host, expected.into(), got]);
+    }
+    table.print("hostile-hosts");
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 /// Another spelling of a limited path must land under the same rule and,

@@ -12,7 +12,7 @@ use std::{
 use serde::Deserialize;
 
 use super::clock;
-use crate::rules::{normalize_path, RequestMeta};
+use crate::rules::{normalize_host, normalize_path, RequestMeta};
 
 /// A log format the simulator reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,7 +222,8 @@ fn split_target(target: &str) -> (&str, Option<&str>) {
     }
 }
 
-/// A host as the worker sees it: lower case, without a port.
+/// A host as the worker sees it: without a port, then as
+/// [`normalize_host`] gives it.
 fn bare_host(host: &str) -> String {
     let host = host.trim();
     let without_port = if host.starts_with('[') {
@@ -236,7 +237,7 @@ fn bare_host(host: &str) -> String {
             }
         })
     };
-    without_port.to_ascii_lowercase()
+    normalize_host(without_port)
 }
 
 /// Builds the request the worker would see.
