@@ -196,6 +196,16 @@ impl Cost {
             .map_or(self.default, |(_, c)| *c)
     }
 
+    /// What a request costs that the origin may take for any of these
+    /// methods ([`crate::rules::RequestMeta::methods`]): the most of them.
+    pub fn for_methods(&self, methods: &[String]) -> u64 {
+        methods
+            .iter()
+            .map(|m| self.for_method(m))
+            .max()
+            .unwrap_or(self.default)
+    }
+
     fn max(&self) -> u64 {
         self.per_method
             .iter()

@@ -117,7 +117,7 @@ impl<S: ScriptRunner> Limiter<'_, S> {
         if selection.rules.is_empty() {
             return Outcome::forward(vec![], events);
         }
-        let checks = selection.checks(&req.method);
+        let checks = selection.checks(&req.methods());
         let mut outcome = self.decide(&checks, now_ms).await;
         events.append(&mut outcome.events);
         outcome.events = events;
@@ -272,15 +272,16 @@ pub struct Selection<'c, 'r> {
 }
 
 impl Selection<'_, '_> {
-    /// The script's checks for a request with this (upper-case) method.
-    pub fn checks(&self, method: &str) -> Vec<(Check<'_>, Vec<&str>)> {
+    /// The script's checks for a request the origin may take for any of
+    /// these (upper-case) methods.
+    pub fn checks(&self, methods: &[String]) -> Vec<(Check<'_>, Vec<&str>)> {
         self.rules
             .iter()
             .map(|(rule, id)| {
                 (
                     Check {
                         rule,
-                        cost: rule.cost.for_method(method),
+                        cost: rule.cost.for_methods(methods),
                     },
                     id.iter().map(|p| p.as_ref()).collect(),
                 )

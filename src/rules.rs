@@ -30,6 +30,32 @@ pub struct RequestMeta {
 }
 
 impl RequestMeta {
+    /// Every method the origin may take this request for: its own, GET
+    /// for a HEAD (frameworks run the GET handler for it), and for a POST
+    /// what a method-override header names (Express's method-override,
+    /// Symfony and Google's APIs read them), so that neither spelling
+    /// slips past a rule for one method.
+    pub fn methods(&self) -> Vec<String> {
+        let also: Vec<String> = match self.method.as_str() {
+            "HEAD" => vec!["GET".to_owned()],
+            "POST" => self
+                .headers
+                .iter()
+                .filter(|(n, _)| METHOD_OVERRIDES.contains(&n.as_str()))
+                .flat_map(|(_, v)| v.split(','))
+                .map(|m| m.trim().to_ascii_uppercase())
+                .collect(),
+            _ => vec![],
+        };
+        let mut methods = vec![self.method.clone()];
+        for m in also {
+            if !m.is_empty() && !methods.contains(&m) {
+                methods.push(m);
+            }
+        }
+        methods
+    }
+
     /// The first value of a header (name in lower case).
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
@@ -95,6 +121,14 @@ impl RequestMeta {
             .as_ref()
     }
 }
+
+/// Headers through which a POST may ask the origin to treat it as another
+/// method.
+const METHOD_OVERRIDES: [&str; 3] = [
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
 
 /// The path as origins most likely resolve it, so that no other spelling
 /// of a limited path escapes its rule or its key: percent-escapes decoded
@@ -199,7 +233,7 @@ impl Rule {
                 .path
                 .strip_prefix(prefix)
                 .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
-        (self.methods.is_empty() || self.methods.contains(&req.method))
+        (self.methods.is_empty() || req.methods().iter().any(|m| self.methods.contains(m)))
             && self
                 .host
                 .as_deref()
@@ -594,6 +628,32 @@ mod tests {
             !r.matches(&req("POST", "/loginx", None, &[])),
             "prefixes end at a segment"
         );
+    }
+
+    #[test]
+    fn head_and_method_overrides_cannot_slip_past_a_rule_for_one_method() {
+        let get = rule(json!({"methods": ["GET"]}));
+        let delete = rule(json!({"methods": ["DELETE"]}));
+        assert!(get.matches(&req("HEAD", "/", None, &[])));
+        assert!(!delete.matches(&req("HEAD", "/", None, &[])));
+        for (name, value) in [
+            ("x-http-method-override", "delete"),
+            ("x-http-method", "DELETE"),
+            ("x-method-override", "PATCH, DELETE"),
+        ] {
+            let post = req("POST", "/", None, &[(name, value)]);
+            assert!(delete.matches(&post), "{name}: {value}");
+            assert!(!get.matches(&post), "{name}: {value}");
+            // Only a POST is overridden: a GET asks for nothing else.
+            assert!(!delete.matches(&req("GET", "/", None, &[(name, value)])));
+        }
+        // Charged what the costliest method it may be taken for costs.
+        let costly = rule(json!({"burst": 5, "cost": {"DELETE": 5, "GET": 3, "default": 1}}));
+        let post = req("POST", "/", None, &[("x-http-method-override", "DELETE")]);
+        assert_eq!(costly.cost.for_methods(&post.methods()), 5);
+        let head = req("HEAD", "/", None, &[]);
+        assert_eq!(costly.cost.for_methods(&head.methods()), 3);
+        assert_eq!(head.methods(), ["HEAD", "GET"]);
     }
 
     #[test]

@@ -985,6 +985,26 @@ period = "1h"
 burst = 1
 host = "site.test"
 path_prefix = "/h"
+
+[[vars.LIMITER.rules]]
+name = "delete"
+key = ["ip"]
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 1
+methods = ["DELETE"]
+path_prefix = "/m"
+
+[[vars.LIMITER.rules]]
+name = "read"
+key = ["ip"]
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 1
+methods = ["GET"]
+path_prefix = "/r"
 "#;
 
 /// What a path did: limited by a rule (with the rule's name) or passed
@@ -1100,21 +1120,67 @@ async fn host_spellings_stay_under_their_rule() {
             .send()
             .await
             .expect("the worker answers");
-        let rule = reply
-            .headers()
-            .get("ratelimit")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .unwrap_or("no rule")
-            .trim_matches('"')
-            .to_owned();
-        let got = format!("{} {rule}", reply.status().as_u16());
+        let got = rule_verdict(&reply);
         if got != expected {
             failures.push(format!("{host}: expected {expected}, got {got}"));
         }
         table.row(vec![host, expected.into(), got]);
     }
     table.print("hostile-hosts");
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// [`verdict`] of a reqwest response.
+fn rule_verdict(reply: &reqwest::Response) -> String {
+    let rule = reply
+        .headers()
+        .get("ratelimit")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .unwrap_or("no rule")
+        .trim_matches('"')
+        .to_owned();
+    format!("{} {rule}", reply.status().as_u16())
+}
+
+/// A rule for one method holds for the requests an origin takes for that
+/// method: a HEAD for a GET, and a POST that names another method in an
+/// override header.
+#[tokio::test]
+async fn method_spellings_stay_under_their_rule() {
+    let stack = Stack::start(PATH_RULES);
+    let http = reqwest::Client::new();
+    let mut table = Table::new(
+        "Methods: HEAD and overrides",
+        &["request", "expected", "got"],
+    );
+    let mut failures = Vec::new();
+    for (method, path, overrides, expected) in [
+        ("DELETE", "/m", None, "200 delete"),
+        ("POST", "/m", Some("DELETE"), "429 delete"),
+        ("POST", "/m", None, "200 no rule"),
+        ("GET", "/r", None, "200 read"),
+        ("HEAD", "/r", None, "429 read"),
+    ] {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");
+        let mut request = http
+            .request(method.clone(), format!("{}{path}", stack.worker.url))
+            .header("cf-connecting-ip", "203.0.113.93");
+        if let Some(named) = overrides {
+            request = request.header("x-http-method-override", named);
+        }
+        let reply = request.send().await.expect("the worker answers");
+        let got = rule_verdict(&reply);
+        let label = match overrides {
+            Some(named) => format!("{method} {path} (X-HTTP-Method-Override: {named})"),
+            None => format!("{method} {path}"),
+        };
+        if got != expected {
+            failures.push(format!("{label}: expected {expected}, got {got}"));
+        }
+        table.row(vec![label, expected.into(), got]);
+    }
+    table.print("hostile-methods");
     assert!(failures.is_empty(), "{failures:#?}");
 }
 

@@ -302,7 +302,7 @@ fn send_batch(
         .zip(&selections)
         .filter_map(|(record, selection)| match selection {
             Ok(s) if !s.rules.is_empty() => Some(Job {
-                checks: s.checks(&record.request.method),
+                checks: s.checks(&record.request.methods()),
                 now_ms: record.time_ms,
                 charge: false,
             }),
@@ -349,7 +349,7 @@ fn send_batch(
                 (
                     index_of(config, rule),
                     parts,
-                    rule.cost.for_method(&record.request.method),
+                    rule.cost.for_methods(&record.request.methods()),
                 )
             })
             .collect();
