@@ -140,16 +140,37 @@ pub fn folded(value: &str) -> String {
 }
 
 /// A parameter or cookie name as compared with a rule's: decoded as a form
-/// value, ASCII case folded (ASP.NET and others ignore the case of names),
-/// and `.`, ` ` and `[` read as `_`, as PHP rewrites them in names.
+/// value, case folded (ASP.NET and others ignore the case of names, see
+/// [`fold_char`]), and `.`, ` ` and `[` read as `_`, as PHP rewrites them
+/// in names.
 pub fn name(raw: &str) -> String {
     form_value(raw)
         .chars()
         .map(|c| match c {
             '.' | ' ' | '[' => '_',
-            c => c.to_ascii_lowercase(),
+            c => fold_char(c),
         })
         .collect()
+}
+
+/// A character as an origin that ignores case compares it: ASCII in lower
+/// case, and the four letters outside ASCII whose other case is an ASCII
+/// letter taken as that letter. .NET's `OrdinalIgnoreCase` (ASP.NET Core's
+/// routing) equates `ı` with `i` and `ſ` with `s`; Java's
+/// `equalsIgnoreCase` also `İ` with `i` and the Kelvin sign with `k`. So
+/// `/admın` cannot slip past a rule for `/admin`.
+pub fn fold_char(c: char) -> char {
+    match c {
+        '\u{130}' | '\u{131}' => 'i',
+        '\u{17F}' => 's',
+        '\u{212A}' => 'k',
+        c => c.to_ascii_lowercase(),
+    }
+}
+
+/// Text with every character as [`fold_char`] gives it.
+pub fn fold(text: &str) -> String {
+    text.chars().map(fold_char).collect()
 }
 
 /// Strips one pair of surrounding double quotes (RFC 6265 allows a quoted
@@ -249,6 +270,9 @@ mod tests {
         assert_eq!(name("a b"), "a_b");
         assert_eq!(name("a+b"), "a_b");
         assert_eq!(name("a[b"), "a_b");
+        assert_eq!(name("u\u{17F}er"), "user");
+        assert_eq!(name("%E2%84%AAey"), "key");
+        assert_eq!(name("\u{130}d"), "id");
     }
 
     #[test]

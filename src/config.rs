@@ -655,13 +655,13 @@ fn host_pattern(h: String) -> Result<String, FieldError> {
     Ok(h.trim_end_matches('.').to_ascii_lowercase())
 }
 
-/// A path prefix or pattern, lower-cased: paths are compared after
-/// [`crate::rules::normalize_path`], which folds case.
+/// A path prefix or pattern, case folded: paths are compared after
+/// [`crate::rules::normalize_path`], which folds case the same way.
 fn path_pattern(field: &str, p: String) -> Result<String, FieldError> {
     if !p.starts_with('/') {
         return Err(field_error(field, format!("`{p}` must start with /")));
     }
-    Ok(p.to_ascii_lowercase())
+    Ok(canon::fold(&p))
 }
 
 fn method(m: &str) -> Option<String> {

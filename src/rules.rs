@@ -135,8 +135,9 @@ const METHOD_OVERRIDES: [&str; 3] = [
 /// (`%2F` included, and twice-encoded ones), `\` read as `/`, `.` and `..`
 /// segments resolved, `;` parameters (`/login;jsessionid=x`) dropped from
 /// each segment as Java servers do, empty segments and a trailing `/`
-/// dropped, and ASCII case folded, since many origins route without regard
-/// to case. Bytes that are not UTF-8 after decoding become U+FFFD.
+/// dropped, and case folded ([`canon::fold`]), since many origins route
+/// without regard to case. Bytes that are not UTF-8 after decoding become
+/// U+FFFD.
 pub fn normalize_path(raw: &str) -> String {
     let decoded = canon::percent_decoded(raw);
     let text = String::from_utf8_lossy(&decoded).replace('\\', "/");
@@ -151,7 +152,7 @@ pub fn normalize_path(raw: &str) -> String {
             s => segments.push(s),
         }
     }
-    format!("/{}", segments.join("/")).to_ascii_lowercase()
+    canon::fold(&format!("/{}", segments.join("/")))
 }
 
 /// Whether `path` matches `pattern`: `*` is any run of characters within
@@ -699,6 +700,10 @@ mod tests {
             ("/a%zz", "/a%zz"),
             ("/%ff", "/\u{fffd}"),
             ("/API", "/api"),
+            ("/adm\u{131}n", "/admin"),
+            ("/adm%C4%B0n", "/admin"),
+            ("/\u{17F}ite/\u{212A}ey", "/site/key"),
+            ("/caf\u{c9}", "/caf\u{c9}"),
             ("/%2561pi/x", "/api/x"),
             ("/login;jsessionid=1", "/login"),
             ("/api;x/y;z", "/api/y"),

@@ -729,6 +729,7 @@ fn spellings_share_one_bucket(base: &str) -> (Vec<String>, u64) {
                 "K=v1",
                 "k=v1&k=%76%31",
                 "x=1;k=v1",
+                "%E2%84%AA=v1",
             ]
             .map(query)
             .to_vec(),
@@ -1066,6 +1067,9 @@ async fn dot_segments_and_case_in_paths_are_handled() {
             ("/Api/X", "429 api"),
             ("/api/../admin", "200 admin"),
             ("/admin", "429 admin"),
+            // `ı` and `İ` are `i` to ASP.NET Core's routing and to Java.
+            ("/adm%C4%B1n", "429 admin"),
+            ("/ADM%C4%B0N", "429 admin"),
             ("/p/a", "200 by-path"),
             ("/p/./a", "429 by-path"),
             ("/p/b/../a", "429 by-path"),
