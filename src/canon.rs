@@ -134,9 +134,10 @@ pub fn distinct<'a>(values: impl Iterator<Item = Cow<'a, str>>) -> Vec<Cow<'a, s
 }
 
 /// A value the origin compares without regard to case or surrounding
-/// space (an account name, an e-mail address): trimmed and lower-cased.
+/// space (an account name, an e-mail address): trimmed, folded as
+/// [`fold_char`] does, then lower-cased.
 pub fn folded(value: &str) -> String {
-    value.trim().to_lowercase()
+    fold(value.trim()).to_lowercase()
 }
 
 /// A parameter or cookie name as compared with a rule's: decoded as a form
@@ -273,6 +274,14 @@ mod tests {
         assert_eq!(name("u\u{17F}er"), "user");
         assert_eq!(name("%E2%84%AAey"), "key");
         assert_eq!(name("\u{130}d"), "id");
+    }
+
+    #[test]
+    fn folded_values_meet_every_case_insensitive_reading() {
+        for spelling in [" Alice@X.com", "AL\u{130}CE@x.com", "al\u{131}ce@x.com"] {
+            assert_eq!(folded(spelling), "alice@x.com", "{spelling}");
+        }
+        assert_eq!(folded("\u{c9}MILE"), "\u{e9}mile");
     }
 
     #[test]
