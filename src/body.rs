@@ -1,7 +1,8 @@
 //! What a rule can read from a request's body: a value in a JSON document
 //! by RFC 6901 pointer, or a field of a form. At most [`MAX_BODY_BYTES`]
 //! are ever read; a larger body, or one that does not parse, gives no value
-//! (the key part is then missing, as any other).
+//! (the key part is then missing, as any other). A field or member given
+//! twice with different values gives several, which refuses the request.
 
 use std::{borrow::Cow, cell::RefCell};
 
