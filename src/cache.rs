@@ -1,5 +1,6 @@
 //! The in-isolate block cache: once Redis has said a request is denied until
-//! T, the same request is answered locally until T, with no round trip.
+//! T, the same request is answered locally until T, with no round trip, for
+//! at most [`MAX_HOLD_MS`] at a time.
 
 use std::collections::HashMap;
 
@@ -16,6 +17,17 @@ pub struct BlockCache {
 /// isolate's memory beyond this.
 pub const CAPACITY: usize = 10_000;
 
+/// How long a denial is answered from memory before Redis is asked again,
+/// however long it lasts: an `edge-limiter reset` (or a limit raised by a
+/// deploy) then reaches every isolate within this, at the cost of one call
+/// per blocked client and isolate this often.
+pub const MAX_HOLD_MS: u64 = 10_000;
+
+/// How long after it was made `decision` is answered from memory.
+fn held_for(decision: &Decision) -> u64 {
+    decision.retry_after_ms.unwrap_or(0).min(MAX_HOLD_MS)
+}
+
 impl BlockCache {
     /// An empty cache.
     pub fn new() -> BlockCache {
@@ -27,8 +39,7 @@ impl BlockCache {
     pub fn lookup(&mut self, signature: &str, now_ms: u64) -> Option<Decision> {
         let (decided_at, decision) = self.entries.get(signature)?;
         let elapsed = now_ms.saturating_sub(*decided_at);
-        let until = decision.retry_after_ms.unwrap_or(0);
-        if elapsed >= until {
+        if elapsed >= held_for(decision) {
             self.entries.remove(signature);
             return None;
         }
@@ -50,7 +61,7 @@ impl BlockCache {
         }
         if self.entries.len() >= CAPACITY {
             self.entries
-                .retain(|_, (at, d)| now_ms.saturating_sub(*at) < d.retry_after_ms.unwrap_or(0));
+                .retain(|_, (at, d)| now_ms.saturating_sub(*at) < held_for(d));
             if self.entries.len() >= CAPACITY {
                 // Still full of live denials: forget them all rather than
                 // grow; each costs one more round trip at worst.
@@ -108,6 +119,16 @@ mod tests {
         );
         assert!(c.is_empty());
         assert_eq!(c.lookup("other", 10_000), None);
+    }
+
+    #[test]
+    fn a_long_denial_is_asked_of_redis_again_after_the_hold() {
+        let mut c = BlockCache::new();
+        c.remember("k".into(), &denied(86_400_000), 0);
+        let d = c.lookup("k", MAX_HOLD_MS - 1).unwrap();
+        assert_eq!(d.retry_after_ms, Some(86_400_000 - MAX_HOLD_MS + 1));
+        assert_eq!(c.lookup("k", MAX_HOLD_MS), None, "a reset shows by now");
+        assert!(c.is_empty());
     }
 
     #[test]

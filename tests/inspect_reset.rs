@@ -6,7 +6,11 @@
 
 mod support;
 
-use std::{path::PathBuf, process::Command};
+use std::{
+    path::PathBuf,
+    process::Command,
+    time::{Duration, Instant},
+};
 
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -170,8 +174,27 @@ async fn a_client_exhausted_through_the_worker_is_inspected_reset_and_admitted_a
         get(&api, "203.0.113.10").await,
         StatusCode::TOO_MANY_REQUESTS
     );
+    let denied_at = Instant::now();
     assert_eq!(
         get(&api, "203.0.113.9").await,
+        StatusCode::OK,
+        "{}",
+        stack.worker.log()
+    );
+
+    // A client the worker has just denied is answered from its block cache
+    // for a while after a reset, but no longer than the cache's hold.
+    let (code, _, err) = command(&dir, settings, &["reset", "login", "203.0.113.10"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        get(&api, "203.0.113.10").await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "served from the cache"
+    );
+    let hold = Duration::from_millis(edge_limiter::cache::MAX_HOLD_MS);
+    tokio::time::sleep((denied_at + hold).saturating_duration_since(Instant::now())).await;
+    assert_eq!(
+        get(&api, "203.0.113.10").await,
         StatusCode::OK,
         "{}",
         stack.worker.log()
