@@ -165,13 +165,7 @@ impl<'de> Visitor<'de> for Member<'_> {
 /// [`canon::name`]) in a form body of this content type: urlencoded, or
 /// multipart. Any other type has no fields.
 pub fn form_values<'a>(body: &'a [u8], content_type: &str, name: &str) -> Vec<Cow<'a, str>> {
-    let media = content_type
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
-    match media.as_str() {
+    match media_type(content_type).as_str() {
         "application/x-www-form-urlencoded" => match std::str::from_utf8(body) {
             Ok(text) => canon::form_field_values(text, name),
             Err(_) => vec![],
@@ -182,6 +176,23 @@ pub fn form_values<'a>(body: &'a [u8], content_type: &str, name: &str) -> Vec<Co
         },
         _ => vec![],
     }
+}
+
+/// Whether a body of this content type is a form [`form_values`] reads.
+pub fn is_form(content_type: &str) -> bool {
+    matches!(
+        media_type(content_type).as_str(),
+        "application/x-www-form-urlencoded" | "multipart/form-data"
+    )
+}
+
+fn media_type(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
 }
 
 /// The `boundary` parameter of a multipart content type, unquoted.

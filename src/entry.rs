@@ -12,7 +12,7 @@ use worker::{
 use crate::{
     body::MAX_BODY_BYTES,
     cache::BlockCache,
-    config::{parse_origin, CfField, Config, Rule},
+    config::{parse_origin, CfField, Config},
     events::Event,
     gateway::{Action, Limiter, Outcome},
     redis_rest::RestClient,
@@ -71,19 +71,14 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
     };
     let url = Url::parse(&req.url())?;
     let mut meta = request_meta(&req, &url);
-    // request.cf and the body are read only for a matching rule keyed on them.
-    let needed = |reads: fn(&Rule) -> bool, meta: &RequestMeta| {
-        setup
-            .config
-            .rules
-            .iter()
-            .any(|r| reads(r) && r.matches(meta))
-    };
-    if needed(Rule::reads_cf, &meta) {
-        meta.cf = cf_facts(&req);
-    }
-    if needed(Rule::reads_body, &meta) {
+    // The body and request.cf are read only for rules that need them; the
+    // body first, as its `_method` field can make a rule match.
+    let rules = &setup.config.rules;
+    if rules.iter().any(|r| r.needs_body(&meta)) {
         meta.body = body_prefix(&req).await;
+    }
+    if rules.iter().any(|r| r.reads_cf() && r.matches(&meta)) {
+        meta.cf = cf_facts(&req);
     }
     let now_ms = js_sys::Date::now() as u64;
     let limiter = Limiter {

@@ -33,18 +33,34 @@ impl RequestMeta {
     /// Every method the origin may take this request for: its own, GET
     /// for a HEAD (frameworks run the GET handler for it), and for a POST
     /// what a method-override header names (Express's method-override,
-    /// Symfony and Google's APIs read them), so that neither spelling
-    /// slips past a rule for one method.
+    /// Symfony and Google's APIs read them) or a `_method` field of its
+    /// query (Laravel, Symfony) or form body (Rails too, where the body
+    /// was read: [`Rule::needs_body`]), so that no spelling slips past a
+    /// rule for one method.
     pub fn methods(&self) -> Vec<String> {
         let also: Vec<String> = match self.method.as_str() {
             "HEAD" => vec!["GET".to_owned()],
-            "POST" => self
-                .headers
-                .iter()
-                .filter(|(n, _)| METHOD_OVERRIDES.contains(&n.as_str()))
-                .flat_map(|(_, v)| v.split(','))
-                .map(|m| m.trim().to_ascii_uppercase())
-                .collect(),
+            "POST" => {
+                let headers = self
+                    .headers
+                    .iter()
+                    .filter(|(n, _)| METHOD_OVERRIDES.contains(&n.as_str()))
+                    .flat_map(|(_, v)| v.split(','))
+                    .map(Cow::Borrowed);
+                let query = self.query_values(METHOD_FIELD);
+                let form = match &self.body {
+                    Some(b) => {
+                        let content_type = self.header("content-type").unwrap_or_default();
+                        body::form_values(b, content_type, METHOD_FIELD)
+                    }
+                    None => vec![],
+                };
+                headers
+                    .chain(query)
+                    .chain(form)
+                    .map(|m| m.trim().to_ascii_uppercase())
+                    .collect()
+            }
             _ => vec![],
         };
         let mut methods = vec![self.method.clone()];
@@ -121,6 +137,10 @@ impl RequestMeta {
             .as_ref()
     }
 }
+
+/// The query or form field through which a POST may ask the origin to
+/// treat it as another method.
+const METHOD_FIELD: &str = "_method";
 
 /// Headers through which a POST may ask the origin to treat it as another
 /// method.
@@ -228,18 +248,34 @@ fn host_matches(pattern: &str, host: &str) -> bool {
 impl Rule {
     /// Whether this rule applies to the request.
     pub fn matches(&self, req: &RequestMeta) -> bool {
+        (self.methods.is_empty() || req.methods().iter().any(|m| self.methods.contains(m)))
+            && self.matches_all_but_method(req)
+    }
+
+    /// Whether deciding this rule needs the request's body: a matching rule
+    /// keyed on it, or a rule for methods other than POST that a form POST
+    /// may name in its `_method` field.
+    pub fn needs_body(&self, req: &RequestMeta) -> bool {
+        let overridable = req.method == "POST"
+            && !self.methods.is_empty()
+            && !self.methods.iter().any(|m| m == "POST")
+            && body::is_form(req.header("content-type").unwrap_or_default())
+            && self.matches_all_but_method(req);
+        overridable || (self.reads_body() && self.matches(req))
+    }
+
+    fn matches_all_but_method(&self, req: &RequestMeta) -> bool {
         let prefix = self.path_prefix.trim_end_matches('/');
         let below_prefix = prefix.is_empty()
             || req
                 .path
                 .strip_prefix(prefix)
                 .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
-        (self.methods.is_empty() || req.methods().iter().any(|m| self.methods.contains(m)))
+        below_prefix
             && self
                 .host
                 .as_deref()
                 .is_none_or(|h| host_matches(h, &req.host))
-            && below_prefix
             && self
                 .path
                 .as_deref()
@@ -648,6 +684,19 @@ mod tests {
             // Only a POST is overridden: a GET asks for nothing else.
             assert!(!delete.matches(&req("GET", "/", None, &[(name, value)])));
         }
+        // A `_method` field: in the query, or in a form body once read.
+        let query = req("POST", "/", Some("_method=delete"), &[]);
+        assert!(delete.matches(&query));
+        let form = [("content-type", "application/x-www-form-urlencoded")];
+        let mut posted = req("POST", "/", None, &form);
+        assert!(delete.needs_body(&posted), "the body may name a method");
+        assert!(!get.matches(&posted));
+        posted.body = Some(b"x=1&_method=DELETE".to_vec());
+        assert!(delete.matches(&posted));
+        let json = req("POST", "/", None, &[("content-type", "application/json")]);
+        assert!(!delete.needs_body(&json), "only forms carry _method");
+        let post_rule = rule(json!({"methods": ["POST", "DELETE"]}));
+        assert!(!post_rule.needs_body(&req("POST", "/", None, &form)));
         // Charged what the costliest method it may be taken for costs.
         let costly = rule(json!({"burst": 5, "cost": {"DELETE": 5, "GET": 3, "default": 1}}));
         let post = req("POST", "/", None, &[("x-http-method-override", "DELETE")]);

@@ -1149,7 +1149,7 @@ fn rule_verdict(reply: &reqwest::Response) -> String {
 
 /// A rule for one method holds for the requests an origin takes for that
 /// method: a HEAD for a GET, and a POST that names another method in an
-/// override header.
+/// override header or a `_method` field.
 #[tokio::test]
 async fn method_spellings_stay_under_their_rule() {
     let stack = Stack::start(PATH_RULES);
@@ -1159,26 +1159,31 @@ async fn method_spellings_stay_under_their_rule() {
         &["request", "expected", "got"],
     );
     let mut failures = Vec::new();
-    for (method, path, overrides, expected) in [
-        ("DELETE", "/m", None, "200 delete"),
-        ("POST", "/m", Some("DELETE"), "429 delete"),
-        ("POST", "/m", None, "200 no rule"),
-        ("GET", "/r", None, "200 read"),
-        ("HEAD", "/r", None, "429 read"),
+    let form = "application/x-www-form-urlencoded";
+    for (method, path, overrides, body, expected) in [
+        ("DELETE", "/m", None, None, "200 delete"),
+        ("POST", "/m", Some("DELETE"), None, "429 delete"),
+        ("POST", "/m?_method=delete", None, None, "429 delete"),
+        ("POST", "/m", None, Some("a=1&_method=DELETE"), "429 delete"),
+        ("POST", "/m", None, Some("a=1"), "200 no rule"),
+        ("GET", "/r", None, None, "200 read"),
+        ("HEAD", "/r", None, None, "429 read"),
     ] {
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");
         let mut request = http
             .request(method.clone(), format!("{}{path}", stack.worker.url))
             .header("cf-connecting-ip", "203.0.113.93");
+        let mut label = format!("{method} {path}");
         if let Some(named) = overrides {
             request = request.header("x-http-method-override", named);
+            label += &format!(" (X-HTTP-Method-Override: {named})");
+        }
+        if let Some(fields) = body {
+            request = request.header("content-type", form).body(fields);
+            label += &format!(" (form {fields})");
         }
         let reply = request.send().await.expect("the worker answers");
         let got = rule_verdict(&reply);
-        let label = match overrides {
-            Some(named) => format!("{method} {path} (X-HTTP-Method-Override: {named})"),
-            None => format!("{method} {path}"),
-        };
         if got != expected {
             failures.push(format!("{label}: expected {expected}, got {got}"));
         }
