@@ -1,6 +1,6 @@
 //! The in-isolate block cache: once Redis has said a request is denied until
 //! T, the same request is answered locally until T, with no round trip, for
-//! at most [`MAX_HOLD_MS`] at a time.
+//! at most the configured hold at a time.
 
 use std::collections::HashMap;
 
@@ -8,30 +8,32 @@ use crate::decision::Decision;
 
 /// Denied requests, keyed by everything that decided them (keys, costs,
 /// policies), with the instant they were decided.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct BlockCache {
     entries: HashMap<String, (u64, Decision)>,
+    /// How long a denial is answered from memory before Redis is asked
+    /// again, however long it lasts: an `edge-limiter reset` (or a limit
+    /// raised by a deploy) then reaches every isolate within this.
+    hold_ms: u64,
 }
 
 /// Entries kept at most; a flood of distinct denied clients cannot grow the
 /// isolate's memory beyond this.
 pub const CAPACITY: usize = 10_000;
 
-/// How long a denial is answered from memory before Redis is asked again,
-/// however long it lasts: an `edge-limiter reset` (or a limit raised by a
-/// deploy) then reaches every isolate within this, at the cost of one call
-/// per blocked client and isolate this often.
-pub const MAX_HOLD_MS: u64 = 10_000;
-
-/// How long after it was made `decision` is answered from memory.
-fn held_for(decision: &Decision) -> u64 {
-    decision.retry_after_ms.unwrap_or(0).min(MAX_HOLD_MS)
-}
-
 impl BlockCache {
-    /// An empty cache.
-    pub fn new() -> BlockCache {
-        BlockCache::default()
+    /// An empty cache that answers each denial from memory for at most
+    /// `hold_ms` at a time.
+    pub fn new(hold_ms: u64) -> BlockCache {
+        BlockCache {
+            entries: HashMap::new(),
+            hold_ms,
+        }
+    }
+
+    /// How long after it was made `decision` is answered from memory.
+    fn held_for(&self, decision: &Decision) -> u64 {
+        decision.retry_after_ms.unwrap_or(0).min(self.hold_ms)
     }
 
     /// The denial for `signature` if it still holds at `now_ms`, with every
@@ -39,7 +41,7 @@ impl BlockCache {
     pub fn lookup(&mut self, signature: &str, now_ms: u64) -> Option<Decision> {
         let (decided_at, decision) = self.entries.get(signature)?;
         let elapsed = now_ms.saturating_sub(*decided_at);
-        if elapsed >= held_for(decision) {
+        if elapsed >= self.held_for(decision) {
             self.entries.remove(signature);
             return None;
         }
@@ -60,8 +62,10 @@ impl BlockCache {
             return;
         }
         if self.entries.len() >= CAPACITY {
-            self.entries
-                .retain(|_, (at, d)| now_ms.saturating_sub(*at) < held_for(d));
+            let hold = self.hold_ms;
+            self.entries.retain(|_, (at, d)| {
+                now_ms.saturating_sub(*at) < d.retry_after_ms.unwrap_or(0).min(hold)
+            });
             if self.entries.len() >= CAPACITY {
                 // Still full of live denials: forget them all rather than
                 // grow; each costs one more round trip at worst.
@@ -87,6 +91,8 @@ mod tests {
     use super::*;
     use crate::decision::RuleState;
 
+    const HOLD: u64 = 60_000;
+
     fn denied(retry: u64) -> Decision {
         Decision {
             allowed: false,
@@ -106,7 +112,7 @@ mod tests {
 
     #[test]
     fn a_denial_is_served_until_it_ends_with_times_moving_on() {
-        let mut c = BlockCache::new();
+        let mut c = BlockCache::new(HOLD);
         c.remember("k".into(), &denied(1000), 10_000);
         let d = c.lookup("k", 10_400).unwrap();
         assert_eq!(d.retry_after_ms, Some(600));
@@ -123,17 +129,17 @@ mod tests {
 
     #[test]
     fn a_long_denial_is_asked_of_redis_again_after_the_hold() {
-        let mut c = BlockCache::new();
+        let mut c = BlockCache::new(HOLD);
         c.remember("k".into(), &denied(86_400_000), 0);
-        let d = c.lookup("k", MAX_HOLD_MS - 1).unwrap();
-        assert_eq!(d.retry_after_ms, Some(86_400_000 - MAX_HOLD_MS + 1));
-        assert_eq!(c.lookup("k", MAX_HOLD_MS), None, "a reset shows by now");
+        let d = c.lookup("k", HOLD - 1).unwrap();
+        assert_eq!(d.retry_after_ms, Some(86_400_000 - HOLD + 1));
+        assert_eq!(c.lookup("k", HOLD), None, "a reset shows by now");
         assert!(c.is_empty());
     }
 
     #[test]
     fn admissions_and_endless_denials_are_not_cached() {
-        let mut c = BlockCache::new();
+        let mut c = BlockCache::new(HOLD);
         c.remember(
             "a".into(),
             &Decision {
@@ -157,13 +163,13 @@ mod tests {
 
     #[test]
     fn the_cache_is_bounded() {
-        let mut c = BlockCache::new();
+        let mut c = BlockCache::new(HOLD);
         for i in 0..CAPACITY + 10 {
             c.remember(format!("client-{i}"), &denied(60_000), 0);
         }
         assert!(c.len() <= CAPACITY);
         // Expired entries make room first.
-        let mut c = BlockCache::new();
+        let mut c = BlockCache::new(HOLD);
         for i in 0..CAPACITY {
             c.remember(format!("old-{i}"), &denied(10), 0);
         }

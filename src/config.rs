@@ -19,7 +19,14 @@ pub struct Config {
     /// Whether to send `X-RateLimit-Limit/Remaining/Reset` besides the
     /// standard `RateLimit` headers.
     pub x_ratelimit_headers: bool,
+    /// How long an isolate answers a denied client from memory before
+    /// asking Redis again (`cache_hold`), ms.
+    pub cache_hold_ms: u64,
 }
+
+/// `cache_hold` when none is given: a reset reaches every isolate within a
+/// minute, and a blocked client costs one Redis call a minute per isolate.
+pub const DEFAULT_CACHE_HOLD_MS: u64 = 60_000;
 
 /// One rule: which requests, keyed how, limited by what.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -305,6 +312,8 @@ struct RawConfig {
     rules: Vec<Value>,
     #[serde(default)]
     x_ratelimit_headers: Option<bool>,
+    #[serde(default)]
+    cache_hold: Option<RawDuration>,
 }
 
 /// A duration as written: whole milliseconds, or text with a unit.
@@ -429,9 +438,17 @@ impl Config {
             }
             rules.push(rule);
         }
+        let cache_hold_ms = match &raw.cache_hold {
+            Some(hold) => duration("cache_hold", hold).map_err(|e| ConfigError::Field {
+                field: e.field,
+                problem: e.problem,
+            })?,
+            None => DEFAULT_CACHE_HOLD_MS,
+        };
         Ok(Config {
             rules,
             x_ratelimit_headers: raw.x_ratelimit_headers.unwrap_or(true),
+            cache_hold_ms,
         })
     }
 }
@@ -893,7 +910,25 @@ mod tests {
             )
         );
         assert!(c.x_ratelimit_headers);
+        assert_eq!(c.cache_hold_ms, DEFAULT_CACHE_HOLD_MS);
         assert_eq!(r.path_prefix, "/");
+    }
+
+    #[test]
+    fn the_cache_hold_is_a_duration() {
+        let with_hold = |hold: Value| {
+            let rule =
+                json!({"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1s"});
+            Config::from_json(&json!({"cache_hold": hold, "rules": [rule]}))
+        };
+        assert_eq!(with_hold(json!("5s")).unwrap().cache_hold_ms, 5000);
+        assert_eq!(with_hold(json!(250)).unwrap().cache_hold_ms, 250);
+        for bad in [json!(0), json!("soon")] {
+            match with_hold(bad.clone()) {
+                Err(ConfigError::Field { field, .. }) => assert_eq!(field, "cache_hold", "{bad}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
     }
 
     #[test]

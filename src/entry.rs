@@ -46,11 +46,12 @@ fn setup(env: &Env) -> std::result::Result<Rc<Setup>, String> {
     ) else {
         return Err("set UPSTASH_REDIS_REST_URL and UPSTASH_REDIS_REST_TOKEN (wrangler secret put, or .dev.vars locally)".into());
     };
+    let config = load_config(env)?;
     let ready = Rc::new(Setup {
-        config: load_config(env)?,
+        cache: RefCell::new(BlockCache::new(config.cache_hold_ms)),
+        config,
         origin: origin(env)?,
         client: RestClient::new(&url.to_string(), &token.to_string()).map_err(|e| e.to_string())?,
-        cache: RefCell::new(BlockCache::new()),
     });
     SETUP.with(|s| *s.borrow_mut() = Some(ready.clone()));
     Ok(ready)

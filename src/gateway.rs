@@ -445,6 +445,9 @@ mod tests {
     use serde_json::json;
     use std::cell::Cell;
 
+    /// How long the tests' block caches answer a denial from memory.
+    const HOLD: u64 = 10_000;
+
     struct Fake {
         reply: Result<Value, RestError>,
         calls: Cell<usize>,
@@ -509,7 +512,7 @@ mod tests {
     }
 
     fn once(config: &Config, store: &Fake, path: &str) -> Outcome {
-        run(config, store, &RefCell::new(BlockCache::new()), path, 0)
+        run(config, store, &RefCell::new(BlockCache::new(HOLD)), path, 0)
     }
 
     const ADMIT_ONE: &str = "[1, 5, 4, 200, 0, 1]";
@@ -529,7 +532,7 @@ mod tests {
     fn a_denial_answers_429_and_is_then_served_from_the_cache() {
         let store = fake(Ok(serde_json::from_str(DENY_LOGIN).unwrap()));
         let c = config(json!({}));
-        let cache = RefCell::new(BlockCache::new());
+        let cache = RefCell::new(BlockCache::new(HOLD));
         let out = run(&c, &store, &cache, "/login", 1_000);
         let Action::Respond {
             status,
@@ -663,7 +666,7 @@ mod tests {
             .enable_time()
             .build()
             .unwrap();
-        let cache = RefCell::new(BlockCache::new());
+        let cache = RefCell::new(BlockCache::new(HOLD));
         // Up front: checked at its cost, not charged ('c'), six fields back.
         let store = fake(Ok(json!([1, 5, 4, 180000, 0, 1])));
         let limiter = Limiter {
@@ -717,7 +720,7 @@ mod tests {
         .unwrap();
         // Denied, and the penalty started (the mask after the six fields).
         let store = fake(Ok(json!([0, 1, 0, 600000, 600000, 1, 1])));
-        let cache = RefCell::new(BlockCache::new());
+        let cache = RefCell::new(BlockCache::new(HOLD));
         let first = run(&c, &store, &cache, "/", 0);
         let actions: Vec<_> = first.events.iter().map(|e| e.action).collect();
         assert_eq!(actions, [EventAction::PenaltyStart, EventAction::Deny]);
@@ -739,7 +742,7 @@ mod tests {
         ]}))
         .unwrap();
         let store = fake(Ok(json!([0, 1, 0, 600000, 600000, 1, 1])));
-        let cache = RefCell::new(BlockCache::new());
+        let cache = RefCell::new(BlockCache::new(HOLD));
         let out = run(&c, &store, &cache, "/", 0);
         assert_eq!(out.action, Action::Forward);
         let actions: Vec<_> = out.events.iter().map(|e| (e.action, e.status)).collect();
