@@ -52,7 +52,9 @@ pub fn parse_json(body: &[u8]) -> Option<Json> {
         pointer: String::new(),
         repeated: &repeated,
     };
-    let mut reader = serde_json::Deserializer::from_slice(body);
+    // Read as text, as the REST replies are: the worker then carries one
+    // copy of serde_json's reader (invalid UTF-8 fails either way).
+    let mut reader = serde_json::Deserializer::from_str(std::str::from_utf8(body).ok()?);
     let doc = seed.deserialize(&mut reader).ok()?;
     reader.end().ok()?;
     Some(Json {

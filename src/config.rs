@@ -312,8 +312,10 @@ struct RawConfig {
     rules: Vec<Value>,
     #[serde(default)]
     x_ratelimit_headers: Option<bool>,
+    // A Value, read by hand below: serde's code for one more duration
+    // field costs the worker's wasm a kilobyte.
     #[serde(default)]
-    cache_hold: Option<RawDuration>,
+    cache_hold: Option<Value>,
 }
 
 /// A duration as written: whole milliseconds, or text with a unit.
@@ -439,11 +441,21 @@ impl Config {
             rules.push(rule);
         }
         let cache_hold_ms = match &raw.cache_hold {
-            Some(hold) => duration("cache_hold", hold).map_err(|e| ConfigError::Field {
-                field: e.field,
-                problem: e.problem,
-            })?,
             None => DEFAULT_CACHE_HOLD_MS,
+            Some(hold) => {
+                let written = match hold {
+                    Value::String(text) => Ok(RawDuration::Text(text.clone())),
+                    other => other.as_u64().map(RawDuration::Ms).ok_or_else(|| {
+                        field_error("cache_hold", format!("`{other}` is not a duration"))
+                    }),
+                };
+                written
+                    .and_then(|w| duration("cache_hold", &w))
+                    .map_err(|e| ConfigError::Field {
+                        field: e.field,
+                        problem: e.problem,
+                    })?
+            }
         };
         Ok(Config {
             rules,
@@ -923,7 +935,7 @@ mod tests {
         };
         assert_eq!(with_hold(json!("5s")).unwrap().cache_hold_ms, 5000);
         assert_eq!(with_hold(json!(250)).unwrap().cache_hold_ms, 250);
-        for bad in [json!(0), json!("soon")] {
+        for bad in [json!(0), json!("soon"), json!(true), json!(-5)] {
             match with_hold(bad.clone()) {
                 Err(ConfigError::Field { field, .. }) => assert_eq!(field, "cache_hold", "{bad}"),
                 other => panic!("{bad}: {other:?}"),
