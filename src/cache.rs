@@ -21,6 +21,12 @@ pub struct BlockCache {
 /// isolate's memory beyond this.
 pub const CAPACITY: usize = 10_000;
 
+/// How long after it was made `decision` is answered from memory, under a
+/// hold of `hold_ms`.
+fn held_for(hold_ms: u64, decision: &Decision) -> u64 {
+    decision.retry_after_ms.unwrap_or(0).min(hold_ms)
+}
+
 impl BlockCache {
     /// An empty cache that answers each denial from memory for at most
     /// `hold_ms` at a time.
@@ -31,17 +37,12 @@ impl BlockCache {
         }
     }
 
-    /// How long after it was made `decision` is answered from memory.
-    fn held_for(&self, decision: &Decision) -> u64 {
-        decision.retry_after_ms.unwrap_or(0).min(self.hold_ms)
-    }
-
     /// The denial for `signature` if it still holds at `now_ms`, with every
     /// time in it moved on by the time since it was made.
     pub fn lookup(&mut self, signature: &str, now_ms: u64) -> Option<Decision> {
         let (decided_at, decision) = self.entries.get(signature)?;
         let elapsed = now_ms.saturating_sub(*decided_at);
-        if elapsed >= self.held_for(decision) {
+        if elapsed >= held_for(self.hold_ms, decision) {
             self.entries.remove(signature);
             return None;
         }
@@ -63,9 +64,8 @@ impl BlockCache {
         }
         if self.entries.len() >= CAPACITY {
             let hold = self.hold_ms;
-            self.entries.retain(|_, (at, d)| {
-                now_ms.saturating_sub(*at) < d.retry_after_ms.unwrap_or(0).min(hold)
-            });
+            self.entries
+                .retain(|_, (at, d)| now_ms.saturating_sub(*at) < held_for(hold, d));
             if self.entries.len() >= CAPACITY {
                 // Still full of live denials: forget them all rather than
                 // grow; each costs one more round trip at worst.
