@@ -465,6 +465,16 @@ impl Config {
     }
 }
 
+impl Config {
+    /// The position of `rule`, one of this configuration's own, in `rules`.
+    pub fn index_of(&self, rule: &Rule) -> usize {
+        self.rules
+            .iter()
+            .position(|r| std::ptr::eq(r, rule))
+            .unwrap_or_default()
+    }
+}
+
 impl std::str::FromStr for Config {
     type Err = ConfigError;
 
@@ -681,7 +691,7 @@ fn host_pattern(h: String) -> Result<String, FieldError> {
             format!("`{h}` is not a host name (use example.com or *.example.com)"),
         ));
     }
-    Ok(h.trim_end_matches('.').to_ascii_lowercase())
+    Ok(crate::rules::normalize_host(&h))
 }
 
 /// A path prefix or pattern, case folded: paths are compared after

@@ -123,16 +123,12 @@ impl<S: ScriptRunner> Limiter<'_, S> {
         outcome.events = events;
         if outcome.action == Action::Forward {
             // A rule's index is looked up only for the rare count_status rule.
-            let index = |rule: &Rule| {
-                let found = self.config.rules.iter().position(|r| std::ptr::eq(r, rule));
-                found.unwrap_or_default()
-            };
             let later: Vec<(usize, Vec<String>, u64)> = checks
                 .iter()
                 .filter(|(c, _)| !c.rule.count_status.is_empty())
                 .map(|(c, id)| {
                     (
-                        index(c.rule),
+                        self.config.index_of(c.rule),
                         id.iter().map(|p| p.to_string()).collect(),
                         c.cost,
                     )

@@ -41,12 +41,9 @@ impl RequestMeta {
         let also: Vec<String> = match self.method.as_str() {
             "HEAD" => vec!["GET".to_owned()],
             "POST" => {
-                let headers = self
-                    .headers
+                let headers = METHOD_OVERRIDES
                     .iter()
-                    .filter(|(n, _)| METHOD_OVERRIDES.contains(&n.as_str()))
-                    .flat_map(|(_, v)| v.split(','))
-                    .map(Cow::Borrowed);
+                    .flat_map(|name| self.header_values(name));
                 let query = self.query_values(METHOD_FIELD);
                 let form = match &self.body {
                     Some(b) => {

@@ -17,7 +17,7 @@ mod resp;
 use std::{collections::VecDeque, io::BufRead};
 
 use crate::{
-    config::{Config, Rule},
+    config::Config,
     decision::{Check, Decision},
     gateway::{select, Refusal, Selection},
 };
@@ -248,14 +248,6 @@ impl Reorder {
 }
 
 /// The index of `rule` in `config` (rules are few).
-fn index_of(config: &Config, rule: &Rule) -> usize {
-    config
-        .rules
-        .iter()
-        .position(|r| std::ptr::eq(r, rule))
-        .unwrap_or_default()
-}
-
 /// Whether `record` may be charged after its response: a rule counting
 /// only some statuses, among them the one the origin answered, matches it.
 fn charges_after(config: &Config, record: &Record) -> bool {
@@ -314,7 +306,7 @@ fn send_batch(
         .iter()
         .map(|selection| match selection {
             Err((rule, _)) => Fate {
-                refused: Some(index_of(config, rule)),
+                refused: Some(config.index_of(rule)),
                 shadow_refused: vec![],
                 rules: vec![],
                 later: vec![],
@@ -324,12 +316,12 @@ fn send_batch(
                 shadow_refused: s
                     .shadow_ambiguous
                     .iter()
-                    .map(|(rule, _)| index_of(config, rule))
+                    .map(|(rule, _)| config.index_of(rule))
                     .collect(),
                 rules: s
                     .rules
                     .iter()
-                    .map(|(rule, id)| (index_of(config, rule), id.join(" | ")))
+                    .map(|(rule, id)| (config.index_of(rule), id.join(" | ")))
                     .collect(),
                 later: vec![],
             },
@@ -347,7 +339,7 @@ fn send_batch(
             .map(|(rule, id)| {
                 let parts = id.iter().map(|p| p.to_string()).collect();
                 (
-                    index_of(config, rule),
+                    config.index_of(rule),
                     parts,
                     rule.cost.for_methods(&record.request.methods()),
                 )
