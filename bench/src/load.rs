@@ -61,6 +61,10 @@ pub struct Target<'a> {
     /// Names the hot path, so that no two runs share one.
     pub label: &'static str,
     pub prefix: &'static str,
+    /// Which of the run's workers (0 to 7): the client addresses of each are
+    /// its own, so ours and `--baseline` never meet each other's clients in
+    /// the one Redis.
+    pub slot: u32,
 }
 
 /// The path the hot client uses in `round` (`load.lua` builds the same).
@@ -88,7 +92,7 @@ pub async fn run(
         .arg(&worker.url)
         .arg("--")
         .args([&round.to_string(), &shape.hot_every.to_string()])
-        .args([target.label, target.prefix])
+        .args([target.label, target.prefix, &target.slot.to_string()])
         .output()
         .map_err(|e| format!("cannot run wrk: {e}"))?;
     let stdout = String::from_utf8_lossy(&output.stdout);

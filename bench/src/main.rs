@@ -37,7 +37,7 @@ use crate::{
 
 const USAGE: &str = "\
 usage: edge-limiter-bench [--quick] [--rounds N] [--seconds S] [--baseline DIR]
-                          [--no-save | --out FILE]
+                          [--parts LIST] [--no-save | --out FILE]
 
   --quick      one short round of everything, to try the setup (about a minute)
   --rounds N   interleaved rounds per part (default: 7 for Redis, 5 under load)
@@ -46,6 +46,9 @@ usage: edge-limiter-bench [--quick] [--rounds N] [--seconds S] [--baseline DIR]
                another build of our worker (what scripts/build-worker leaves
                in build/, e.g. of an earlier commit), run beside this one
                under load: a change's before and after in one run
+  --parts LIST the parts to run, comma-separated (default 1,2,3,4,6; 2 also
+               measures 5): '--parts 2 --baseline DIR --no-save' compares
+               two builds under load in a few minutes
   --no-save    print the table only
   --out FILE   where to save it (default bench/RESULTS.md)";
 
@@ -57,10 +60,17 @@ struct Options {
     redis_calls: u32,
     far_clients: u32,
     baseline: Option<PathBuf>,
+    /// Which parts run; index 0 is unused, 5 goes with 2.
+    parts: [bool; 7],
     out: Option<PathBuf>,
 }
 
 impl Options {
+    /// Whether `part` (1 to 6) is to run.
+    fn runs(&self, part: usize) -> bool {
+        self.parts[part]
+    }
+
     fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
         let mut o = Options {
             redis_rounds: 7,
@@ -69,6 +79,7 @@ impl Options {
             redis_calls: 50_000,
             far_clients: 200,
             baseline: None,
+            parts: [true; 7],
             out: Some(repo().join("bench/RESULTS.md")),
         };
         while let Some(arg) = args.next() {
@@ -95,6 +106,7 @@ impl Options {
                 "--baseline" => {
                     o.baseline = Some(args.next().ok_or("--baseline needs a directory")?.into())
                 }
+                "--parts" => o.parts = parts(&args.next().unwrap_or_default())?,
                 "--no-save" => o.out = None,
                 "--out" => o.out = Some(args.next().ok_or("--out needs a file")?.into()),
                 "-h" | "--help" => return Err(USAGE.to_owned()),
@@ -103,6 +115,23 @@ impl Options {
         }
         Ok(o)
     }
+}
+
+/// `1,2,6` as the parts it names; 5 is measured with 2, so it names 2.
+fn parts(list: &str) -> Result<[bool; 7], String> {
+    let mut on = [false; 7];
+    for item in list.split(',') {
+        match item.trim().parse::<usize>() {
+            Ok(n @ 1..=6) => on[if n == 5 { 2 } else { n }] = true,
+            _ => {
+                return Err(format!(
+                    "--parts takes numbers 1 to 6, comma-separated, not {list:?}"
+                ))
+            }
+        }
+    }
+    on[5] = on[2];
+    Ok(on)
 }
 
 /// Concurrency of the Redis-side runs.
@@ -191,35 +220,37 @@ async fn run(o: &Options) -> Result<Results, String> {
     say("part 4: sizes");
     r.wasm = size::size_of_file(&built.join("index_bg.wasm"))?;
 
-    say("part 1: Redis-side cost (redis-benchmark)");
-    let mut cases: Vec<redis_side::Case> = redis_side::our_cases()?.into();
-    cases.extend(redis_side::floor_cases());
-    for call in peer::capture(&redis_side::peer_policies())? {
-        cases.push(redis_side::peer_case(&call));
-    }
-    let mut shas = Vec::with_capacity(cases.len());
-    for case in &cases {
-        shas.push(redis_side::load(&redis.addr(), case)?);
-    }
-    let pinning = redis_side::Pinning::start(&redis.addr());
-    r.pinned = pinning.is_some();
-    for (case, sha) in cases.iter().zip(&shas) {
-        let calls = (REDIS_CLIENTS, o.redis_calls / 10);
-        redis_side::run(redis.port(), sha, case, calls, pinning.as_ref())?;
-    }
-    r.redis = cases.iter().map(|c| (c.label, Vec::new())).collect();
-    for round in 0..o.redis_rounds {
-        // A different order each round, so no script always follows another.
-        for i in 0..cases.len() {
-            let k = (i + round) % cases.len();
-            let calls = (REDIS_CLIENTS, o.redis_calls);
-            let sample =
-                redis_side::run(redis.port(), &shas[k], &cases[k], calls, pinning.as_ref())?;
-            r.redis[k].1.push(sample);
+    if o.runs(1) {
+        say("part 1: Redis-side cost (redis-benchmark)");
+        let mut cases: Vec<redis_side::Case> = redis_side::our_cases()?.into();
+        cases.extend(redis_side::floor_cases());
+        for call in peer::capture(&redis_side::peer_policies())? {
+            cases.push(redis_side::peer_case(&call));
         }
-    }
+        let mut shas = Vec::with_capacity(cases.len());
+        for case in &cases {
+            shas.push(redis_side::load(&redis.addr(), case)?);
+        }
+        let pinning = redis_side::Pinning::start(&redis.addr());
+        r.pinned = pinning.is_some();
+        for (case, sha) in cases.iter().zip(&shas) {
+            let calls = (REDIS_CLIENTS, o.redis_calls / 10);
+            redis_side::run(redis.port(), sha, case, calls, pinning.as_ref())?;
+        }
+        r.redis = cases.iter().map(|c| (c.label, Vec::new())).collect();
+        for round in 0..o.redis_rounds {
+            // A different order each round, so no script always follows another.
+            for i in 0..cases.len() {
+                let k = (i + round) % cases.len();
+                let calls = (REDIS_CLIENTS, o.redis_calls);
+                let sample =
+                    redis_side::run(redis.port(), &shas[k], &cases[k], calls, pinning.as_ref())?;
+                r.redis[k].1.push(sample);
+            }
+        }
 
-    drop(pinning);
+        drop(pinning);
+    }
 
     say("starting four workers in wrangler dev");
     let scratch = std::env::temp_dir().join(format!("edge-limiter-bench-{}", std::process::id()));
@@ -239,88 +270,100 @@ async fn run(o: &Options) -> Result<Results, String> {
     }
     let [passthrough, ours, peer, ours_unmatched] = workers;
 
-    say("part 3: round trips");
-    r.trips.push((
-        OURS,
-        trips::count(&http, &endpoint_url, &redis.addr(), &ours, 1).await?,
-    ));
-    r.trips.push((
-        PEER,
-        trips::count(&http, &endpoint_url, &redis.addr(), &peer, 2).await?,
-    ));
+    if o.runs(3) {
+        say("part 3: round trips");
+        r.trips.push((
+            OURS,
+            trips::count(&http, &endpoint_url, &redis.addr(), &ours, 1).await?,
+        ));
+        r.trips.push((
+            PEER,
+            trips::count(&http, &endpoint_url, &redis.addr(), &peer, 2).await?,
+        ));
+    }
 
-    say("part 4: instantiation in workerd");
-    r.instantiate_ms = size::instantiate_ms(&http, &probe, 5, 200).await?;
+    if o.runs(4) {
+        say("part 4: instantiation in workerd");
+        r.instantiate_ms = size::instantiate_ms(&http, &probe, 5, 200).await?;
+    }
+
     // Idle wrangler still wakes up now and then: keep it out of the load runs.
     drop(probe);
     r.our_bundle = ours.bundle().map(|(_, b)| size::size_of(&b)).transpose()?;
     r.peer_bundle = peer.bundle().map(|(_, b)| size::size_of(&b)).transpose()?;
 
-    say("parts 2 and 5: load through wrangler dev (wrk)");
-    let shape = Shape {
-        connections: CONNECTIONS,
-        seconds: o.seconds,
-        hot_every: HOT_EVERY,
-    };
-    let target = |worker, label, prefix| load::Target {
-        worker,
-        label,
-        prefix,
-    };
-    let mut order = vec![
-        target(&passthrough, PASSTHROUGH, "/load"),
-        target(&ours, OURS, "/load"),
-        target(&peer, PEER, "/load"),
-        // Our worker where no rule applies: its cost without the Redis call.
-        target(&ours_unmatched, OURS_UNMATCHED, "/free"),
-    ];
-    if let Some(b) = &baseline {
-        order.push(target(b, OURS_BASELINE, "/load"));
-    }
-    let warm = Shape {
-        seconds: 2,
-        ..shape
-    };
-    for t in &order {
-        load::run(&http, *t, &origin, warm, 0).await?;
-    }
-    r.load = order.iter().map(|t| (t.label, vec![])).collect();
-    for round in 1..=o.load_rounds {
-        for i in 0..order.len() {
-            let k = (i + round as usize) % order.len();
-            let run = load::run(&http, order[k], &origin, shape, round).await?;
-            r.load[k].1.push(run);
+    if o.runs(2) {
+        say("parts 2 and 5: load through wrangler dev (wrk)");
+        let shape = Shape {
+            connections: CONNECTIONS,
+            seconds: o.seconds,
+            hot_every: HOT_EVERY,
+        };
+        let target = |worker, label, prefix, slot| load::Target {
+            worker,
+            label,
+            prefix,
+            slot,
+        };
+        let mut order = vec![
+            target(&passthrough, PASSTHROUGH, "/load", 0),
+            target(&ours, OURS, "/load", 1),
+            target(&peer, PEER, "/load", 2),
+            // Our worker where no rule applies: its cost without the Redis call.
+            target(&ours_unmatched, OURS_UNMATCHED, "/free", 3),
+        ];
+        if let Some(b) = &baseline {
+            order.push(target(b, OURS_BASELINE, "/load", 4));
+        }
+        let warm = Shape {
+            seconds: 2,
+            ..shape
+        };
+        for t in &order {
+            load::run(&http, *t, &origin, warm, 0).await?;
+        }
+        r.load = order.iter().map(|t| (t.label, vec![])).collect();
+        for round in 1..=o.load_rounds {
+            for i in 0..order.len() {
+                let k = (i + round as usize) % order.len();
+                let run = load::run(&http, order[k], &origin, shape, round).await?;
+                r.load[k].1.push(run);
+            }
         }
     }
+
     drop((ours, peer, ours_unmatched, baseline));
 
-    say("part 6: Redis 40 ms away");
-    let proxy = FaultProxy::start(endpoint.addr()).map_err(|e| format!("fault proxy: {e}"))?;
-    proxy.set(Fault::Delay(far::DELAY));
-    let far_workers = [
-        spawn_ours(OURS_FAR, &built, &scratch, &proxy.url(), &origin.url)?,
-        spawn_peer(PEER_FAR, &scratch, &proxy.url(), &origin.url)?,
-    ];
-    for w in &far_workers {
-        w.ready(&http).await?;
+    if o.runs(6) {
+        say("part 6: Redis 40 ms away");
+        let proxy = FaultProxy::start(endpoint.addr()).map_err(|e| format!("fault proxy: {e}"))?;
+        proxy.set(Fault::Delay(far::DELAY));
+        let far_workers = [
+            spawn_ours(OURS_FAR, &built, &scratch, &proxy.url(), &origin.url)?,
+            spawn_peer(PEER_FAR, &scratch, &proxy.url(), &origin.url)?,
+        ];
+        for w in &far_workers {
+            w.ready(&http).await?;
+        }
+        r.far_clients = o.far_clients;
+        for (salt, w) in far_workers.iter().enumerate() {
+            // One client through each worker first: its first call may load the
+            // script, which is not what this part measures.
+            far::measure(&http, w, &passthrough, &proxy, 1, 0xff00 + salt as u16).await?;
+            let situations = far::measure(
+                &http,
+                w,
+                &passthrough,
+                &proxy,
+                o.far_clients,
+                salt as u16 + 1,
+            )
+            .await?;
+            r.far.push((w.label, situations));
+        }
     }
-    r.far_clients = o.far_clients;
-    for (salt, w) in far_workers.iter().enumerate() {
-        // One client through each worker first: its first call may load the
-        // script, which is not what this part measures.
-        far::measure(&http, w, &passthrough, &proxy, 1, 0xff00 + salt as u16).await?;
-        let situations = far::measure(
-            &http,
-            w,
-            &passthrough,
-            &proxy,
-            o.far_clients,
-            salt as u16 + 1,
-        )
-        .await?;
-        r.far.push((w.label, situations));
-    }
-    drop((far_workers, passthrough));
+
+    drop(passthrough);
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(r)
 }
@@ -542,5 +585,12 @@ mod tests {
         assert!(o.out.is_none());
         assert!(parse(&["--rounds", "0"]).is_err());
         assert!(parse(&["--bogus"]).is_err());
+        let o = parse(&["--parts", "2,6"]).unwrap();
+        assert_eq!(
+            (1..=6).map(|p| o.runs(p)).collect::<Vec<_>>(),
+            [false, true, false, false, true, true]
+        );
+        assert!(parse(&["--parts", "7"]).is_err());
+        assert!(parse(&["--parts"]).is_err());
     }
 }

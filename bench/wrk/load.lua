@@ -1,10 +1,12 @@
 -- wrk script for the worker benchmarks. Usage:
---   wrk ... -s load.lua URL -- ROUND HOT_EVERY LABEL PREFIX
+--   wrk ... -s load.lua URL -- ROUND HOT_EVERY LABEL PREFIX SLOT
 -- Every request but one in HOT_EVERY comes from a client never seen before,
 -- so it is admitted and forwarded: that is the overhead under test. The rest
 -- come from one hot client on a path of its own, driven past its limit, so the
 -- origin's count for that path tells how exactly the limit held. PREFIX
--- (default /load) starts every path, to aim at a rule or at none.
+-- (default /load) starts every path, to aim at a rule or at none. SLOT (0 to
+-- 7) tells the workers of one run apart: two builds of ours share a Redis,
+-- and must not share clients.
 
 local threads = {}
 local next_id = 1
@@ -20,10 +22,14 @@ function init(args)
   hot_every = tonumber(args[2]) or 10
   sent, hot = 0, 0
   prefix = args[4] or "/load"
+  slot = tonumber(args[5]) or 0
+  -- Round and slot pick the second octet (32 rounds of 8 workers before any
+  -- address repeats); thread and counter the last two.
+  block = (round * 8 + slot) % 256
   -- Must match load.rs's hot_path: the origin counts hits per path.
   hot_path = string.format("%s/hot-%s-%d", prefix, args[3] or "x", round)
   -- 203.0.113.0/24 is reserved for documentation: never a real client.
-  hot_ip = string.format("203.0.113.%d", round % 256)
+  hot_ip = string.format("203.0.113.%d", block)
 end
 
 function request()
@@ -32,9 +38,11 @@ function request()
     hot = hot + 1
     return wrk.format("GET", hot_path, { ["CF-Connecting-IP"] = hot_ip })
   end
-  -- Distinct per round, thread and request: 10.(16 round + thread).hi.lo,
-  -- the counter spread over the last two octets (65536 per thread and round).
-  local ip = string.format("10.%d.%d.%d", (round * 16 + id) % 256, math.floor(sent / 256) % 256, sent % 256)
+  -- Distinct per round, slot, thread and request: 10.thread.block.hi.lo
+  -- would not fit, so the thread (up to 4) shares the last two octets with
+  -- the counter: 16384 fresh clients per thread and run.
+  local n = (sent * 4 + id - 1) % 65536
+  local ip = string.format("10.%d.%d.%d", block, math.floor(n / 256), n % 256)
   return wrk.format("GET", prefix .. "/page", { ["CF-Connecting-IP"] = ip })
 end
 
