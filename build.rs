@@ -1,5 +1,8 @@
 //! Joins the Lua files into the one script the worker sends, and embeds it
-//! with its SHA1 so `EVALSHA` needs no hashing at run time.
+//! with its SHA1 so `EVALSHA` needs no hashing at run time. Comments and
+//! indentation are left out of what is embedded (the files in `lua/` are the
+//! readable form); every line stays where it was, so a Redis error names the
+//! same line number as the file.
 
 use std::{env, fs, path::Path};
 
@@ -21,8 +24,8 @@ fn main() {
     for part in PARTS {
         println!("cargo:rerun-if-changed={part}");
         let text = fs::read_to_string(part).unwrap_or_else(|e| panic!("reading {part}: {e}"));
-        source.push_str(&text);
-        if !text.ends_with('\n') {
+        source.push_str(&without_comments(&text));
+        if !source.ends_with('\n') {
             source.push('\n');
         }
     }
@@ -33,4 +36,73 @@ fn main() {
     let out = Path::new(&out_dir);
     fs::write(out.join("limiter.lua"), &source).expect("writing the joined script");
     fs::write(out.join("limiter.sha1"), sha1).expect("writing the script's SHA1");
+}
+
+/// `lua` without its comments and without the blanks that start or end a
+/// line, line breaks kept. Follows Lua's lexer: `--` starts a comment only
+/// outside strings, and a long bracket after it (`--[[`, `--[==[`) runs to
+/// the matching close; quoted and long strings are copied untouched, so their
+/// contents are never taken for comments nor trimmed.
+fn without_comments(lua: &str) -> String {
+    let mut out = String::with_capacity(lua.len());
+    let mut rest = lua;
+    while let Some(c) = rest.chars().next() {
+        let len = if let Some(comment) = rest.strip_prefix("--") {
+            match long_bracket(comment) {
+                Some(len) => {
+                    // Its line breaks stay, so later lines keep their numbers.
+                    for _ in comment[..len].matches('\n') {
+                        new_line(&mut out);
+                    }
+                    2 + len
+                }
+                None => rest.find('\n').unwrap_or(rest.len()),
+            }
+        } else if let Some(len) = long_bracket(rest).or_else(|| quoted(rest)) {
+            out.push_str(&rest[..len]);
+            len
+        } else {
+            let line_start = out.is_empty() || out.ends_with('\n');
+            match c {
+                '\n' => new_line(&mut out),
+                ' ' | '\t' | '\r' if line_start => {}
+                _ => out.push(c),
+            }
+            c.len_utf8()
+        };
+        rest = &rest[len..];
+    }
+    out
+}
+
+/// Ends the line `out` is on, dropping the blanks it ends with.
+fn new_line(out: &mut String) {
+    out.truncate(out.trim_end_matches([' ', '\t', '\r']).len());
+    out.push('\n');
+}
+
+/// The length of the long bracket `text` starts with (`[[ ... ]]`,
+/// `[==[ ... ]==]`), closing bracket included.
+fn long_bracket(text: &str) -> Option<usize> {
+    let level = text
+        .strip_prefix('[')?
+        .bytes()
+        .take_while(|&b| b == b'=')
+        .count();
+    let body = text.get(level + 1..)?.strip_prefix('[')?;
+    let close = format!("]{}]", "=".repeat(level));
+    let end = body.find(&close).expect("a long bracket is closed");
+    Some(level + 2 + end + close.len())
+}
+
+/// The length of the quoted string `text` starts with, quotes included.
+fn quoted(text: &str) -> Option<usize> {
+    let quote = text.chars().next().filter(|&c| c == '\'' || c == '"')?;
+    let mut escaped = false;
+    let end = text[1..].char_indices().find(|&(_, c)| {
+        let closes = !escaped && c == quote;
+        escaped = !escaped && c == '\\';
+        closes
+    });
+    Some(end.expect("a string is closed").0 + 2)
 }
