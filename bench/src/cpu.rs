@@ -43,13 +43,14 @@ pub fn snapshot() -> Snapshot {
 }
 
 impl Snapshot {
-    /// CPU seconds that the processes `pick` selects used between `before`
-    /// and this snapshot (processes that started meanwhile count from zero).
-    pub fn since(&self, before: &Snapshot, pick: impl Fn(&Proc) -> bool) -> f64 {
+    /// CPU seconds that the processes `pick` selects (by pid and stat) used
+    /// between `before` and this snapshot (processes that started meanwhile
+    /// count from zero).
+    pub fn since(&self, before: &Snapshot, pick: impl Fn(u32, &Proc) -> bool) -> f64 {
         let ticks: u64 = self
             .0
             .iter()
-            .filter(|(_, p)| pick(p))
+            .filter(|(pid, p)| pick(**pid, p))
             .map(|(pid, p)| p.ticks - before.0.get(pid).map_or(0, |b| b.ticks.min(p.ticks)))
             .sum();
         ticks as f64 / TICKS_PER_SECOND
@@ -57,6 +58,25 @@ impl Snapshot {
 }
 
 impl Snapshot {
+    /// The processes of group `pgrp` named `comm` with an argument that
+    /// starts with `arg` (`--flag` finds `--flag=value` too).
+    pub fn with_arg(&self, pgrp: u32, comm: &str, arg: &str) -> Vec<u32> {
+        let mut pids: Vec<u32> = self
+            .0
+            .iter()
+            .filter(|(_, p)| p.pgrp == pgrp && p.comm == comm)
+            .map(|(pid, _)| *pid)
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| {
+                    line.split(|&b| b == 0)
+                        .any(|a| a.starts_with(arg.as_bytes()))
+                })
+            })
+            .collect();
+        pids.sort_unstable();
+        pids
+    }
+
     /// Share of one core each process name used between `before` and this
     /// snapshot, `seconds` apart, busiest first; only those above `min`.
     pub fn busiest(&self, before: &Snapshot, seconds: f64, min: f64) -> Vec<(String, f64)> {
@@ -125,8 +145,9 @@ mod tests {
             (2, proc(8, 90)),
             (3, proc(7, 10)),
         ]));
-        assert_eq!(after.since(&before, |p| p.pgrp == 7), 1.6);
-        assert_eq!(after.since(&before, |p| p.pgrp == 8), 0.4);
+        assert_eq!(after.since(&before, |_, p| p.pgrp == 7), 1.6);
+        assert_eq!(after.since(&before, |_, p| p.pgrp == 8), 0.4);
+        assert_eq!(after.since(&before, |pid, _| pid == 3), 0.1);
     }
 
     #[test]

@@ -38,8 +38,12 @@ pub struct Run {
 /// CPU seconds, per process, over one run.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Cpu {
-    /// The workerd running the worker.
+    /// Both workerd processes of the worker's `wrangler dev`.
     pub workerd: f64,
+    /// Of which the one that runs the worker; the other is wrangler's proxy
+    /// in front of it, which also relays the inspector's traffic (console
+    /// lines among it) to wrangler.
+    pub worker_process: f64,
     /// wrangler's node process around it, which also works per request.
     pub wrangler: f64,
     pub endpoint: f64,
@@ -109,17 +113,18 @@ pub async fn run(
     let used = cpu::snapshot();
     // The endpoint and Redis are this process's children (testenv).
     let me = std::process::id();
-    let child = |name: &'static str| move |p: &cpu::Proc| p.ppid == me && p.comm == name;
+    let child = |name: &'static str| move |_, p: &cpu::Proc| p.ppid == me && p.comm == name;
+    let group = worker.group.child.id();
+    // wrangler starts the worker's own workerd with an inspector, the proxy
+    // in front of it without.
+    let own = used.with_arg(group, "workerd", "--inspector-addr");
     run.cpu = Cpu {
-        workerd: used.since(&cpu_before, |p| {
-            p.pgrp == worker.group.child.id() && p.comm == "workerd"
-        }),
-        wrangler: used.since(&cpu_before, |p| {
-            p.pgrp == worker.group.child.id() && p.comm != "workerd"
-        }),
+        workerd: used.since(&cpu_before, |_, p| p.pgrp == group && p.comm == "workerd"),
+        worker_process: used.since(&cpu_before, |pid, _| own.contains(&pid)),
+        wrangler: used.since(&cpu_before, |_, p| p.pgrp == group && p.comm != "workerd"),
         endpoint: used.since(&cpu_before, child("upstash-local")),
         redis: used.since(&cpu_before, child("redis-server")),
-        origin: used.since(&cpu_before, |p| p.pgrp == origin.group.child.id()),
+        origin: used.since(&cpu_before, |_, p| p.pgrp == origin.group.child.id()),
     };
     run.hot_admitted = origin.hits(http, &path).await? - before;
     Ok(run)

@@ -520,6 +520,7 @@ fn overhead_rows(r: &Results, other: &str, part: &str, targets: bool) -> Vec<[St
         m,
     ]);
     let workerd = |x: &Run| x.per_request(x.cpu.workerd);
+    let own = |x: &Run| x.per_request(x.cpu.worker_process);
     let wrangler = |x: &Run| x.per_request(x.cpu.wrangler);
     let backend = |x: &Run| x.per_request(x.cpu.endpoint + x.cpu.redis);
     for (what, pick, has_target) in [
@@ -527,6 +528,11 @@ fn overhead_rows(r: &Results, other: &str, part: &str, targets: bool) -> Vec<[St
             "CPU per request in workerd over passthrough, ms",
             workerd as fn(&Run) -> f64,
             true,
+        ),
+        (
+            "of which in the workerd that runs the worker (the other is wrangler's proxy), ms",
+            own,
+            false,
         ),
         (
             "CPU per request in wrangler (node) over passthrough, ms",
@@ -583,7 +589,7 @@ fn notes(r: &Results) -> String {
     );
     let _ = writeln!(
         out,
-        "2. `wrk -t1 -c{} -d{}s` per worker and round, workers interleaved, through `wrangler dev` (same workerd, REST endpoint, Redis and demo origin; wrangler's debug log file, which takes every inspector event whatever the log level, goes to `/dev/null`). Every worker has a `wrangler dev` of its own, ours where no rule applies too: workerd's memory grows with each request it serves there, and its tail with it, so no worker runs on another's history. Policy: {} requests per client per day, sliding (ours: windowed 1 d at 24 min; peer: `slidingWindow({}, \"1 d\")`, ephemeral cache on). Every request comes from a new client, but one in {} from one hot client. Overhead is each round's figure minus the passthrough's in the same round, except the p99 row: there the requests of every round are pooled per worker (from wrk's latencies at 127 percentiles per run, finest above p98), and the pooled p99 minus the passthrough's is the overhead, so that one slow moment counts as the few requests it slowed. CPU is each process group's user + system time over the run (`/proc`), per request.",
+        "2. `wrk -t1 -c{} -d{}s` per worker and round, workers interleaved, through `wrangler dev` (same workerd, REST endpoint, Redis and demo origin; wrangler's debug log file, which takes every inspector event whatever the log level, goes to `/dev/null`). Every worker has a `wrangler dev` of its own, ours where no rule applies too: workerd's memory grows with each request it serves there, and its tail with it, so no worker runs on another's history. Policy: {} requests per client per day, sliding (ours: windowed 1 d at 24 min; peer: `slidingWindow({}, \"1 d\")`, ephemeral cache on). Every request comes from a new client, but one in {} from one hot client. Overhead is each round's figure minus the passthrough's in the same round, except the p99 row: there the requests of every round are pooled per worker (from wrk's latencies at 127 percentiles per run, finest above p98), and the pooled p99 minus the passthrough's is the overhead, so that one slow moment counts as the few requests it slowed. CPU is each process group's user + system time over the run (`/proc`), per request; of `wrangler dev`'s two workerd processes, the one started with an inspector runs the worker, the other is wrangler's proxy in front of it.",
         r.load_connections, r.load_seconds, r.hot_limit, r.hot_limit, r.hot_every
     );
     let _ = writeln!(
@@ -618,7 +624,7 @@ fn notes(r: &Results) -> String {
             .iter()
             .map(|x| {
                 format!(
-                    "{} requests, {:.0}/s, p50 {:.1} p99 {:.1} ms, hot {} admitted of {} sent, CPU ms/request: workerd {:.2}, wrangler {:.2}, endpoint {:.2}, Redis {:.2}, origin {:.2}{}",
+                    "{} requests, {:.0}/s, p50 {:.1} p99 {:.1} ms, hot {} admitted of {} sent, CPU ms/request: workerd {:.2} (own {:.2}), wrangler {:.2}, endpoint {:.2}, Redis {:.2}, origin {:.2}{}",
                     x.requests,
                     x.rps,
                     x.p50_ms,
@@ -626,6 +632,7 @@ fn notes(r: &Results) -> String {
                     x.hot_admitted,
                     x.hot_sent,
                     x.per_request(x.cpu.workerd),
+                    x.per_request(x.cpu.worker_process),
                     x.per_request(x.cpu.wrangler),
                     x.per_request(x.cpu.endpoint),
                     x.per_request(x.cpu.redis),
