@@ -78,7 +78,13 @@ pub fn json_value<'a>(json: &'a Json, pointer: &str) -> Result<Option<Cow<'a, st
     {
         return Err(Repeated);
     }
-    Ok(json.doc.pointer(pointer).and_then(json_text))
+    Ok(json_last_value(json, pointer))
+}
+
+/// The value at `pointer` as text, a member named twice taken at its last
+/// value, as `JSON.parse` and PHP's `json_decode` take it.
+pub fn json_last_value<'a>(json: &'a Json, pointer: &str) -> Option<Cow<'a, str>> {
+    json.doc.pointer(pointer).and_then(json_text)
 }
 
 /// A JSON member named twice with different values.
@@ -186,6 +192,14 @@ pub fn is_form(content_type: &str) -> bool {
         media_type(content_type).as_str(),
         "application/x-www-form-urlencoded" | "multipart/form-data"
     )
+}
+
+/// Whether a body of this content type is JSON to Laravel, which reads a
+/// JSON body's members as form fields: a type naming `/json` or `+json`
+/// anywhere, as its check does (here in any case, which can only add).
+pub fn is_json(content_type: &str) -> bool {
+    let lower = content_type.to_ascii_lowercase();
+    lower.contains("/json") || lower.contains("+json")
 }
 
 fn media_type(content_type: &str) -> String {

@@ -34,9 +34,9 @@ impl RequestMeta {
     /// for a HEAD (frameworks run the GET handler for it), and for a POST
     /// what a method-override header names (Express's method-override,
     /// Symfony and Google's APIs read them) or a `_method` field of its
-    /// query (Laravel, Symfony) or form body (Rails too, where the body
-    /// was read: [`Rule::needs_body`]), so that no spelling slips past a
-    /// rule for one method.
+    /// query (Laravel, Symfony), form body (Rails too) or JSON body
+    /// (Laravel), where the body was read ([`Rule::needs_body`]), so that
+    /// no spelling slips past a rule for one method.
     pub fn methods(&self) -> Vec<String> {
         let also: Vec<String> = match self.method.as_str() {
             "HEAD" => vec!["GET".to_owned()],
@@ -45,16 +45,19 @@ impl RequestMeta {
                     .iter()
                     .flat_map(|name| self.header_values(name));
                 let query = self.query_values(METHOD_FIELD);
+                let content_type = self.header("content-type").unwrap_or_default();
                 let form = match &self.body {
-                    Some(b) => {
-                        let content_type = self.header("content-type").unwrap_or_default();
-                        body::form_values(b, content_type, METHOD_FIELD)
-                    }
+                    Some(b) => body::form_values(b, content_type, METHOD_FIELD),
                     None => vec![],
                 };
+                let json = body::is_json(content_type)
+                    .then(|| self.json())
+                    .flatten()
+                    .and_then(|doc| body::json_last_value(doc, JSON_METHOD_FIELD));
                 headers
                     .chain(query)
                     .chain(form)
+                    .chain(json)
                     .map(|m| m.trim().to_ascii_uppercase())
                     .collect()
             }
@@ -138,6 +141,9 @@ impl RequestMeta {
 /// The query or form field through which a POST may ask the origin to
 /// treat it as another method.
 const METHOD_FIELD: &str = "_method";
+
+/// [`METHOD_FIELD`] as a member of a JSON body's top-level object.
+const JSON_METHOD_FIELD: &str = "/_method";
 
 /// Headers through which a POST may ask the origin to treat it as another
 /// method.
@@ -250,13 +256,14 @@ impl Rule {
     }
 
     /// Whether deciding this rule needs the request's body: a matching rule
-    /// keyed on it, or a rule for methods other than POST that a form POST
-    /// may name in its `_method` field.
+    /// keyed on it, or a rule for methods other than POST that a form or
+    /// JSON POST may name in its `_method` field.
     pub fn needs_body(&self, req: &RequestMeta) -> bool {
+        let content_type = req.header("content-type").unwrap_or_default();
         let overridable = req.method == "POST"
             && !self.methods.is_empty()
             && !self.methods.iter().any(|m| m == "POST")
-            && body::is_form(req.header("content-type").unwrap_or_default())
+            && (body::is_form(content_type) || body::is_json(content_type))
             && self.matches_all_but_method(req);
         overridable || (self.reads_body() && self.matches(req))
     }
@@ -690,8 +697,20 @@ mod tests {
         assert!(!get.matches(&posted));
         posted.body = Some(b"x=1&_method=DELETE".to_vec());
         assert!(delete.matches(&posted));
-        let json = req("POST", "/", None, &[("content-type", "application/json")]);
-        assert!(!delete.needs_body(&json), "only forms carry _method");
+        // A JSON body's `_method` (Laravel), the last if named twice, as
+        // PHP's json_decode keeps it.
+        let mut json = req("POST", "/", None, &[("content-type", "application/json")]);
+        assert!(delete.needs_body(&json), "a JSON body may name a method");
+        json.body = Some(br#"{"_method": "get", "_method": " delete "}"#.to_vec());
+        assert!(delete.matches(&json));
+        assert!(!get.matches(&json));
+        let nested = req("POST", "/", None, &[("content-type", "text/x; v=1+json")]);
+        assert!(delete.needs_body(&nested), "Laravel's check is a substring");
+        let plain = req("POST", "/", None, &[("content-type", "text/plain")]);
+        assert!(
+            !delete.needs_body(&plain),
+            "only forms and JSON carry _method"
+        );
         let post_rule = rule(json!({"methods": ["POST", "DELETE"]}));
         assert!(!post_rule.needs_body(&req("POST", "/", None, &form)));
         // Charged what the costliest method it may be taken for costs.
