@@ -20,12 +20,40 @@ fn hex(b: u8) -> Option<u8> {
     (b as char).to_digit(16).map(|d| d as u8)
 }
 
-/// One pass of percent-decoding. An escape that is not `%` and two hex
-/// digits stays as it is, as browsers and URL parsers keep it.
+/// The UTF-16 unit of a `%uXXXX` escape at the start of `input`: IIS
+/// (http.sys, whose default allows them) and classic ASP.NET's `UrlDecode`
+/// read it as that character, so `%u0061` is an `a` to them.
+fn u_escape(input: &[u8]) -> Option<u16> {
+    match input {
+        [b'%', b'u' | b'U', digits @ ..] if digits.len() >= 4 => digits[..4]
+            .iter()
+            .try_fold(0u16, |unit, &d| Some(unit * 16 + u16::from(hex(d)?))),
+        _ => None,
+    }
+}
+
+/// One pass of percent-decoding: `%XX`, and `%uXXXX` as UTF-8 (a surrogate
+/// pair as its character, a lone surrogate as U+FFFD). An escape that is
+/// neither stays as it is, as browsers and URL parsers keep it.
 fn decode_once(input: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(input.len());
     let mut i = 0;
     while i < input.len() {
+        if let Some(unit) = u_escape(&input[i..]) {
+            let high = u32::from(unit).wrapping_sub(0xD800);
+            let low = u_escape(&input[i + 6..])
+                .map(|low| u32::from(low).wrapping_sub(0xDC00))
+                .filter(|low| high < 0x400 && *low < 0x400);
+            let (code, len) = match low {
+                Some(low) => (0x10000 + (high << 10) + low, 12),
+                None => (u32::from(unit), 6),
+            };
+            // A surrogate on its own is no character: U+FFFD.
+            let c = char::from_u32(code).unwrap_or(char::REPLACEMENT_CHARACTER);
+            out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes());
+            i += len;
+            continue;
+        }
         match (
             input[i],
             input.get(i + 1).copied().and_then(hex),
@@ -45,9 +73,11 @@ fn decode_once(input: &[u8]) -> Vec<u8> {
 }
 
 fn has_escape(input: &[u8]) -> bool {
-    input
-        .windows(3)
-        .any(|w| w[0] == b'%' && hex(w[1]).is_some() && hex(w[2]).is_some())
+    (0..input.len()).any(|i| {
+        let w = &input[i..];
+        u_escape(w).is_some()
+            || matches!(w, [b'%', hi, lo, ..] if hex(*hi).is_some() && hex(*lo).is_some())
+    })
 }
 
 /// Percent-escapes decoded, up to [`DECODE_PASSES`] times, as bytes, and
@@ -80,6 +110,12 @@ pub fn before_nul_bytes(bytes: &[u8]) -> &[u8] {
 /// cut never splits a character).
 pub fn before_nul(text: &str) -> &str {
     &text[..before_nul_bytes(text.as_bytes()).len()]
+}
+
+/// A path segment as Windows names a file: without the dots and spaces it
+/// ends with, so that IIS serves `/admin.` and `/admin%20` as `/admin`.
+pub fn windows_segment(segment: &str) -> &str {
+    segment.trim_end_matches(['.', ' '])
 }
 
 /// Bytes as text; bytes that are no UTF-8 become U+FFFD (which merges some
@@ -251,6 +287,18 @@ mod tests {
             ("a%00b", "a"),
             ("a%2500b", "a"),
             ("%00", ""),
+            ("%u0061", "a"),
+            ("%U0041%u00e9", "A\u{e9}"),
+            ("%u20AC", "\u{20ac}"),
+            ("%uD83D%uDE00", "\u{1f600}"),
+            ("%uD83Dx", "\u{fffd}x"),
+            ("%uD83D%u0061", "\u{fffd}a"),
+            ("%uDE00", "\u{fffd}"),
+            ("%u25u0061", "%u25u0061"),
+            ("%25u0061", "a"),
+            ("%u0025u0061", "a"),
+            ("%u006", "%u006"),
+            ("%u0000b", ""),
         ] {
             assert_eq!(form_value(raw), canonical, "{raw}");
         }

@@ -694,13 +694,15 @@ fn host_pattern(h: String) -> Result<String, FieldError> {
     Ok(crate::rules::normalize_host(&h))
 }
 
-/// A path prefix or pattern, case folded: paths are compared after
-/// [`crate::rules::normalize_path`], which folds case the same way.
+/// A path prefix or pattern, case folded and each segment without the dots
+/// and spaces that end it: paths are compared after
+/// [`crate::rules::normalize_path`], which does the same to them.
 fn path_pattern(field: &str, p: String) -> Result<String, FieldError> {
     if !p.starts_with('/') {
         return Err(field_error(field, format!("`{p}` must start with /")));
     }
-    Ok(canon::fold(&p))
+    let segments: Vec<&str> = p.split('/').map(canon::windows_segment).collect();
+    Ok(canon::fold(&segments.join("/")))
 }
 
 fn method(m: &str) -> Option<String> {

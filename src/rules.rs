@@ -157,10 +157,11 @@ const METHOD_OVERRIDES: [&str; 3] = [
 /// of a limited path escapes its rule or its key: percent-escapes decoded
 /// (`%2F` included, and twice-encoded ones), `\` read as `/`, `.` and `..`
 /// segments resolved, `;` parameters (`/login;jsessionid=x`) dropped from
-/// each segment as Java servers do, empty segments and a trailing `/`
-/// dropped, and case folded ([`canon::fold`]), since many origins route
-/// without regard to case. Bytes that are not UTF-8 after decoding become
-/// U+FFFD.
+/// each segment as Java servers do, dots and spaces that end a segment
+/// dropped as Windows drops them from file names (IIS serves `/admin.` as
+/// `/admin`), empty segments and a trailing `/` dropped, and case folded
+/// ([`canon::fold`]), since many origins route without regard to case.
+/// Bytes that are not UTF-8 after decoding become U+FFFD.
 pub fn normalize_path(raw: &str) -> String {
     let decoded = canon::percent_decoded(raw);
     let text = String::from_utf8_lossy(&decoded).replace('\\', "/");
@@ -172,7 +173,10 @@ pub fn normalize_path(raw: &str) -> String {
             ".." => {
                 segments.pop();
             }
-            s => segments.push(s),
+            s => match canon::windows_segment(s) {
+                "" => {}
+                s => segments.push(s),
+            },
         }
     }
     canon::fold(&format!("/{}", segments.join("/")))
@@ -774,6 +778,15 @@ mod tests {
             ("/api;x/y;z", "/api/y"),
             ("/login%00.png", "/login"),
             ("/login%2500/x", "/login"),
+            ("/admin.", "/admin"),
+            ("/admin%20", "/admin"),
+            ("/admin.%20./x", "/admin/x"),
+            ("/a/.../b", "/a/b"),
+            ("/a/%20/b", "/a/b"),
+            ("/file.tar.gz", "/file.tar.gz"),
+            ("/.well-known/x", "/.well-known/x"),
+            ("/%u0061pi/x", "/api/x"),
+            ("/adm%u0130n", "/admin"),
         ] {
             assert_eq!(normalize_path(raw), normal, "{raw}");
         }

@@ -1209,7 +1209,8 @@ async fn method_spellings_stay_under_their_rule() {
 
 /// Another spelling of a limited path must land under the same rule and,
 /// for a `path` key, in the same bucket, as the origin would read it once
-/// decoded: percent-escapes (`%2F` included) and empty segments.
+/// decoded: percent-escapes (`%2F` and IIS's `%u0061` included), empty
+/// segments, and the dots and spaces Windows drops from a segment's end.
 #[tokio::test]
 async fn re_encoded_paths_stay_under_their_rule_and_key() {
     let stack = Stack::start(PATH_RULES);
@@ -1230,18 +1231,26 @@ async fn re_encoded_paths_stay_under_their_rule_and_key() {
             ("/%2561pi/x", "429 api"),
             ("/api;jsessionid=1/x", "429 api"),
             ("/api/x%00.png", "429 api"),
+            // IIS: %u escapes, and dots and spaces ending a segment.
+            ("/%u0061pi/x", "429 api"),
+            ("/api./x", "429 api"),
+            ("/api%20/x", "429 api"),
             ("/%61dmin", "200 admin"),
             ("//admin", "429 admin"),
+            ("/admin.", "429 admin"),
+            ("/adm%u0069n%20", "429 admin"),
             ("/p/a", "200 by-path"),
             ("/p/%61", "429 by-path"),
             ("/p//a", "429 by-path"),
             ("/p%2Fa", "429 by-path"),
             ("/p/a;x=1", "429 by-path"),
             ("/p/a%00/b", "429 by-path"),
+            ("/p/a.", "429 by-path"),
+            ("/p/%u0061", "429 by-path"),
         ],
     );
     let failures = path_table(
-        "Paths: percent-encoding and empty segments",
+        "Paths: percent-encoding (%u too), empty segments, Windows' trailing dots",
         "hostile-paths-encoded",
         &rows,
     );
