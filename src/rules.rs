@@ -263,11 +263,12 @@ impl Rule {
     /// keyed on it, or a rule for methods other than POST that a form or
     /// JSON POST may name in its `_method` field.
     pub fn needs_body(&self, req: &RequestMeta) -> bool {
-        let content_type = req.header("content-type").unwrap_or_default();
         let overridable = req.method == "POST"
             && !self.methods.is_empty()
             && !self.methods.iter().any(|m| m == "POST")
-            && (body::is_form(content_type) || body::is_json(content_type))
+            && req
+                .header("content-type")
+                .is_some_and(|t| body::is_form(t) || body::is_json(t))
             && self.matches_all_but_method(req);
         overridable || (self.reads_body() && self.matches(req))
     }
