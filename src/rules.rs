@@ -50,9 +50,11 @@ impl RequestMeta {
                     Some(b) => body::form_values(b, content_type, METHOD_FIELD),
                     None => vec![],
                 };
-                let json = body::is_json(content_type)
-                    .then(|| self.json())
-                    .flatten()
+                let json = self
+                    .body
+                    .as_ref()
+                    .filter(|_| body::is_json(content_type))
+                    .and_then(|_| self.json())
                     .and_then(|doc| body::json_last_value(doc, JSON_METHOD_FIELD));
                 headers
                     .chain(query)
