@@ -36,6 +36,17 @@ fn main() {
     let out = Path::new(&out_dir);
     fs::write(out.join("limiter.lua"), &source).expect("writing the joined script");
     fs::write(out.join("limiter.sha1"), sha1).expect("writing the script's SHA1");
+    // The same list, with each file's text, for the tests that check the join.
+    let dir = env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let entries: Vec<String> = PARTS
+        .iter()
+        .map(|part| format!("({part:?}, include_str!({:?}))", Path::new(&dir).join(part)))
+        .collect();
+    fs::write(
+        out.join("lua_files.rs"),
+        format!("&[{}]", entries.join(", ")),
+    )
+    .expect("writing the list of Lua files");
 }
 
 /// `lua` without its comments and without the blanks that start or end a

@@ -21,28 +21,14 @@
 //! RateLimit: "per-ip";r=4;t=1
 //! ```
 //!
-//! Everything except [`entry`] is plain Rust that builds and tests natively.
+//! The crate reads as its layers, each depending only on those below it:
+//! [`edge`] (the wasm entry and the responses it makes) and [`operator`]
+//! (the native commands) on [`decision`] (deciding a request with the
+//! script in Redis), on [`rules`] (configuration, requests, canonical
+//! forms). Everything except [`edge::entry`] builds and tests natively.
 
-#[cfg(not(target_arch = "wasm32"))]
-pub mod admin;
-pub mod body;
-pub mod cache;
-pub mod canon;
-#[cfg(not(target_arch = "wasm32"))]
-pub mod check;
-pub mod cidr;
-pub mod config;
 pub mod decision;
-#[cfg(target_arch = "wasm32")]
-pub mod entry;
-pub mod events;
-pub mod gateway;
-pub mod headers;
-pub mod keys;
-pub mod model;
-pub mod policy;
-pub mod redis_rest;
-pub mod rules;
-pub mod scripts;
+pub mod edge;
 #[cfg(not(target_arch = "wasm32"))]
-pub mod simulate;
+pub mod operator;
+pub mod rules;

@@ -18,9 +18,9 @@ use std::{
 };
 
 use edge_limiter::{
-    decision::{Check, ScriptCall},
-    redis_rest::{RestClient, RestError},
-    scripts::LIMITER,
+    decision::protocol::LIMITER,
+    decision::protocol::{Check, ScriptCall, ScriptError},
+    decision::redis_rest::{RestClient, RestError},
 };
 use edge_limiter_local::{
     fault_proxy::{Exchange, Fault, FaultProxy},
@@ -659,13 +659,14 @@ async fn the_rest_client_turns_every_fault_into_a_typed_error() {
         None,
     );
     let budget = Duration::from_millis(BUDGET_MS);
-    let run = || client.run_script(&LIMITER, &call.keys, &call.args, budget);
+    let (keys, args) = (call.keys(), call.args());
+    let run = || client.run_script(&LIMITER, &keys, &args, budget);
 
     // The call reads its own reply: a lone GCRA rule answers with one integer.
     type Verdict = fn(&ScriptCall, &Result<Value, RestError>) -> bool;
     let cases: [(Fault, Verdict); 9] = [
         (Fault::Pass, |call, r| {
-            r.as_ref().is_ok_and(|v| call.decision(v).is_ok())
+            r.as_ref().is_ok_and(|v| call.decode(v).is_ok())
         }),
         (Fault::Delay(Duration::from_millis(800)), |_, r| {
             *r == Err(RestError::Timeout {
@@ -688,8 +689,8 @@ async fn the_rest_client_turns_every_fault_into_a_typed_error() {
         (
             Fault::Reply("{\"result\":{\"allowed\":1}}".into()),
             |call, r| {
-                let decided = r.as_ref().map(|v| call.decision(v));
-                matches!(decided, Ok(Err(RestError::Malformed(_))))
+                let decided = r.as_ref().map(|v| call.decode(v));
+                matches!(decided, Ok(Err(ScriptError::Reply(_))))
             },
         ),
         (Fault::Reset, |_, r| {

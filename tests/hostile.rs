@@ -10,12 +10,13 @@ mod support;
 use std::time::Duration;
 
 use edge_limiter::{
-    config::{Config, ConfigError, Mode},
-    decision::{Check, Decision, ScriptCall},
-    keys::redis_key,
-    redis_rest::{parse_reply, RestError},
-    rules::RequestMeta,
-    scripts::LIMITER,
+    decision::keys::redis_key,
+    decision::protocol::LIMITER,
+    decision::protocol::{decode_general, Check, ScriptCall, ScriptError},
+    decision::redis_rest::{parse_reply, RestError},
+    rules::config::{Config, ConfigError},
+    rules::request::RequestMeta,
+    rules::rule::Mode,
 };
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -150,7 +151,7 @@ fn check_config(result: Result<Config, ConfigError>) -> Result<(), TestCaseError
                 prop_assert!(name_ok, "{:?}", rule.name);
                 // A config that parses must also make a well-formed call.
                 let call = ScriptCall::decide(&[(Check { rule, cost: 1 }, vec!["1.2.3.4"])], None);
-                prop_assert_eq!(call.keys.len(), 1);
+                prop_assert_eq!(call.keys().len(), 1);
             }
         }
         Err(error) => {
@@ -262,9 +263,9 @@ proptest! {
                 items[i] = value;
             }
         }
-        if let Ok(decision) = Decision::from_reply(&Value::Array(items), &vec![Mode::Enforce; rules], false) {
+        if let Ok(decision) = decode_general(&Value::Array(items), &vec![Mode::Enforce; rules], false) {
             prop_assert_eq!(decision.rules.len(), rules);
-            prop_assert!(decision.binding < rules.max(1));
+            prop_assert!(decision.binding() < rules.max(1));
         }
     }
 }
@@ -276,8 +277,8 @@ proptest! {
 fn a_script_reply_naming_window_i64_min_is_a_typed_error() {
     let reply = json!([1, 5, 4, 200, 0, i64::MIN]);
     assert!(matches!(
-        Decision::from_reply(&reply, &[Mode::Enforce], false),
-        Err(RestError::Malformed(_))
+        decode_general(&reply, &[Mode::Enforce], false),
+        Err(ScriptError::Reply(_))
     ));
 }
 
@@ -1347,9 +1348,10 @@ fn flood_redis(addr: &str, sha: &str, calls: impl Iterator<Item = ScriptCall>) -
         let mut wire = Vec::new();
         let mut sent = 0;
         for call in calls.by_ref().take(BATCH) {
-            let n = call.keys.len().to_string();
+            let (keys, call_args) = (call.keys(), call.args());
+            let n = keys.len().to_string();
             let mut args: Vec<&str> = vec!["EVALSHA", sha, &n];
-            args.extend(call.keys.iter().chain(&call.args).map(String::as_str));
+            args.extend(keys.iter().chain(&call_args).map(String::as_str));
             encode_command(&args, &mut wire);
             sent += 1;
         }

@@ -7,14 +7,15 @@ mod support;
 use std::sync::Arc;
 
 use edge_limiter::{
-    decision::{Check, Decision, ScriptCall},
-    scripts::LIMITER,
+    decision::protocol::LIMITER,
+    decision::protocol::{Check, Reply, ScriptCall},
+    decision::verdict::{Decision, Retry},
 };
 use edge_limiter_local::testenv::redis_call;
 use serde_json::json;
 use support::{rules, Backend, BUDGET};
 
-fn gcra_and_windowed() -> Vec<edge_limiter::config::Rule> {
+fn gcra_and_windowed() -> Vec<edge_limiter::rules::rule::Rule> {
     rules(json!([
         {"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1m", "burst": 5},
         {"name": "w", "key": ["ip"], "algorithm": "windowed", "windows": [["1s", 3, "100ms"], ["1m", 6, "1s"], ["1h", 50, "1m"]]}
@@ -65,18 +66,17 @@ async fn a_flood_of_denied_requests_grows_nothing() {
     while b
         .decide(&[&rs[0], &rs[1]], "flooder", 1, Some(T))
         .await
-        .allowed
+        .admitted()
     {}
     let keys = all_keys(&b);
     let hlen = b.redis(&["HLEN", "el:{flooder}:w"]);
     let memory = |b: &Backend| b.redis(&["MEMORY", "USAGE", "el:{flooder}:w"]);
     let before = (b.redis(&["GET", "el:{flooder}:g"]), memory(&b));
     for _ in 0..500 {
-        assert!(
-            !b.decide(&[&rs[0], &rs[1]], "flooder", 1, Some(T))
-                .await
-                .allowed
-        );
+        assert!(!b
+            .decide(&[&rs[0], &rs[1]], "flooder", 1, Some(T))
+            .await
+            .admitted());
     }
     assert_eq!(all_keys(&b), keys);
     assert_eq!(b.redis(&["HLEN", "el:{flooder}:w"]), hlen);
@@ -86,8 +86,12 @@ async fn a_flood_of_denied_requests_grows_nothing() {
         let d = b
             .decide(&[&rs[0], &rs[1]], &format!("new-{i}"), 99, None)
             .await;
-        assert!(!d.allowed);
-        assert_eq!(d.retry_after_ms, None, "never: the cost exceeds the limit");
+        assert!(!d.admitted());
+        assert_eq!(
+            d.retry(),
+            Some(Retry::Never),
+            "never: the cost exceeds the limit"
+        );
     }
     assert_eq!(all_keys(&b), keys);
 }
@@ -99,14 +103,17 @@ async fn denied_requests_never_extend_the_expiry_into_a_lockout() {
     // GCRA on an explicit clock: hammer every millisecond while denied.
     let t0 = 1_800_000_000_000;
     for _ in 0..5 {
-        assert!(b.decide(&[&rs[0]], "hammer", 1, Some(t0)).await.allowed);
+        assert!(b.decide(&[&rs[0]], "hammer", 1, Some(t0)).await.admitted());
     }
     let denied = b.decide(&[&rs[0]], "hammer", 1, Some(t0)).await;
-    let retry = denied.retry_after_ms.unwrap();
+    let retry = denied.wait_ms().unwrap();
     assert_eq!(retry, 6000, "one unit per 6 s");
     let ttl = pttl(&b, "el:{hammer}:g");
     for t in (0..retry).step_by(97) {
-        assert!(!b.decide(&[&rs[0]], "hammer", 1, Some(t0 + t)).await.allowed);
+        assert!(!b
+            .decide(&[&rs[0]], "hammer", 1, Some(t0 + t))
+            .await
+            .admitted());
         assert!(
             pttl(&b, "el:{hammer}:g") <= ttl,
             "a denial extended the expiry"
@@ -115,35 +122,34 @@ async fn denied_requests_never_extend_the_expiry_into_a_lockout() {
     assert!(
         b.decide(&[&rs[0]], "hammer", 1, Some(t0 + retry))
             .await
-            .allowed,
+            .admitted(),
         "admitted at retry-after despite the hammering"
     );
 
     // Windowed: same, across the bucket edges of all three windows.
     let t1 = t0 + 10_000_000;
     let mut now = t1;
-    while b.decide(&[&rs[1]], "hammer", 1, Some(now)).await.allowed {
+    while b.decide(&[&rs[1]], "hammer", 1, Some(now)).await.admitted() {
         now += 50;
     }
     let denied = b.decide(&[&rs[1]], "hammer", 1, Some(now)).await;
-    let free_at = now + denied.retry_after_ms.unwrap();
+    let free_at = now + denied.wait_ms().unwrap();
     let ttl = pttl(&b, "el:{hammer}:w");
     while now < free_at {
-        assert!(!b.decide(&[&rs[1]], "hammer", 1, Some(now)).await.allowed);
+        assert!(!b.decide(&[&rs[1]], "hammer", 1, Some(now)).await.admitted());
         assert!(pttl(&b, "el:{hammer}:w") <= ttl);
         now += 7;
     }
-    assert!(
-        b.decide(&[&rs[1]], "hammer", 1, Some(free_at))
-            .await
-            .allowed
-    );
+    assert!(b
+        .decide(&[&rs[1]], "hammer", 1, Some(free_at))
+        .await
+        .admitted());
 }
 
 /// 64 clients at once, each one request through the REST endpoint.
 async fn concurrent_admissions(
     b: &Backend,
-    rule_set: &[edge_limiter::config::Rule],
+    rule_set: &[edge_limiter::rules::rule::Rule],
     id: &str,
 ) -> (usize, Vec<Decision>) {
     let b_client = Arc::new(b.client.clone());
@@ -157,17 +163,17 @@ async fn concurrent_admissions(
         let call = ScriptCall::decide(&checks, None);
         tasks.push(tokio::spawn(async move {
             let reply = client
-                .run_script(&LIMITER, &call.keys, &call.args, BUDGET)
+                .run_script(&LIMITER, &call.keys(), &call.args(), BUDGET)
                 .await
                 .expect("script call");
-            call.decision(&reply).unwrap()
+            call.decode(&reply).and_then(Reply::decision).unwrap()
         }));
     }
     let mut decisions = Vec::new();
     for t in tasks {
         decisions.push(t.await.unwrap());
     }
-    (decisions.iter().filter(|d| d.allowed).count(), decisions)
+    (decisions.iter().filter(|d| d.admitted()).count(), decisions)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -231,7 +237,7 @@ async fn a_script_flush_mid_run_loses_nothing() {
         }
         if b.decide(&[&rs[0], &rs[1]], "flush", 1, Some(1_800_000_000_000))
             .await
-            .allowed
+            .admitted()
         {
             admitted += 1;
         }
@@ -245,7 +251,7 @@ async fn cost_zero_peeks_without_writing_and_reset_forgets() {
     let b = Backend::start();
     let rs = gcra_and_windowed();
     let peek = b.decide(&[&rs[0], &rs[1]], "peek", 0, None).await;
-    assert!(peek.allowed);
+    assert!(peek.admitted());
     assert_eq!((peek.rules[0].remaining, peek.rules[1].remaining), (5, 3));
     assert!(all_keys(&b).is_empty(), "a peek wrote {:?}", all_keys(&b));
     b.decide(&[&rs[0], &rs[1]], "peek", 2, None).await;
@@ -268,7 +274,7 @@ async fn cost_zero_peeks_without_writing_and_reset_forgets() {
     let reset = ScriptCall::reset(&[(&rs[0], vec!["peek"]), (&rs[1], vec!["peek"])]);
     let deleted = b
         .client
-        .run_script(&LIMITER, &reset.keys, &reset.args, BUDGET)
+        .run_script(&LIMITER, &reset.keys(), &reset.args(), BUDGET)
         .await
         .unwrap();
     assert_eq!(deleted, json!(2));
@@ -292,7 +298,7 @@ async fn edges_with_skewed_clocks_agree_because_redis_keeps_time() {
         vec!["skew"],
     )];
     let call = ScriptCall::decide(&checks, None);
-    assert_eq!(call.args, ["6000000", "5"], "no clock is sent");
+    assert_eq!(call.args(), ["6000000", "5"], "no clock is sent");
     b.decide(&[&rs[0]], "skew", 1, None).await;
     // The TAT is the key's expiry, kept by Redis: one interval (6 s) ahead
     // of Redis's now, give or take the milliseconds between the two calls.
@@ -309,11 +315,11 @@ async fn edges_with_skewed_clocks_agree_because_redis_keeps_time() {
     // The windowed rule reads Redis's TIME for a fresh key: the time it
     // stored as its last admission's (`t`, shifted by the key's offset) is
     // Redis's, and so is the key's expiry (`e`, as PTTL then tells).
-    assert!(b.decide(&[&rs[1]], "skew", 1, None).await.allowed);
+    assert!(b.decide(&[&rs[1]], "skew", 1, None).await.admitted());
     let time = b.redis(&["TIME"]);
     let mut parts = time.lines().map(|l| l.parse::<u64>().unwrap());
     let redis_now_ms = parts.next().unwrap() * 1000 + parts.next().unwrap() / 1000;
-    let offset = edge_limiter::keys::window_offset("el:{skew}:w", 3_600_000);
+    let offset = edge_limiter::decision::keys::window_offset("el:{skew}:w", 3_600_000);
     let field = |name: &str| -> u64 { b.redis(&["HGET", "el:{skew}:w", name]).parse().unwrap() };
     let stored = field("t");
     assert!(
@@ -370,7 +376,7 @@ async fn state_in_another_format_counts_as_none() {
         ],
     );
     let d = b.decide(&[&rs[0], &rs[1]], "stray", 1, None).await;
-    assert!(d.allowed, "{d:?}");
+    assert!(d.admitted(), "{d:?}");
     assert_eq!(
         d.rules[0].remaining, 4,
         "a fresh GCRA key: burst 5, one used"
@@ -419,15 +425,15 @@ async fn a_limit_changed_under_a_live_key_holds_at_once() {
     };
     let (wide, narrow) = (window(10), window(3));
     for _ in 0..3 {
-        assert!(b.decide(&[&wide[0]], "lim", 1, None).await.allowed);
+        assert!(b.decide(&[&wide[0]], "lim", 1, None).await.admitted());
     }
     let d = b.decide(&[&narrow[0]], "lim", 1, None).await;
-    assert!(!d.allowed, "3 of 3 used: {d:?}");
+    assert!(!d.admitted(), "3 of 3 used: {d:?}");
     let d = b.decide(&[&wide[0]], "lim", 1, None).await;
-    assert!(d.allowed, "raised again, 4 of 10: {d:?}");
+    assert!(d.admitted(), "raised again, 4 of 10: {d:?}");
     assert_eq!(d.rules[0].remaining, 6);
     let d = b.decide(&[&narrow[0]], "lim", 1, None).await;
-    assert!(!d.allowed, "and lowered again: {d:?}");
+    assert!(!d.admitted(), "and lowered again: {d:?}");
     let fields = b.redis(&["HKEYS", "el:{lim}:w"]);
     assert!(
         !fields.lines().any(|f| f == "3600000/3/3600000"),
@@ -444,7 +450,7 @@ async fn the_previous_releases_window_state_carries_over() {
     let rs = rules(
         json!([{"name": "w", "key": ["ip"], "algorithm": "windowed", "windows": [["1h", 10, "1h"]]}]),
     );
-    assert!(b.decide(&[&rs[0]], "old", 1, None).await.allowed);
+    assert!(b.decide(&[&rs[0]], "old", 1, None).await.admitted());
     let key = "el:{old}:w";
     let field = |name: &str| b.redis(&["HGET", key, name]);
     let (e, t, v) = (field("e"), field("t"), field("3600000/10/3600000"));
@@ -463,7 +469,7 @@ async fn the_previous_releases_window_state_carries_over() {
     }
     b.redis(&["PEXPIRE", key, &ttl]);
     let d = b.decide(&[&rs[0]], "old", 1, None).await;
-    assert!(d.allowed, "{d:?}");
+    assert!(d.admitted(), "{d:?}");
     assert_eq!(d.rules[0].remaining, 2, "7 counted before, 8 now");
     let fields = b.redis(&["HKEYS", key]);
     assert!(
@@ -471,10 +477,10 @@ async fn the_previous_releases_window_state_carries_over() {
         "the old fields are gone: {fields}"
     );
     for _ in 0..2 {
-        assert!(b.decide(&[&rs[0]], "old", 1, None).await.allowed);
+        assert!(b.decide(&[&rs[0]], "old", 1, None).await.admitted());
     }
     assert!(
-        !b.decide(&[&rs[0]], "old", 1, None).await.allowed,
+        !b.decide(&[&rs[0]], "old", 1, None).await.admitted(),
         "10 of 10"
     );
 }

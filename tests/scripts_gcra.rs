@@ -3,7 +3,7 @@
 
 mod support;
 
-use edge_limiter::scripts::LIMITER;
+use edge_limiter::decision::protocol::LIMITER;
 use edge_limiter_local::testenv::redis_call;
 use serde_json::json;
 use support::{rules, Backend};
@@ -35,19 +35,19 @@ async fn admits_exactly_the_burst_back_to_back_then_denies() {
     );
     for i in 0..5 {
         let d = b.decide(&[&r[0]], "198.51.100.1", 1, None).await;
-        assert!(d.allowed, "request {i}: {d:?}");
+        assert!(d.admitted(), "request {i}: {d:?}");
         assert_eq!(d.rules[0].remaining, 4 - i);
         assert_eq!(d.rules[0].limit, 5);
     }
     for _ in 0..3 {
         let d = b.decide(&[&r[0]], "198.51.100.1", 1, None).await;
-        assert!(!d.allowed, "{d:?}");
+        assert!(!d.admitted(), "{d:?}");
         assert_eq!(d.rules[0].remaining, 0);
-        let retry = d.retry_after_ms.unwrap();
+        let retry = d.wait_ms().unwrap();
         assert!(retry > 3_590_000 && retry <= 3_600_000, "{retry}");
     }
     // Another client is untouched.
-    assert!(b.decide(&[&r[0]], "198.51.100.2", 1, None).await.allowed);
+    assert!(b.decide(&[&r[0]], "198.51.100.2", 1, None).await.admitted());
 }
 
 #[tokio::test]
@@ -58,21 +58,21 @@ async fn retry_after_is_exact_to_the_millisecond() {
         json!([{"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 3, "period": "1s", "burst": 2}]),
     );
     let t0 = 1_700_000_000_000;
-    assert!(b.decide(&[&r[0]], "c", 1, Some(t0)).await.allowed);
-    assert!(b.decide(&[&r[0]], "c", 1, Some(t0)).await.allowed);
+    assert!(b.decide(&[&r[0]], "c", 1, Some(t0)).await.admitted());
+    assert!(b.decide(&[&r[0]], "c", 1, Some(t0)).await.admitted());
     let denied = b.decide(&[&r[0]], "c", 1, Some(t0)).await;
-    assert!(!denied.allowed);
-    let retry = denied.retry_after_ms.unwrap();
+    assert!(!denied.admitted());
+    let retry = denied.wait_ms().unwrap();
     assert_eq!(retry, 334, "333.333 ms, rounded up");
     let early = b.decide(&[&r[0]], "c", 1, Some(t0 + retry - 1)).await;
     assert!(
-        !early.allowed,
+        !early.admitted(),
         "one millisecond early must still be denied: {early:?}"
     );
-    assert_eq!(early.retry_after_ms, Some(1));
+    assert_eq!(early.wait_ms(), Some(1));
     let on_time = b.decide(&[&r[0]], "c", 1, Some(t0 + retry)).await;
     assert!(
-        on_time.allowed,
+        on_time.admitted(),
         "a call at retry-after must be admitted: {on_time:?}"
     );
 }
@@ -84,7 +84,7 @@ async fn the_key_expires_when_its_debt_is_paid() {
         json!([{"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1m", "burst": 10}]),
     );
     let d = b.decide(&[&r[0]], "ttl", 3, None).await;
-    assert!(d.allowed);
+    assert!(d.admitted());
     let pttl: i64 = b.redis(&["PTTL", "el:{ttl}:g"]).parse().unwrap();
     // Three units of 6 s each: the TAT is 18 s ahead, and so is the expiry.
     assert!(pttl > 17_000 && pttl <= 18_000, "{pttl}");
@@ -92,7 +92,7 @@ async fn the_key_expires_when_its_debt_is_paid() {
     // A denied request writes nothing, so it cannot extend the expiry.
     let before = b.redis(&["GET", "el:{ttl}:g"]);
     let denied = b.decide(&[&r[0]], "ttl", 8, None).await;
-    assert!(!denied.allowed);
+    assert!(!denied.admitted());
     assert_eq!(b.redis(&["GET", "el:{ttl}:g"]), before);
     let after: i64 = b.redis(&["PTTL", "el:{ttl}:g"]).parse().unwrap();
     assert!(after <= pttl, "{after} > {pttl}");
@@ -104,10 +104,10 @@ async fn a_flushed_script_is_sent_again() {
     let r = rules(
         json!([{"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1h", "burst": 3}]),
     );
-    assert!(b.decide(&[&r[0]], "f", 1, None).await.allowed);
+    assert!(b.decide(&[&r[0]], "f", 1, None).await.admitted());
     b.redis(&["SCRIPT", "FLUSH"]);
     let d = b.decide(&[&r[0]], "f", 1, None).await;
-    assert!(d.allowed);
+    assert!(d.admitted());
     assert_eq!(d.rules[0].remaining, 1, "the state survived the flush");
 }
 
@@ -130,7 +130,7 @@ async fn on_redis_clock_a_fractional_interval_keeps_its_microseconds() {
     // A TAT 10 s ahead, of which the last 500 us are rounding.
     set("el:{frac}:g", b"500", "10000");
     let d = b.decide(&[&r[0]], "frac", 1, None).await;
-    assert!(d.allowed, "{d:?}");
+    assert!(d.admitted(), "{d:?}");
     // ahead = whole ms - 500 us, plus 333 333 us: the new TAT ends in 833 us
     // past a millisecond, so rounding it up adds 167 us, whatever time passed.
     assert_eq!(b.redis(&["GET", "el:{frac}:g"]), "167");

@@ -14,11 +14,11 @@ use std::{
 };
 
 use edge_limiter::{
-    config::{Mode, Rule},
-    decision::{Check, ScriptCall},
-    model::Model,
-    policy::{Gcra, Policy, Window, Windows},
-    scripts::LIMITER,
+    decision::model::Model,
+    decision::protocol::LIMITER,
+    decision::protocol::{Check, Reply, ScriptCall},
+    rules::policy::{Gcra, Policy, Window, Windows},
+    rules::rule::{Mode, Rule},
 };
 use proptest::{prelude::*, test_runner::TestCaseError};
 use serde_json::{json, Value};
@@ -165,7 +165,7 @@ fn model_of(
     checks: &[(Check<'_>, Vec<&str>)],
     s: &Step,
     now: u64,
-) -> edge_limiter::decision::Decision {
+) -> edge_limiter::decision::verdict::Decision {
     if s.charge {
         model.charge(checks, now)
     } else {
@@ -206,11 +206,12 @@ fn run_case(
             .block_on(
                 backend
                     .client
-                    .run_script(&LIMITER, &call.keys, &call.args, BUDGET),
+                    .run_script(&LIMITER, &call.keys(), &call.args(), BUDGET),
             )
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let real = call
-            .decision(&reply)
+            .decode(&reply)
+            .and_then(Reply::decision)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let expected = model_of(&mut model, &checks, s, now);
         prop_assert_eq!(&real, &expected, "step {} ({:?}) at {}", n, s, now);
@@ -265,7 +266,7 @@ fn figures_too_large_for_one_integer_come_as_six_fields() {
             rt.block_on(
                 backend
                     .client
-                    .run_script(&LIMITER, &call.keys, &call.args, BUDGET),
+                    .run_script(&LIMITER, &call.keys(), &call.args(), BUDGET),
             )
             .unwrap()
         };
@@ -347,9 +348,9 @@ async fn bracketed(
     let mut evalsha = vec![
         json!("EVALSHA"),
         json!(LIMITER.sha1),
-        json!(call.keys.len()),
+        json!(call.keys().len()),
     ];
-    evalsha.extend(call.keys.iter().chain(&call.args).map(|a| json!(a)));
+    evalsha.extend(call.keys().iter().chain(&call.args()).map(|a| json!(a)));
     let replies: Vec<Value> = http
         .post(format!("{url}/pipeline"))
         .bearer_auth(TOKEN)
@@ -399,7 +400,8 @@ async fn run_on_redis_clock(
         let call = call_of(&checks, s, None);
         let (before, reply, after) = bracketed(&http, &url, &call).await?;
         let real = call
-            .decision(&reply)
+            .decode(&reply)
+            .and_then(Reply::decision)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         if before == after {
             let expected = model_of(&mut model, &checks, s, before);
@@ -419,10 +421,10 @@ async fn run_on_redis_clock(
         // two; then both sides forget these clients, so that the next steps
         // are compared exactly again.
         let verdicts: Vec<bool> = (before..=after)
-            .map(|t| model_of(&mut model.clone(), &checks, s, t).allowed)
+            .map(|t| model_of(&mut model.clone(), &checks, s, t).admitted())
             .collect();
         prop_assert!(
-            verdicts.contains(&real.allowed),
+            verdicts.contains(&real.admitted()),
             "step {} ({:?}) between {} and {} ms: {:?}, the model says {:?}",
             n,
             s,
@@ -434,7 +436,7 @@ async fn run_on_redis_clock(
         for (check, id) in &checks {
             model.reset(&check.rule.name, id);
         }
-        for key in &call.keys {
+        for key in &call.keys() {
             backend.redis(&["DEL", key]);
         }
         tally.straddled += 1;

@@ -6,13 +6,13 @@
 use std::process::Command;
 
 use edge_limiter::{
-    config::Config,
-    simulate::{
+    operator::simulate::{
         engine::{Engine, ModelEngine, RedisEngine},
         log::Format,
         report::{ClientReport, Report, RuleReport, SecondReport},
         simulate, Options, SimError,
     },
+    rules::config::Config,
 };
 use serde_json::json;
 

@@ -7,13 +7,13 @@
 #![cfg(not(target_arch = "wasm32"))]
 
 use edge_limiter::{
-    config::Config,
-    decision::Decision,
-    simulate::{
+    decision::verdict::Decision,
+    operator::simulate::{
         engine::{Engine, ModelEngine, RedisEngine},
         log::Record,
         simulate, Observer, Options, Verdict,
     },
+    rules::config::Config,
 };
 use serde_json::json;
 
@@ -142,7 +142,10 @@ impl Observer for Fates {
     }
 }
 
-fn replay(engine: &mut dyn Engine, log: &str) -> (Fates, edge_limiter::simulate::report::Report) {
+fn replay(
+    engine: &mut dyn Engine,
+    log: &str,
+) -> (Fates, edge_limiter::operator::simulate::report::Report) {
     let mut fates = Fates::default();
     let report = simulate(
         &config(),

@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-/// The plot's colours, as `edge_limiter::simulate::plot` draws them.
+/// The plot's colours, as `edge_limiter::operator::simulate::plot` draws them.
 const ADMITTED: [u8; 3] = [0x2c, 0xa0, 0x2c];
 const DENIED: [u8; 3] = [0xd6, 0x27, 0x28];
 

@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use edge_limiter::{
-    entry::{request_meta, with_outcome_headers},
-    gateway::{Action, Outcome},
-    redis_rest::{RestClient, RestError},
-    scripts::LIMITER,
+    decision::{
+        protocol::LIMITER,
+        redis_rest::{RestClient, RestError},
+    },
+    edge::entry::{request_meta, with_headers},
 };
 use wasm_bindgen_test::wasm_bindgen_test;
 use worker::{worker_sys::web_sys, Headers, Method, Request, RequestInit, Response};
@@ -41,16 +42,11 @@ fn outcome_headers_are_added_and_the_origins_kept() {
         .unwrap()
         .with_headers(origin_headers)
         .into();
-    let outcome = Outcome {
-        action: Action::Forward,
-        headers: vec![
-            ("RateLimit".into(), "\"r\";r=1;t=2".into()),
-            ("RateLimit-Policy".into(), "\"r\";q=3;w=4".into()),
-        ],
-        events: vec![],
-        charge: None,
-    };
-    let out = with_outcome_headers(response, &outcome).unwrap();
+    let headers = [
+        ("RateLimit".into(), "\"r\";r=1;t=2".into()),
+        ("RateLimit-Policy".into(), "\"r\";q=3;w=4".into()),
+    ];
+    let out = with_headers(response, &headers).unwrap();
     assert_eq!(out.status(), 200);
     let h = Headers(out.headers());
     assert_eq!(h.get("content-type").unwrap().as_deref(), Some("text/html"));

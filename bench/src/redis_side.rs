@@ -13,9 +13,9 @@
 use std::process::Command;
 
 use edge_limiter::{
-    config::Config,
-    decision::{Check, ScriptCall},
-    scripts::LIMITER,
+    decision::protocol::LIMITER,
+    decision::protocol::{Check, Reply, ScriptCall},
+    rules::config::Config,
 };
 use edge_limiter_local::{resp::Value, testenv::redis_call};
 use serde_json::{json, Value as Json};
@@ -49,8 +49,8 @@ pub fn ours(label: &'static str, rule: Json) -> Result<Case, String> {
     Ok(Case {
         label,
         source: LIMITER.source.to_owned(),
-        keys: call.keys.clone(),
-        args: call.args.clone(),
+        keys: call.keys(),
+        args: call.args(),
         call: Some(call),
     })
 }
@@ -173,8 +173,11 @@ pub fn load(redis: &str, case: &Case) -> Result<String, String> {
         reply => reply,
     };
     if let Some(call) = &case.call {
-        let decision = call.decision(&json_of(&reply)).map_err(|e| e.to_string())?;
-        if !decision.allowed {
+        let decision = call
+            .decode(&json_of(&reply))
+            .and_then(Reply::decision)
+            .map_err(|e| e.to_string())?;
+        if !decision.admitted() {
             return Err(format!("{}: the first call was denied", case.label));
         }
     }

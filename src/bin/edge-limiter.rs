@@ -17,16 +17,16 @@ mod cli {
 
     use clap::{Parser, Subcommand, ValueEnum};
     use edge_limiter::{
-        admin,
-        check::{check_wrangler_toml, describe},
-        config::Config,
-        redis_rest::RestClient,
-        simulate::{
+        decision::redis_rest::RestClient,
+        operator::inspect as admin,
+        operator::simulate::{
             self,
             engine::{Engine, ModelEngine, RedisEngine},
             log::Format,
             plot,
         },
+        operator::validate::{check_wrangler_toml, describe},
+        rules::config::Config,
     };
     use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 

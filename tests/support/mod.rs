@@ -7,10 +7,11 @@ pub mod worker;
 use std::time::Duration;
 
 use edge_limiter::{
-    config::{Config, Rule},
-    decision::{Check, Decision, ScriptCall},
-    redis_rest::RestClient,
-    scripts::LIMITER,
+    decision::protocol::LIMITER,
+    decision::protocol::{Check, Reply, ScriptCall},
+    decision::redis_rest::RestClient,
+    decision::verdict::Decision,
+    rules::{config::Config, rule::Rule},
 };
 use edge_limiter_local::testenv::{Endpoint, RedisServer};
 use serde_json::{json, Value};
@@ -57,10 +58,12 @@ impl Backend {
         let call = ScriptCall::decide(&checks, now_ms);
         let reply = self
             .client
-            .run_script(&LIMITER, &call.keys, &call.args, BUDGET)
+            .run_script(&LIMITER, &call.keys(), &call.args(), BUDGET)
             .await
             .expect("script call");
-        call.decision(&reply).expect("script reply")
+        call.decode(&reply)
+            .and_then(Reply::decision)
+            .expect("script reply")
     }
 
     /// A command straight to Redis, bypassing the endpoint.

@@ -15,9 +15,9 @@ use serde_json::Value;
 
 use super::resp;
 use crate::{
-    decision::{Check, Decision, ScriptCall},
-    model::Model,
-    scripts::LIMITER,
+    decision::model::Model,
+    decision::protocol::{Check, Reply, ScriptCall, LIMITER},
+    decision::verdict::Decision,
 };
 
 /// One request's decision to make: its rules' checks, at its log time.
@@ -278,15 +278,16 @@ impl Engine for RedisEngine {
             })
             .collect();
         for call in &calls {
-            let numkeys = call.keys.len().to_string();
+            let (keys, call_args) = (call.keys(), call.args());
+            let numkeys = keys.len().to_string();
             let args = [
                 b"EVALSHA".as_slice(),
                 self.sha1.as_bytes(),
                 numkeys.as_bytes(),
             ]
             .into_iter()
-            .chain(call.keys.iter().map(String::as_bytes))
-            .chain(call.args.iter().map(String::as_bytes));
+            .chain(keys.iter().map(String::as_bytes))
+            .chain(call_args.iter().map(String::as_bytes));
             let args: Vec<&[u8]> = args.collect();
             resp::encode(args.into_iter(), &mut self.out);
         }
@@ -304,7 +305,11 @@ impl Engine for RedisEngine {
             let reply = resp::read_reply(&mut self.conn, &mut self.line)?;
             let decision = reply
                 .map_err(|e| format!("Redis error: {e}"))
-                .and_then(|value| call.decision(&value).map_err(|e| e.to_string()));
+                .and_then(|value| {
+                    call.decode(&value)
+                        .and_then(Reply::decision)
+                        .map_err(|e| e.to_string())
+                });
             match decision {
                 Ok(d) => decisions.push(d),
                 Err(e) => failure = failure.or(Some(e)),

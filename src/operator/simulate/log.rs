@@ -12,7 +12,7 @@ use std::{
 use serde::Deserialize;
 
 use super::clock;
-use crate::rules::{normalize_host, normalize_path, RequestMeta};
+use crate::rules::request::RequestMeta;
 
 /// A log format the simulator reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,9 +222,8 @@ fn split_target(target: &str) -> (&str, Option<&str>) {
     }
 }
 
-/// A host as the worker sees it: without a port, then as
-/// [`normalize_host`] gives it.
-fn bare_host(host: &str) -> String {
+/// A host without its port, as the worker's URL gives it.
+fn without_port(host: &str) -> &str {
     let host = host.trim();
     let without_port = if host.starts_with('[') {
         host.split_inclusive(']').next().unwrap_or(host)
@@ -237,7 +236,7 @@ fn bare_host(host: &str) -> String {
             }
         })
     };
-    normalize_host(without_port)
+    without_port
 }
 
 /// Builds the request the worker would see.
@@ -277,14 +276,7 @@ impl RequestParts<'_> {
             headers.push(("cookie".to_owned(), self.cookies.join("; ")));
         }
         headers.extend(self.headers);
-        RequestMeta {
-            method: self.method.to_ascii_uppercase(),
-            host: bare_host(host),
-            path: normalize_path(path),
-            query: query.map(str::to_owned),
-            headers,
-            ..RequestMeta::default()
-        }
+        RequestMeta::new(self.method, without_port(host), path, query, headers)
     }
 }
 

@@ -262,6 +262,42 @@ pub fn last_forwarded(list: &str) -> &str {
     list.rsplit(',').next().unwrap_or(list).trim()
 }
 
+/// The path as origins most likely resolve it, so that no other spelling
+/// of a limited path escapes its rule or its key: percent-escapes decoded
+/// (`%2F` included, and twice-encoded ones), `\` read as `/`, `.` and `..`
+/// segments resolved, `;` parameters (`/login;jsessionid=x`) dropped from
+/// each segment as Java servers do, dots and spaces that end a segment
+/// dropped as Windows drops them from file names (IIS serves `/admin.` as
+/// `/admin`), empty segments and a trailing `/` dropped, and case folded
+/// ([`fold`]), since many origins route without regard to case.
+/// Bytes that are not UTF-8 after decoding become U+FFFD.
+pub fn normalize_path(raw: &str) -> String {
+    let decoded = percent_decoded(raw);
+    let text = String::from_utf8_lossy(&decoded).replace('\\', "/");
+    let mut segments: Vec<&str> = Vec::new();
+    for seg in text.split('/') {
+        let seg = seg.split(';').next().unwrap_or_default();
+        match seg {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => match windows_segment(s) {
+                "" => {}
+                s => segments.push(s),
+            },
+        }
+    }
+    fold(&format!("/{}", segments.join("/")))
+}
+
+/// A request's host as rules match it: lower case, and without the
+/// trailing dot of a fully qualified name (`example.com.` is the same
+/// site, and would otherwise slip past a rule for `example.com`).
+pub fn normalize_host(host: &str) -> String {
+    host.trim_end_matches('.').to_ascii_lowercase()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,5 +1,6 @@
 //! The wasm32-only edge: reads the runtime's request into [`RequestMeta`],
-//! lets [`Limiter::handle`] decide, and turns its [`Outcome`] into a response.
+//! lets [`Limiter::handle`] decide, and sends the [`Response`] that
+//! [`responses::render`] makes of its outcome.
 
 use std::{cell::RefCell, rc::Rc};
 
@@ -10,13 +11,14 @@ use worker::{
 };
 
 use crate::{
-    body::MAX_BODY_BYTES,
-    cache::BlockCache,
-    config::{parse_origin, CfField, Config},
-    events::Event,
-    gateway::{Action, Limiter, Outcome},
-    redis_rest::RestClient,
-    rules::{normalize_host, normalize_path, RequestMeta},
+    decision::{block_cache::BlockCache, events::Event, limiter::Limiter, redis_rest::RestClient},
+    edge::responses::{self, Response, PROBLEM_JSON},
+    rules::{
+        body::MAX_BODY_BYTES,
+        config::{parse_origin, Config},
+        request::RequestMeta,
+        rule::CfField,
+    },
 };
 
 /// The `[vars]` entry holding the rules.
@@ -24,7 +26,7 @@ pub const CONFIG_VAR: &str = "LIMITER";
 
 /// What an isolate reads from its environment once: the variables cannot
 /// change under a running isolate (a new deploy starts new ones).
-struct Setup {
+struct Isolate {
     config: Config,
     origin: Option<String>,
     client: RestClient,
@@ -33,11 +35,11 @@ struct Setup {
 }
 
 thread_local! {
-    static SETUP: RefCell<Option<Rc<Setup>>> = const { RefCell::new(None) };
+    static ISOLATE: RefCell<Option<Rc<Isolate>>> = const { RefCell::new(None) };
 }
 
-fn setup(env: &Env) -> std::result::Result<Rc<Setup>, String> {
-    if let Some(ready) = SETUP.with(|s| s.borrow().clone()) {
+fn isolate(env: &Env) -> std::result::Result<Rc<Isolate>, String> {
+    if let Some(ready) = ISOLATE.with(|s| s.borrow().clone()) {
         return Ok(ready);
     }
     let (Ok(url), Ok(token)) = (
@@ -47,13 +49,13 @@ fn setup(env: &Env) -> std::result::Result<Rc<Setup>, String> {
         return Err("set UPSTASH_REDIS_REST_URL and UPSTASH_REDIS_REST_TOKEN (wrangler secret put, or .dev.vars locally)".into());
     };
     let config = load_config(env)?;
-    let ready = Rc::new(Setup {
+    let ready = Rc::new(Isolate {
         cache: RefCell::new(BlockCache::new(config.cache_hold_ms)),
         config,
         origin: origin(env)?,
         client: RestClient::new(&url.to_string(), &token.to_string()).map_err(|e| e.to_string())?,
     });
-    SETUP.with(|s| *s.borrow_mut() = Some(ready.clone()));
+    ISOLATE.with(|s| *s.borrow_mut() = Some(ready.clone()));
     Ok(ready)
 }
 
@@ -63,59 +65,58 @@ fn setup(env: &Env) -> std::result::Result<Rc<Setup>, String> {
 // a limiter that only needs a few fields pays for on every call.
 #[event(fetch)]
 async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys::Response> {
-    let setup = match setup(&env) {
+    let isolate = match isolate(&env) {
         Ok(s) => s,
         Err(message) => {
             console_error!("edge-limiter: {message}");
-            return problem(500, "edge-limiter is misconfigured; see the worker's log.");
+            let body = responses::failure_body(
+                500,
+                "edge-limiter is misconfigured; see the worker's log.",
+            );
+            return respond(500, PROBLEM_JSON, &body, &[]);
         }
     };
     let url = Url::parse(&req.url())?;
     let mut meta = request_meta(&req, &url);
-    // The body and request.cf are read only for rules that need them; the
-    // body first, as its `_method` field can make a rule match.
-    let rules = &setup.config.rules;
-    if rules.iter().any(|r| r.needs_body(&meta)) {
+    let needs = isolate.config.needs(&meta);
+    if needs.body {
         meta.body = body_prefix(&req).await;
     }
-    if rules.iter().any(|r| r.reads_cf() && r.matches(&meta)) {
+    if needs.cf {
         meta.cf = cf_facts(&req);
     }
     let now_ms = js_sys::Date::now() as u64;
-    let limiter = Limiter {
-        config: &setup.config,
-        store: &setup.client,
-        cache: &setup.cache,
-    };
-    let outcome = limiter.handle(&meta, now_ms).await;
-    log(&outcome.events);
-    match &outcome.action {
-        Action::Respond {
+    let limiter = isolate.limiter();
+    let handled = limiter.handle(&meta, now_ms).await;
+    log(&handled.events);
+    match responses::render(&handled.outcome, &isolate.config) {
+        Response::Answer {
             status,
             content_type,
             body,
-        } => {
-            let headers = web_sys::Headers::new()?;
-            headers.set("Content-Type", content_type)?;
-            add_headers(&headers, &outcome)?;
-            respond(*status, body, &headers)
-        }
-        Action::Forward => {
-            let response = forward(&req, &url, setup.origin.as_deref()).await?;
-            if let Some(charge) = outcome.charge.clone() {
+            headers,
+        } => respond(status, &content_type, &body, &headers),
+        Response::Forward { headers } => {
+            let response = forward(&req, &url, isolate.origin.as_deref()).await?;
+            if let Some(charge) = handled.charge {
                 // Charged after the response has gone, never delaying it.
                 let status = response.status();
-                let setup = setup.clone();
+                let isolate = isolate.clone();
                 ctx.wait_until(async move {
-                    let limiter = Limiter {
-                        config: &setup.config,
-                        store: &setup.client,
-                        cache: &setup.cache,
-                    };
-                    log(&limiter.charge(&charge, status).await);
+                    log(&isolate.limiter().charge(&charge, status).await);
                 });
             }
-            with_outcome_headers(response, &outcome)
+            with_headers(response, &headers)
+        }
+    }
+}
+
+impl Isolate {
+    fn limiter(&self) -> Limiter<'_, '_, RestClient> {
+        Limiter {
+            config: &self.config,
+            store: &self.client,
+            cache: &self.cache,
         }
     }
 }
@@ -195,18 +196,18 @@ fn origin(env: &Env) -> std::result::Result<Option<String>, String> {
     }
 }
 
-fn problem(status: u16, detail: &str) -> Result<web_sys::Response> {
-    let body = serde_json::json!({ "type": "about:blank", "status": status, "detail": detail })
-        .to_string();
-    let headers = web_sys::Headers::new()?;
-    headers.set("Content-Type", "application/problem+json")?;
-    respond(status, &body, &headers)
-}
-
-fn respond(status: u16, body: &str, headers: &web_sys::Headers) -> Result<web_sys::Response> {
+fn respond(
+    status: u16,
+    content_type: &str,
+    body: &str,
+    headers: &[(String, String)],
+) -> Result<web_sys::Response> {
+    let all = web_sys::Headers::new()?;
+    all.set("Content-Type", content_type)?;
+    add_headers(&all, headers)?;
     let init = web_sys::ResponseInit::new();
     init.set_status(status);
-    init.set_headers(headers);
+    init.set_headers(&all);
     Ok(web_sys::Response::new_with_opt_str_and_init(
         Some(body),
         &init,
@@ -215,17 +216,13 @@ fn respond(status: u16, body: &str, headers: &web_sys::Headers) -> Result<web_sy
 
 /// Reads the parts of a request the rules look at.
 pub fn request_meta(req: &web_sys::Request, url: &Url) -> RequestMeta {
-    RequestMeta {
-        method: req.method().to_ascii_uppercase(),
-        host: normalize_host(url.host_str().unwrap_or_default()),
-        path: normalize_path(url.path()),
-        query: url.query().map(str::to_owned),
-        headers: Headers(req.headers())
-            .entries()
-            .map(|(n, v)| (n.to_ascii_lowercase(), v))
-            .collect(),
-        ..RequestMeta::default()
-    }
+    RequestMeta::new(
+        &req.method(),
+        url.host_str().unwrap_or_default(),
+        url.path(),
+        url.query(),
+        Headers(req.headers()).entries(),
+    )
 }
 
 /// Sends the request to `origin` (scheme, host and port; path and query
@@ -259,9 +256,9 @@ async fn forward(
     Ok(JsFuture::from(sent).await?.dyn_into()?)
 }
 
-fn add_headers(headers: &web_sys::Headers, outcome: &Outcome) -> Result<()> {
-    for (name, value) in &outcome.headers {
-        headers.set(name, value)?;
+fn add_headers(target: &web_sys::Headers, headers: &[(String, String)]) -> Result<()> {
+    for (name, value) in headers {
+        target.set(name, value)?;
     }
     Ok(())
 }
@@ -270,18 +267,18 @@ fn add_headers(headers: &web_sys::Headers, outcome: &Outcome) -> Result<()> {
 /// response's headers are immutable, so it is copied first: in one JS call
 /// (`new Response(body, response)`), which keeps status, status text and
 /// every header, each Set-Cookie line included.
-pub fn with_outcome_headers(
+pub fn with_headers(
     response: web_sys::Response,
-    outcome: &Outcome,
+    headers: &[(String, String)],
 ) -> Result<web_sys::Response> {
     // A WebSocket upgrade must go back as it is: a copy would lose the socket.
-    if outcome.headers.is_empty() || response.status() == 101 {
+    if headers.is_empty() || response.status() == 101 {
         return Ok(response);
     }
     let copy = web_sys::Response::new_with_opt_readable_stream_and_init(
         response.body().as_ref(),
         response.unchecked_ref::<web_sys::ResponseInit>(),
     )?;
-    add_headers(&copy.headers(), outcome)?;
+    add_headers(&copy.headers(), headers)?;
     Ok(copy)
 }

@@ -7,11 +7,17 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::{
-    config::{Config, Rule},
-    decision::{penalty_key, ScriptCall},
-    policy::Policy,
-    redis_rest::{RestClient, RestError},
-    scripts::LIMITER,
+    decision::{
+        protocol::{penalty_key, run, Reply, ScriptCall, ScriptError},
+        redis_rest::{RestClient, RestError},
+    },
+    rules::{
+        canon,
+        config::Config,
+        policy::Policy,
+        request::RequestMeta,
+        rule::{KeyPart, Rule},
+    },
 };
 
 /// The environment variable holding the REST URL.
@@ -25,7 +31,7 @@ const BUDGET: Duration = Duration::from_secs(10);
 /// Why inspect or reset could not answer. No message carries the token.
 #[derive(Debug)]
 #[non_exhaustive]
-pub enum AdminError {
+pub enum InspectError {
     /// A setting is missing: names it, and where it was looked for.
     Missing(&'static str),
     /// No rule of that name in the configuration.
@@ -42,33 +48,39 @@ pub enum AdminError {
         /// What is wrong.
         problem: String,
     },
-    /// The REST call failed (its message names the setting to check).
-    Rest(RestError),
+    /// The script call failed (its message names the setting to check).
+    Script(ScriptError),
 }
 
-impl std::fmt::Display for AdminError {
+impl std::fmt::Display for InspectError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            AdminError::Missing(var) => write!(
+            InspectError::Missing(var) => write!(
                 f,
                 "{var} is not set: set it in the environment or in .dev.vars in this directory"
             ),
-            AdminError::UnknownRule { rule, known } => write!(
+            InspectError::UnknownRule { rule, known } => write!(
                 f,
                 "no rule `{rule}` in the configuration; its rules are: {}",
                 known.join(", ")
             ),
-            AdminError::Values { rule, problem } => write!(f, "rule `{rule}`: {problem}"),
-            AdminError::Rest(e) => e.fmt(f),
+            InspectError::Values { rule, problem } => write!(f, "rule `{rule}`: {problem}"),
+            InspectError::Script(e) => e.fmt(f),
         }
     }
 }
 
-impl std::error::Error for AdminError {}
+impl std::error::Error for InspectError {}
 
-impl From<RestError> for AdminError {
-    fn from(e: RestError) -> AdminError {
-        AdminError::Rest(e)
+impl From<ScriptError> for InspectError {
+    fn from(e: ScriptError) -> InspectError {
+        InspectError::Script(e)
+    }
+}
+
+impl From<RestError> for InspectError {
+    fn from(e: RestError) -> InspectError {
+        InspectError::Script(ScriptError::Store(e))
     }
 }
 
@@ -96,7 +108,7 @@ pub fn parse_dev_vars(text: &str) -> Vec<(String, String)> {
 pub fn settings(
     env: impl Fn(&str) -> Option<String>,
     dev_vars: Option<&str>,
-) -> Result<(String, String), AdminError> {
+) -> Result<(String, String), InspectError> {
     let file = dev_vars.map(parse_dev_vars).unwrap_or_default();
     let get = |var: &'static str| {
         env(var)
@@ -108,18 +120,18 @@ pub fn settings(
                     .map(|(_, v)| v.clone())
             })
             .filter(|v| !v.is_empty())
-            .ok_or(AdminError::Missing(var))
+            .ok_or(InspectError::Missing(var))
     };
     Ok((get(URL_VAR)?, get(TOKEN_VAR)?))
 }
 
 /// The rule named `name` in `config`.
-pub fn find_rule<'c>(config: &'c Config, name: &str) -> Result<&'c Rule, AdminError> {
+pub fn find_rule<'c>(config: &'c Config, name: &str) -> Result<&'c Rule, InspectError> {
     config
         .rules
         .iter()
         .find(|r| r.name == name)
-        .ok_or_else(|| AdminError::UnknownRule {
+        .ok_or_else(|| InspectError::UnknownRule {
             rule: name.to_owned(),
             known: config.rules.iter().map(|r| r.name.clone()).collect(),
         })
@@ -127,23 +139,124 @@ pub fn find_rule<'c>(config: &'c Config, name: &str) -> Result<&'c Rule, AdminEr
 
 /// The client's identifier under `rule`, from its key-part values, as the
 /// worker derives it.
-pub fn identifier(rule: &Rule, values: &[&str]) -> Result<Vec<String>, AdminError> {
-    let problem = |problem: String| AdminError::Values {
+pub fn identifier(rule: &Rule, values: &[&str]) -> Result<Vec<String>, InspectError> {
+    let problem = |problem: String| InspectError::Values {
         rule: rule.name.clone(),
         problem,
     };
-    let request = rule
-        .request_with_key(values)
-        .map_err(|e| problem(e.to_string()))?;
+    let request = request_with_key(rule, values).map_err(|e| problem(e.to_string()))?;
     let id = rule
         .identifier(&request)
         .map_err(|a| problem(format!("`{}` is given twice with different values", a.part)))?;
     Ok(id.into_iter().map(|p| p.into_owned()).collect())
 }
 
+/// A request carrying `values` as this rule's key parts, in order, each
+/// spelled as a client would send it (a query value or cookie as it
+/// appears on the wire). [`Rule::identifier`] of it is the identifier the
+/// worker derives for such a client, so that naming a client by its values
+/// reaches the worker's key.
+pub fn request_with_key(rule: &Rule, values: &[&str]) -> Result<RequestMeta, WrongValueCount> {
+    if values.len() != rule.key.len() {
+        return Err(WrongValueCount {
+            parts: rule.key.clone(),
+            given: values.len(),
+        });
+    }
+    let mut req = RequestMeta {
+        method: "GET".to_owned(),
+        path: "/".to_owned(),
+        ..RequestMeta::default()
+    };
+    let mut query = Vec::new();
+    let mut form = Vec::new();
+    let mut json = serde_json::Value::Null;
+    for (part, value) in rule.key.iter().zip(values) {
+        put(part, value, &mut req, &mut query, &mut form, &mut json);
+    }
+    if !query.is_empty() {
+        req.query = Some(query.join("&"));
+    }
+    if !json.is_null() {
+        req.body = serde_json::to_vec(&json).ok();
+    } else if !form.is_empty() {
+        req.body = Some(form.join("&").into_bytes());
+        req.headers.push((
+            "content-type".to_owned(),
+            "application/x-www-form-urlencoded".to_owned(),
+        ));
+    }
+    Ok(req)
+}
+
+/// Puts `value` where a client's request would carry `part`.
+fn put(
+    part: &KeyPart,
+    value: &str,
+    req: &mut RequestMeta,
+    query: &mut Vec<String>,
+    form: &mut Vec<String>,
+    json: &mut serde_json::Value,
+) {
+    let header = |name: &str| (name.to_owned(), value.to_owned());
+    match part {
+        KeyPart::Ip => req.headers.push(header("cf-connecting-ip")),
+        KeyPart::Header(name) => req.headers.push(header(name)),
+        KeyPart::Cookie(name) => req
+            .headers
+            .push(("cookie".to_owned(), format!("{name}={value}"))),
+        KeyPart::Query(name) => query.push(format!("{name}={value}")),
+        KeyPart::Path => req.path = canon::normalize_path(value),
+        KeyPart::UserAgent => req.headers.push(header("user-agent")),
+        KeyPart::Cf(field) => req.cf.push((*field, value.to_owned())),
+        KeyPart::Form(name) => form.push(format!("{name}={value}")),
+        KeyPart::Json(pointer) => {
+            // The document {"a": {"b": value}} for the pointer /a/b.
+            let mut at = json;
+            for token in pointer.split('/').skip(1) {
+                let token = token.replace("~1", "/").replace("~0", "~");
+                if !at.is_object() {
+                    *at = serde_json::Value::Object(Default::default());
+                }
+                at = at
+                    .as_object_mut()
+                    .expect("made an object just above")
+                    .entry(token)
+                    .or_insert(serde_json::Value::Null);
+            }
+            *at = serde_json::Value::String(value.to_owned());
+        }
+        KeyPart::Folded(inner) => put(inner, value, req, query, form, json),
+    }
+}
+
+/// Values given for a rule's key parts that do not match them one to one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrongValueCount {
+    /// The rule's key parts, in order.
+    pub parts: Vec<KeyPart>,
+    /// How many values were given.
+    pub given: usize,
+}
+
+impl std::fmt::Display for WrongValueCount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self.parts.iter().map(ToString::to_string).collect();
+        write!(
+            f,
+            "the rule is keyed on [{}]: give {} value(s), one per part in that order, not {}",
+            parts.join(", "),
+            parts.len(),
+            self.given
+        )
+    }
+}
+
+impl std::error::Error for WrongValueCount {}
+
 /// One window's standing (GCRA: the one state).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WindowStanding {
+pub struct WindowState {
     /// What the window is: `gcra 5/1000ms burst 5`, `window 60000ms by 1000ms`.
     pub label: String,
     /// Units it allows (GCRA: the burst).
@@ -156,7 +269,7 @@ pub struct WindowStanding {
 
 /// Where one client stands on one rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Standing {
+pub struct ClientState {
     /// The rule.
     pub rule: String,
     /// The client's identifier, canonical, one part per key part.
@@ -164,12 +277,12 @@ pub struct Standing {
     /// The Redis key holding its state.
     pub key: String,
     /// Per window, or the one GCRA state.
-    pub windows: Vec<WindowStanding>,
+    pub windows: Vec<WindowState>,
     /// Milliseconds left of a running penalty, if one runs.
     pub penalty_ms: Option<u64>,
 }
 
-impl Standing {
+impl ClientState {
     /// The standing as text, a line per window.
     pub fn render(&self) -> String {
         let mut out = format!(
@@ -221,14 +334,11 @@ pub async fn inspect(
     client: &RestClient,
     rule: &Rule,
     values: &[&str],
-) -> Result<Standing, AdminError> {
+) -> Result<ClientState, InspectError> {
     let id = identifier(rule, values)?;
     let parts: Vec<&str> = id.iter().map(String::as_str).collect();
     let call = ScriptCall::inspect(rule, &parts);
-    let reply = client
-        .run_script(&LIMITER, &call.keys, &call.args, BUDGET)
-        .await?;
-    let decision = call.decision(&reply)?;
+    let decision = run(client, &call, BUDGET).await?.decision()?;
     let labels: Vec<String> = match &rule.policy {
         Policy::Gcra(g) => vec![format!(
             "gcra {}/{}ms burst {}",
@@ -244,14 +354,14 @@ pub async fn inspect(
     let windows = labels
         .into_iter()
         .zip(&decision.rules)
-        .map(|(label, s)| WindowStanding {
+        .map(|(label, s)| WindowState {
             label,
             limit: s.limit,
             remaining: s.remaining,
             reset_after_ms: s.reset_after_ms,
         })
         .collect();
-    let key = call.keys.first().cloned().unwrap_or_default();
+    let key = call.keys().first().cloned().unwrap_or_default();
     // A running penalty is its key's expiry, on Redis's clock as the worker reads it.
     let penalty_ms = match rule.penalty_ms {
         Some(_) => client
@@ -262,7 +372,7 @@ pub async fn inspect(
             .map(|ms| ms as u64),
         None => None,
     };
-    Ok(Standing {
+    Ok(ClientState {
         rule: rule.name.clone(),
         client: id,
         key,
@@ -275,7 +385,7 @@ pub async fn inspect(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Removed {
     /// The standing just before.
-    pub before: Standing,
+    pub before: ClientState,
     /// Keys deleted (0: there was nothing to forget).
     pub deleted: u64,
 }
@@ -313,22 +423,52 @@ pub async fn reset(
     client: &RestClient,
     rule: &Rule,
     values: &[&str],
-) -> Result<Removed, AdminError> {
+) -> Result<Removed, InspectError> {
     let before = inspect(client, rule, values).await?;
     let parts: Vec<&str> = before.client.iter().map(String::as_str).collect();
     let call = ScriptCall::reset(&[(rule, parts)]);
-    let reply = client
-        .run_script(&LIMITER, &call.keys, &call.args, BUDGET)
-        .await?;
-    let deleted = reply.as_u64().ok_or_else(|| {
-        RestError::Malformed(format!("the reset call answered {reply}, not a count"))
-    })?;
+    let deleted = match run(client, &call, BUDGET).await? {
+        Reply::Removed(n) => n,
+        Reply::Decision(_) => return Err(ScriptError::Reply("a decision to a reset".into()).into()),
+    };
     Ok(Removed { before, deleted })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn key_values_give_the_identifier_the_worker_derives() {
+        let config = Config::from_json(&serde_json::json!({"rules": [{
+            "name": "r", "algorithm": "gcra", "rate": 1, "period": "1s",
+            "key": ["ip", "query:k", "cookie:sid", "path", "header:x-forwarded-for"]
+        }]}))
+        .unwrap();
+        let r = &config.rules[0];
+        let sent = request_with_key(
+            r,
+            &[
+                "2001:db8::7",
+                "a+b",
+                "%73%33",
+                "/API/x/",
+                "spoofed, 10.0.0.1",
+            ],
+        )
+        .unwrap();
+        let headers = [
+            ("cf-connecting-ip", "2001:db8:0:0:1::9"),
+            ("cookie", "sid=s3"),
+            ("x-forwarded-for", "10.0.0.1"),
+        ];
+        let headers = headers.map(|(n, v)| (n.to_owned(), v.to_owned()));
+        let worker = RequestMeta::new("POST", "example.com", "/api/x", Some("k=a%20b"), headers);
+        assert_eq!(r.identifier(&sent), r.identifier(&worker));
+        let wrong = request_with_key(r, &["1.2.3.4"]).unwrap_err();
+        assert_eq!(wrong.given, 1);
+        assert!(wrong.to_string().contains("give 5 value(s)"), "{wrong}");
+    }
 
     #[test]
     fn dev_vars_read_as_wrangler_reads_them() {
@@ -349,7 +489,7 @@ mod tests {
         );
         assert!(matches!(
             settings(none, None),
-            Err(AdminError::Missing(URL_VAR))
+            Err(InspectError::Missing(URL_VAR))
         ));
     }
 

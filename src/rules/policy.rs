@@ -48,7 +48,7 @@ pub const MAX_WINDOWS: usize = 8;
 /// Buckets per window, at most: each may be a hash field of its own.
 pub const MAX_BUCKETS: u64 = 3600;
 
-fn whole(n: u64, field: &str, problem: &str) -> Result<NonZeroU64, PolicyError> {
+fn nonzero(n: u64, field: &str, problem: &str) -> Result<NonZeroU64, PolicyError> {
     NonZeroU64::new(n).ok_or_else(|| invalid(field, problem))
 }
 
@@ -63,15 +63,15 @@ pub struct Gcra {
 impl Gcra {
     /// Checked parameters; the error names `rate`, `period` or `burst`.
     pub fn new(rate: u64, period_ms: u64, burst: u64) -> Result<Gcra, PolicyError> {
-        let rate = whole(rate, "rate", "must be at least 1")?;
-        let period = whole(period_ms, "period", "must be between 1ms and 366d")?;
+        let rate = nonzero(rate, "rate", "must be at least 1")?;
+        let period = nonzero(period_ms, "period", "must be between 1ms and 366d")?;
         if period_ms > MAX_DURATION_MS {
             return Err(invalid("period", "must be between 1ms and 366d"));
         }
         if rate.get() > period_ms * 1000 {
             return Err(invalid("rate", "must be at most one unit per microsecond"));
         }
-        let burst_nz = whole(burst, "burst", "must be between 1 and 1000000000")?;
+        let burst_nz = nonzero(burst, "burst", "must be between 1 and 1000000000")?;
         if burst > MAX_UNITS {
             return Err(invalid("burst", "must be between 1 and 1000000000"));
         }
@@ -136,11 +136,11 @@ pub struct Window {
 impl Window {
     /// Checked figures; the error names `duration`, `limit` or `precision`.
     pub fn new(duration_ms: u64, limit: u64, precision_ms: u64) -> Result<Window, PolicyError> {
-        let duration = whole(duration_ms, "duration", "must be between 1ms and 366d")?;
+        let duration = nonzero(duration_ms, "duration", "must be between 1ms and 366d")?;
         if duration_ms > MAX_DURATION_MS {
             return Err(invalid("duration", "must be between 1ms and 366d"));
         }
-        let limit_nz = whole(limit, "limit", "must be between 1 and 1000000000")?;
+        let limit_nz = nonzero(limit, "limit", "must be between 1 and 1000000000")?;
         if limit > MAX_UNITS {
             return Err(invalid("limit", "must be between 1 and 1000000000"));
         }
@@ -231,46 +231,6 @@ impl Policy {
         }
     }
 
-    /// Appends this rule's script arguments (see `lua/limiter.lua`).
-    /// `offset_ms` shifts window edges per key; GCRA has no edges to shift.
-    pub fn push_args(&self, cost: u64, offset_ms: u64, args: &mut Vec<String>) {
-        let (tag, numbers) = match self {
-            Policy::Gcra(g) => ("gcra", vec![cost, g.interval_us(), g.burst()]),
-            Policy::Windowed(ws) => {
-                let mut n = vec![cost, offset_ms, ws.len() as u64];
-                for w in ws.iter() {
-                    n.extend([w.duration_ms(), w.limit(), w.precision_ms()]);
-                }
-                ("window", n)
-            }
-        };
-        args.push(tag.to_owned());
-        args.extend(numbers.iter().map(u64::to_string));
-    }
-
-    /// The script's arguments for this rule governing a request alone on
-    /// Redis's clock, the commonest call (see the top of `lua/gcra.lua` and
-    /// `lua/windowed.lua`): the interval and burst; or the offset, then each
-    /// window; then the cost when it is not 1. The script tells the two
-    /// apart by their number: every argument costs Redis its own parsing.
-    pub fn lone_args(&self, cost: u64, offset_ms: u64) -> Vec<String> {
-        let mut args = match self {
-            Policy::Gcra(g) => vec![g.interval_us(), g.burst()],
-            Policy::Windowed(ws) => {
-                let mut n = Vec::with_capacity(2 + 3 * ws.len());
-                n.push(offset_ms);
-                for w in ws.iter() {
-                    n.extend([w.duration_ms(), w.limit(), w.precision_ms()]);
-                }
-                n
-            }
-        };
-        if cost != 1 {
-            args.push(cost);
-        }
-        args.iter().map(u64::to_string).collect()
-    }
-
     /// The longest window, milliseconds: the span over which edge offsets spread.
     pub fn longest_ms(&self) -> u64 {
         match self {
@@ -299,34 +259,13 @@ mod tests {
     }
 
     #[test]
-    fn gcra_arguments_follow_the_script_layout() {
-        let mut args = vec![];
-        gcra(10, 1000, 5).push_args(2, 0, &mut args);
-        assert_eq!(args, ["gcra", "2", "100000", "5"]);
-    }
-
-    #[test]
-    fn a_lone_rule_has_arguments_of_its_own() {
-        assert_eq!(gcra(10, 1000, 5).lone_args(1, 0), ["100000", "5"]);
-        assert_eq!(gcra(10, 1000, 5).lone_args(0, 0), ["100000", "5", "0"]);
-        let one = Policy::Windowed(Windows::new(vec![window(1000, 10, 100)]).unwrap());
-        assert_eq!(one.lone_args(1, 7), ["7", "1000", "10", "100"]);
-        assert_eq!(one.lone_args(2, 7), ["7", "1000", "10", "100", "2"]);
-    }
-
-    #[test]
-    fn windowed_arguments_follow_the_script_layout() {
-        let mut args = vec![];
+    fn capacity_and_longest_window() {
         let p = Policy::Windowed(
             Windows::new(vec![window(1000, 10, 100), window(60_000, 100, 60_000)]).unwrap(),
         );
-        p.push_args(1, 42, &mut args);
-        assert_eq!(
-            args,
-            ["window", "1", "42", "2", "1000", "10", "100", "60000", "100", "60000"]
-        );
         assert_eq!(p.capacity(), 10);
         assert_eq!(p.longest_ms(), 60_000);
+        assert_eq!(gcra(10, 1000, 5).capacity(), 5);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::{borrow::Cow, cell::RefCell};
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
-use crate::canon;
+use crate::rules::canon;
 
 /// Bytes of a body the limiter reads at most, and only for rules keyed on it.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;

@@ -5,10 +5,13 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::{
+use super::{
     canon,
     cidr::Cidr,
     policy::{Gcra, Policy, PolicyError, Window, Windows},
+    raw::{Algorithm, RawConfig, RawCost, RawDuration, RawRule},
+    request::RequestMeta,
+    rule::{CfField, Cost, DenyBody, FailMode, KeyPart, Mode, Rule, RuleId},
 };
 
 /// The whole configuration.
@@ -27,229 +30,6 @@ pub struct Config {
 /// `cache_hold` when none is given: a reset reaches every isolate within a
 /// minute, and a blocked client costs one Redis call a minute per isolate.
 pub const DEFAULT_CACHE_HOLD_MS: u64 = 60_000;
-
-/// One rule: which requests, keyed how, limited by what.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rule {
-    /// Unique name; part of every Redis key and header the rule produces.
-    pub name: String,
-    /// Host the request must be for: exact, or `*.example.com` for any
-    /// subdomain. `None`: any host.
-    pub host: Option<String>,
-    /// Requests whose normalized path is this or lies below it; `/` matches all.
-    pub path_prefix: String,
-    /// A path pattern the normalized path must match as a whole: `*` stands
-    /// for any run of characters within one segment, `**` for anything.
-    pub path: Option<String>,
-    /// Upper-case methods this rule applies to; empty means all.
-    pub methods: Vec<String>,
-    /// Headers (lower-case names) the request must carry, e.g. an API key:
-    /// with [`Rule::without_headers`] this splits traffic into classes.
-    pub with_headers: Vec<String>,
-    /// Headers (lower-case names) the request must not carry.
-    pub without_headers: Vec<String>,
-    /// What identifies a client; several parts are joined.
-    pub key: Vec<KeyPart>,
-    /// The algorithm and its numbers.
-    pub policy: Policy,
-    /// Units each matching request costs.
-    pub cost: Cost,
-    /// Enforce the rule, or only report what it would do.
-    pub mode: Mode,
-    /// What to do when Redis cannot decide in time.
-    pub fail: FailMode,
-    /// Total time allowed for the Redis call, milliseconds.
-    pub budget_ms: u64,
-    /// A body to send with this rule's 429 instead of the problem document.
-    pub deny_body: Option<DenyBody>,
-    /// When not empty, the rule is charged only when the origin answers one
-    /// of these statuses (after the response); it still refuses up front
-    /// once exhausted.
-    pub count_status: Vec<u16>,
-    /// Once the rule denies a client, it keeps denying that client this
-    /// long, milliseconds, whatever the rate would allow meanwhile.
-    pub penalty_ms: Option<u64>,
-    /// Clients (`CF-Connecting-IP`) in these blocks are not subject to the rule.
-    pub except_ips: Vec<Cidr>,
-}
-
-/// A piece of the request that identifies the client.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeyPart {
-    /// `CF-Connecting-IP`, set by Cloudflare and not forgeable by the client.
-    Ip,
-    /// A request header, e.g. an API key (name lower-cased). Naming
-    /// `x-forwarded-for` here is how a deployment behind a trusted proxy opts
-    /// in to that header; it is never used otherwise.
-    Header(String),
-    /// A cookie's value (name as [`canon::name`] reads it).
-    Cookie(String),
-    /// A query parameter's value (name as [`canon::name`] reads it).
-    Query(String),
-    /// The normalized request path.
-    Path,
-    /// The `User-Agent` header.
-    UserAgent,
-    /// A fact the edge knows of the request (`request.cf`).
-    Cf(CfField),
-    /// A value in a JSON body, by RFC 6901 pointer (`/user/name`).
-    Json(String),
-    /// A field of an `application/x-www-form-urlencoded` or
-    /// `multipart/form-data` body (name as [`canon::name`] reads it).
-    Form(String),
-    /// Another part, its value trimmed and case-folded, for values the
-    /// origin compares that way (account names, e-mail addresses).
-    Folded(Box<KeyPart>),
-}
-
-/// The facts of `request.cf` a rule can key on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CfField {
-    /// Two-letter country code.
-    Country,
-    /// Autonomous system number.
-    Asn,
-    /// The data center (IATA code).
-    Colo,
-    /// Two-letter continent code.
-    Continent,
-    /// The client's JA4 TLS fingerprint (`botManagement.ja4`).
-    Ja4,
-}
-
-impl CfField {
-    /// The name in a key part (`cf:country`).
-    pub fn name(self) -> &'static str {
-        match self {
-            CfField::Country => "country",
-            CfField::Asn => "asn",
-            CfField::Colo => "colo",
-            CfField::Continent => "continent",
-            CfField::Ja4 => "ja4",
-        }
-    }
-
-    /// Every field, for parsing and for reading them off a request.
-    pub const ALL: [CfField; 5] = [
-        CfField::Country,
-        CfField::Asn,
-        CfField::Colo,
-        CfField::Continent,
-        CfField::Ja4,
-    ];
-}
-
-impl KeyPart {
-    /// Whether reading this part needs the request's body.
-    pub fn reads_body(&self) -> bool {
-        match self {
-            KeyPart::Json(_) | KeyPart::Form(_) => true,
-            KeyPart::Folded(inner) => inner.reads_body(),
-            _ => false,
-        }
-    }
-
-    /// Whether reading this part needs `request.cf`.
-    pub fn reads_cf(&self) -> bool {
-        match self {
-            KeyPart::Cf(_) => true,
-            KeyPart::Folded(inner) => inner.reads_cf(),
-            _ => false,
-        }
-    }
-}
-
-impl std::fmt::Display for KeyPart {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            KeyPart::Ip => write!(f, "ip"),
-            KeyPart::Header(n) => write!(f, "header:{n}"),
-            KeyPart::Cookie(n) => write!(f, "cookie:{n}"),
-            KeyPart::Query(n) => write!(f, "query:{n}"),
-            KeyPart::Path => write!(f, "path"),
-            KeyPart::UserAgent => write!(f, "user-agent"),
-            KeyPart::Cf(field) => write!(f, "cf:{}", field.name()),
-            KeyPart::Json(pointer) => write!(f, "json:{pointer}"),
-            KeyPart::Form(n) => write!(f, "form:{n}"),
-            KeyPart::Folded(inner) => inner.fmt(f),
-        }
-    }
-}
-
-/// Units a request costs: one figure, or one per method with a default.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cost {
-    /// Cost of methods not listed.
-    pub default: u64,
-    /// Upper-case method and its cost.
-    pub per_method: Vec<(String, u64)>,
-}
-
-impl Cost {
-    /// The same cost for every method.
-    pub fn flat(units: u64) -> Cost {
-        Cost {
-            default: units,
-            per_method: vec![],
-        }
-    }
-
-    /// Units a request with this (upper-case) method costs; 0 means it is
-    /// reported on but never consumes or is denied.
-    pub fn for_method(&self, method: &str) -> u64 {
-        self.per_method
-            .iter()
-            .find(|(m, _)| m == method)
-            .map_or(self.default, |(_, c)| *c)
-    }
-
-    /// What a request costs that the origin may take for any of these
-    /// methods ([`crate::rules::RequestMeta::methods`]): the most of them.
-    pub fn for_methods(&self, methods: &[String]) -> u64 {
-        methods
-            .iter()
-            .map(|m| self.for_method(m))
-            .max()
-            .unwrap_or(self.default)
-    }
-
-    fn max(&self) -> u64 {
-        self.per_method
-            .iter()
-            .map(|(_, c)| *c)
-            .fold(self.default, u64::max)
-    }
-}
-
-/// Whether a rule blocks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Requests beyond the limit get 429.
-    Enforce,
-    /// The decision is made, logged and put in the headers, but never
-    /// blocks; a request this rule alone would deny is not counted by it.
-    Shadow,
-}
-
-/// Behaviour when Redis is unreachable, slow, or answers nonsense.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FailMode {
-    /// Forward the request unlimited, and say so in a header and a log line.
-    Open,
-    /// Answer 503 with `Retry-After`.
-    Closed,
-}
-
-/// A configured 429 body.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DenyBody {
-    /// The body, sent as is.
-    pub body: String,
-    /// Its media type.
-    pub content_type: String,
-}
 
 /// A configuration that cannot be served, with what to fix.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -294,100 +74,6 @@ impl std::fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
-
-/// The two algorithms a rule can use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Algorithm {
-    /// `rate`, `period`, `burst`.
-    Gcra,
-    /// `windows`.
-    Windowed,
-}
-
-/// `[vars.LIMITER]` as written, before any check.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawConfig {
-    rules: Vec<Value>,
-    #[serde(default)]
-    x_ratelimit_headers: Option<bool>,
-    // A Value, read by hand below: serde's code for one more duration
-    // field costs the worker's wasm a kilobyte.
-    #[serde(default)]
-    cache_hold: Option<Value>,
-}
-
-/// A duration as written: whole milliseconds, or text with a unit.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(
-    untagged,
-    expecting = "a duration: whole milliseconds, or text such as \"250ms\", \"1s\", \"5m\", \"1h\" or \"1d\""
-)]
-enum RawDuration {
-    Ms(u64),
-    Text(String),
-}
-
-/// A cost as written: units for every method, or per method with a default.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(
-    untagged,
-    expecting = "a whole number of units (0 or more), or a table of them per method such as { GET = 1, POST = 5, default = 1 }"
-)]
-enum RawCost {
-    Units(u64),
-    PerMethod(std::collections::BTreeMap<String, u64>),
-}
-
-/// One `[[vars.LIMITER.rules]]` entry as written, before any check.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRule {
-    name: String,
-    #[serde(default)]
-    host: Option<String>,
-    #[serde(default)]
-    path_prefix: Option<String>,
-    #[serde(default)]
-    path: Option<String>,
-    #[serde(default)]
-    methods: Vec<String>,
-    #[serde(default)]
-    with_headers: Vec<String>,
-    #[serde(default)]
-    without_headers: Vec<String>,
-    key: Vec<String>,
-    algorithm: Algorithm,
-    #[serde(default)]
-    rate: Option<u64>,
-    #[serde(default)]
-    period: Option<RawDuration>,
-    #[serde(default)]
-    burst: Option<u64>,
-    #[serde(default)]
-    windows: Option<Vec<(RawDuration, u64, RawDuration)>>,
-    #[serde(default)]
-    cost: Option<RawCost>,
-    #[serde(default)]
-    mode: Option<Mode>,
-    #[serde(default)]
-    fail: Option<FailMode>,
-    #[serde(default)]
-    budget: Option<RawDuration>,
-    #[serde(default)]
-    deny_body: Option<String>,
-    #[serde(default)]
-    deny_content_type: Option<String>,
-    #[serde(default)]
-    count_status: Option<Vec<u16>>,
-    #[serde(default)]
-    penalty: Option<RawDuration>,
-    #[serde(default)]
-    except_ips: Vec<String>,
-    #[serde(default)]
-    fold: Vec<String>,
-}
 
 /// Checks `ORIGIN_URL`, where allowed requests go instead of the request's
 /// own URL (scheme, host and port; the path and query are kept). It is unset
@@ -466,13 +152,35 @@ impl Config {
 }
 
 impl Config {
-    /// The position of `rule`, one of this configuration's own, in `rules`.
-    pub fn index_of(&self, rule: &Rule) -> usize {
-        self.rules
-            .iter()
-            .position(|r| std::ptr::eq(r, rule))
-            .unwrap_or_default()
+    /// The rule `id` names, if it is one of this configuration's.
+    pub fn rule(&self, id: RuleId) -> Option<&Rule> {
+        self.rules.get(id.0)
     }
+
+    /// Every rule with its id, in configuration order.
+    pub fn rules_with_ids(&self) -> impl Iterator<Item = (RuleId, &Rule)> {
+        self.rules.iter().enumerate().map(|(i, r)| (RuleId(i), r))
+    }
+
+    /// What `req` must carry before it can be decided: its body (a matching
+    /// rule keys on it, or a POST's `_method` may make a rule match) and
+    /// `request.cf` (a matching rule keys on it). The body comes first, as
+    /// it can change which rules match.
+    pub fn needs(&self, req: &RequestMeta) -> Needs {
+        Needs {
+            body: self.rules.iter().any(|r| r.needs_body(req)),
+            cf: self.rules.iter().any(|r| r.reads_cf() && r.matches(req)),
+        }
+    }
+}
+
+/// What a request must carry before it is decided: see [`Config::needs`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Needs {
+    /// The body, read up to [`super::body::MAX_BODY_BYTES`].
+    pub body: bool,
+    /// The facts of `request.cf`.
+    pub cf: bool,
 }
 
 impl std::str::FromStr for Config {
@@ -486,32 +194,6 @@ impl std::str::FromStr for Config {
     }
 }
 
-impl Rule {
-    /// A rule matching every request, keyed on the client IP, with `policy`
-    /// and every other field at its default; for tests and simulations.
-    pub fn with_policy(name: &str, policy: Policy) -> Rule {
-        Rule {
-            name: name.to_owned(),
-            host: None,
-            path_prefix: "/".into(),
-            path: None,
-            methods: vec![],
-            with_headers: vec![],
-            without_headers: vec![],
-            key: vec![KeyPart::Ip],
-            policy,
-            cost: Cost::flat(1),
-            mode: Mode::Enforce,
-            fail: FailMode::Closed,
-            budget_ms: DEFAULT_BUDGET_MS,
-            deny_body: None,
-            count_status: vec![],
-            penalty_ms: None,
-            except_ips: vec![],
-        }
-    }
-}
-
 fn rule_error(rule: &str, field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
     ConfigError::Rule {
         rule: rule.to_owned(),
@@ -521,7 +203,7 @@ fn rule_error(rule: &str, field: impl Into<String>, problem: impl Into<String>) 
 }
 
 /// A problem with one field of a rule, before the rule's name is attached.
-struct FieldError {
+pub(super) struct FieldError {
     field: String,
     problem: String,
 }
@@ -630,7 +312,7 @@ impl TryFrom<RawRule> for Rule {
         let penalty_ms = match &raw.penalty {
             None => None,
             Some(p) => Some(duration("penalty", p)?)
-                .filter(|ms| *ms <= crate::policy::MAX_DURATION_MS)
+                .filter(|ms| *ms <= crate::rules::policy::MAX_DURATION_MS)
                 .map(Some)
                 .ok_or_else(|| field_error("penalty", "must be between 1ms and 366d"))?,
         };
@@ -691,12 +373,12 @@ fn host_pattern(h: String) -> Result<String, FieldError> {
             format!("`{h}` is not a host name (use example.com or *.example.com)"),
         ));
     }
-    Ok(crate::rules::normalize_host(&h))
+    Ok(canon::normalize_host(&h))
 }
 
 /// A path prefix or pattern, case folded and each segment without the dots
 /// and spaces that end it: paths are compared after
-/// [`crate::rules::normalize_path`], which does the same to them.
+/// [`canon::normalize_path`], which does the same to them.
 fn path_pattern(field: &str, p: String) -> Result<String, FieldError> {
     if !p.starts_with('/') {
         return Err(field_error(field, format!("`{p}` must start with /")));

@@ -14,9 +14,14 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::{
-    config::{Mode, Rule},
-    decision::{Check, Decision, RuleState},
-    policy::Policy,
+    decision::{
+        protocol::Check,
+        verdict::{Decision, RequestVerdict, Retry, RuleState, Verdict},
+    },
+    rules::{
+        policy::Policy,
+        rule::{Mode, Rule},
+    },
 };
 
 /// A client of one rule: the rule's name and the identifier's parts.
@@ -32,6 +37,36 @@ pub struct Model {
     buckets: HashMap<(Client, u64, u64), BTreeMap<i64, u64>>,
     /// When each running penalty ends, milliseconds.
     penalties: HashMap<Client, u64>,
+}
+
+/// One rule's standing as the model works it out, before it is written
+/// into the plain [`RuleState`] the script's reply is read into.
+#[derive(Debug, Clone, Copy)]
+struct Standing {
+    allowed: bool,
+    limit: u64,
+    remaining: u64,
+    reset_after_ms: u64,
+    /// `None`: never (when denied).
+    retry_after_ms: Option<u64>,
+    window: usize,
+}
+
+impl Standing {
+    fn state(self) -> RuleState {
+        let verdict = match (self.allowed, self.retry_after_ms) {
+            (true, _) => Verdict::Admitted,
+            (false, Some(ms)) => Verdict::Denied(Retry::After { ms }),
+            (false, None) => Verdict::Denied(Retry::Never),
+        };
+        RuleState {
+            verdict,
+            limit: self.limit,
+            remaining: self.remaining,
+            reset_after_ms: self.reset_after_ms,
+            window: self.window,
+        }
+    }
 }
 
 /// What a rule would store if the request is admitted.
@@ -171,15 +206,21 @@ impl Model {
             }
         }
         let binding = binding.unwrap_or(0);
-        Decision {
-            allowed,
-            retry_after_ms: if allowed {
-                Some(0)
-            } else {
-                states[binding].retry_after_ms
+        let retry = states.get(binding).and_then(|s| s.retry_after_ms);
+        let verdict = match (allowed, retry) {
+            (true, _) => RequestVerdict::Admitted { tightest: binding },
+            (false, Some(ms)) => RequestVerdict::Denied {
+                binding,
+                retry: Retry::After { ms },
             },
-            binding,
-            rules: states,
+            (false, None) => RequestVerdict::Denied {
+                binding,
+                retry: Retry::Never,
+            },
+        };
+        Decision {
+            verdict,
+            rules: states.into_iter().map(Standing::state).collect(),
             penalties_started: started,
         }
     }
@@ -217,7 +258,7 @@ impl Model {
         client: &Client,
         cost: u64,
         now_ms: u64,
-    ) -> (RuleState, Option<Write>) {
+    ) -> (Standing, Option<Write>) {
         match &rule.policy {
             Policy::Gcra(g) => {
                 self.gcra(client, (g.rate(), g.period_ms(), g.burst()), cost, now_ms)
@@ -244,7 +285,7 @@ impl Model {
         (rate, period_ms, burst): (u64, u64, u64),
         cost: u64,
         now_ms: u64,
-    ) -> (RuleState, Option<Write>) {
+    ) -> (Standing, Option<Write>) {
         let interval = (period_ms * 1000 + rate / 2) / rate;
         let tolerance = interval * burst;
         let now = now_ms * 1000;
@@ -252,7 +293,7 @@ impl Model {
         let wanted = tat + cost * interval;
         let ms_up = |us: u64| us.div_ceil(1000);
         if wanted - now <= tolerance {
-            let state = RuleState {
+            let state = Standing {
                 allowed: true,
                 limit: burst,
                 remaining: (tolerance - (wanted - now)) / interval,
@@ -262,7 +303,7 @@ impl Model {
             };
             return (state, (cost > 0).then_some(Write::Tat(wanted)));
         }
-        let state = RuleState {
+        let state = Standing {
             allowed: false,
             limit: burst,
             remaining: tolerance.saturating_sub(tat - now) / interval,
@@ -284,7 +325,7 @@ impl Model {
         windows: &[(u64, u64, u64)],
         cost: u64,
         shifted: u64,
-    ) -> (RuleState, Option<Write>) {
+    ) -> (Standing, Option<Write>) {
         let shifted = shifted as i64;
         let per_window: Vec<WindowState> = windows
             .iter()
@@ -353,7 +394,7 @@ impl Model {
             }
         }
         let b = &per_window[bound];
-        let state = RuleState {
+        let state = Standing {
             allowed: admit,
             limit: b.limit,
             remaining: b.remaining.max(0) as u64,
@@ -409,7 +450,7 @@ pub fn edge_offset(key: &str, longest_ms: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::rules::config::Config;
     use serde_json::json;
 
     fn rules(list: serde_json::Value) -> Vec<Rule> {
@@ -436,18 +477,18 @@ mod tests {
         };
         // (time ms, admitted, remaining, retry-after ms)
         let steps = [
-            (0, true, 2, Some(0)),
-            (0, true, 1, Some(0)),
-            (0, true, 0, Some(0)),
+            (0, true, 2, None),
+            (0, true, 1, None),
+            (0, true, 0, None),
             (0, false, 0, Some(500)),
             (499, false, 0, Some(1)),
-            (500, true, 0, Some(0)),
-            (2000, true, 2, Some(0)),
+            (500, true, 0, None),
+            (2000, true, 2, None),
         ];
         for (t, allowed, remaining, retry) in steps {
             let d = check(&mut m, t);
             assert_eq!(
-                (d.allowed, d.rules[0].remaining, d.retry_after_ms),
+                (d.admitted(), d.rules[0].remaining, d.wait_ms()),
                 (allowed, remaining, retry),
                 "at {t}"
             );
@@ -463,15 +504,15 @@ mod tests {
         let base = 10_000 - offset; // shifted time 10 000: a bucket edge
         let mut m = Model::new();
         let mut at = |t: u64, cost| m.decide(&[(Check { rule: &r[0], cost }, vec!["a"])], base + t);
-        assert!(at(0, 2).allowed);
-        assert!(at(300, 1).allowed);
+        assert!(at(0, 2).admitted());
+        assert!(at(300, 1).admitted());
         let denied = at(400, 1);
-        assert!(!denied.allowed);
+        assert!(!denied.admitted());
         // The first bucket [0, 250) leaves the window at 1000.
-        assert_eq!(denied.retry_after_ms, Some(600));
-        assert!(!at(999, 1).allowed);
+        assert_eq!(denied.wait_ms(), Some(600));
+        assert!(!at(999, 1).admitted());
         let later = at(1000, 1);
-        assert!(later.allowed);
+        assert!(later.admitted());
         assert_eq!(later.rules[0].remaining, 1);
         // Peek: nothing consumed.
         assert_eq!(at(1000, 0).rules[0].remaining, 1);
@@ -500,11 +541,11 @@ mod tests {
                 vec!["x"],
             ),
         ];
-        assert!(m.decide(&checks, 0).allowed);
+        assert!(m.decide(&checks, 0).admitted());
         let d = m.decide(&checks, 1);
-        assert!(!d.allowed);
-        assert_eq!(d.binding, 1);
-        assert!(d.rules[0].allowed);
+        assert!(!d.admitted());
+        assert_eq!(d.binding(), 1);
+        assert!(d.rules[0].admitted());
         assert_eq!(
             d.rules[0].remaining, 9,
             "rule a reports its state without this request"

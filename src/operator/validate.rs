@@ -4,8 +4,9 @@
 use serde_json::Value;
 
 use crate::{
-    config::{parse_origin, Config, ConfigError, FailMode, Mode},
-    policy::Policy,
+    rules::config::{parse_origin, Config, ConfigError},
+    rules::policy::Policy,
+    rules::rule::{FailMode, Mode},
 };
 
 /// One environment's verdict: its name (`(top level)` or `env.NAME`) and the

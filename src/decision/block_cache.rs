@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::decision::Decision;
+use super::verdict::{Decision, RequestVerdict, Verdict};
 
 /// Denied requests, keyed by everything that decided them (keys, costs,
 /// policies), with the instant they were decided.
@@ -24,7 +24,7 @@ pub const CAPACITY: usize = 10_000;
 /// How long after it was made `decision` is answered from memory, under a
 /// hold of `hold_ms`.
 fn held_for(hold_ms: u64, decision: &Decision) -> u64 {
-    decision.retry_after_ms.unwrap_or(0).min(hold_ms)
+    decision.wait_ms().unwrap_or(0).min(hold_ms)
 }
 
 impl BlockCache {
@@ -49,17 +49,21 @@ impl BlockCache {
         let mut d = decision.clone();
         // Answered from memory, it starts no penalty: Redis's call did.
         d.penalties_started.clear();
-        d.retry_after_ms = d.retry_after_ms.map(|r| r - elapsed);
+        if let RequestVerdict::Denied { retry, .. } = &mut d.verdict {
+            *retry = retry.aged(elapsed);
+        }
         for r in &mut d.rules {
             r.reset_after_ms = r.reset_after_ms.saturating_sub(elapsed);
-            r.retry_after_ms = r.retry_after_ms.map(|t| t.saturating_sub(elapsed));
+            if let Verdict::Denied(retry) = &mut r.verdict {
+                *retry = retry.aged(elapsed);
+            }
         }
         Some(d)
     }
 
     /// Remembers a denial made at `now_ms`, if it says when it ends.
     pub fn remember(&mut self, signature: String, decision: &Decision, now_ms: u64) {
-        if decision.allowed || decision.retry_after_ms.is_none_or(|r| r == 0) {
+        if decision.wait_ms().is_none_or(|ms| ms == 0) {
             return;
         }
         if self.entries.len() >= CAPACITY {
@@ -89,22 +93,20 @@ impl BlockCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::RuleState;
+    use crate::decision::verdict::{Retry, RuleState};
 
     const HOLD: u64 = 60_000;
 
     fn denied(retry: u64) -> Decision {
+        let retry = Retry::After { ms: retry };
         Decision {
-            allowed: false,
+            verdict: RequestVerdict::Denied { binding: 0, retry },
             penalties_started: vec![],
-            retry_after_ms: Some(retry),
-            binding: 0,
             rules: vec![RuleState {
-                allowed: false,
+                verdict: Verdict::Denied(retry),
                 limit: 5,
                 remaining: 0,
                 reset_after_ms: 3000,
-                retry_after_ms: Some(retry),
                 window: 1,
             }],
         }
@@ -115,9 +117,9 @@ mod tests {
         let mut c = BlockCache::new(HOLD);
         c.remember("k".into(), &denied(1000), 10_000);
         let d = c.lookup("k", 10_400).unwrap();
-        assert_eq!(d.retry_after_ms, Some(600));
+        assert_eq!(d.wait_ms(), Some(600));
         assert_eq!(d.rules[0].reset_after_ms, 2600);
-        assert_eq!(c.lookup("k", 10_999).unwrap().retry_after_ms, Some(1));
+        assert_eq!(c.lookup("k", 10_999).unwrap().wait_ms(), Some(1));
         assert_eq!(
             c.lookup("k", 11_000),
             None,
@@ -132,7 +134,7 @@ mod tests {
         let mut c = BlockCache::new(HOLD);
         c.remember("k".into(), &denied(86_400_000), 0);
         let d = c.lookup("k", HOLD - 1).unwrap();
-        assert_eq!(d.retry_after_ms, Some(86_400_000 - HOLD + 1));
+        assert_eq!(d.wait_ms(), Some(86_400_000 - HOLD + 1));
         assert_eq!(c.lookup("k", HOLD), None, "a reset shows by now");
         assert!(c.is_empty());
     }
@@ -143,9 +145,7 @@ mod tests {
         c.remember(
             "a".into(),
             &Decision {
-                allowed: true,
-                penalties_started: vec![],
-                retry_after_ms: Some(0),
+                verdict: RequestVerdict::Admitted { tightest: 0 },
                 ..denied(0)
             },
             0,
@@ -153,7 +153,10 @@ mod tests {
         c.remember(
             "n".into(),
             &Decision {
-                retry_after_ms: None,
+                verdict: RequestVerdict::Denied {
+                    binding: 0,
+                    retry: Retry::Never,
+                },
                 ..denied(0)
             },
             0,

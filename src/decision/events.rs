@@ -1,7 +1,7 @@
 //! Decision log events: one JSON object per line, so that Workers Logs and
 //! Logpush can filter and count them (`source = "edge-limiter"`, then by
 //! `action` and `rule`). No event ever holds the REST token: errors are
-//! [`crate::redis_rest::RestError`] texts, which are redacted at the source.
+//! [`crate::decision::redis_rest::RestError`] texts, which are redacted at the source.
 
 use serde::Serialize;
 

@@ -3,7 +3,7 @@
 //! request, on the log's own clock.
 //!
 //! Each request is matched and keyed by the worker's own code
-//! ([`crate::gateway::select`]) and decided by an [`engine::Engine`]: the
+//! ([`crate::decision::limiter::select`]) and decided by an [`engine::Engine`]: the
 //! real Lua script on a private redis-server with the clock pinned to the
 //! request's time, or the reference model.
 
@@ -17,9 +17,12 @@ mod resp;
 use std::{collections::VecDeque, io::BufRead};
 
 use crate::{
-    config::Config,
-    decision::{Check, Decision},
-    gateway::{select, Refusal, Selection},
+    decision::{
+        limiter::{select, PendingCharge, Refusal, Selection},
+        protocol::Check,
+        verdict::Decision,
+    },
+    rules::config::Config,
 };
 use engine::{Engine, EngineError, Job};
 use log::{Format, LineError, LogError, LogReader, Record};
@@ -260,22 +263,22 @@ fn charges_after(config: &Config, record: &Record) -> bool {
 }
 
 /// What a request of a batch in flight needs once its decision is back.
-struct Fate {
+struct Pending {
     /// The enforced rule (its index) that refused it with a 400.
     refused: Option<usize>,
     /// Shadow rules (indices) that could not identify its client.
     shadow_refused: Vec<usize>,
     /// The rules in its call (indices), with the client's identifier under each.
     rules: Vec<(usize, String)>,
-    /// For a request that may be charged after its response: each rule's
-    /// index, identifier parts and cost.
-    later: Vec<(usize, Vec<String>, u64)>,
+    /// For a request whose origin answered a status one of its rules
+    /// counts: the charge after the response, and that status.
+    charge: Option<(PendingCharge, u16)>,
 }
 
 /// A batch sent to the engine, its decisions still to come.
 struct InFlight {
     records: Vec<Record>,
-    fates: Vec<Fate>,
+    pending: Vec<Pending>,
     /// Whether a request of it may be charged after its response.
     charges: bool,
 }
@@ -302,56 +305,38 @@ fn send_batch(
         })
         .collect();
     engine.send(&jobs)?;
-    let mut fates: Vec<Fate> = selections
+    let pending: Vec<Pending> = records
         .iter()
-        .map(|selection| match selection {
-            Err((rule, _)) => Fate {
-                refused: Some(config.index_of(rule)),
+        .zip(&selections)
+        .map(|(record, selection)| match selection {
+            Err((rule, _, _)) => Pending {
+                refused: Some(rule.0),
                 shadow_refused: vec![],
                 rules: vec![],
-                later: vec![],
+                charge: None,
             },
-            Ok(s) => Fate {
+            Ok(s) => Pending {
                 refused: None,
-                shadow_refused: s
-                    .shadow_ambiguous
-                    .iter()
-                    .map(|(rule, _)| config.index_of(rule))
-                    .collect(),
+                shadow_refused: s.shadow_ambiguous.iter().map(|(id, _, _)| id.0).collect(),
                 rules: s
                     .rules
                     .iter()
-                    .map(|(rule, id)| (config.index_of(rule), id.join(" | ")))
+                    .map(|(rule, _, id)| (rule.0, id.join(" | ")))
                     .collect(),
-                later: vec![],
+                charge: record.status.and_then(|status| {
+                    let charge = s.pending_charge(&record.request.methods())?;
+                    let counted = !charge.counting(config, status).is_empty();
+                    counted.then_some((charge, status))
+                }),
             },
         })
         .collect();
-    let mut charges = false;
-    for ((record, selection), fate) in records.iter().zip(&selections).zip(&mut fates) {
-        let (Some(status), Ok(s)) = (record.status, selection) else {
-            continue;
-        };
-        fate.later = s
-            .rules
-            .iter()
-            .filter(|(rule, _)| rule.count_status.contains(&status))
-            .map(|(rule, id)| {
-                let parts = id.iter().map(|p| p.to_string()).collect();
-                (
-                    config.index_of(rule),
-                    parts,
-                    rule.cost.for_methods(&record.request.methods()),
-                )
-            })
-            .collect();
-        charges |= !fate.later.is_empty();
-    }
+    let charges = pending.iter().any(|p| p.charge.is_some());
     drop(jobs);
     drop(selections);
     Ok(InFlight {
         records,
-        fates,
+        pending,
         charges,
     })
 }
@@ -365,7 +350,7 @@ fn finish_batch(
     observer: &mut dyn Observer,
 ) -> Result<(), SimError> {
     let mut decisions = engine.receive()?.into_iter();
-    for (record, fate) in batch.records.iter().zip(&batch.fates) {
+    for (record, fate) in batch.records.iter().zip(&batch.pending) {
         if let Some(rule) = fate.refused {
             tally.refused(record.time_ms, rule);
             observer.verdict(record, Verdict::Refused(rule));
@@ -388,17 +373,14 @@ fn finish_batch(
         observer.verdict(record, Verdict::Decided(&decision));
         // A forwarded request whose origin answered a status a rule counts
         // is charged to it now, before the client's next request.
-        if decision.allowed && !fate.later.is_empty() {
-            let checks: Vec<(Check<'_>, Vec<&str>)> = fate
-                .later
+        let Some((charge, status)) = fate.charge.as_ref().filter(|_| decision.admitted()) else {
+            continue;
+        };
+        {
+            let counting = charge.counting(config, *status);
+            let checks: Vec<(Check<'_>, Vec<&str>)> = counting
                 .iter()
-                .map(|(rule, id, cost)| {
-                    let check = Check {
-                        rule: &config.rules[*rule],
-                        cost: *cost,
-                    };
-                    (check, id.iter().map(String::as_str).collect())
-                })
+                .map(|(_, check, id)| (*check, id.clone()))
                 .collect();
             let job = Job {
                 checks,
@@ -410,7 +392,7 @@ fn finish_batch(
                 tally.penalties(
                     d.penalties_started
                         .iter()
-                        .filter_map(|i| fate.later.get(*i).map(|l| l.0)),
+                        .filter_map(|i| counting.get(*i).map(|(rule, _, _)| rule.0)),
                 );
             }
         }

@@ -7,7 +7,14 @@ use std::time::Duration;
 use reqwest::header::{HeaderValue, AUTHORIZATION};
 use serde_json::{json, Value};
 
-use crate::scripts::Script;
+/// A script as Redis knows it: its source, and the SHA1 that `EVALSHA` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Script {
+    /// The full source, shebang included.
+    pub source: &'static str,
+    /// Lower-case hex SHA1 of `source`, as `SCRIPT LOAD` would answer.
+    pub sha1: &'static str,
+}
 
 /// Why a REST call gave no result. The token never appears in any message.
 #[derive(Debug, Clone, PartialEq, Eq)]

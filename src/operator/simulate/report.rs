@@ -7,8 +7,8 @@ use serde_json::{json, Value};
 
 use super::{clock::format_ms, log::LineError};
 use crate::{
-    config::{Config, Mode},
-    decision::Decision,
+    decision::verdict::Decision,
+    rules::{config::Config, rule::Mode},
 };
 
 /// How many unreadable lines the report quotes.
@@ -231,23 +231,23 @@ impl Tally {
     /// A decided request: `rules` are the indices of the rules in the call,
     /// in call order, with the client's identifier under each.
     pub fn decided(&mut self, time_ms: u64, rules: &[(usize, String)], decision: &Decision) {
-        self.request(time_ms, decision.allowed, !decision.allowed);
+        self.request(time_ms, decision.admitted(), !decision.admitted());
         for (i, ((rule, client), state)) in rules.iter().zip(&decision.rules).enumerate() {
             let r = &mut self.report.rules[*rule];
             r.matched += 1;
-            let denied_here = !state.allowed && !r.shadow;
-            if decision.allowed {
+            let denied_here = !state.admitted() && !r.shadow;
+            if decision.admitted() {
                 r.admitted += 1;
             } else if denied_here {
                 r.denied += 1;
             } else {
                 r.denied_by_others += 1;
             }
-            if r.shadow && !state.allowed {
+            if r.shadow && !state.admitted() {
                 r.shadow_would_deny += 1;
             }
-            let plotted_denial = !state.allowed && (r.shadow || !decision.allowed);
-            self.point(*rule, time_ms, decision.allowed, plotted_denial);
+            let plotted_denial = !state.admitted() && (r.shadow || !decision.admitted());
+            self.point(*rule, time_ms, decision.admitted(), plotted_denial);
             // Most requests come from clients seen before: no key to copy then.
             let clients = &mut self.clients[*rule];
             let counts = match clients.get_mut(client.as_str()) {
@@ -256,7 +256,7 @@ impl Tally {
             };
             counts.0 += 1;
             // The binding rule is the one the client was told it hit.
-            if !decision.allowed && i == decision.binding {
+            if !decision.admitted() && i == decision.binding() {
                 counts.1 += 1;
             }
         }

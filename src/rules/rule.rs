@@ -1,187 +1,266 @@
-//! Which rules a request falls under, and what identifies its client.
+//! A rule: which requests it governs, what identifies their client, and
+//! the figures that limit them. Checked into this form by [`super::config`].
 
 use std::borrow::Cow;
 
-use crate::{
-    body, canon,
-    config::{CfField, KeyPart, Rule},
+use serde::Deserialize;
+
+use super::{
+    body, canon, cidr::Cidr, config::DEFAULT_BUDGET_MS, policy::Policy, request::RequestMeta,
 };
 
-/// The parts of a request the limiter looks at, independent of any runtime.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RequestMeta {
-    /// Upper-case method.
-    pub method: String,
-    /// Lower-case host name, without the port.
-    pub host: String,
-    /// The path as [`normalize_path`] gives it, without the query.
-    pub path: String,
-    /// Query string without the `?`, if any.
-    pub query: Option<String>,
-    /// Headers with lower-case names, in arrival order.
-    pub headers: Vec<(String, String)>,
-    /// Facts of `request.cf`, read only when a matching rule keys on one.
-    pub cf: Vec<(CfField, String)>,
-    /// The body, when a matching rule keys on it and it fit in
-    /// [`body::MAX_BODY_BYTES`]; `None` otherwise.
-    pub body: Option<Vec<u8>>,
-    /// The body parsed as JSON, filled in on first use.
-    pub json: std::cell::OnceCell<Option<body::Json>>,
+/// A rule's place in its configuration: how a rule is named across an
+/// await or a response, where a borrow cannot go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RuleId(pub usize);
+
+/// One rule: which requests, keyed how, limited by what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// Unique name; part of every Redis key and header the rule produces.
+    pub name: String,
+    /// Host the request must be for: exact, or `*.example.com` for any
+    /// subdomain. `None`: any host.
+    pub host: Option<String>,
+    /// Requests whose normalized path is this or lies below it; `/` matches all.
+    pub path_prefix: String,
+    /// A path pattern the normalized path must match as a whole: `*` stands
+    /// for any run of characters within one segment, `**` for anything.
+    pub path: Option<String>,
+    /// Upper-case methods this rule applies to; empty means all.
+    pub methods: Vec<String>,
+    /// Headers (lower-case names) the request must carry, e.g. an API key:
+    /// with [`Rule::without_headers`] this splits traffic into classes.
+    pub with_headers: Vec<String>,
+    /// Headers (lower-case names) the request must not carry.
+    pub without_headers: Vec<String>,
+    /// What identifies a client; several parts are joined.
+    pub key: Vec<KeyPart>,
+    /// The algorithm and its numbers.
+    pub policy: Policy,
+    /// Units each matching request costs.
+    pub cost: Cost,
+    /// Enforce the rule, or only report what it would do.
+    pub mode: Mode,
+    /// What to do when Redis cannot decide in time.
+    pub fail: FailMode,
+    /// Total time allowed for the Redis call, milliseconds.
+    pub budget_ms: u64,
+    /// A body to send with this rule's 429 instead of the problem document.
+    pub deny_body: Option<DenyBody>,
+    /// When not empty, the rule is charged only when the origin answers one
+    /// of these statuses (after the response); it still refuses up front
+    /// once exhausted.
+    pub count_status: Vec<u16>,
+    /// Once the rule denies a client, it keeps denying that client this
+    /// long, milliseconds, whatever the rate would allow meanwhile.
+    pub penalty_ms: Option<u64>,
+    /// Clients (`CF-Connecting-IP`) in these blocks are not subject to the rule.
+    pub except_ips: Vec<Cidr>,
 }
 
-impl RequestMeta {
-    /// Every method the origin may take this request for: its own, GET
-    /// for a HEAD (frameworks run the GET handler for it), and for a POST
-    /// what a method-override header names (Express's method-override,
-    /// Symfony and Google's APIs read them) or a `_method` field of its
-    /// query (Laravel, Symfony), form body (Rails too) or JSON body
-    /// (Laravel), where the body was read ([`Rule::needs_body`]), so that
-    /// no spelling slips past a rule for one method.
-    pub fn methods(&self) -> Vec<String> {
-        let also: Vec<String> = match self.method.as_str() {
-            "HEAD" => vec!["GET".to_owned()],
-            "POST" => {
-                let headers = METHOD_OVERRIDES
-                    .iter()
-                    .flat_map(|name| self.header_values(name));
-                let query = self.query_values(METHOD_FIELD);
-                let content_type = self.header("content-type").unwrap_or_default();
-                let form = match &self.body {
-                    Some(b) => body::form_values(b, content_type, METHOD_FIELD),
-                    None => vec![],
-                };
-                let json = self
-                    .body
-                    .as_ref()
-                    .filter(|_| body::is_json(content_type))
-                    .and_then(|_| self.json())
-                    .and_then(|doc| body::json_last_value(doc, JSON_METHOD_FIELD));
-                headers
-                    .chain(query)
-                    .chain(form)
-                    .chain(json)
-                    .map(|m| m.trim().to_ascii_uppercase())
-                    .collect()
-            }
-            _ => vec![],
-        };
-        let mut methods = vec![self.method.clone()];
-        for m in also {
-            if !m.is_empty() && !methods.contains(&m) {
-                methods.push(m);
-            }
+/// A piece of the request that identifies the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPart {
+    /// `CF-Connecting-IP`, set by Cloudflare and not forgeable by the client.
+    Ip,
+    /// A request header, e.g. an API key (name lower-cased). Naming
+    /// `x-forwarded-for` here is how a deployment behind a trusted proxy opts
+    /// in to that header; it is never used otherwise.
+    Header(String),
+    /// A cookie's value (name as [`canon::name`] reads it).
+    Cookie(String),
+    /// A query parameter's value (name as [`canon::name`] reads it).
+    Query(String),
+    /// The normalized request path.
+    Path,
+    /// The `User-Agent` header.
+    UserAgent,
+    /// A fact the edge knows of the request (`request.cf`).
+    Cf(CfField),
+    /// A value in a JSON body, by RFC 6901 pointer (`/user/name`).
+    Json(String),
+    /// A field of an `application/x-www-form-urlencoded` or
+    /// `multipart/form-data` body (name as [`canon::name`] reads it).
+    Form(String),
+    /// Another part, its value trimmed and case-folded, for values the
+    /// origin compares that way (account names, e-mail addresses).
+    Folded(Box<KeyPart>),
+}
+
+/// The facts of `request.cf` a rule can key on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CfField {
+    /// Two-letter country code.
+    Country,
+    /// Autonomous system number.
+    Asn,
+    /// The data center (IATA code).
+    Colo,
+    /// Two-letter continent code.
+    Continent,
+    /// The client's JA4 TLS fingerprint (`botManagement.ja4`).
+    Ja4,
+}
+
+impl CfField {
+    /// The name in a key part (`cf:country`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CfField::Country => "country",
+            CfField::Asn => "asn",
+            CfField::Colo => "colo",
+            CfField::Continent => "continent",
+            CfField::Ja4 => "ja4",
         }
+    }
+
+    /// Every field, for parsing and for reading them off a request.
+    pub const ALL: [CfField; 5] = [
+        CfField::Country,
+        CfField::Asn,
+        CfField::Colo,
+        CfField::Continent,
+        CfField::Ja4,
+    ];
+}
+
+impl KeyPart {
+    /// Whether reading this part needs the request's body.
+    pub fn reads_body(&self) -> bool {
+        match self {
+            KeyPart::Json(_) | KeyPart::Form(_) => true,
+            KeyPart::Folded(inner) => inner.reads_body(),
+            _ => false,
+        }
+    }
+
+    /// Whether reading this part needs `request.cf`.
+    pub fn reads_cf(&self) -> bool {
+        match self {
+            KeyPart::Cf(_) => true,
+            KeyPart::Folded(inner) => inner.reads_cf(),
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyPart::Ip => write!(f, "ip"),
+            KeyPart::Header(n) => write!(f, "header:{n}"),
+            KeyPart::Cookie(n) => write!(f, "cookie:{n}"),
+            KeyPart::Query(n) => write!(f, "query:{n}"),
+            KeyPart::Path => write!(f, "path"),
+            KeyPart::UserAgent => write!(f, "user-agent"),
+            KeyPart::Cf(field) => write!(f, "cf:{}", field.name()),
+            KeyPart::Json(pointer) => write!(f, "json:{pointer}"),
+            KeyPart::Form(n) => write!(f, "form:{n}"),
+            KeyPart::Folded(inner) => inner.fmt(f),
+        }
+    }
+}
+
+/// Units a request costs: one figure, or one per method with a default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cost {
+    /// Cost of methods not listed.
+    pub default: u64,
+    /// Upper-case method and its cost.
+    pub per_method: Vec<(String, u64)>,
+}
+
+impl Cost {
+    /// The same cost for every method.
+    pub fn flat(units: u64) -> Cost {
+        Cost {
+            default: units,
+            per_method: vec![],
+        }
+    }
+
+    /// Units a request with this (upper-case) method costs; 0 means it is
+    /// reported on but never consumes or is denied.
+    pub fn for_method(&self, method: &str) -> u64 {
+        self.per_method
+            .iter()
+            .find(|(m, _)| m == method)
+            .map_or(self.default, |(_, c)| *c)
+    }
+
+    /// What a request costs that the origin may take for any of these
+    /// methods ([`crate::rules::rule::RequestMeta::methods`]): the most of them.
+    pub fn for_methods(&self, methods: &[String]) -> u64 {
         methods
-    }
-
-    /// The first value of a header (name in lower case).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
             .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+            .map(|m| self.for_method(m))
+            .max()
+            .unwrap_or(self.default)
     }
 
-    /// The distinct values of a header, read as comma-separated pieces: the
-    /// runtime hands a header sent twice over as one value, joined with
-    /// `, `, and origins disagree on which they read (Go's `Header.Get` and
-    /// Java's `getHeader` the first, Node the first for `Authorization`).
-    /// Whole, `a, <anything>` would be a fresh bucket for client `a`.
-    fn header_values(&self, name: &str) -> Vec<Cow<'_, str>> {
-        canon::distinct(
-            self.headers
-                .iter()
-                .filter(|(n, _)| n == name)
-                .flat_map(|(_, v)| v.split(','))
-                .map(str::trim)
-                .filter(|piece| !piece.is_empty())
-                .map(Cow::Borrowed),
-        )
-    }
-
-    /// The distinct canonical values of every cookie whose name reads as
-    /// `name` (already canonical, see [`canon::name`]).
-    fn cookie_values(&self, name: &str) -> Vec<Cow<'_, str>> {
-        // `,` separated cookies in RFC 2965, and some servers still split on it.
-        let pairs = self
-            .headers
+    pub(crate) fn max(&self) -> u64 {
+        self.per_method
             .iter()
-            .filter(|(n, _)| n == "cookie")
-            .flat_map(|(_, v)| v.split([';', ',']))
-            .filter_map(|pair| pair.split_once('='));
-        canon::distinct(
-            pairs
-                .filter(|(n, _)| canon::name(n.trim()) == name)
-                .map(|(_, v)| canon::cookie_value(v)),
-        )
-    }
-
-    /// The distinct canonical values of every query parameter whose name
-    /// reads as `name`.
-    fn query_values(&self, name: &str) -> Vec<Cow<'_, str>> {
-        self.query
-            .as_deref()
-            .map_or_else(Vec::new, |q| canon::form_field_values(q, name))
-    }
-
-    /// A fact of `request.cf`, if the runtime gave it.
-    fn cf(&self, field: CfField) -> Option<&str> {
-        self.cf
-            .iter()
-            .find(|(f, _)| *f == field)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The body parsed as JSON, once per request.
-    fn json(&self) -> Option<&body::Json> {
-        self.json
-            .get_or_init(|| self.body.as_deref().and_then(body::parse_json))
-            .as_ref()
+            .map(|(_, c)| *c)
+            .fold(self.default, u64::max)
     }
 }
 
-/// The query or form field through which a POST may ask the origin to
-/// treat it as another method.
-const METHOD_FIELD: &str = "_method";
+/// Whether a rule blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Requests beyond the limit get 429.
+    Enforce,
+    /// The decision is made, logged and put in the headers, but never
+    /// blocks; a request this rule alone would deny is not counted by it.
+    Shadow,
+}
 
-/// [`METHOD_FIELD`] as a member of a JSON body's top-level object.
-const JSON_METHOD_FIELD: &str = "/_method";
+/// Behaviour when Redis is unreachable, slow, or answers nonsense.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailMode {
+    /// Forward the request unlimited, and say so in a header and a log line.
+    Open,
+    /// Answer 503 with `Retry-After`.
+    Closed,
+}
 
-/// Headers through which a POST may ask the origin to treat it as another
-/// method.
-const METHOD_OVERRIDES: [&str; 3] = [
-    "x-http-method-override",
-    "x-http-method",
-    "x-method-override",
-];
+/// A configured 429 body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DenyBody {
+    /// The body, sent as is.
+    pub body: String,
+    /// Its media type.
+    pub content_type: String,
+}
 
-/// The path as origins most likely resolve it, so that no other spelling
-/// of a limited path escapes its rule or its key: percent-escapes decoded
-/// (`%2F` included, and twice-encoded ones), `\` read as `/`, `.` and `..`
-/// segments resolved, `;` parameters (`/login;jsessionid=x`) dropped from
-/// each segment as Java servers do, dots and spaces that end a segment
-/// dropped as Windows drops them from file names (IIS serves `/admin.` as
-/// `/admin`), empty segments and a trailing `/` dropped, and case folded
-/// ([`canon::fold`]), since many origins route without regard to case.
-/// Bytes that are not UTF-8 after decoding become U+FFFD.
-pub fn normalize_path(raw: &str) -> String {
-    let decoded = canon::percent_decoded(raw);
-    let text = String::from_utf8_lossy(&decoded).replace('\\', "/");
-    let mut segments: Vec<&str> = Vec::new();
-    for seg in text.split('/') {
-        let seg = seg.split(';').next().unwrap_or_default();
-        match seg {
-            "" | "." => {}
-            ".." => {
-                segments.pop();
-            }
-            s => match canon::windows_segment(s) {
-                "" => {}
-                s => segments.push(s),
-            },
+impl Rule {
+    /// A rule matching every request, keyed on the client IP, with `policy`
+    /// and every other field at its default; for tests and simulations.
+    pub fn with_policy(name: &str, policy: Policy) -> Rule {
+        Rule {
+            name: name.to_owned(),
+            host: None,
+            path_prefix: "/".into(),
+            path: None,
+            methods: vec![],
+            with_headers: vec![],
+            without_headers: vec![],
+            key: vec![KeyPart::Ip],
+            policy,
+            cost: Cost::flat(1),
+            mode: Mode::Enforce,
+            fail: FailMode::Closed,
+            budget_ms: DEFAULT_BUDGET_MS,
+            deny_body: None,
+            count_status: vec![],
+            penalty_ms: None,
+            except_ips: vec![],
         }
     }
-    canon::fold(&format!("/{}", segments.join("/")))
 }
 
 /// Whether `path` matches `pattern`: `*` is any run of characters within
@@ -236,13 +315,6 @@ pub fn path_matches(pattern: &str, path: &str) -> bool {
         live = next;
     }
     live[toks.len()]
-}
-
-/// A request's host as rules match it: lower case, and without the
-/// trailing dot of a fully qualified name (`example.com.` is the same
-/// site, and would otherwise slip past a rule for `example.com`).
-pub fn normalize_host(host: &str) -> String {
-    host.trim_end_matches('.').to_ascii_lowercase()
 }
 
 fn host_matches(pattern: &str, host: &str) -> bool {
@@ -370,113 +442,6 @@ impl KeyPart {
     }
 }
 
-impl Rule {
-    /// A request carrying `values` as this rule's key parts, in order, each
-    /// spelled as a client would send it (a query value or cookie as it
-    /// appears on the wire). [`Rule::identifier`] of it is the identifier
-    /// the worker derives for such a client, so tools that name a client by
-    /// its values (`edge-limiter inspect`, `reset`) reach the worker's key.
-    pub fn request_with_key(&self, values: &[&str]) -> Result<RequestMeta, WrongValueCount> {
-        if values.len() != self.key.len() {
-            return Err(WrongValueCount {
-                parts: self.key.clone(),
-                given: values.len(),
-            });
-        }
-        let mut req = RequestMeta {
-            method: "GET".to_owned(),
-            path: "/".to_owned(),
-            ..RequestMeta::default()
-        };
-        let mut query = Vec::new();
-        let mut form = Vec::new();
-        let mut json = serde_json::Value::Null;
-        for (part, value) in self.key.iter().zip(values) {
-            part.put(value, &mut req, &mut query, &mut form, &mut json);
-        }
-        if !query.is_empty() {
-            req.query = Some(query.join("&"));
-        }
-        if !json.is_null() {
-            req.body = serde_json::to_vec(&json).ok();
-        } else if !form.is_empty() {
-            req.body = Some(form.join("&").into_bytes());
-            req.headers.push((
-                "content-type".to_owned(),
-                "application/x-www-form-urlencoded".to_owned(),
-            ));
-        }
-        Ok(req)
-    }
-}
-
-impl KeyPart {
-    /// Puts `value` where a client's request would carry this part.
-    fn put(
-        &self,
-        value: &str,
-        req: &mut RequestMeta,
-        query: &mut Vec<String>,
-        form: &mut Vec<String>,
-        json: &mut serde_json::Value,
-    ) {
-        let header = |name: &str| (name.to_owned(), value.to_owned());
-        match self {
-            KeyPart::Ip => req.headers.push(header("cf-connecting-ip")),
-            KeyPart::Header(name) => req.headers.push(header(name)),
-            KeyPart::Cookie(name) => req
-                .headers
-                .push(("cookie".to_owned(), format!("{name}={value}"))),
-            KeyPart::Query(name) => query.push(format!("{name}={value}")),
-            KeyPart::Path => req.path = normalize_path(value),
-            KeyPart::UserAgent => req.headers.push(header("user-agent")),
-            KeyPart::Cf(field) => req.cf.push((*field, value.to_owned())),
-            KeyPart::Form(name) => form.push(format!("{name}={value}")),
-            KeyPart::Json(pointer) => {
-                // The document {"a": {"b": value}} for the pointer /a/b.
-                let mut at = json;
-                for token in pointer.split('/').skip(1) {
-                    let token = token.replace("~1", "/").replace("~0", "~");
-                    if !at.is_object() {
-                        *at = serde_json::Value::Object(Default::default());
-                    }
-                    at = at
-                        .as_object_mut()
-                        .expect("made an object just above")
-                        .entry(token)
-                        .or_insert(serde_json::Value::Null);
-                }
-                *at = serde_json::Value::String(value.to_owned());
-            }
-            KeyPart::Folded(inner) => inner.put(value, req, query, form, json),
-        }
-    }
-}
-
-/// Values given for a rule's key parts that do not match them one to one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WrongValueCount {
-    /// The rule's key parts, in order.
-    pub parts: Vec<KeyPart>,
-    /// How many values were given.
-    pub given: usize,
-}
-
-impl std::fmt::Display for WrongValueCount {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let parts: Vec<String> = self.parts.iter().map(ToString::to_string).collect();
-        write!(
-            f,
-            "the rule is keyed on [{}]: give {} value(s), one per part in that order, not {}",
-            parts.join(", "),
-            parts.len(),
-            self.given
-        )
-    }
-}
-
-impl std::error::Error for WrongValueCount {}
-
 /// A request that names one key part more than once with different values.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ambiguous {
@@ -487,7 +452,10 @@ pub struct Ambiguous {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::rules::{
+        canon::{normalize_host, normalize_path},
+        config::Config,
+    };
     use serde_json::json;
 
     fn rule(extra: serde_json::Value) -> Rule {
@@ -834,35 +802,6 @@ mod tests {
             ids(&r, &q).unwrap(),
             ["198.51.100.4", "key1", "s3", "v2", "/p", "curl/8"]
         );
-    }
-
-    #[test]
-    fn key_values_give_the_identifier_the_worker_derives() {
-        let r =
-            rule(json!({"key": ["ip", "query:k", "cookie:sid", "path", "header:x-forwarded-for"]}));
-        let sent = r
-            .request_with_key(&[
-                "2001:db8::7",
-                "a+b",
-                "%73%33",
-                "/API/x/",
-                "spoofed, 10.0.0.1",
-            ])
-            .unwrap();
-        let worker = req(
-            "POST",
-            "/api/x",
-            Some("k=a%20b"),
-            &[
-                ("cf-connecting-ip", "2001:db8:0:0:1::9"),
-                ("cookie", "sid=s3"),
-                ("x-forwarded-for", "10.0.0.1"),
-            ],
-        );
-        assert_eq!(ids(&r, &sent), ids(&r, &worker));
-        let wrong = r.request_with_key(&["1.2.3.4"]).unwrap_err();
-        assert_eq!(wrong.given, 1);
-        assert!(wrong.to_string().contains("give 5 value(s)"), "{wrong}");
     }
 
     #[test]

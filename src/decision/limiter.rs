@@ -1,0 +1,746 @@
+//! The limiter's whole job for one request, runtime-independent: pick the
+//! matching rules, answer from the block cache or ask Redis once, and say
+//! what should happen to the request. `crate::edge::responses` renders it.
+
+use std::{borrow::Cow, cell::RefCell, time::Duration};
+
+use super::{
+    block_cache::BlockCache,
+    events::{Action, Event},
+    protocol::{penalty_key, run, Check, ScriptCall, ScriptError, ScriptRunner},
+    verdict::{Decision, Retry},
+};
+use crate::rules::{
+    config::{Config, DEFAULT_BUDGET_MS},
+    request::RequestMeta,
+    rule::{Ambiguous, FailMode, Mode, Rule, RuleId},
+};
+
+/// What should happen to the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome<'c> {
+    /// Send it on to the origin.
+    Forward(Forward<'c>),
+    /// Answer 429: an enforced rule denied it.
+    Deny(Decided<'c>),
+    /// Answer 400: an enforced rule cannot identify the client.
+    Refuse {
+        /// The rule.
+        rule: &'c Rule,
+        /// The key part given several values.
+        ambiguous: Ambiguous,
+    },
+    /// Answer 503: Redis could not decide, and a rule fails closed.
+    Unavailable,
+}
+
+/// Why a request goes on to the origin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Forward<'c> {
+    /// No rule limits it.
+    Unlimited,
+    /// Every enforced rule admitted it.
+    Admitted(Decided<'c>),
+    /// Redis could not decide, and every rule fails open.
+    Bypassed,
+}
+
+/// The rules a request was decided under, and their decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided<'c> {
+    /// The rules, in call order.
+    pub rules: Vec<&'c Rule>,
+    /// Their states and the verdict.
+    pub decision: Decision,
+}
+
+/// The limiter's answer for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handled<'c> {
+    /// What should happen to the request.
+    pub outcome: Outcome<'c>,
+    /// Events for the log, one JSON line each.
+    pub events: Vec<Event>,
+    /// Rules to charge once the origin has answered, if it answers one of
+    /// their `count_status`: see [`Limiter::charge`].
+    pub charge: Option<PendingCharge>,
+}
+
+impl<'c> Handled<'c> {
+    fn new(outcome: Outcome<'c>, events: Vec<Event>) -> Handled<'c> {
+        Handled {
+            outcome,
+            events,
+            charge: None,
+        }
+    }
+}
+
+/// The after-response charge of a forwarded request's `count_status`
+/// rules. Owned, so it can outlive the request's borrows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingCharge {
+    /// The rules, each with its client and cost.
+    pub rules: Vec<ChargeRule>,
+}
+
+/// One rule of a [`PendingCharge`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChargeRule {
+    /// The rule.
+    pub rule: RuleId,
+    /// The client's identifier parts.
+    pub id: Vec<String>,
+    /// Units to charge.
+    pub cost: u64,
+}
+
+impl PendingCharge {
+    /// The rules whose `count_status` holds `status`, as script checks,
+    /// each with its id; rules `config` lacks are left out.
+    pub fn counting<'a>(
+        &'a self,
+        config: &'a Config,
+        status: u16,
+    ) -> Vec<(RuleId, Check<'a>, Vec<&'a str>)> {
+        self.rules
+            .iter()
+            .filter_map(|c| {
+                let rule = config.rule(c.rule)?;
+                rule.count_status.contains(&status).then(|| {
+                    let check = Check { rule, cost: c.cost };
+                    (c.rule, check, c.id.iter().map(String::as_str).collect())
+                })
+            })
+            .collect()
+    }
+}
+
+/// What one request is decided with: the configuration, Redis, and this
+/// isolate's memory of denials and clock.
+pub struct Limiter<'c, 's, S> {
+    /// The rules; an outcome borrows them.
+    pub config: &'c Config,
+    /// Where the script runs.
+    pub store: &'s S,
+    /// Denials still in force, shared by the isolate's requests. Borrowed
+    /// only briefly, never across an await, since requests interleave.
+    pub cache: &'s RefCell<BlockCache>,
+}
+
+impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
+    /// Decides `req` at `now_ms` (the isolate's clock, used only to age
+    /// cached denials). Never fails: a Redis fault becomes the fail mode.
+    pub async fn handle(&self, req: &RequestMeta, now_ms: u64) -> Handled<'c> {
+        let selection = match select(self.config, req) {
+            Ok(selection) => selection,
+            Err(refusal) => return refused(refusal),
+        };
+        // A shadow rule never blocks, not even an ambiguous request.
+        let mut events: Vec<Event> = selection
+            .shadow_ambiguous
+            .iter()
+            .map(|(_, rule, a)| Event {
+                error: Some(ambiguity(a)),
+                ..Event::new(Action::Refuse, &rule.name)
+            })
+            .collect();
+        if selection.rules.is_empty() {
+            return Handled::new(Outcome::Forward(Forward::Unlimited), events);
+        }
+        let methods = req.methods();
+        let checks = selection.checks(&methods);
+        let mut handled = self.decide(&checks, now_ms).await;
+        events.append(&mut handled.events);
+        handled.events = events;
+        // A request forwarded undecided (fail open) is still charged after.
+        if matches!(handled.outcome, Outcome::Forward(_)) {
+            handled.charge = selection.pending_charge(&methods);
+        }
+        handled
+    }
+
+    /// Charges the `count_status` rules of a forwarded request whose list
+    /// holds the origin's `status`, in one script call; nothing when none
+    /// does. Runs after the response has gone: a fault is only logged.
+    pub async fn charge(&self, charge: &PendingCharge, status: u16) -> Vec<Event> {
+        let checks: Vec<(Check<'_>, Vec<&str>)> = charge
+            .counting(self.config, status)
+            .into_iter()
+            .map(|(_, check, id)| (check, id))
+            .collect();
+        if checks.is_empty() {
+            return vec![];
+        }
+        let call = ScriptCall::charge(&checks, None);
+        let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
+        match run(self.store, &call, budget)
+            .await
+            .and_then(|r| r.decision())
+        {
+            Ok(decision) => penalty_events(&checks, &call, &decision),
+            Err(error) => checks
+                .iter()
+                .zip(call.rule_keys())
+                .map(|((check, _), key)| Event {
+                    status: Some(status),
+                    key: Some(key.to_owned()),
+                    error: Some(error.to_string()),
+                    ..Event::new(Action::ChargeFailed, &check.rule.name)
+                })
+                .collect(),
+        }
+    }
+
+    /// Decides the checks of the matched rules, from the cache or Redis.
+    async fn decide(&self, checks: &[(Check<'c>, Vec<&str>)], now_ms: u64) -> Handled<'c> {
+        let call = ScriptCall::decide(checks, None);
+        let signature = call.signature();
+        let cached = self.cache.borrow_mut().lookup(&signature, now_ms);
+        if let Some(decision) = cached {
+            return decided(checks, &call, decision);
+        }
+        let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
+        match run(self.store, &call, budget)
+            .await
+            .and_then(|r| r.decision())
+        {
+            Ok(decision) => {
+                self.cache
+                    .borrow_mut()
+                    .remember(signature, &decision, now_ms);
+                decided(checks, &call, decision)
+            }
+            Err(error) => failed(checks, &call, &error),
+        }
+    }
+}
+
+/// The outcome of a decision, with its log events.
+fn decided<'c>(
+    checks: &[(Check<'c>, Vec<&str>)],
+    call: &ScriptCall,
+    decision: Decision,
+) -> Handled<'c> {
+    let rules: Vec<&Rule> = checks.iter().map(|(c, _)| c.rule).collect();
+    let keys = call.rule_keys();
+    let mut events: Vec<Event> = rules
+        .iter()
+        .zip(&decision.rules)
+        .zip(&keys)
+        .filter(|((r, _), _)| r.mode == Mode::Shadow)
+        .filter_map(|((r, s), key)| {
+            let retry = s.retry()?;
+            Some(Event {
+                retry_after: retry_seconds(retry),
+                key: Some((*key).to_owned()),
+                ..Event::new(Action::WouldDeny, &r.name)
+            })
+        })
+        .collect();
+    events.extend(penalty_events(checks, call, &decision));
+    if let Some(retry) = decision.retry() {
+        let binding = decision.binding();
+        events.push(Event {
+            status: Some(429),
+            retry_after: retry_seconds(retry),
+            key: keys.get(binding).map(|k| (*k).to_owned()),
+            ..Event::new(Action::Deny, &rules[binding].name)
+        });
+        return Handled::new(Outcome::Deny(Decided { rules, decision }), events);
+    }
+    let admitted = Forward::Admitted(Decided { rules, decision });
+    Handled::new(Outcome::Forward(admitted), events)
+}
+
+/// Whole seconds a client is told to wait, at least 1; none for never.
+pub fn retry_seconds(retry: Retry) -> Option<u64> {
+    retry.ms().map(|ms| ms.div_ceil(1000).max(1))
+}
+
+/// The rules a request falls under, as the worker picks them.
+#[derive(Debug)]
+pub struct Selection<'c, 'r> {
+    /// Every matching rule that identifies the client, in configuration
+    /// order, with the identifier's parts.
+    pub rules: Vec<(RuleId, &'c Rule, Vec<Cow<'r, str>>)>,
+    /// Matching shadow rules that cannot identify the client (a key part
+    /// given twice): they block nothing and are only logged.
+    pub shadow_ambiguous: Vec<(RuleId, &'c Rule, Ambiguous)>,
+}
+
+impl<'c> Selection<'c, '_> {
+    /// The script's checks for a request the origin may take for any of
+    /// these (upper-case) methods.
+    pub fn checks(&self, methods: &[String]) -> Vec<(Check<'c>, Vec<&str>)> {
+        self.rules
+            .iter()
+            .map(|(_, rule, id)| {
+                let cost = rule.cost.for_methods(methods);
+                (
+                    Check { rule, cost },
+                    id.iter().map(|p| p.as_ref()).collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// What to charge after the response, for the `count_status` rules
+    /// among these; `None` when there are none.
+    pub fn pending_charge(&self, methods: &[String]) -> Option<PendingCharge> {
+        let rules: Vec<ChargeRule> = self
+            .rules
+            .iter()
+            .filter(|(_, rule, _)| !rule.count_status.is_empty())
+            .map(|(rule_id, rule, id)| ChargeRule {
+                rule: *rule_id,
+                id: id.iter().map(|p| p.to_string()).collect(),
+                cost: rule.cost.for_methods(methods),
+            })
+            .collect();
+        (!rules.is_empty()).then_some(PendingCharge { rules })
+    }
+}
+
+/// An enforced rule that cannot identify a request's client, and why: the
+/// request is refused with a 400.
+pub type Refusal<'c> = (RuleId, &'c Rule, Ambiguous);
+
+/// Picks the rules for `req`. `Err` names the first matching enforced rule
+/// that cannot identify the client: the request is then refused with a 400
+/// and nothing is decided. The worker and `edge-limiter simulate` share it.
+pub fn select<'c, 'r>(
+    config: &'c Config,
+    req: &'r RequestMeta,
+) -> Result<Selection<'c, 'r>, Refusal<'c>> {
+    let mut selection = Selection {
+        rules: Vec::new(),
+        shadow_ambiguous: Vec::new(),
+    };
+    for (id, rule) in config.rules_with_ids().filter(|(_, r)| r.matches(req)) {
+        match rule.identifier(req) {
+            Ok(parts) => selection.rules.push((id, rule, parts)),
+            // A shadow rule never blocks, not even an ambiguous request.
+            Err(a) if rule.mode == Mode::Shadow => selection.shadow_ambiguous.push((id, rule, a)),
+            Err(a) => return Err((id, rule, a)),
+        }
+    }
+    Ok(selection)
+}
+
+/// The tightest budget of these rules: none waits longer than it allows.
+fn budget_of<'a>(rules: impl Iterator<Item = &'a Rule>) -> Duration {
+    Duration::from_millis(
+        rules
+            .map(|r| r.budget_ms)
+            .min()
+            .unwrap_or(DEFAULT_BUDGET_MS),
+    )
+}
+
+/// One event per penalty the decision started, naming its penalty key.
+fn penalty_events(
+    checks: &[(Check<'_>, Vec<&str>)],
+    call: &ScriptCall,
+    decision: &Decision,
+) -> Vec<Event> {
+    let keys = call.rule_keys();
+    decision
+        .penalties_started
+        .iter()
+        .filter_map(|&i| {
+            let rule = checks.get(i)?.0.rule;
+            let action = match rule.mode {
+                Mode::Shadow => Action::WouldPenaltyStart,
+                Mode::Enforce => Action::PenaltyStart,
+            };
+            Some(Event {
+                status: (!decision.admitted()).then_some(429),
+                retry_after: rule.penalty_ms.map(|ms| ms.div_ceil(1000)),
+                key: keys.get(i).map(|k| penalty_key(k)),
+                ..Event::new(action, &rule.name)
+            })
+        })
+        .collect()
+}
+
+/// What the log says of a key part given several values.
+pub fn ambiguity(a: &Ambiguous) -> String {
+    format!("`{}` came with several different values", a.part)
+}
+
+/// A request an enforced rule cannot identify: refused, with its event.
+fn refused((_, rule, ambiguous): Refusal<'_>) -> Handled<'_> {
+    let event = Event {
+        status: Some(400),
+        error: Some(ambiguity(&ambiguous)),
+        ..Event::new(Action::Refuse, &rule.name)
+    };
+    Handled::new(Outcome::Refuse { rule, ambiguous }, vec![event])
+}
+
+/// Seconds a client is told to wait when the limiter cannot decide.
+pub const UNAVAILABLE_RETRY_S: u64 = 1;
+
+/// Redis could not decide: the fail mode of the rules says what happens.
+fn failed<'c>(
+    checks: &[(Check<'c>, Vec<&str>)],
+    call: &ScriptCall,
+    error: &ScriptError,
+) -> Handled<'c> {
+    // One enforced closed rule is enough to refuse: it asked never to be
+    // bypassed. Shadow rules never block, not even here.
+    let closed = checks
+        .iter()
+        .any(|(c, _)| c.rule.fail == FailMode::Closed && c.rule.mode == Mode::Enforce);
+    let action = if closed {
+        Action::FailClosed
+    } else {
+        Action::FailOpen
+    };
+    let events = checks
+        .iter()
+        .zip(call.rule_keys())
+        .map(|((check, _), key)| Event {
+            status: closed.then_some(503),
+            retry_after: closed.then_some(UNAVAILABLE_RETRY_S),
+            key: Some(key.to_owned()),
+            error: Some(error.to_string()),
+            ..Event::new(action, &check.rule.name)
+        })
+        .collect();
+    let outcome = match closed {
+        true => Outcome::Unavailable,
+        false => Outcome::Forward(Forward::Bypassed),
+    };
+    Handled::new(outcome, events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::{
+        redis_rest::{RestError, Script},
+        verdict::{RequestVerdict, Retry},
+    };
+    use serde_json::{json, Value};
+    use std::cell::Cell;
+
+    /// How long the tests' block caches answer a denial from memory.
+    const HOLD: u64 = 10_000;
+
+    /// A call's keys, arguments and budget, as the store received them.
+    #[derive(Debug, Clone)]
+    struct Sent {
+        keys: Vec<String>,
+        args: Vec<String>,
+        budget: Duration,
+    }
+
+    struct Fake {
+        reply: Result<Value, RestError>,
+        calls: Cell<usize>,
+        last: RefCell<Option<Sent>>,
+    }
+
+    impl ScriptRunner for Fake {
+        async fn eval(
+            &self,
+            _: &Script,
+            keys: &[String],
+            args: &[String],
+            budget: Duration,
+        ) -> Result<Value, RestError> {
+            self.calls.set(self.calls.get() + 1);
+            *self.last.borrow_mut() = Some(Sent {
+                keys: keys.to_vec(),
+                args: args.to_vec(),
+                budget,
+            });
+            self.reply.clone()
+        }
+    }
+
+    fn last(store: &Fake) -> Sent {
+        store.last.borrow().clone().expect("a call was made")
+    }
+
+    fn fake(reply: Result<Value, RestError>) -> Fake {
+        Fake {
+            reply,
+            calls: Cell::new(0),
+            last: RefCell::new(None),
+        }
+    }
+
+    fn config(extra: Value) -> Config {
+        let mut c = json!({"rules": [
+            {"name": "ip", "key": ["ip"], "algorithm": "gcra", "rate": 5, "period": "1s", "fail": "open", "budget": "300ms"},
+            {"name": "login", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1m", "path_prefix": "/login"}
+        ]});
+        c.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        Config::from_json(&c).unwrap()
+    }
+
+    fn req(path: &str) -> RequestMeta {
+        let ip = ("cf-connecting-ip".to_owned(), "192.0.2.1".to_owned());
+        RequestMeta::new("GET", "example.com", path, None, [ip])
+    }
+
+    fn run<'c>(
+        config: &'c Config,
+        store: &Fake,
+        cache: &RefCell<BlockCache>,
+        path: &str,
+        now: u64,
+    ) -> Handled<'c> {
+        let limiter = Limiter {
+            config,
+            store,
+            cache,
+        };
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+            .block_on(limiter.handle(&req(path), now))
+    }
+
+    fn once<'c>(config: &'c Config, store: &Fake, path: &str) -> Handled<'c> {
+        run(config, store, &RefCell::new(BlockCache::new(HOLD)), path, 0)
+    }
+
+    const ADMIT_ONE: &str = "[1, 5, 4, 200, 0, 1]";
+    const DENY_LOGIN: &str = "[1, 5, 4, 200, 0, 1, 0, 1, 0, 60000, 60000, 1]";
+
+    #[test]
+    fn only_matching_rules_are_sent() {
+        let store = fake(Ok(serde_json::from_str(ADMIT_ONE).unwrap()));
+        let c = config(json!({}));
+        let out = once(&c, &store, "/");
+        assert!(matches!(
+            out.outcome,
+            Outcome::Forward(Forward::Admitted(_))
+        ));
+        let sent = last(&store);
+        assert_eq!(sent.keys, ["el:{192.0.2.1}:ip"]);
+        assert_eq!(sent.budget, Duration::from_millis(300));
+    }
+
+    #[test]
+    fn a_denial_is_then_served_from_the_cache() {
+        let store = fake(Ok(serde_json::from_str(DENY_LOGIN).unwrap()));
+        let c = config(json!({}));
+        let cache = RefCell::new(BlockCache::new(HOLD));
+        let denied = |out: &Handled<'_>| match &out.outcome {
+            Outcome::Deny(d) => (
+                d.rules[d.decision.binding()].name.clone(),
+                d.decision.wait_ms(),
+            ),
+            other => panic!("{other:?}"),
+        };
+        let out = run(&c, &store, &cache, "/login", 1_000);
+        assert_eq!(denied(&out), ("login".to_owned(), Some(60_000)));
+        let again = run(&c, &store, &cache, "/login", 8_000);
+        assert_eq!(store.calls.get(), 1, "the second denial made no round trip");
+        assert_eq!(denied(&again), ("login".to_owned(), Some(53_000)));
+        run(&c, &store, &cache, "/login", 11_000);
+        assert_eq!(
+            store.calls.get(),
+            2,
+            "after the cache's hold, Redis decides again"
+        );
+    }
+
+    #[test]
+    fn shadow_denials_are_logged_and_forwarded() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "ip", "key": ["ip"], "algorithm": "gcra", "rate": 5, "period": "1s"},
+            {"name": "login", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1m", "mode": "shadow"}
+        ]}))
+        .unwrap();
+        // The script admits (only enforced rules count) and reports the shadow rule's verdict.
+        let store = fake(Ok(json!([1, 5, 4, 200, 0, 1, 0, 1, 0, 60000, 60000, 1])));
+        let out = once(&c, &store, "/login");
+        let Outcome::Forward(Forward::Admitted(decided)) = &out.outcome else {
+            panic!("{out:?}")
+        };
+        assert_eq!(
+            decided.decision.verdict,
+            RequestVerdict::Admitted { tightest: 1 }
+        );
+        assert_eq!(
+            decided.decision.rules[1].retry(),
+            Some(Retry::After { ms: 60_000 })
+        );
+        assert_eq!(
+            out.events,
+            [Event {
+                retry_after: Some(60),
+                key: Some("el:{192.0.2.1}:login".into()),
+                ..Event::new(Action::WouldDeny, "login")
+            }]
+        );
+        assert_eq!(last(&store).args[2], "es");
+    }
+
+    #[test]
+    fn redis_faults_follow_the_fail_mode() {
+        let c = config(json!({}));
+        for error in [
+            RestError::Timeout { budget_ms: 300 },
+            RestError::Auth,
+            RestError::Malformed("x".into()),
+        ] {
+            let open = once(&c, &fake(Err(error.clone())), "/");
+            assert_eq!(open.outcome, Outcome::Forward(Forward::Bypassed));
+            assert_eq!(open.events.len(), 1);
+            assert_eq!(open.events[0].action, Action::FailOpen);
+            assert_eq!(open.events[0].error, Some(error.to_string()));
+            // /login also matches the default-closed rule, so closed wins.
+            let closed = once(&c, &fake(Err(error)), "/login");
+            assert_eq!(closed.outcome, Outcome::Unavailable);
+            let actions: Vec<_> = closed
+                .events
+                .iter()
+                .map(|e| (e.action, e.rule.as_str(), e.status))
+                .collect();
+            assert_eq!(
+                actions,
+                [
+                    (Action::FailClosed, "ip", Some(503)),
+                    (Action::FailClosed, "login", Some(503))
+                ]
+            );
+        }
+        let garbage = once(&c, &fake(Ok(json!("OK"))), "/login");
+        assert_eq!(garbage.outcome, Outcome::Unavailable);
+        assert!(garbage.events[0]
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("outside the protocol")));
+    }
+
+    #[test]
+    fn count_status_rules_are_checked_up_front_and_charged_after_the_response() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "login", "key": ["ip"], "algorithm": "gcra", "rate": 5, "period": "15m",
+             "count_status": [401, 403]}
+        ]}))
+        .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let cache = RefCell::new(BlockCache::new(HOLD));
+        // Up front: checked at its cost, not charged ('c'), six fields back.
+        let store = fake(Ok(json!([1, 5, 4, 180000, 0, 1])));
+        let limiter = Limiter {
+            config: &c,
+            store: &store,
+            cache: &cache,
+        };
+        let out = rt.block_on(limiter.handle(&req("/login"), 0));
+        assert!(matches!(
+            out.outcome,
+            Outcome::Forward(Forward::Admitted(_))
+        ));
+        assert_eq!(last(&store).args[2], "c");
+        let charge = out.charge.expect("a charge for after the response");
+        // A status the rule does not count: no call at all.
+        assert!(rt.block_on(limiter.charge(&charge, 200)).is_empty());
+        assert_eq!(store.calls.get(), 1);
+        // A counted status: one call, charging (a rule alone: GCRA's own path).
+        let store = fake(Ok(json!(0)));
+        let limiter = Limiter {
+            config: &c,
+            store: &store,
+            cache: &cache,
+        };
+        assert!(rt.block_on(limiter.charge(&charge, 401)).is_empty());
+        let sent = last(&store);
+        assert_eq!(
+            (sent.args.as_slice(), sent.keys.as_slice()),
+            (
+                &["180000000".to_owned(), "5".to_owned()][..],
+                &["el:{192.0.2.1}:login".to_owned()][..]
+            )
+        );
+        // A fault after the response is only logged.
+        let store = fake(Err(RestError::Timeout { budget_ms: 1000 }));
+        let limiter = Limiter {
+            config: &c,
+            store: &store,
+            cache: &cache,
+        };
+        let events = rt.block_on(limiter.charge(&charge, 403));
+        assert_eq!(events.len(), 1);
+        assert_eq!(
+            (events[0].action, events[0].status),
+            (Action::ChargeFailed, Some(403))
+        );
+    }
+
+    #[test]
+    fn a_penalty_start_is_one_event_and_cached_denials_start_none() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "p", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1m", "penalty": "10m"}
+        ]}))
+        .unwrap();
+        // Denied, and the penalty started (the mask after the six fields).
+        let store = fake(Ok(json!([0, 1, 0, 600000, 600000, 1, 1])));
+        let cache = RefCell::new(BlockCache::new(HOLD));
+        let first = run(&c, &store, &cache, "/", 0);
+        let actions: Vec<_> = first.events.iter().map(|e| e.action).collect();
+        assert_eq!(actions, [Action::PenaltyStart, Action::Deny]);
+        assert_eq!(first.events[0].key.as_deref(), Some("el:{192.0.2.1}:p:p"));
+        assert_eq!(first.events[0].retry_after, Some(600));
+        assert_eq!(
+            last(&store).keys,
+            ["el:{192.0.2.1}:p", "el:{192.0.2.1}:p:p"]
+        );
+        let again = run(&c, &store, &cache, "/", 1000);
+        assert_eq!(store.calls.get(), 1, "answered from the cache");
+        let actions: Vec<_> = again.events.iter().map(|e| e.action).collect();
+        assert_eq!(actions, [Action::Deny]);
+    }
+
+    #[test]
+    fn a_shadow_penalty_start_is_logged_and_blocks_nothing() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "s", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1m",
+             "penalty": "10m", "mode": "shadow"}
+        ]}))
+        .unwrap();
+        let store = fake(Ok(json!([0, 1, 0, 600000, 600000, 1, 1])));
+        let cache = RefCell::new(BlockCache::new(HOLD));
+        let out = run(&c, &store, &cache, "/", 0);
+        assert!(matches!(
+            out.outcome,
+            Outcome::Forward(Forward::Admitted(_))
+        ));
+        let actions: Vec<_> = out.events.iter().map(|e| (e.action, e.status)).collect();
+        assert_eq!(
+            actions,
+            [(Action::WouldDeny, None), (Action::WouldPenaltyStart, None)]
+        );
+        assert_eq!(out.events[1].retry_after, Some(600));
+        run(&c, &store, &cache, "/", 1000);
+        assert_eq!(store.calls.get(), 2, "a shadow verdict is never cached");
+    }
+
+    #[test]
+    fn exempt_clients_make_no_call() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "ip", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1m",
+             "except_ips": ["192.0.2.0/24", "2001:db8::/32"]}
+        ]}))
+        .unwrap();
+        let store = fake(Ok(json!(0)));
+        let out = once(&c, &store, "/");
+        assert_eq!(out.outcome, Outcome::Forward(Forward::Unlimited));
+        assert_eq!(store.calls.get(), 0);
+    }
+}

@@ -1,0 +1,203 @@
+//! Verdicts: how each rule stands after a decision, and what that means
+//! for the whole request. Types whose variants carry only what is true of
+//! them: an admitted rule has no retry, a denied one always says when.
+
+use crate::rules::{policy::Gcra, rule::Mode};
+
+/// When a denied request could be admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// After this many milliseconds.
+    After {
+        /// Milliseconds to wait.
+        ms: u64,
+    },
+    /// Never: the request costs more than the limit allows.
+    Never,
+}
+
+impl Retry {
+    /// The wait in milliseconds, if there is one.
+    pub fn ms(self) -> Option<u64> {
+        match self {
+            Retry::After { ms } => Some(ms),
+            Retry::Never => None,
+        }
+    }
+
+    /// Whether this frees up strictly later than `other` (never being the
+    /// latest of all).
+    pub fn later_than(self, other: Retry) -> bool {
+        match (self, other) {
+            (Retry::Never, other) => other != Retry::Never,
+            (Retry::After { .. }, Retry::Never) => false,
+            (Retry::After { ms: a }, Retry::After { ms: b }) => a > b,
+        }
+    }
+
+    /// This retry as seen `elapsed_ms` later.
+    pub fn aged(self, elapsed_ms: u64) -> Retry {
+        match self {
+            Retry::After { ms } => Retry::After {
+                ms: ms.saturating_sub(elapsed_ms),
+            },
+            Retry::Never => Retry::Never,
+        }
+    }
+}
+
+/// One rule's verdict on a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The rule alone would admit it.
+    Admitted,
+    /// The rule alone would deny it.
+    Denied(Retry),
+}
+
+/// How one rule stands after the decision. Times are milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuleState {
+    /// Whether this rule alone admits the request, and if not, when it could.
+    pub verdict: Verdict,
+    /// The reported window's limit (GCRA: the burst).
+    pub limit: u64,
+    /// Units left in that window after this decision.
+    pub remaining: u64,
+    /// Milliseconds until that window holds no admitted cost.
+    pub reset_after_ms: u64,
+    /// 1-based index of the reported window: when denied, the one that
+    /// denies; when admitted, the one with the fewest units left (GCRA: 1).
+    pub window: usize,
+}
+
+impl RuleState {
+    /// Whether this rule alone admits the request.
+    pub fn admitted(&self) -> bool {
+        self.verdict == Verdict::Admitted
+    }
+
+    /// When this rule could admit the request, if it denies it.
+    pub fn retry(&self) -> Option<Retry> {
+        match self.verdict {
+            Verdict::Admitted => None,
+            Verdict::Denied(r) => Some(r),
+        }
+    }
+
+    /// A GCRA rule's state when its TAT lay `ahead_us` ahead of now before a
+    /// request of `cost` units: after the request if that fits the burst,
+    /// else as it stands. The same arithmetic as `gcra_check` in
+    /// `lua/gcra.lua`, saturating so that no reply can overflow it; the
+    /// reference model works it out again on its own.
+    pub fn gcra(g: &Gcra, cost: u64, ahead_us: u64) -> RuleState {
+        let interval = g.interval_us().max(1);
+        let tolerance = interval.saturating_mul(g.burst());
+        let after = ahead_us.saturating_add(cost.saturating_mul(interval));
+        let (stands, verdict) = if after <= tolerance {
+            (after, Verdict::Admitted)
+        } else if cost > g.burst() {
+            (ahead_us, Verdict::Denied(Retry::Never))
+        } else {
+            let ms = (after - tolerance).div_ceil(1000);
+            (ahead_us, Verdict::Denied(Retry::After { ms }))
+        };
+        RuleState {
+            verdict,
+            limit: g.burst(),
+            // A TAT further ahead than the burst (it was lowered) leaves none.
+            remaining: tolerance.saturating_sub(stands) / interval,
+            reset_after_ms: stands.div_ceil(1000),
+            window: 1,
+        }
+    }
+}
+
+/// The verdict on a whole request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestVerdict {
+    /// Every enforced rule admitted it, and every admitting rule was charged.
+    Admitted {
+        /// 0-based index of the first rule with the fewest units left.
+        tightest: usize,
+    },
+    /// An enforced rule denied it; nothing was charged.
+    Denied {
+        /// 0-based index of the first enforced denying rule that frees up last.
+        binding: usize,
+        /// When the request could be admitted.
+        retry: Retry,
+    },
+}
+
+/// The verdict on a whole request: all rules admitted it, or none consumed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Admitted or denied, and which rule says so.
+    pub verdict: RequestVerdict,
+    /// One state per rule, in call order.
+    pub rules: Vec<RuleState>,
+    /// Rules (0-based, call order) whose penalty this decision started.
+    pub penalties_started: Vec<usize>,
+}
+
+impl Decision {
+    /// The verdict over every rule's state, `modes[i]` being rule i's mode:
+    /// admitted when no enforced rule denies. The binding rule is, when
+    /// denied, the first enforced denying rule that frees up last; when
+    /// admitted, the first with the fewest units left.
+    pub fn settle(rules: Vec<RuleState>, modes: &[Mode]) -> Decision {
+        let mut denied: Option<(usize, Retry)> = None;
+        let mut tightest = 0;
+        for (i, s) in rules.iter().enumerate() {
+            let enforced = modes.get(i) != Some(&Mode::Shadow);
+            match (s.verdict, denied) {
+                (Verdict::Denied(retry), None) if enforced => denied = Some((i, retry)),
+                (Verdict::Denied(retry), Some((_, binding)))
+                    if enforced && retry.later_than(binding) =>
+                {
+                    denied = Some((i, retry));
+                }
+                _ if s.remaining < rules[tightest].remaining => tightest = i,
+                _ => {}
+            }
+        }
+        let verdict = match denied {
+            Some((binding, retry)) => RequestVerdict::Denied { binding, retry },
+            None => RequestVerdict::Admitted { tightest },
+        };
+        Decision {
+            verdict,
+            rules,
+            penalties_started: vec![],
+        }
+    }
+
+    /// Whether every enforced rule admitted the request.
+    pub fn admitted(&self) -> bool {
+        matches!(self.verdict, RequestVerdict::Admitted { .. })
+    }
+
+    /// The rule the headers and the denial speak for: the binding rule when
+    /// denied, the tightest when admitted.
+    pub fn binding(&self) -> usize {
+        match self.verdict {
+            RequestVerdict::Admitted { tightest } => tightest,
+            RequestVerdict::Denied { binding, .. } => binding,
+        }
+    }
+
+    /// When a denied request could be admitted; `None` when admitted.
+    pub fn retry(&self) -> Option<Retry> {
+        match self.verdict {
+            RequestVerdict::Admitted { .. } => None,
+            RequestVerdict::Denied { retry, .. } => Some(retry),
+        }
+    }
+
+    /// Milliseconds a denied request must wait; `None` when it was admitted
+    /// or can never be.
+    pub fn wait_ms(&self) -> Option<u64> {
+        self.retry().and_then(Retry::ms)
+    }
+}

@@ -1,0 +1,440 @@
+//! Every response the worker makes itself, and the headers it adds to the
+//! origin's: `RateLimit-Policy` and `RateLimit`
+//! (draft-ietf-httpapi-ratelimit-headers-11), the `X-RateLimit-*`
+//! convention, `Retry-After` (RFC 9110), and RFC 9457 problem documents
+//! for 429, 400, 503 and a misconfigured worker.
+
+use serde_json::json;
+
+use crate::{
+    decision::{
+        limiter::{retry_seconds, Decided, Forward, Outcome, UNAVAILABLE_RETRY_S},
+        verdict::Decision,
+    },
+    rules::{
+        config::Config,
+        policy::Policy,
+        rule::{Ambiguous, Rule},
+    },
+};
+
+/// Header telling the client the limiter could not decide and let it through.
+pub const BYPASS_HEADER: &str = "X-RateLimit-Bypassed";
+
+/// A problem document's media type.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// What the worker does with a request, ready for the runtime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Response {
+    /// Send it to the origin, then add `headers` to the origin's response.
+    Forward {
+        /// Headers to add.
+        headers: Vec<(String, String)>,
+    },
+    /// Answer it here; the origin never sees it.
+    Answer {
+        /// HTTP status.
+        status: u16,
+        /// The body's media type.
+        content_type: String,
+        /// The body.
+        body: String,
+        /// Headers besides `Content-Type`.
+        headers: Vec<(String, String)>,
+    },
+}
+
+impl Response {
+    /// The headers this response carries or adds.
+    pub fn headers(&self) -> &[(String, String)] {
+        match self {
+            Response::Forward { headers } | Response::Answer { headers, .. } => headers,
+        }
+    }
+}
+
+/// The response for `outcome` under `config`'s header switches.
+pub fn render(outcome: &Outcome<'_>, config: &Config) -> Response {
+    let style = HeaderStyle {
+        x_ratelimit: config.x_ratelimit_headers,
+    };
+    match outcome {
+        Outcome::Forward(Forward::Unlimited) => Response::Forward { headers: vec![] },
+        Outcome::Forward(Forward::Admitted(decided)) => Response::Forward {
+            headers: for_decision(&decided.rules, &decided.decision, style),
+        },
+        Outcome::Forward(Forward::Bypassed) => Response::Forward {
+            headers: vec![(BYPASS_HEADER.to_owned(), "redis-unavailable".to_owned())],
+        },
+        Outcome::Deny(decided) => denial(decided, style),
+        Outcome::Refuse { rule, ambiguous } => refusal(rule, ambiguous),
+        Outcome::Unavailable => Response::Answer {
+            status: 503,
+            content_type: PROBLEM_JSON.to_owned(),
+            body: json!({
+                "type": "about:blank",
+                "title": "Service Unavailable",
+                "status": 503,
+                "detail": "The rate limiter cannot decide right now; retry shortly.",
+            })
+            .to_string(),
+            headers: vec![("Retry-After".to_owned(), UNAVAILABLE_RETRY_S.to_string())],
+        },
+    }
+}
+
+/// A 429: the binding rule's configured body, or a problem document.
+fn denial(decided: &Decided<'_>, style: HeaderStyle) -> Response {
+    let rule = decided.rules[decided.decision.binding()];
+    let (content_type, body) = match &rule.deny_body {
+        Some(custom) => (custom.content_type.clone(), custom.body.clone()),
+        None => (
+            PROBLEM_JSON.to_owned(),
+            problem_body(rule, &decided.decision),
+        ),
+    };
+    Response::Answer {
+        status: 429,
+        content_type,
+        body,
+        headers: for_decision(&decided.rules, &decided.decision, style),
+    }
+}
+
+/// A 400 for a request that gives an enforced rule's key part several
+/// values: the origin may read any of them, so no bucket would be right,
+/// and charging one would let the client pick which.
+fn refusal(rule: &Rule, a: &Ambiguous) -> Response {
+    let body = json!({
+        "type": "about:blank",
+        "title": "Bad Request",
+        "status": 400,
+        "detail": format!(
+            "`{}` appears more than once with different values; rule `{}` identifies clients by it, so send it once.",
+            a.part, rule.name
+        ),
+        "parameter": a.part.to_string(),
+        "policy": rule.name,
+    });
+    Response::Answer {
+        status: 400,
+        content_type: PROBLEM_JSON.to_owned(),
+        body: body.to_string(),
+        headers: vec![],
+    }
+}
+
+/// The body of a response the worker answers when it cannot serve at all
+/// (a misconfiguration): a problem document with `status` and `detail`.
+pub fn failure_body(status: u16, detail: &str) -> String {
+    json!({ "type": "about:blank", "status": status, "detail": detail }).to_string()
+}
+
+/// Whole seconds, rounded up: a client that waits this long is never early.
+pub fn seconds_up(ms: u64) -> u64 {
+    ms.div_ceil(1000)
+}
+
+/// One `RateLimit-Policy` item per window of each rule: `"name";q=Q;w=W`.
+/// A rule with several windows names them `name.1`, `name.2`...
+fn policy_items(rule: &Rule, out: &mut Vec<String>) {
+    match &rule.policy {
+        Policy::Gcra(g) => {
+            // A full burst refills in burst x interval (bounded by the policy).
+            let w = g.span_us().div_ceil(1_000_000).max(1);
+            out.push(format!("\"{}\";q={};w={}", rule.name, g.burst(), w));
+        }
+        Policy::Windowed(ws) => {
+            for (i, win) in ws.iter().enumerate() {
+                let name = if ws.len() == 1 {
+                    rule.name.clone()
+                } else {
+                    format!("{}.{}", rule.name, i + 1)
+                };
+                out.push(format!(
+                    "\"{}\";q={};w={}",
+                    name,
+                    win.limit(),
+                    seconds_up(win.duration_ms()).max(1)
+                ));
+            }
+        }
+    }
+}
+
+fn item_name(rule: &Rule, window: usize) -> String {
+    match &rule.policy {
+        Policy::Windowed(ws) if ws.len() > 1 => format!("{}.{}", rule.name, window),
+        _ => rule.name.clone(),
+    }
+}
+
+/// Header switches a deployment may turn off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderStyle {
+    /// Also send `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
+    pub x_ratelimit: bool,
+}
+
+impl Default for HeaderStyle {
+    fn default() -> Self {
+        HeaderStyle { x_ratelimit: true }
+    }
+}
+
+/// The headers for `decision` over `rules` (same order as the decision).
+pub fn for_decision(
+    rules: &[&Rule],
+    decision: &Decision,
+    style: HeaderStyle,
+) -> Vec<(String, String)> {
+    let mut policies = Vec::new();
+    for r in rules {
+        policy_items(r, &mut policies);
+    }
+    let current: Vec<String> = rules
+        .iter()
+        .zip(&decision.rules)
+        .map(|(r, s)| {
+            format!(
+                "\"{}\";r={};t={}",
+                item_name(r, s.window),
+                s.remaining,
+                seconds_up(s.reset_after_ms)
+            )
+        })
+        .collect();
+    let mut headers = vec![
+        ("RateLimit-Policy".to_owned(), policies.join(", ")),
+        ("RateLimit".to_owned(), current.join(", ")),
+    ];
+    if style.x_ratelimit {
+        let b = &decision.rules[decision.binding()];
+        headers.push(("X-RateLimit-Limit".to_owned(), b.limit.to_string()));
+        headers.push(("X-RateLimit-Remaining".to_owned(), b.remaining.to_string()));
+        headers.push((
+            "X-RateLimit-Reset".to_owned(),
+            seconds_up(b.reset_after_ms).to_string(),
+        ));
+    }
+    if let Some(s) = decision.retry().and_then(retry_seconds) {
+        headers.push(("Retry-After".to_owned(), s.to_string()));
+    }
+    headers
+}
+
+/// An RFC 9457 problem document for a denied request.
+pub fn problem_body(rule: &Rule, decision: &Decision) -> String {
+    let retry = decision.retry().and_then(retry_seconds);
+    let detail = match retry {
+        Some(s) => format!("Rate limit `{}` exceeded; retry in {s} s.", rule.name),
+        None => format!(
+            "Rate limit `{}` exceeded; this request costs more than the limit allows.",
+            rule.name
+        ),
+    };
+    json!({
+        "type": "about:blank",
+        "title": "Too Many Requests",
+        "status": 429,
+        "detail": detail,
+        "policy": rule.name,
+        "retry_after": retry,
+    })
+    .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::verdict::{RequestVerdict, Retry, RuleState, Verdict};
+    use serde_json::json;
+
+    fn rules() -> Vec<Rule> {
+        Config::from_json(&json!({"rules": [
+            {"name": "burst", "key": ["ip"], "algorithm": "gcra", "rate": 100, "period": "1m"},
+            {"name": "api", "key": ["ip"], "algorithm": "windowed", "windows": [["1s", 10, "100ms"], ["1h", 1000, "1m"]]}
+        ]}))
+        .unwrap()
+        .rules
+    }
+
+    fn state(verdict: Verdict, limit: u64, remaining: u64, reset_after_ms: u64) -> RuleState {
+        RuleState {
+            verdict,
+            limit,
+            remaining,
+            reset_after_ms,
+            window: 1,
+        }
+    }
+
+    fn denied(binding: usize, ms: u64, rules: Vec<RuleState>) -> Decision {
+        Decision {
+            verdict: RequestVerdict::Denied {
+                binding,
+                retry: Retry::After { ms },
+            },
+            rules,
+            penalties_started: vec![],
+        }
+    }
+
+    const ADMITTED: Verdict = Verdict::Admitted;
+
+    fn after(ms: u64) -> Verdict {
+        Verdict::Denied(Retry::After { ms })
+    }
+
+    #[test]
+    fn admitted_requests_get_policy_and_state() {
+        let rs = rules();
+        let d = Decision {
+            verdict: RequestVerdict::Admitted { tightest: 1 },
+            penalties_started: vec![],
+            rules: vec![
+                state(ADMITTED, 100, 50, 30_000),
+                state(ADMITTED, 10, 4, 900),
+            ],
+        };
+        let h = for_decision(&[&rs[0], &rs[1]], &d, HeaderStyle::default());
+        let get = |n: &str| h.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+        assert_eq!(
+            get("RateLimit-Policy"),
+            Some("\"burst\";q=100;w=60, \"api.1\";q=10;w=1, \"api.2\";q=1000;w=3600")
+        );
+        assert_eq!(
+            get("RateLimit"),
+            Some("\"burst\";r=50;t=30, \"api.1\";r=4;t=1")
+        );
+        assert_eq!(
+            (
+                get("X-RateLimit-Limit"),
+                get("X-RateLimit-Remaining"),
+                get("X-RateLimit-Reset")
+            ),
+            (Some("10"), Some("4"), Some("1"))
+        );
+        assert_eq!(get("Retry-After"), None);
+        let quiet = for_decision(&[&rs[0], &rs[1]], &d, HeaderStyle { x_ratelimit: false });
+        assert!(quiet.iter().all(|(k, _)| !k.starts_with("X-")));
+    }
+
+    #[test]
+    fn the_largest_accepted_figures_make_exact_headers() {
+        use crate::rules::policy::{MAX_DURATION_MS, MAX_GCRA_SPAN_US, MAX_UNITS};
+        let longest_burst = MAX_GCRA_SPAN_US / 1000 / MAX_DURATION_MS;
+        let rs = Config::from_json(&json!({"rules": [
+            {"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": MAX_DURATION_MS, "burst": longest_burst},
+            {"name": "w", "key": ["ip"], "algorithm": "windowed", "windows": [[MAX_DURATION_MS, MAX_UNITS, MAX_DURATION_MS]]}
+        ]}))
+        .unwrap()
+        .rules;
+        let d = denied(
+            0,
+            u64::MAX,
+            vec![
+                state(after(u64::MAX), longest_burst, 0, u64::MAX),
+                state(ADMITTED, MAX_UNITS, MAX_UNITS, MAX_DURATION_MS),
+            ],
+        );
+        let h = for_decision(&[&rs[0], &rs[1]], &d, HeaderStyle::default());
+        let get = |n: &str| h.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+        let span_s = longest_burst * MAX_DURATION_MS / 1000;
+        assert_eq!(
+            get("RateLimit-Policy").unwrap(),
+            format!("\"g\";q={longest_burst};w={span_s}, \"w\";q={MAX_UNITS};w=31622400")
+        );
+        assert_eq!(
+            get("Retry-After").unwrap(),
+            u64::MAX.div_ceil(1000).to_string()
+        );
+    }
+
+    #[test]
+    fn denials_round_retry_after_up() {
+        let rs = rules();
+        let d = denied(0, 1001, vec![state(after(1001), 100, 0, 60_000)]);
+        let h = for_decision(&[&rs[0]], &d, HeaderStyle::default());
+        assert!(h.contains(&("Retry-After".into(), "2".into())));
+        let body: serde_json::Value = serde_json::from_str(&problem_body(&rs[0], &d)).unwrap();
+        assert_eq!(body["status"], 429);
+        assert_eq!(body["policy"], "burst");
+        assert_eq!(body["retry_after"], 2);
+        let soon = denied(0, 1, d.rules.clone());
+        assert!(for_decision(&[&rs[0]], &soon, HeaderStyle::default())
+            .contains(&("Retry-After".into(), "1".into())));
+    }
+
+    #[test]
+    fn configured_bodies_and_header_switches_apply() {
+        let c = Config::from_json(&json!({"x_ratelimit_headers": false, "rules": [
+            {"name": "login", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1m", "deny_body": "slow down"}
+        ]}))
+        .unwrap();
+        let decided = Decided {
+            rules: vec![&c.rules[0]],
+            decision: denied(0, 60_000, vec![state(after(60_000), 1, 0, 60_000)]),
+        };
+        let Response::Answer {
+            status,
+            content_type,
+            body,
+            headers,
+        } = render(&Outcome::Deny(decided), &c)
+        else {
+            panic!("a denial is answered here")
+        };
+        assert_eq!(
+            (status, content_type.as_str(), body.as_str()),
+            (429, "text/plain; charset=utf-8", "slow down")
+        );
+        assert!(headers.contains(&("Retry-After".into(), "60".into())));
+        assert!(
+            headers.iter().all(|(k, _)| !k.starts_with("X-RateLimit")),
+            "{headers:?}"
+        );
+    }
+
+    #[test]
+    fn every_outcome_has_its_response() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "login", "key": ["query:u"], "algorithm": "gcra", "rate": 1, "period": "1m"}
+        ]}))
+        .unwrap();
+        let rule = &c.rules[0];
+        let decided = Decided {
+            rules: vec![rule],
+            decision: denied(0, 60_000, vec![state(after(60_000), 1, 0, 60_000)]),
+        };
+        let answer = |outcome: Outcome<'_>| match render(&outcome, &c) {
+            Response::Answer {
+                status,
+                content_type,
+                body,
+                headers,
+            } => (status, content_type, body, headers),
+            forward => panic!("{forward:?}"),
+        };
+        let (status, content_type, body, _) = answer(Outcome::Deny(decided));
+        assert_eq!((status, content_type.as_str()), (429, PROBLEM_JSON));
+        assert!(body.contains("\"policy\":\"login\""), "{body}");
+        let ambiguous = Ambiguous {
+            part: rule.key[0].clone(),
+        };
+        let (status, _, body, _) = answer(Outcome::Refuse { rule, ambiguous });
+        assert_eq!(status, 400);
+        assert!(body.contains("\"parameter\":\"query:u\""), "{body}");
+        let (status, _, _, headers) = answer(Outcome::Unavailable);
+        assert_eq!(status, 503);
+        assert_eq!(headers, [("Retry-After".to_owned(), "1".to_owned())]);
+        assert_eq!(
+            render(&Outcome::Forward(Forward::Bypassed), &c).headers(),
+            [(BYPASS_HEADER.to_owned(), "redis-unavailable".to_owned())]
+        );
+        assert!(render(&Outcome::Forward(Forward::Unlimited), &c)
+            .headers()
+            .is_empty());
+    }
+}

@@ -1,0 +1,12 @@
+//! The rule domain: the configuration, the request as rules read it, the
+//! canonical forms that make every spelling of a client one bucket, and
+//! which rules a request falls under. Pure: no I/O, no clock.
+
+pub mod body;
+pub mod canon;
+pub mod cidr;
+pub mod config;
+pub mod policy;
+mod raw;
+pub mod request;
+pub mod rule;
