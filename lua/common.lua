@@ -1,41 +1,27 @@
--- Conventions both algorithms and the entry point follow, and the aliases
--- the lone-rule paths read globals through (see the end of this file).
+-- Conventions every part of the script follows, and the aliases the
+-- one-rule paths read globals through.
 --
--- Portable Lua only. Hosted Upstash runs these scripts in a Lua environment
--- of its own, not stock Redis's, so they use nothing beyond Lua 5.1's base,
--- string, math and table libraries, redis.call, KEYS and ARGV: none of the
--- modules stock Redis bundles for packing, JSON or bit operations (the test
--- command fails when a script names one).
+-- Portable Lua only: Lua 5.1's base, string, math and table libraries,
+-- redis.call, KEYS and ARGV. Hosted Upstash runs its own Lua, without the
+-- modules stock Redis bundles (tests/lua_portable.rs refuses them).
 --
--- Every stored number is decimal text of an integer, written with
--- string.format '%d' (about three times cheaper than tostring) and read back
--- with tonumber, which turns anything else (an older release's binary state,
--- a stray write) into nil: no state. Integers up to 2^53 are exact in Lua's
--- doubles, and the configuration keeps every figure below that.
+-- Stored numbers are decimal integer text (string.format '%d'), read back
+-- with tonumber: anything else, an older release's state or a stray write,
+-- reads as no state. Integers up to 2^53 are exact in Lua's doubles, and
+-- the configuration keeps every figure below that.
 --
--- A note on cost, since every decision runs this script. Redis runs the
--- whole file as one function per call, so each local function is built
--- anew on every call and every table is a fresh allocation. Measured inside
--- Redis 7.0 on a 2-core machine: an empty script costs about 1 us and each
--- redis.call about 1 us more; tonumber about 0.13 us, where Lua's own
--- coercion (`s + 0`) takes half that but raises an error on text that is
--- no number; a table grown field by field about 0.08 us per growth step,
--- unless its constructor sized it; and each file-level local a function
--- uses (an alias such as `local floor = math.floor`) has to be captured
--- anew whenever that function is built: with five functions, aliases cost
--- about 0.4 us a call, more than the lookups they save. Hence the functions
--- call math.* and string.* directly, the reply and the argument tables are
--- sized where they are made, and the choices that need no stored state
--- (which rule binds, the request's retry-after) are left to the caller.
+-- Redis builds every function of the script anew on each call, so the
+-- script keeps few functions and few captured locals, sizes its tables
+-- where they are made, and leaves to the caller what needs no stored state
+-- (which rule binds, the request's retry-after). bench/RESULTS.md ("The
+-- scripts' cost inside Redis") has the measurements behind these choices.
 --
 -- With a pinned clock (tests, simulations) real time is not the timeline,
--- so an expiry cannot be state: state then says when it is worthless by
--- itself, and keys live one day (86400000 ms) longer than that, so
--- that a replay slower than its log never loses state to an expiry.
+-- so an expiry cannot be state: the state says when it is worthless, and
+-- keys live one day (86400000 ms) longer than that, so a replay slower
+-- than its log never loses state to an expiry.
 --
--- The lone-rule paths at the top of gcra.lua and windowed.lua run before
--- any function is built and read ARGV and redis.call through the aliases
--- below: each global read is a table lookup, and these paths make about
--- fifteen (the aliases saved 4 % of a one-window call's instructions
--- inside Redis). No function uses them, so no closure captures them.
+-- The one-rule paths at the top of gcra.lua and windowed.lua run before any
+-- function is built and read ARGV and redis.call through these aliases; no
+-- function uses them, so no closure captures them.
 local argv, call, args = ARGV, redis.call, #ARGV

@@ -22,19 +22,16 @@
 -- pinned clock (tests, simulations) Redis's clock is not the timeline, so
 -- the value holds the TAT itself.
 
--- A rule that governs a request alone, on Redis's clock: the commonest
--- call, decided here before any function of this script is built (each
--- costs its closure on every call).
---   ARGV  interval (us), burst, then the cost when it is not 1 (every
---         argument costs Redis as much as a few lines of Lua, so there
---         are no others)
--- Replies with one integer: how far the TAT lay ahead before the request
--- (us), or -1 minus that when the request is denied; the caller derives
--- every header from it, and Redis turns a number into its reply for about
--- 1 us less than a table. A number passed to redis.call costs Redis a
--- %.17g conversion, dearer than string.format '%d'.
+-- One GCRA rule governing a request alone, on Redis's clock: the commonest
+-- call, decided before any function of the script is built.
+--   ARGV  interval (us), burst, then the cost when it is not 1 (no other
+--         argument: each one costs Redis its parsing)
+-- Replies with one integer, cheaper than a table: how far the TAT lay ahead
+-- before the request (us), or -1 minus that when the request is denied;
+-- the caller derives every header from it. Numbers go to redis.call as
+-- '%d' text, which Redis converts for less than a Lua number.
 if args <= 3 and argv[1] ~= 'reset' then
-  local key, interval, cost = KEYS[1], argv[1] + 0, 1
+  local key, interval_us, burst, cost = KEYS[1], argv[1] + 0, argv[2] + 0, 1
   if argv[3] then
     cost = argv[3] + 0
   end
@@ -42,7 +39,7 @@ if args <= 3 and argv[1] ~= 'reset' then
   -- writes) both come out negative: no state.
   local pttl = call('PTTL', key)
   local ahead = pttl * 1000
-  if ahead > 0 and interval % 1000 ~= 0 then
+  if ahead > 0 and interval_us % 1000 ~= 0 then
     -- Anything but a number within a millisecond is no remainder (an
     -- older release's value): the expiry alone then tells the debt.
     local slack = tonumber(call('GET', key) or '')
@@ -53,15 +50,15 @@ if args <= 3 and argv[1] ~= 'reset' then
   if ahead < 0 then
     ahead = 0
   end
-  local after = ahead + cost * interval
-  if after > interval * argv[2] then
+  local after = ahead + cost * interval_us
+  if after > interval_us * burst then
     return -1 - ahead
   end
   if cost > 0 then
     local ttl = math.ceil(after / 1000)
     if ttl * 1000 > after then
       call('SET', key, string.format('%d', ttl * 1000 - after), 'PX', string.format('%d', ttl))
-    elseif pttl >= 0 and interval % 1000 == 0 then
+    elseif pttl >= 0 and interval_us % 1000 == 0 then
       -- Whole milliseconds: the value stays empty, only the expiry moves.
       call('PEXPIRE', key, string.format('%d', ttl))
     else
@@ -76,19 +73,19 @@ end
 local gcra_ahead, gcra_check, gcra_commit
 if argv[1] == 'decide' then
   -- How far the key's TAT lies ahead of now, microseconds (0: not at all).
-  --   now       the pinned clock, microseconds, or nil for Redis's clock
-  function gcra_ahead(key, now, interval)
+  --   now_us    the pinned clock, or nil for Redis's clock
+  function gcra_ahead(key, now_us, interval_us)
     local ahead
-    if now then
+    if now_us then
       ahead = 0
       -- Text that is no number (an older format, a stray write) is no state.
       local tat = tonumber(redis.call('GET', key) or '')
       if tat then
-        ahead = tat - now
+        ahead = tat - now_us
       end
     else
       ahead = redis.call('PTTL', key) * 1000
-      if ahead > 0 and interval % 1000 ~= 0 then
+      if ahead > 0 and interval_us % 1000 ~= 0 then
         local slack = tonumber(redis.call('GET', key) or '')
         if slack and slack >= 0 and slack < 1000 then
           ahead = ahead - slack
@@ -102,42 +99,42 @@ if argv[1] == 'decide' then
   end
 
   -- Decides one rule without writing anything.
-  --   ahead     how far the TAT lies ahead of now (gcra_ahead)
-  --   cost      units this request asks for (0 = peek)
-  --   interval  emission interval, microseconds (>= 1)
-  --   burst     units admitted back to back from a fresh key (>= 1)
+  --   ahead_us     how far the TAT lies ahead of now (gcra_ahead)
+  --   cost         units this request asks for (0 = peek)
+  --   interval_us  emission interval (>= 1)
+  --   burst        units admitted back to back from a fresh key (>= 1)
   -- Returns the six reply fields: allowed (1/0), limit, remaining,
   -- reset_after, retry_after (milliseconds, rounded up; -1: never) and window
   -- (always 1); then how far ahead the TAT is to be stored if the whole
   -- request is admitted (nil: nothing to write).
-  function gcra_check(ahead, cost, interval, burst)
-    local tolerance = interval * burst
-    local after = ahead + cost * interval
+  function gcra_check(ahead_us, cost, interval_us, burst)
+    local tolerance = interval_us * burst
+    local after = ahead_us + cost * interval_us
     if after <= tolerance then
       local write
       if cost > 0 then
         write = after
       end
-      return 1, burst, math.floor((tolerance - after) / interval), math.ceil(after / 1000), 0, 1, write
+      return 1, burst, math.floor((tolerance - after) / interval_us), math.ceil(after / 1000), 0, 1, write
     end
     local retry_after = -1 -- more than a fresh key could ever admit: no wait helps
     if cost <= burst then
       -- The earliest instant at which the request fits the tolerance.
       retry_after = math.ceil((after - tolerance) / 1000)
     end
-    return 0, burst, math.floor((tolerance - ahead) / interval), math.ceil(ahead / 1000), retry_after, 1, nil
+    return 0, burst, math.floor((tolerance - ahead_us) / interval_us), math.ceil(ahead_us / 1000), retry_after, 1, nil
   end
 
   -- Stores an admitted request's TAT, `ahead` microseconds from now. On
   -- Redis's clock the key lives exactly until the TAT has passed: by then a
   -- fresh key would behave the same, and the expiry can never outlast the
   -- debt, so nobody is locked out by it.
-  function gcra_commit(key, now, ahead)
-    local ttl = math.ceil(ahead / 1000)
-    if now then
-      redis.call('SET', key, now + ahead, 'PX', ttl + 86400000)
-    elseif ttl * 1000 > ahead then
-      redis.call('SET', key, ttl * 1000 - ahead, 'PX', ttl)
+  function gcra_commit(key, now_us, ahead_us)
+    local ttl = math.ceil(ahead_us / 1000)
+    if now_us then
+      redis.call('SET', key, now_us + ahead_us, 'PX', ttl + 86400000)
+    elseif ttl * 1000 > ahead_us then
+      redis.call('SET', key, ttl * 1000 - ahead_us, 'PX', ttl)
     else
       redis.call('SET', key, '', 'PX', ttl)
     end

@@ -1,13 +1,20 @@
 -- The entry point: decides every rule that matches one request, all or
 -- nothing, in one call. common.lua, gcra.lua, windowed.lua and penalty.lua
--- are joined in front of this file at build time (see build.rs), behind the
--- `#!lua` shebang. A rule that governs a request alone on Redis's clock
--- was decided in gcra.lua or windowed.lua already (such a call has no
--- operation argument); everything else comes here.
+-- are joined in front of this file at build time (see build.rs).
 --
+-- Which entry answers a call (src/decision/protocol.rs's Entry says the
+-- same); the two one-rule paths carry no operation name, the cheapest
+-- encoding measured:
+--   #ARGV <= 3, ARGV[1] ~= 'reset'   one GCRA rule on Redis's clock (gcra.lua)
+--   #ARGV > 3, ARGV[1] not 'decide'  one windowed rule on Redis's clock
+--            and not 'reset'          (windowed.lua)
+--   ARGV[1] == 'reset'               forget every key in KEYS (below)
+--   ARGV[1] == 'decide'              the general decision (below)
+--
+-- The general decision:
 -- KEYS[i]   state of rule i (all under one hash tag when run on a cluster);
 --           after the rules' keys, one penalty key per rule with a penalty
--- ARGV[1]   operation: 'decide', or 'reset' (alone) to forget every key given
+-- ARGV[1]   'decide'
 -- ARGV[2]   now in milliseconds, or '' to keep Redis's own time (key
 --           expiries, TIME), so that edge locations with skewed clocks agree
 -- ARGV[3]   one letter per rule: 'e' enforces, 's' is a shadow rule whose
@@ -23,34 +30,32 @@
 --
 -- Reply: six integers per rule, in KEYS order: allowed (1/0), limit,
 -- remaining, reset_after, retry_after (milliseconds; -1: never, the cost
--- exceeds the limit) and the 1-based binding window. (A rule alone replies
--- with one integer where it can; see gcra.lua and windowed.lua.)
--- With penalties, the reply ends with one more integer: the sum of 2^(i-1)
--- over the rules i whose penalty this call started.
+-- exceeds the limit) and the 1-based binding window. With penalties, one
+-- more integer: the sum of 2^(i-1) over the rules i whose penalty this call
+-- started.
 -- The request is allowed when every enforced rule admits it; then every rule
 -- that admits it is charged. Otherwise none is, and the rules that would
 -- have admitted it are reported as they stand. Either way, a rule with a
 -- penalty that denied it on its own (a shadow rule too) starts its
 -- penalty. A rule whose penalty runs denies, its retry-after being what
 -- is left of the penalty.
--- Which rule binds, and the request's retry-after, follow from the fields:
--- the caller works them out.
 
 if ARGV[1] == 'reset' then
   return redis.call('DEL', unpack(KEYS))
 end
 
--- The pinned clock, microseconds and milliseconds; nil on Redis's clock.
--- GCRA then needs no clock (its state is the key's expiry), and a windowed
--- rule reads its key's (or TIME for a fresh key).
+-- nil on Redis's clock: GCRA then needs no clock (its state is the key's
+-- expiry), and a windowed rule reads its key's (or TIME for a fresh key).
+local pinned_ms, modes = ARGV[2], ARGV[3]
 local now_us, now_ms
-if ARGV[2] ~= '' then
-  now_us = ARGV[2] * 1000
-  now_ms = ARGV[2] + 0
+if pinned_ms ~= '' then
+  now_us = pinned_ms * 1000
+  now_ms = pinned_ms + 0
 end
 
-local modes = ARGV[3]
 local rules = #modes
+-- The mode letters as string.byte gives them: 'e', 'c', 'w'.
+local ENFORCE, CHECK_ENFORCED, CHECK_SHADOW = 101, 99, 119
 local reply, writes, first = { 0, 0, 0, 0, 0, 0 }, { nil }, { nil }
 
 -- Where each rule's arguments start, and the penalties after them.
@@ -91,21 +96,22 @@ local function decide(peek)
         cost = ARGV[at + 1] + 0
       end
       if ARGV[at] == 'gcra' then
-        local interval = ARGV[at + 2] + 0
+        local interval_us, burst = ARGV[at + 2] + 0, ARGV[at + 3] + 0
         reply[k - 5], reply[k - 4], reply[k - 3], reply[k - 2], reply[k - 1], reply[k], writes[i] =
-          gcra_check(gcra_ahead(KEYS[i], now_us, interval), cost, interval, ARGV[at + 3] + 0)
+          gcra_check(gcra_ahead(KEYS[i], now_us, interval_us), cost, interval_us, burst)
       else
+        local offset_ms, windows = ARGV[at + 2] + 0, ARGV[at + 3] + 0
         reply[k - 5], reply[k - 4], reply[k - 3], reply[k - 2], reply[k - 1], reply[k], writes[i] =
-          windowed_check(KEYS[i], now_ms, cost, ARGV[at + 2] + 0, at + 4, ARGV[at + 3] + 0)
+          windowed_check(KEYS[i], now_ms, cost, offset_ms, at + 4, windows)
       end
-      if mode == 99 or mode == 119 then -- 'c', 'w': charged after the response
+      if mode == CHECK_ENFORCED or mode == CHECK_SHADOW then -- charged after the response
         writes[i] = nil
       end
       if left > 0 then
         reply[k - 5], reply[k - 1], writes[i] = 0, left, nil
         reply[k - 2] = math.max(reply[k - 2], left)
       end
-      if reply[k - 5] == 0 and (mode == 101 or mode == 99) then -- 'e', 'c'
+      if reply[k - 5] == 0 and (mode == ENFORCE or mode == CHECK_ENFORCED) then
         denied = true
       end
     end

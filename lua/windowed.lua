@@ -42,19 +42,19 @@
 -- A rule of windows that governs a request alone, on Redis's clock, in the
 -- same buckets as the last admission: the commonest windowed call, decided
 -- before any function of this script is built.
---   ARGV  offset, then n x (duration, limit, precision), then the cost
---         when it is not 1 (every argument costs Redis as much as a few
---         lines of Lua, so there are no others)
+--   ARGV  offset (ms), then n x (duration, limit, precision) (ms), then
+--         the cost when it is not 1 (no other argument: each one costs
+--         Redis its parsing)
 -- Replies like the general path below: for a lone window admitted at a
 -- cost, one integer (remaining x precision + how far into its bucket now
 -- lies); otherwise the six fields of the binding window. Anything else (a
 -- fresh key, a bucket that moved, other windows or limits, a denial) falls
--- through to that path. Written for Redis's cost model: tonumber, a number
--- passed to redis.call (formatted with %.17g), a table made of a reply and
--- every redis.call are what a call pays most for; so one window reads one
--- field and adds the cost as the text it came as.
-local lone = args > 3 and argv[1] ~= 'decide' and argv[1] ~= 'reset'
-if lone then
+-- through to that path. One window reads one field and adds the cost as
+-- the text it came as: conversions and redis.calls are what a call pays
+-- most for.
+local one_rule = args > 3 and argv[1] ~= 'decide' and argv[1] ~= 'reset'
+if one_rule then
+  -- The windows' figures stay text: they are joined into field names.
   local key, cost = KEYS[1], '1'
   if args % 3 == 2 then
     cost = argv[args]
@@ -68,9 +68,9 @@ if lone then
       if type(u) == 'number' then
         if u <= 0 then
           -- Its bucket ends `pttl - v` from now.
-          local precision = argv[4] + 0
-          local into = precision - pttl + v
-          local packed = -u * precision + into
+          local precision_ms = argv[4] + 0
+          local into = precision_ms - pttl + v
+          local packed = -u * precision_ms + into
           if packed < 9007199254740992 then
             return packed
           end
@@ -321,22 +321,23 @@ local function windowed_commit(key, plan)
 end
 
 -- A lone rule that the path at the top of this file did not decide.
-if lone then
+if one_rule then
   local extra = (args - 1) % 3
-  local n = (args - 1 - extra) / 3
-  local cost = 1
+  local windows, offset_ms, cost = (args - 1 - extra) / 3, ARGV[1] + 0, 1
   if extra == 1 then
     cost = ARGV[args] + 0
   end
-  local a, b, c, d, e, f, write = windowed_check(KEYS[1], nil, cost, ARGV[1] + 0, 2, n)
+  local allowed, limit, remaining, reset_after_ms, retry_after_ms, binding, write =
+    windowed_check(KEYS[1], nil, cost, offset_ms, 2, windows)
   if write then
     windowed_commit(KEYS[1], write)
-    if n == 1 then
-      local packed = c * ARGV[4] + ARGV[2] - d
+    if windows == 1 then
+      -- remaining x precision + how far into its bucket now lies
+      local packed = remaining * ARGV[4] + ARGV[2] - reset_after_ms
       if packed < 9007199254740992 then
         return packed
       end
     end
   end
-  return { a, b, c, d, e, f }
+  return { allowed, limit, remaining, reset_after_ms, retry_after_ms, binding }
 end

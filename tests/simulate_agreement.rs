@@ -11,7 +11,7 @@ use edge_limiter::{
     operator::simulate::{
         engine::{Engine, ModelEngine, RedisEngine},
         log::Record,
-        simulate, Observer, Options, Verdict,
+        simulate, Observer, Options, Replayed,
     },
     rules::config::Config,
 };
@@ -132,11 +132,11 @@ fn trace() -> String {
 struct Fates(Vec<(u64, Option<Decision>, Option<usize>)>);
 
 impl Observer for Fates {
-    fn verdict(&mut self, record: &Record, verdict: Verdict<'_>) {
+    fn verdict(&mut self, record: &Record, verdict: Replayed<'_>) {
         let fate = match verdict {
-            Verdict::Unmatched => (record.line, None, None),
-            Verdict::Refused(rule) => (record.line, None, Some(rule)),
-            Verdict::Decided(d) => (record.line, Some(d.clone()), None),
+            Replayed::Unmatched => (record.line, None, None),
+            Replayed::Refused(rule) => (record.line, None, Some(rule)),
+            Replayed::Decided(d) => (record.line, Some(d.clone()), None),
         };
         self.0.push(fate);
     }

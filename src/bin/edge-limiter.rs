@@ -18,7 +18,7 @@ mod cli {
     use clap::{Parser, Subcommand, ValueEnum};
     use edge_limiter::{
         decision::redis_rest::RestClient,
-        operator::inspect as admin,
+        operator::inspect,
         operator::simulate::{
             self,
             engine::{Engine, ModelEngine, RedisEngine},
@@ -298,25 +298,25 @@ mod cli {
 
     fn client_command(args: ClientArgs, reset: bool) -> Result<(), Failure> {
         let config = load_config(&args.config, args.env.as_deref())?;
-        let rule = admin::find_rule(&config, &args.rule)?;
+        let rule = inspect::find_rule(&config, &args.rule)?;
         let values: Vec<&str> = args.values.iter().map(String::as_str).collect();
         // Wrong values fail before any setting is needed.
-        admin::identifier(rule, &values)?;
+        inspect::identifier(rule, &values)?;
         let dev_vars = std::fs::read_to_string(".dev.vars").ok();
-        let (url, token) = admin::settings(|k| std::env::var(k).ok(), dev_vars.as_deref())?;
+        let (url, token) = inspect::settings(|k| std::env::var(k).ok(), dev_vars.as_deref())?;
         let client = RestClient::new(&url, &token)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
         let text = if reset {
-            let removed = runtime.block_on(admin::reset(&client, rule, &values))?;
+            let removed = runtime.block_on(inspect::reset(&client, rule, &values))?;
             if args.json {
                 format!("{}\n", removed.to_json())
             } else {
                 removed.render()
             }
         } else {
-            let standing = runtime.block_on(admin::inspect(&client, rule, &values))?;
+            let standing = runtime.block_on(inspect::inspect(&client, rule, &values))?;
             if args.json {
                 format!("{}\n", standing.to_json())
             } else {

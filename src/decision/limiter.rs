@@ -11,9 +11,9 @@ use super::{
     verdict::{Decision, Retry},
 };
 use crate::rules::{
-    config::{Config, DEFAULT_BUDGET_MS},
+    config::Config,
     request::RequestMeta,
-    rule::{Ambiguous, FailMode, Mode, Rule, RuleId},
+    rule::{Ambiguous, FailMode, Mode, Rule, RuleId, DEFAULT_BUDGET_MS},
 };
 
 /// What should happen to the request.

@@ -42,7 +42,7 @@ pub struct Model {
 /// One rule's standing as the model works it out, before it is written
 /// into the plain [`RuleState`] the script's reply is read into.
 #[derive(Debug, Clone, Copy)]
-struct Standing {
+struct ModelState {
     allowed: bool,
     limit: u64,
     remaining: u64,
@@ -52,7 +52,7 @@ struct Standing {
     window: usize,
 }
 
-impl Standing {
+impl ModelState {
     fn state(self) -> RuleState {
         let verdict = match (self.allowed, self.retry_after_ms) {
             (true, _) => Verdict::Admitted,
@@ -83,6 +83,37 @@ struct WindowState {
     reset_after_ms: u64,
     retry_after_ms: Option<u64>,
     current: i64,
+}
+
+/// The request's verdict over the rules' standings. Denied: the enforced
+/// denying rule that frees up last binds (the first of equals). Admitted:
+/// the first with the fewest units left.
+fn request_verdict(states: &[ModelState], enforced: &[bool], allowed: bool) -> RequestVerdict {
+    let mut binding: Option<usize> = None;
+    for (i, s) in states.iter().enumerate() {
+        let better = match binding {
+            _ if !allowed && (!enforced[i] || s.allowed) => false,
+            None => true,
+            Some(b) if allowed => s.remaining < states[b].remaining,
+            Some(b) => waits_longer(s.retry_after_ms, states[b].retry_after_ms),
+        };
+        if better {
+            binding = Some(i);
+        }
+    }
+    let binding = binding.unwrap_or(0);
+    let retry = states.get(binding).and_then(|s| s.retry_after_ms);
+    match (allowed, retry) {
+        (true, _) => RequestVerdict::Admitted { tightest: binding },
+        (false, Some(ms)) => RequestVerdict::Denied {
+            binding,
+            retry: Retry::After { ms },
+        },
+        (false, None) => RequestVerdict::Denied {
+            binding,
+            retry: Retry::Never,
+        },
+    }
 }
 
 /// Whether waiting `a` takes strictly longer than waiting `b`; `None` is
@@ -165,8 +196,11 @@ impl Model {
             states.push(state);
             writes.push(write);
         }
-        let enforced = |i: usize| checks[i].0.rule.mode == Mode::Enforce;
-        let allowed = !(0..checks.len()).any(|i| enforced(i) && !states[i].allowed);
+        let enforced: Vec<bool> = checks
+            .iter()
+            .map(|(c, _)| c.rule.mode == Mode::Enforce)
+            .collect();
+        let allowed = !(0..checks.len()).any(|i| enforced[i] && !states[i].allowed);
         if allowed {
             for (write, client) in writes.into_iter().zip(clients.iter().cloned()) {
                 self.apply(write, client);
@@ -191,36 +225,10 @@ impl Model {
                 started.push(i);
             }
         }
-        // Denied: the enforced denying rule that frees up last binds (the
-        // first of equals). Admitted: the first with the fewest units left.
-        let mut binding: Option<usize> = None;
-        for (i, s) in states.iter().enumerate() {
-            let better = match binding {
-                _ if !allowed && (!enforced(i) || s.allowed) => false,
-                None => true,
-                Some(b) if allowed => s.remaining < states[b].remaining,
-                Some(b) => waits_longer(s.retry_after_ms, states[b].retry_after_ms),
-            };
-            if better {
-                binding = Some(i);
-            }
-        }
-        let binding = binding.unwrap_or(0);
-        let retry = states.get(binding).and_then(|s| s.retry_after_ms);
-        let verdict = match (allowed, retry) {
-            (true, _) => RequestVerdict::Admitted { tightest: binding },
-            (false, Some(ms)) => RequestVerdict::Denied {
-                binding,
-                retry: Retry::After { ms },
-            },
-            (false, None) => RequestVerdict::Denied {
-                binding,
-                retry: Retry::Never,
-            },
-        };
+        let verdict = request_verdict(&states, &enforced, allowed);
         Decision {
             verdict,
-            rules: states.into_iter().map(Standing::state).collect(),
+            rules: states.into_iter().map(ModelState::state).collect(),
             penalties_started: started,
         }
     }
@@ -258,7 +266,7 @@ impl Model {
         client: &Client,
         cost: u64,
         now_ms: u64,
-    ) -> (Standing, Option<Write>) {
+    ) -> (ModelState, Option<Write>) {
         match &rule.policy {
             Policy::Gcra(g) => {
                 self.gcra(client, (g.rate(), g.period_ms(), g.burst()), cost, now_ms)
@@ -285,7 +293,7 @@ impl Model {
         (rate, period_ms, burst): (u64, u64, u64),
         cost: u64,
         now_ms: u64,
-    ) -> (Standing, Option<Write>) {
+    ) -> (ModelState, Option<Write>) {
         let interval = (period_ms * 1000 + rate / 2) / rate;
         let tolerance = interval * burst;
         let now = now_ms * 1000;
@@ -293,7 +301,7 @@ impl Model {
         let wanted = tat + cost * interval;
         let ms_up = |us: u64| us.div_ceil(1000);
         if wanted - now <= tolerance {
-            let state = Standing {
+            let state = ModelState {
                 allowed: true,
                 limit: burst,
                 remaining: (tolerance - (wanted - now)) / interval,
@@ -303,7 +311,7 @@ impl Model {
             };
             return (state, (cost > 0).then_some(Write::Tat(wanted)));
         }
-        let state = Standing {
+        let state = ModelState {
             allowed: false,
             limit: burst,
             remaining: tolerance.saturating_sub(tat - now) / interval,
@@ -325,7 +333,7 @@ impl Model {
         windows: &[(u64, u64, u64)],
         cost: u64,
         shifted: u64,
-    ) -> (Standing, Option<Write>) {
+    ) -> (ModelState, Option<Write>) {
         let shifted = shifted as i64;
         let per_window: Vec<WindowState> = windows
             .iter()
@@ -394,7 +402,7 @@ impl Model {
             }
         }
         let b = &per_window[bound];
-        let state = Standing {
+        let state = ModelState {
             allowed: admit,
             limit: b.limit,
             remaining: b.remaining.max(0) as u64,

@@ -16,8 +16,7 @@ use crate::{
     rules::{
         body::MAX_BODY_BYTES,
         config::{parse_origin, Config},
-        request::RequestMeta,
-        rule::CfField,
+        request::{CfField, RequestMeta},
     },
 };
 

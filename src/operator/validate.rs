@@ -11,11 +11,11 @@ use crate::{
 
 /// One environment's verdict: its name (`(top level)` or `env.NAME`) and the
 /// rules it would serve, or what to fix.
-pub type Verdict = (String, Result<Config, ConfigError>);
+pub type EnvironmentCheck = (String, Result<Config, ConfigError>);
 
 /// Checks every environment in a `wrangler.toml`. Wrangler does not inherit
 /// `vars` into environments, so each `[env.NAME]` must carry its own rules.
-pub fn check_wrangler_toml(text: &str) -> Result<Vec<Verdict>, String> {
+pub fn check_wrangler_toml(text: &str) -> Result<Vec<EnvironmentCheck>, String> {
     let doc: toml::Table = text
         .parse()
         .map_err(|e: toml::de::Error| format!("not valid TOML: {e}"))?;

@@ -8,10 +8,10 @@ use serde_json::Value;
 use super::{
     canon,
     cidr::Cidr,
-    policy::{Gcra, Policy, PolicyError, Window, Windows},
+    policy::{Gcra, Policy, PolicyError, Window, Windows, MAX_DURATION_MS},
     raw::{Algorithm, RawConfig, RawCost, RawDuration, RawRule},
-    request::RequestMeta,
-    rule::{CfField, Cost, DenyBody, FailMode, KeyPart, Mode, Rule, RuleId},
+    request::{CfField, RequestMeta},
+    rule::{Cost, DenyBody, FailMode, KeyPart, Mode, Rule, RuleId, DEFAULT_BUDGET_MS},
 };
 
 /// The whole configuration.
@@ -95,9 +95,6 @@ pub fn parse_origin(url: &str) -> Result<String, ConfigError> {
         }),
     }
 }
-
-/// Default time budget for the Redis call.
-pub const DEFAULT_BUDGET_MS: u64 = 1000;
 
 impl Config {
     /// Parses and checks the configuration from its JSON form (what
@@ -261,34 +258,10 @@ impl TryFrom<RawRule> for Rule {
         let path_prefix =
             path_pattern("path_prefix", raw.path_prefix.unwrap_or_else(|| "/".into()))?;
         let path = raw.path.map(|p| path_pattern("path", p)).transpose()?;
-        let methods = raw
-            .methods
-            .iter()
-            .map(|m| {
-                method(m)
-                    .ok_or_else(|| field_error("methods", format!("`{m}` is not an HTTP method")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let methods = methods(&raw.methods)?;
         let with_headers = header_names("with_headers", &raw.with_headers)?;
         let without_headers = header_names("without_headers", &raw.without_headers)?;
-        if raw.key.is_empty() {
-            return Err(field_error("key", "give at least one part, e.g. [\"ip\"]"));
-        }
-        let mut key = raw
-            .key
-            .iter()
-            .map(|k| key_part(k))
-            .collect::<Result<Vec<_>, _>>()?;
-        for name in &raw.fold {
-            let i = raw.key.iter().position(|k| k == name).ok_or_else(|| {
-                field_error(
-                    "fold",
-                    format!("`{name}` is not one of this rule's key parts"),
-                )
-            })?;
-            let part = std::mem::replace(&mut key[i], KeyPart::Ip);
-            key[i] = KeyPart::Folded(Box::new(part));
-        }
+        let key = key(&raw.key, &raw.fold)?;
         let cost = raw.cost.map_or(Ok(Cost::flat(1)), cost)?;
         if cost.max() > policy.capacity() {
             return Err(field_error(
@@ -300,22 +273,10 @@ impl TryFrom<RawRule> for Rule {
                 ),
             ));
         }
-        let budget_ms = match &raw.budget {
-            None => DEFAULT_BUDGET_MS,
-            Some(b) => duration("budget", b)?,
-        };
-        if !(10..=30_000).contains(&budget_ms) {
-            return Err(field_error("budget", "must be between 10ms and 30s"));
-        }
+        let budget_ms = budget(raw.budget.as_ref())?;
         let deny_body = deny_body(raw.deny_body, raw.deny_content_type)?;
         let count_status = raw.count_status.map_or(Ok(vec![]), count_status)?;
-        let penalty_ms = match &raw.penalty {
-            None => None,
-            Some(p) => Some(duration("penalty", p)?)
-                .filter(|ms| *ms <= crate::rules::policy::MAX_DURATION_MS)
-                .map(Some)
-                .ok_or_else(|| field_error("penalty", "must be between 1ms and 366d"))?,
-        };
+        let penalty_ms = raw.penalty.as_ref().map(penalty).transpose()?;
         let except_ips = raw
             .except_ips
             .iter()
@@ -341,6 +302,54 @@ impl TryFrom<RawRule> for Rule {
             except_ips,
         })
     }
+}
+
+fn methods(written: &[String]) -> Result<Vec<String>, FieldError> {
+    written
+        .iter()
+        .map(|m| {
+            method(m).ok_or_else(|| field_error("methods", format!("`{m}` is not an HTTP method")))
+        })
+        .collect()
+}
+
+/// The key parts, those named in `fold` folded.
+fn key(written: &[String], fold: &[String]) -> Result<Vec<KeyPart>, FieldError> {
+    if written.is_empty() {
+        return Err(field_error("key", "give at least one part, e.g. [\"ip\"]"));
+    }
+    let mut key = written
+        .iter()
+        .map(|k| key_part(k))
+        .collect::<Result<Vec<_>, _>>()?;
+    for name in fold {
+        let i = written.iter().position(|k| k == name).ok_or_else(|| {
+            field_error(
+                "fold",
+                format!("`{name}` is not one of this rule's key parts"),
+            )
+        })?;
+        let part = std::mem::replace(&mut key[i], KeyPart::Ip);
+        key[i] = KeyPart::Folded(Box::new(part));
+    }
+    Ok(key)
+}
+
+fn budget(written: Option<&RawDuration>) -> Result<u64, FieldError> {
+    let budget_ms = match written {
+        None => DEFAULT_BUDGET_MS,
+        Some(b) => duration("budget", b)?,
+    };
+    if !(10..=30_000).contains(&budget_ms) {
+        return Err(field_error("budget", "must be between 10ms and 30s"));
+    }
+    Ok(budget_ms)
+}
+
+fn penalty(written: &RawDuration) -> Result<u64, FieldError> {
+    Some(duration("penalty", written)?)
+        .filter(|ms| *ms <= MAX_DURATION_MS)
+        .ok_or_else(|| field_error("penalty", "must be between 1ms and 366d"))
 }
 
 fn rule_name(name: String) -> Result<String, FieldError> {

@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use super::{body, canon, rule::CfField};
+use super::{body, canon};
 
 /// The parts of a request the limiter looks at, independent of any runtime.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -176,3 +176,40 @@ const METHOD_OVERRIDES: [&str; 3] = [
     "x-http-method",
     "x-method-override",
 ];
+
+/// The facts of `request.cf` a rule can key on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CfField {
+    /// Two-letter country code.
+    Country,
+    /// Autonomous system number.
+    Asn,
+    /// The data center (IATA code).
+    Colo,
+    /// Two-letter continent code.
+    Continent,
+    /// The client's JA4 TLS fingerprint (`botManagement.ja4`).
+    Ja4,
+}
+
+impl CfField {
+    /// The name in a key part (`cf:country`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CfField::Country => "country",
+            CfField::Asn => "asn",
+            CfField::Colo => "colo",
+            CfField::Continent => "continent",
+            CfField::Ja4 => "ja4",
+        }
+    }
+
+    /// Every field, for parsing and for reading them off a request.
+    pub const ALL: [CfField; 5] = [
+        CfField::Country,
+        CfField::Asn,
+        CfField::Colo,
+        CfField::Continent,
+        CfField::Ja4,
+    ];
+}

@@ -1,13 +1,19 @@
 //! A rule: which requests it governs, what identifies their client, and
-//! the figures that limit them. Checked into this form by [`super::config`].
+//! the figures that limit them, as the configuration's checks build it.
 
 use std::borrow::Cow;
 
 use serde::Deserialize;
 
 use super::{
-    body, canon, cidr::Cidr, config::DEFAULT_BUDGET_MS, policy::Policy, request::RequestMeta,
+    body, canon,
+    cidr::Cidr,
+    policy::Policy,
+    request::{CfField, RequestMeta},
 };
+
+/// Time budget for the Redis call when a rule gives none, ms.
+pub const DEFAULT_BUDGET_MS: u64 = 1000;
 
 /// A rule's place in its configuration: how a rule is named across an
 /// await or a response, where a borrow cannot go.
@@ -86,43 +92,6 @@ pub enum KeyPart {
     /// Another part, its value trimmed and case-folded, for values the
     /// origin compares that way (account names, e-mail addresses).
     Folded(Box<KeyPart>),
-}
-
-/// The facts of `request.cf` a rule can key on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CfField {
-    /// Two-letter country code.
-    Country,
-    /// Autonomous system number.
-    Asn,
-    /// The data center (IATA code).
-    Colo,
-    /// Two-letter continent code.
-    Continent,
-    /// The client's JA4 TLS fingerprint (`botManagement.ja4`).
-    Ja4,
-}
-
-impl CfField {
-    /// The name in a key part (`cf:country`).
-    pub fn name(self) -> &'static str {
-        match self {
-            CfField::Country => "country",
-            CfField::Asn => "asn",
-            CfField::Colo => "colo",
-            CfField::Continent => "continent",
-            CfField::Ja4 => "ja4",
-        }
-    }
-
-    /// Every field, for parsing and for reading them off a request.
-    pub const ALL: [CfField; 5] = [
-        CfField::Country,
-        CfField::Asn,
-        CfField::Colo,
-        CfField::Continent,
-        CfField::Ja4,
-    ];
 }
 
 impl KeyPart {

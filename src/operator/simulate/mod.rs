@@ -90,7 +90,7 @@ struct Waiting {
 
 /// What became of one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict<'a> {
+pub enum Replayed<'a> {
     /// No rule matched: forwarded.
     Unmatched,
     /// Refused with 400 by this rule (its index): a key part given twice.
@@ -105,7 +105,7 @@ pub trait Observer {
     fn progress(&mut self, _bytes: u64) {}
 
     /// One request's fate, in the order decided.
-    fn verdict(&mut self, _record: &Record, _verdict: Verdict<'_>) {}
+    fn verdict(&mut self, _record: &Record, _verdict: Replayed<'_>) {}
 }
 
 /// An observer that hears nothing.
@@ -353,7 +353,7 @@ fn finish_batch(
     for (record, fate) in batch.records.iter().zip(&batch.pending) {
         if let Some(rule) = fate.refused {
             tally.refused(record.time_ms, rule);
-            observer.verdict(record, Verdict::Refused(rule));
+            observer.verdict(record, Replayed::Refused(rule));
             continue;
         }
         for rule in &fate.shadow_refused {
@@ -361,7 +361,7 @@ fn finish_batch(
         }
         if fate.rules.is_empty() {
             tally.unmatched(record.time_ms);
-            observer.verdict(record, Verdict::Unmatched);
+            observer.verdict(record, Replayed::Unmatched);
             continue;
         }
         let Some(decision) = decisions.next() else {
@@ -370,7 +370,7 @@ fn finish_batch(
             )));
         };
         tally.decided(record.time_ms, &fate.rules, &decision);
-        observer.verdict(record, Verdict::Decided(&decision));
+        observer.verdict(record, Replayed::Decided(&decision));
         // A forwarded request whose origin answered a status a rule counts
         // is charged to it now, before the client's next request.
         let Some((charge, status)) = fate.charge.as_ref().filter(|_| decision.admitted()) else {
