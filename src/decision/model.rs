@@ -337,53 +337,7 @@ impl Model {
         let shifted = shifted as i64;
         let per_window: Vec<WindowState> = windows
             .iter()
-            .map(|&(duration, limit, precision)| {
-                let (p, n) = (precision as i64, (duration / precision) as i64);
-                let current = shifted.div_euclid(p);
-                let empty = BTreeMap::new();
-                let counted: Vec<(i64, u64)> = self
-                    .buckets
-                    .get(&(client.clone(), duration, precision))
-                    .unwrap_or(&empty)
-                    .range(current - n + 1..=current)
-                    .map(|(id, c)| (*id, *c))
-                    .collect();
-                let total: u64 = counted.iter().map(|(_, c)| c).sum();
-                let admit = total + cost <= limit;
-                let after = if admit { total + cost } else { total };
-                // A bucket leaves the window n buckets after it began.
-                let leaves = |id: i64| ((id + n) * p - shifted) as u64;
-                let retry_after_ms = if admit {
-                    Some(0)
-                } else if cost > limit {
-                    None
-                } else {
-                    let mut freed = 0;
-                    counted
-                        .iter()
-                        .find(|(_, c)| {
-                            freed += c;
-                            freed >= total + cost - limit
-                        })
-                        .map(|(id, _)| leaves(*id))
-                };
-                let newest = if admit && cost > 0 {
-                    Some(current)
-                } else {
-                    counted.last().map(|(id, _)| *id)
-                };
-                WindowState {
-                    admit,
-                    limit,
-                    remaining: limit as i64 - after as i64,
-                    reset_after_ms: match newest {
-                        Some(id) if after > 0 => leaves(id),
-                        _ => 0,
-                    },
-                    retry_after_ms,
-                    current,
-                }
-            })
+            .map(|&window| self.window(client, window, cost, shifted))
             .collect();
 
         // Denied: the first denying window that frees up last binds.
@@ -420,6 +374,64 @@ impl Model {
             )
         });
         (state, write)
+    }
+}
+
+impl Model {
+    /// One window of `(duration, limit, precision)` (ms): the cost it counts
+    /// in the buckets overlapping it at `shifted`, and its verdict on `cost`.
+    fn window(
+        &self,
+        client: &Client,
+        (duration, limit, precision): (u64, u64, u64),
+        cost: u64,
+        shifted: i64,
+    ) -> WindowState {
+        let (p, n) = (precision as i64, (duration / precision) as i64);
+        let current = shifted.div_euclid(p);
+        let empty = BTreeMap::new();
+        let counted: Vec<(i64, u64)> = self
+            .buckets
+            .get(&(client.clone(), duration, precision))
+            .unwrap_or(&empty)
+            .range(current - n + 1..=current)
+            .map(|(id, c)| (*id, *c))
+            .collect();
+        let total: u64 = counted.iter().map(|(_, c)| c).sum();
+        let admit = total + cost <= limit;
+        let after = if admit { total + cost } else { total };
+        // A bucket leaves the window n buckets after it began.
+        let leaves = |id: i64| ((id + n) * p - shifted) as u64;
+        let retry_after_ms = if admit {
+            Some(0)
+        } else if cost > limit {
+            None
+        } else {
+            let mut freed = 0;
+            counted
+                .iter()
+                .find(|(_, c)| {
+                    freed += c;
+                    freed >= total + cost - limit
+                })
+                .map(|(id, _)| leaves(*id))
+        };
+        let newest = if admit && cost > 0 {
+            Some(current)
+        } else {
+            counted.last().map(|(id, _)| *id)
+        };
+        WindowState {
+            admit,
+            limit,
+            remaining: limit as i64 - after as i64,
+            reset_after_ms: match newest {
+                Some(id) if after > 0 => leaves(id),
+                _ => 0,
+            },
+            retry_after_ms,
+            current,
+        }
     }
 }
 
