@@ -77,11 +77,10 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
     };
     let url = Url::parse(&req.url())?;
     let mut meta = request_meta(&req, &url);
-    let needs = isolate.config.needs(&meta);
-    if needs.body {
+    if isolate.config.needs_body(&meta) {
         meta.body = body_prefix(&req).await;
     }
-    if needs.cf {
+    if isolate.config.needs_cf(&meta) {
         meta.cf = cf_facts(&req);
     }
     let now_ms = js_sys::Date::now() as u64;

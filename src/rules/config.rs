@@ -159,25 +159,17 @@ impl Config {
         self.rules.iter().enumerate().map(|(i, r)| (RuleId(i), r))
     }
 
-    /// What `req` must carry before it can be decided: its body (a matching
-    /// rule keys on it, or a POST's `_method` may make a rule match) and
-    /// `request.cf` (a matching rule keys on it). The body comes first, as
-    /// it can change which rules match.
-    pub fn needs(&self, req: &RequestMeta) -> Needs {
-        Needs {
-            body: self.rules.iter().any(|r| r.needs_body(req)),
-            cf: self.rules.iter().any(|r| r.reads_cf() && r.matches(req)),
-        }
+    /// Whether `req` must carry its body before it is decided: a matching
+    /// rule keys on it, or a POST's `_method` field may make a rule match.
+    pub fn needs_body(&self, req: &RequestMeta) -> bool {
+        self.rules.iter().any(|r| r.needs_body(req))
     }
-}
 
-/// What a request must carry before it is decided: see [`Config::needs`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Needs {
-    /// The body, read up to [`super::body::MAX_BODY_BYTES`].
-    pub body: bool,
-    /// The facts of `request.cf`.
-    pub cf: bool,
+    /// Whether `req` must carry `request.cf`: a matching rule keys on it.
+    /// Asked once the body is in, as it can change which rules match.
+    pub fn needs_cf(&self, req: &RequestMeta) -> bool {
+        self.rules.iter().any(|r| r.reads_cf() && r.matches(req))
+    }
 }
 
 impl std::str::FromStr for Config {
@@ -873,6 +865,27 @@ mod tests {
             let msg = one_rule(r).unwrap_err().to_string();
             assert!(msg.starts_with("rule `a`, field `key`"), "{bad}: {msg}");
         }
+    }
+
+    #[test]
+    fn the_configuration_says_what_a_request_needs_before_it_is_decided() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "api", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1s", "path_prefix": "/api"},
+            {"name": "geo", "key": ["cf:country"], "algorithm": "gcra", "rate": 1, "period": "1s",
+             "methods": ["DELETE"]}
+        ]}))
+        .unwrap();
+        let form = (
+            "content-type".to_owned(),
+            "application/x-www-form-urlencoded".to_owned(),
+        );
+        let mut post = RequestMeta::new("POST", "example.com", "/x", None, [form]);
+        assert!(c.needs_body(&post), "its _method may name DELETE");
+        assert!(!c.needs_cf(&post), "no rule matches it yet");
+        post.body = Some(b"_method=DELETE".to_vec());
+        assert!(c.needs_cf(&post), "the body made the DELETE rule match");
+        let get = RequestMeta::new("GET", "example.com", "/api", None, []);
+        assert!(!c.needs_body(&get) && !c.needs_cf(&get));
     }
 
     #[test]
