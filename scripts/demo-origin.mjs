@@ -23,7 +23,17 @@ const server = http.createServer({ maxHeaderSize: 256 * 1024 }, (req, res) => {
   }
   hits.total += 1;
   hits.paths[path] = (hits.paths[path] ?? 0) + 1;
-  const params = new URL(req.url, "http://origin").searchParams;
+  let params;
+  try {
+    params = new URL(req.url, "http://origin").searchParams;
+  } catch {
+    // A target URL cannot parse (`//..%zz`) reaches real origins too: they
+    // answer it, and so does this one, rather than exit.
+    req.resume();
+    res.writeHead(400, { "content-type": "text/plain", "x-demo-origin": "1" });
+    res.end("bad request target\n");
+    return;
+  }
   const asked = Number(params.get("status"));
   const status = Number.isInteger(asked) && asked >= 200 && asked <= 599 ? asked : 200;
   const delay = Math.min(Math.max(Number(params.get("delay")) || 0, 0), 10_000);

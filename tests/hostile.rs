@@ -1551,3 +1551,18 @@ async fn a_flood_of_denied_requests_from_100k_identifiers_writes_nothing() {
 /// What `used_memory_dataset` may move by without a single write: several
 /// times what was seen, a fraction of what the flood would write if it did.
 const NOISE: u64 = 512 * 1024;
+
+/// A request target no URL parser takes (`//..` and stray `%` escapes) is
+/// forwarded as it came; the demo origin answers it and keeps serving, so
+/// one hostile request cannot take the local stack down.
+#[tokio::test]
+async fn an_unparsable_target_leaves_the_stack_serving() {
+    let stack = Stack::start(PATH_RULES);
+    let base = stack.worker.url.as_str();
+    let ip: &[u8] = b"203.0.113.97";
+    let odd = raw_http::get(base, b"//..%zz/x?y=%", &[("cf-connecting-ip", ip)]);
+    assert!(odd.status < 500, "{}", odd.dump());
+    let after = raw_http::get(base, b"/plain", &[("cf-connecting-ip", ip)]);
+    assert_eq!(after.status, 200, "{}", after.dump());
+    assert_eq!(after.header("x-demo-origin"), Some("1"));
+}
