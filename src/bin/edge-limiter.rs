@@ -65,7 +65,7 @@ mod cli {
         /// Use the rules of `[env.NAME]` instead of the top level.
         #[arg(long, value_name = "NAME")]
         env: Option<String>,
-        /// The log's format; guessed from its first line when absent.
+        /// The log's format; guessed from its first non-blank line when absent.
         #[arg(long, value_enum)]
         format: Option<LogFormat>,
         /// What decides: the real script on a private redis-server, or the reference model.

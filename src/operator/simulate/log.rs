@@ -83,8 +83,9 @@ pub enum LogError {
     Io(std::io::Error),
     /// `--format` was not given and the log holds nothing to guess it from.
     Empty,
-    /// `--format` was not given and the first line fits none.
-    Unrecognized(String),
+    /// `--format` was not given and the first non-blank line fits none:
+    /// its number and its start.
+    Unrecognized(u64, String),
     /// The CSV header row lacks a column the simulator needs.
     Columns(String),
 }
@@ -94,10 +95,10 @@ impl std::fmt::Display for LogError {
         match self {
             LogError::Io(e) => write!(f, "cannot read the log: {e}"),
             LogError::Empty => write!(f, "the log is empty"),
-            LogError::Unrecognized(line) => write!(
+            LogError::Unrecognized(n, line) => write!(
                 f,
-                "the log's first line is neither CSV with a `time` column, the Common Log Format, \
-                 nor Logpush JSON; name the format with --format (line 1: {line:?})"
+                "the log's first non-blank line is neither CSV with a `time` column, the Common \
+                 Log Format, nor Logpush JSON; name the format with --format (line {n}: {line:?})"
             ),
             LogError::Columns(why) => write!(f, "CSV header row: {why}"),
         }
@@ -127,6 +128,8 @@ pub struct LogReader<R> {
     failed: bool,
     /// Bytes read, for a progress bar.
     bytes: u64,
+    /// The line whose look decided the format, when it was guessed.
+    guessed_from: Option<u64>,
 }
 
 /// Column positions of a CSV log.
@@ -509,34 +512,51 @@ fn parse_csv_row(
     Ok((time_ms, meta, status))
 }
 
-/// The log's input with its first line put back in front.
+/// The log's input with its first non-blank line put back in front.
 pub type Replayed<R> = std::io::Chain<std::io::Cursor<Vec<u8>>, R>;
 
 impl<R: BufRead> LogReader<Replayed<R>> {
-    /// A reader of `input` in `format`, or in the format its first line
+    /// A reader of `input` in `format`, or in the format its first non-blank line
     /// gives away. `host` stands for the host of requests whose log line
     /// names none (CLF never does).
     pub fn new(mut input: R, format: Option<Format>, host: &str) -> Result<Self, LogError> {
-        // The first line decides the format; it is then read again as data.
-        let mut first = Vec::new();
-        input.read_until(b'\n', &mut first)?;
-        let first_text = String::from_utf8_lossy(&first).into_owned();
+        // The first non-blank line decides the format (or is the CSV
+        // header); it is then read again as data, the blank lines before it
+        // only counted.
+        let (mut read, mut skipped, mut first_at, mut first) =
+            (Vec::new(), 0u64, 0u64, String::new());
+        while first.trim().is_empty() {
+            skipped += read.len() as u64;
+            read.clear();
+            if input.read_until(b'\n', &mut read)? == 0 {
+                break;
+            }
+            first_at += 1;
+            first = String::from_utf8_lossy(&read).into_owned();
+        }
+        let guessed_from = format.is_none().then_some(first_at);
         let format = match format {
             Some(f) => f,
-            None if first_text.trim().is_empty() => return Err(LogError::Empty),
-            None => Format::guess(&first_text)
-                .ok_or_else(|| LogError::Unrecognized(excerpt(&first_text)))?,
+            None if first.trim().is_empty() => return Err(LogError::Empty),
+            None => Format::guess(&first)
+                .ok_or_else(|| LogError::Unrecognized(first_at, excerpt(&first)))?,
         };
-        // A CSV header row is line 1, and no record.
+        // A CSV header row is a line, and no record.
         let (replay, columns, line, bytes) = if format == Format::Csv {
-            let columns = csv_columns(&first_text)?;
-            (Vec::new(), columns, 1, first.len() as u64)
+            let columns = csv_columns(&first)?;
+            (Vec::new(), columns, first_at, skipped + read.len() as u64)
         } else {
-            (first, Columns::default(), 0, 0)
+            (
+                read,
+                Columns::default(),
+                first_at.saturating_sub(1),
+                skipped,
+            )
         };
         let reader = LogReader {
             input: std::io::Cursor::new(replay).chain(input),
             format,
+            guessed_from,
             columns,
             default_host: host.to_owned(),
             line,
@@ -552,6 +572,11 @@ impl<R: BufRead> LogReader<R> {
     /// The format being read.
     pub fn format(&self) -> Format {
         self.format
+    }
+
+    /// The line whose look decided the format, when it was guessed.
+    pub fn guessed_from(&self) -> Option<u64> {
+        self.guessed_from
     }
 
     /// Bytes of the log read so far, for a progress bar.
@@ -772,6 +797,27 @@ mod tests {
     }
 
     #[test]
+    fn blank_lines_before_the_first_record_leave_the_guess_and_the_line_numbers_right() {
+        let clf = "203.0.113.9 - - [20/Nov/2026:10:00:00 +0000] \"GET / HTTP/1.1\" 200 5";
+        let log = format!("\n  \n{clf}\n\n{clf}\n");
+        let mut guessed = LogReader::new(log.as_bytes(), None, "h").unwrap();
+        assert_eq!(
+            (guessed.format(), guessed.guessed_from()),
+            (Format::Clf, Some(3))
+        );
+        let lines: Vec<u64> = std::iter::from_fn(|| guessed.next_record())
+            .map(|r| r.unwrap().line)
+            .collect();
+        assert_eq!(lines, [3, 5]);
+        let named = LogReader::new(log.as_bytes(), Some(Format::Clf), "h").unwrap();
+        assert_eq!(named.guessed_from(), None);
+        let csv = "\ntime,ip,method,path\n1795168800,203.0.113.9,GET,/\n";
+        let mut csv = LogReader::new(csv.as_bytes(), None, "h").unwrap();
+        assert_eq!((csv.format(), csv.guessed_from()), (Format::Csv, Some(2)));
+        assert_eq!(csv.next_record().unwrap().unwrap().line, 3);
+    }
+
+    #[test]
     fn a_csv_header_without_the_needed_columns_is_one_clear_error() {
         let err = LogReader::new(
             "when,ip,method,path\n1,2,3,4\n".as_bytes(),
@@ -787,6 +833,12 @@ mod tests {
         assert!(err.to_string().contains("--format"), "{err}");
         let err = LogReader::new("".as_bytes(), None, "").err().unwrap();
         assert_eq!(err.to_string(), "the log is empty");
+        let err = LogReader::new("\n  \n".as_bytes(), None, "").err().unwrap();
+        assert_eq!(err.to_string(), "the log is empty");
+        let err = LogReader::new("\n\nhello world\n".as_bytes(), None, "")
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("line 3: \"hello world"), "{err}");
         // Named, an empty log is an empty report.
         let mut empty = LogReader::new("".as_bytes(), Some(Format::Clf), "").unwrap();
         assert!(empty.next_record().is_none());

@@ -40,7 +40,7 @@ const BATCH: usize = 2048;
 /// How to read the log.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
-    /// The log's format; `None` guesses it from the first line.
+    /// The log's format; `None` guesses it from the first non-blank line.
     pub format: Option<Format>,
     /// Host for requests whose log line names none (CLF never does).
     pub host: String,
@@ -126,7 +126,8 @@ pub fn simulate<R: BufRead + Send>(
     observer: &mut dyn Observer,
 ) -> Result<Report, SimError> {
     let mut reader = LogReader::new(input, options.format, &options.host).map_err(SimError::Log)?;
-    let mut tally = Tally::new(config, engine.name(), reader.format().name());
+    let format = reader.format().name();
+    let mut tally = Tally::new(config, engine.name(), format, reader.guessed_from());
     let (send, receive) = std::sync::mpsc::sync_channel::<(Vec<_>, u64)>(4);
     std::thread::scope(|scope| {
         scope.spawn(move || {

@@ -87,6 +87,8 @@ pub struct Report {
     pub engine: String,
     /// The log's format.
     pub format: String,
+    /// The line whose look decided the format, when it was guessed.
+    pub format_guessed_from: Option<u64>,
     /// Requests read.
     pub requests: u64,
     /// Requests the worker would have forwarded (no rule matched included).
@@ -125,8 +127,9 @@ pub struct Tally {
 }
 
 impl Tally {
-    /// An empty tally over `config`'s rules.
-    pub fn new(config: &Config, engine: &str, format: &str) -> Tally {
+    /// An empty tally over `config`'s rules, for a log in `format`, guessed
+    /// from line `guessed_from` when it was.
+    pub fn new(config: &Config, engine: &str, format: &str, guessed_from: Option<u64>) -> Tally {
         let rules = config
             .rules
             .iter()
@@ -140,6 +143,7 @@ impl Tally {
             report: Report {
                 engine: engine.to_owned(),
                 format: format.to_owned(),
+                format_guessed_from: guessed_from,
                 rules,
                 series: vec![Vec::new(); config.rules.len()],
                 ..Report::default()
@@ -410,9 +414,13 @@ impl Report {
             Some((a, b)) => format!(", {} to {}", format_ms(a), format_ms(b)),
             None => String::new(),
         };
+        let format = match self.format_guessed_from {
+            Some(line) => format!("{}, guessed from line {line}", self.format),
+            None => self.format.clone(),
+        };
         out.push_str(&format!(
-            "{source} ({}): {} requests{span}, decided by {}\n",
-            self.format, self.requests, self.engine
+            "{source} ({format}): {} requests{span}, decided by {}\n",
+            self.requests, self.engine
         ));
         out.push_str(&format!(
             "admitted {}, denied (429) {}, refused (400) {}; no rule matched {}\n\n",
@@ -493,6 +501,7 @@ impl Report {
         json!({
             "engine": self.engine,
             "format": self.format,
+            "format_guessed_from": self.format_guessed_from,
             "requests": self.requests,
             "admitted": self.admitted,
             "denied": self.denied,
