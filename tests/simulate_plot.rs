@@ -12,6 +12,7 @@ use std::{
 /// The plot's colours, as `edge_limiter::operator::simulate::plot` draws them.
 const ADMITTED: [u8; 3] = [0x2c, 0xa0, 0x2c];
 const DENIED: [u8; 3] = [0xd6, 0x27, 0x28];
+const DENIED_BY_OTHERS: [u8; 3] = [0x7f, 0x7f, 0x7f];
 
 const RULES: &str = r#"
 [[vars.LIMITER.rules]]
@@ -121,6 +122,82 @@ fn the_svg_is_well_formed_with_both_lines_per_rule() {
         "{texts:?}"
     );
     assert!(texts.contains(&"would deny"), "{texts:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A brute-force minute: every request matches the generous per-IP rule
+/// and the login rule, which denies all but two. The per-IP panel draws
+/// those as denied by other rules, and its lines add up to its title.
+#[test]
+fn requests_another_rule_denied_are_a_line_of_their_own() {
+    let dir = temp_dir().join("others");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("wrangler.toml");
+    std::fs::write(
+        &config,
+        r#"
+[[vars.LIMITER.rules]]
+name = "per-ip"
+key = ["ip"]
+algorithm = "gcra"
+rate = 100
+period = "1s"
+burst = 100
+
+[[vars.LIMITER.rules]]
+name = "login"
+path_prefix = "/login"
+key = ["ip"]
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 2
+"#,
+    )
+    .unwrap();
+    let mut log = String::from("time,ip,method,path\n");
+    for i in 0..60u64 {
+        log.push_str(&format!(
+            "{},198.51.100.7,POST,/login\n",
+            1_795_168_800_000 + i * 1000
+        ));
+    }
+    let log_path = dir.join("access.csv");
+    std::fs::write(&log_path, log).unwrap();
+    let svg_path = dir.join("plot.svg");
+    simulate_plot(&config, &log_path, &svg_path);
+    let text = std::fs::read_to_string(&svg_path).unwrap();
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    let heights = |color: [u8; 3]| -> Vec<Vec<f64>> {
+        doc.descendants()
+            .filter(|n| n.has_tag_name("polyline") && n.attribute("stroke") == Some(&hex(color)))
+            .map(|n| {
+                let points = n.attribute("points").unwrap_or_default();
+                points
+                    .split_whitespace()
+                    .filter_map(|p| p.split_once(',').and_then(|(_, y)| y.parse().ok()))
+                    .collect()
+            })
+            .collect()
+    };
+    let texts: Vec<&str> = doc
+        .descendants()
+        .filter_map(|n| n.text())
+        .map(str::trim)
+        .collect();
+    assert!(
+        texts.contains(&"per-ip: 60 matched, 2 admitted, 0 denied, 58 denied by other rules"),
+        "{texts:?}"
+    );
+    assert!(
+        texts.contains(&"login: 60 matched, 2 admitted, 58 denied"),
+        "{texts:?}"
+    );
+    // The grey line (and its legend swatch) only on the per-IP panel, a
+    // point per second of the minute.
+    let others = heights(DENIED_BY_OTHERS);
+    assert_eq!(others.len(), 2, "{others:?}");
+    assert!(others.iter().any(|line| line.len() == 60), "{others:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

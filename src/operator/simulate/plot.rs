@@ -5,13 +5,15 @@ use plotters::prelude::*;
 
 use super::{
     clock::format_ms,
-    report::{Point, Report},
+    report::{Point, Report, RuleReport},
 };
 
 /// Admitted requests' colour.
 pub const ADMITTED: RGBColor = RGBColor(0x2c, 0xa0, 0x2c);
 /// Denied (or, for a shadow rule, would-deny) requests' colour.
 pub const DENIED: RGBColor = RGBColor(0xd6, 0x27, 0x28);
+/// Requests the rule admitted that another rule denied.
+pub const DENIED_BY_OTHERS: RGBColor = RGBColor(0x7f, 0x7f, 0x7f);
 
 /// The plot's width, pixels.
 const WIDTH: u32 = 1000;
@@ -34,16 +36,26 @@ fn bucket_for(span_s: u64) -> u64 {
         .unwrap_or_else(|| span_s / MAX_BUCKETS + 1)
 }
 
+/// One bucket of a panel: its start (s), then requests admitted, denied by
+/// the rule, and denied by other rules.
+type Bucket = (u64, u64, u64, u64);
+
+/// Which count of a bucket a line draws.
+type Pick = fn(&Bucket) -> u64;
+
 /// A rule's points summed into buckets of `bucket` seconds from `start`,
 /// every bucket present (empty ones as 0), so the lines fall to zero
 /// between bursts rather than joining them.
-fn bucketed(points: &[Point], start: u64, buckets: u64, bucket: u64) -> Vec<(u64, u64, u64)> {
-    let mut out: Vec<(u64, u64, u64)> = (0..buckets).map(|i| (start + i * bucket, 0, 0)).collect();
+fn bucketed(points: &[Point], start: u64, buckets: u64, bucket: u64) -> Vec<Bucket> {
+    let mut out: Vec<Bucket> = (0..buckets)
+        .map(|i| (start + i * bucket, 0, 0, 0))
+        .collect();
     for p in points {
         let i = ((p.second - start) / bucket) as usize;
         if let Some(b) = out.get_mut(i) {
             b.1 += p.admitted;
             b.2 += p.denied;
+            b.3 += p.denied_by_others;
         }
     }
     out
@@ -59,101 +71,149 @@ fn label(seconds: u64, span_s: u64) -> String {
     }
 }
 
+/// The time axis every panel shares: seconds from `start` to `end`, in
+/// `buckets` buckets of `bucket` seconds, over a log of `span` seconds.
+#[derive(Debug, Clone, Copy)]
+struct Axis {
+    start: u64,
+    end: u64,
+    buckets: u64,
+    bucket: u64,
+    span: u64,
+}
+
+impl Axis {
+    fn of(report: &Report) -> Axis {
+        let (first, last) = report.span_ms.map_or((0, 0), |(a, b)| (a / 1000, b / 1000));
+        let span = last - first + 1;
+        let bucket = bucket_for(span);
+        // Buckets start on a multiple of their width, as a reader would count them.
+        let start = first - first % bucket;
+        let buckets = (last - start) / bucket + 1;
+        Axis {
+            start,
+            end: start + buckets * bucket,
+            buckets,
+            bucket,
+            span,
+        }
+    }
+}
+
+/// A drawing failure, as text.
+fn failed<E: std::error::Error + Send + Sync>(e: DrawingAreaErrorKind<E>) -> String {
+    format!("drawing the plot: {e}")
+}
+
 /// The plot as an SVG document.
 pub fn svg(report: &Report) -> Result<String, String> {
-    let (first, last) = report.span_ms.map_or((0, 0), |(a, b)| (a / 1000, b / 1000));
-    let span = last - first + 1;
-    let bucket = bucket_for(span);
-    // Buckets start on a multiple of their width, as a reader would count them.
-    let start = first - first % bucket;
-    let buckets = (last - start) / bucket + 1;
-    let end = start + buckets * bucket;
+    let axis = Axis::of(report);
     let rules = report.rules.len().max(1) as u32;
     let mut out = String::new();
     {
         let root =
             SVGBackend::with_string(&mut out, (WIDTH, 40 + PANEL * rules)).into_drawing_area();
-        let fail = |e: DrawingAreaErrorKind<_>| format!("drawing the plot: {e}");
-        root.fill(&WHITE).map_err(fail)?;
+        root.fill(&WHITE).map_err(failed)?;
         let (title, body) = root.split_vertically(40);
         title
             .titled(
                 &format!(
-                    "edge-limiter simulate: requests per {bucket} s, {} to {}",
-                    format_ms(start * 1000),
-                    format_ms(end * 1000)
+                    "edge-limiter simulate: requests per {} s, {} to {}",
+                    axis.bucket,
+                    format_ms(axis.start * 1000),
+                    format_ms(axis.end * 1000)
                 ),
                 ("sans-serif", 20),
             )
-            .map_err(fail)?;
+            .map_err(failed)?;
         let panels = body.split_evenly((rules as usize, 1));
         for ((panel, rule), points) in panels.iter().zip(&report.rules).zip(&report.series) {
-            let series = bucketed(points, start, buckets, bucket);
-            let top = series
-                .iter()
-                .map(|b| b.1.max(b.2))
-                .max()
-                .unwrap_or(0)
-                .max(1);
-            let top = top + top / 10 + 1;
-            let caption = format!(
-                "{}{}: {} matched, {} admitted, {} {}",
-                rule.name,
-                if rule.shadow { " (shadow)" } else { "" },
-                rule.matched,
-                rule.admitted,
-                if rule.shadow {
-                    rule.shadow_would_deny
-                } else {
-                    rule.denied
-                },
-                if rule.shadow { "would deny" } else { "denied" }
-            );
-            let mut chart = ChartBuilder::on(panel)
-                .caption(caption, ("sans-serif", 16))
-                .margin(12)
-                .margin_right(40)
-                .x_label_area_size(28)
-                .y_label_area_size(56)
-                .build_cartesian_2d(start..end, 0u64..top)
-                .map_err(fail)?;
-            chart
-                .configure_mesh()
-                .x_labels(8)
-                .y_labels(5)
-                .x_label_formatter(&|s| label(*s, span))
-                .y_desc("requests")
-                .light_line_style(WHITE.mix(0.0))
-                .draw()
-                .map_err(fail)?;
-            let denied_label = if rule.shadow { "would deny" } else { "denied" };
-            for (color, name, pick) in [
-                (ADMITTED, "admitted", 1usize),
-                (DENIED, denied_label, 2usize),
-            ] {
-                let line = series.iter().map(|b| {
-                    let y = if pick == 1 { b.1 } else { b.2 };
-                    (b.0, y)
-                });
-                chart
-                    .draw_series(LineSeries::new(line, color.stroke_width(2)))
-                    .map_err(fail)?
-                    .label(name)
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3))
-                    });
-            }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK.mix(0.3))
-                .draw()
-                .map_err(fail)?;
+            draw_panel(panel, rule, points, axis)?;
         }
-        root.present().map_err(fail)?;
+        root.present().map_err(failed)?;
     }
     Ok(out)
+}
+
+/// A panel's caption: the same counts as the report's table, so that its
+/// lines add up to what it says.
+fn caption(rule: &RuleReport) -> String {
+    let (denied, verb) = match rule.shadow {
+        true => (rule.shadow_would_deny, "would deny"),
+        false => (rule.denied, "denied"),
+    };
+    let others = match rule.denied_by_others {
+        0 => String::new(),
+        n => format!(", {n} denied by other rules"),
+    };
+    format!(
+        "{}{}: {} matched, {} admitted, {denied} {verb}{others}",
+        rule.name,
+        if rule.shadow { " (shadow)" } else { "" },
+        rule.matched,
+        rule.admitted,
+    )
+}
+
+/// One rule's panel: admitted and denied requests per bucket, and those
+/// another rule denied where there are any.
+fn draw_panel(
+    panel: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    rule: &RuleReport,
+    points: &[Point],
+    axis: Axis,
+) -> Result<(), String> {
+    let series = bucketed(points, axis.start, axis.buckets, axis.bucket);
+    let top = series
+        .iter()
+        .map(|b| b.1.max(b.2).max(b.3))
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let top = top + top / 10 + 1;
+    let mut chart = ChartBuilder::on(panel)
+        .caption(caption(rule), ("sans-serif", 16))
+        .margin(12)
+        .margin_right(40)
+        .x_label_area_size(28)
+        .y_label_area_size(56)
+        .build_cartesian_2d(axis.start..axis.end, 0u64..top)
+        .map_err(failed)?;
+    chart
+        .configure_mesh()
+        .x_labels(8)
+        .y_labels(5)
+        .x_label_formatter(&|s| label(*s, axis.span))
+        .y_desc("requests")
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(failed)?;
+    let denied_label = if rule.shadow { "would deny" } else { "denied" };
+    let mut lines: Vec<(RGBColor, &str, Pick)> = vec![
+        (ADMITTED, "admitted", |b| b.1),
+        (DENIED, denied_label, |b| b.2),
+    ];
+    if rule.denied_by_others > 0 {
+        lines.push((DENIED_BY_OTHERS, "denied by other rules", |b| b.3));
+    }
+    for (color, name, pick) in lines {
+        let line = series.iter().map(|b| (b.0, pick(b)));
+        chart
+            .draw_series(LineSeries::new(line, color.stroke_width(2)))
+            .map_err(failed)?
+            .label(name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .draw()
+        .map_err(failed)?;
+    Ok(())
 }
 
 /// Text made safe inside HTML.
@@ -221,16 +281,17 @@ mod tests {
                 second: 100,
                 admitted: 2,
                 denied: 1,
+                denied_by_others: 4,
             },
             Point {
                 second: 104,
                 admitted: 3,
-                denied: 0,
+                ..Point::default()
             },
         ];
         assert_eq!(
             bucketed(&points, 100, 3, 2),
-            [(100, 2, 1), (102, 0, 0), (104, 3, 0)]
+            [(100, 2, 1, 4), (102, 0, 0, 0), (104, 3, 0, 0)]
         );
     }
 }

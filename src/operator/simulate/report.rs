@@ -70,7 +70,7 @@ pub struct SecondReport {
 
 /// Admitted and denied (or, for a shadow rule, would-deny) requests of one
 /// rule in one second of the log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Point {
     /// Seconds since the epoch.
     pub second: u64,
@@ -78,6 +78,15 @@ pub struct Point {
     pub admitted: u64,
     /// Requests the rule denied (a shadow rule: would have denied).
     pub denied: u64,
+    /// Requests the rule admitted that another rule denied.
+    pub denied_by_others: u64,
+}
+
+/// How one request counts on its rule's panel.
+struct Counted {
+    admitted: bool,
+    denied: bool,
+    denied_by_others: bool,
 }
 
 /// Everything a simulation found.
@@ -194,19 +203,19 @@ impl Tally {
         }
     }
 
-    fn point(&mut self, rule: usize, time_ms: u64, admitted: bool, denied: bool) {
+    fn point(&mut self, rule: usize, time_ms: u64, counted: Counted) {
         let second = time_ms / 1000;
         let series = &mut self.report.series[rule];
         if series.last().is_none_or(|p| p.second != second) {
             series.push(Point {
                 second,
-                admitted: 0,
-                denied: 0,
+                ..Point::default()
             });
         }
         if let Some(p) = series.last_mut() {
-            p.admitted += u64::from(admitted);
-            p.denied += u64::from(denied);
+            p.admitted += u64::from(counted.admitted);
+            p.denied += u64::from(counted.denied);
+            p.denied_by_others += u64::from(counted.denied_by_others);
         }
     }
 
@@ -240,7 +249,14 @@ impl Tally {
             let r = &mut self.report.rules[*rule];
             r.matched += 1;
             let denied_here = !state.admitted() && !r.shadow;
-            if decision.admitted() {
+            // The panel's lines count what its title counts: a shadow rule's
+            // red line is its would-deny, whatever became of the request.
+            let counted = Counted {
+                admitted: decision.admitted(),
+                denied: denied_here || (r.shadow && !state.admitted()),
+                denied_by_others: !decision.admitted() && !denied_here,
+            };
+            if counted.admitted {
                 r.admitted += 1;
             } else if denied_here {
                 r.denied += 1;
@@ -250,8 +266,7 @@ impl Tally {
             if r.shadow && !state.admitted() {
                 r.shadow_would_deny += 1;
             }
-            let plotted_denial = !state.admitted() && (r.shadow || !decision.admitted());
-            self.point(*rule, time_ms, decision.admitted(), plotted_denial);
+            self.point(*rule, time_ms, counted);
             // Most requests come from clients seen before: no key to copy then.
             let clients = &mut self.clients[*rule];
             let counts = match clients.get_mut(client.as_str()) {
