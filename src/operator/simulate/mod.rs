@@ -125,46 +125,18 @@ pub fn simulate<R: BufRead + Send>(
     engine: &mut dyn Engine,
     observer: &mut dyn Observer,
 ) -> Result<Report, SimError> {
-    let mut reader = LogReader::new(input, options.format, &options.host).map_err(SimError::Log)?;
+    let reader = LogReader::new(input, options.format, &options.host).map_err(SimError::Log)?;
     let format = reader.format().name();
     let mut tally = Tally::new(config, engine.name(), format, reader.guessed_from());
     let (send, receive) = std::sync::mpsc::sync_channel::<(Vec<_>, u64)>(4);
     std::thread::scope(|scope| {
-        scope.spawn(move || {
-            let mut chunk = Vec::with_capacity(READ_AHEAD);
-            while let Some(item) = reader.next_record() {
-                chunk.push(item);
-                if chunk.len() == READ_AHEAD {
-                    let full = std::mem::replace(&mut chunk, Vec::with_capacity(READ_AHEAD));
-                    // The receiver is gone when the simulation stopped early.
-                    if send.send((full, reader.bytes_read())).is_err() {
-                        return;
-                    }
-                }
-            }
-            let _ = send.send((chunk, reader.bytes_read()));
-        });
+        scope.spawn(move || read_ahead(reader, send));
         let mut order = Reorder::default();
-        // One batch in flight while the next is read and prepared: Redis
-        // decides one while this thread counts the one before.
-        let mut in_flight: Option<InFlight> = None;
-        let mut flush = |records: Vec<Record>,
-                         in_flight: &mut Option<InFlight>,
-                         tally: &mut Tally,
-                         observer: &mut dyn Observer|
-         -> Result<(), SimError> {
-            // A batch that charges after responses is finished (its charges
-            // made) before the next is sent; any other overlaps the next.
-            if in_flight.as_ref().is_some_and(|b| b.charges) {
-                if let Some(before) = in_flight.take() {
-                    finish_batch(config, before, engine, tally, observer)?;
-                }
-            }
-            let sent = send_batch(config, records, engine)?;
-            match in_flight.replace(sent) {
-                Some(before) => finish_batch(config, before, engine, tally, observer),
-                None => Ok(()),
-            }
+        let mut pipeline = Pipeline {
+            config,
+            engine,
+            batch: Vec::with_capacity(BATCH),
+            in_flight: None,
         };
         for (chunk, bytes) in receive {
             for item in chunk {
@@ -178,34 +150,98 @@ pub fn simulate<R: BufRead + Send>(
                 };
                 order.push(record, &mut tally);
                 while let Some(record) = order.pop_due() {
-                    // A request charged after its response ends its batch:
-                    // the charge must land before its client's next request.
-                    let charges = charges_after(config, &record);
-                    order.batch.push(record);
-                    if order.batch.len() == BATCH || charges {
-                        let full = std::mem::replace(&mut order.batch, Vec::with_capacity(BATCH));
-                        flush(full, &mut in_flight, &mut tally, observer)?;
-                    }
+                    pipeline.push(record, &mut tally, observer)?;
                 }
             }
             observer.progress(bytes);
         }
         while let Some(w) = order.waiting.pop_front() {
-            let charges = charges_after(config, &w.record);
-            order.batch.push(w.record);
-            if order.batch.len() == BATCH || charges {
-                let full = std::mem::replace(&mut order.batch, Vec::with_capacity(BATCH));
-                flush(full, &mut in_flight, &mut tally, observer)?;
-            }
+            pipeline.push(w.record, &mut tally, observer)?;
         }
-        let last = std::mem::take(&mut order.batch);
-        flush(last, &mut in_flight, &mut tally, observer)?;
-        match in_flight.take() {
-            Some(batch) => finish_batch(config, batch, engine, &mut tally, observer),
-            None => Ok(()),
-        }
+        pipeline.finish(&mut tally, observer)
     })?;
     Ok(tally.finish())
+}
+
+/// The reading thread: parses the log and sends its records on in chunks,
+/// each with the bytes read so far.
+fn read_ahead<R: BufRead>(
+    mut reader: LogReader<R>,
+    send: std::sync::mpsc::SyncSender<(Vec<Result<Record, LineError>>, u64)>,
+) {
+    let mut chunk = Vec::with_capacity(READ_AHEAD);
+    while let Some(item) = reader.next_record() {
+        chunk.push(item);
+        if chunk.len() == READ_AHEAD {
+            let full = std::mem::replace(&mut chunk, Vec::with_capacity(READ_AHEAD));
+            // The receiver is gone when the simulation stopped early.
+            if send.send((full, reader.bytes_read())).is_err() {
+                return;
+            }
+        }
+    }
+    let _ = send.send((chunk, reader.bytes_read()));
+}
+
+/// Records in time order on their way through the engine, in batches: one
+/// batch in flight while the next is read and prepared, so Redis decides
+/// one while this thread counts the one before.
+struct Pipeline<'a> {
+    config: &'a Config,
+    engine: &'a mut dyn Engine,
+    batch: Vec<Record>,
+    in_flight: Option<InFlight>,
+}
+
+impl Pipeline<'_> {
+    /// Adds the next record; a full batch goes to the engine.
+    fn push(
+        &mut self,
+        record: Record,
+        tally: &mut Tally,
+        observer: &mut dyn Observer,
+    ) -> Result<(), SimError> {
+        // A request charged after its response ends its batch: the charge
+        // must land before its client's next request.
+        let charges = charges_after(self.config, &record);
+        self.batch.push(record);
+        if self.batch.len() == BATCH || charges {
+            let full = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH));
+            self.flush(full, tally, observer)?;
+        }
+        Ok(())
+    }
+
+    /// Sends `records` as a batch, and counts the batch sent before it.
+    fn flush(
+        &mut self,
+        records: Vec<Record>,
+        tally: &mut Tally,
+        observer: &mut dyn Observer,
+    ) -> Result<(), SimError> {
+        // A batch that charges after responses is finished (its charges
+        // made) before the next is sent; any other overlaps the next.
+        if self.in_flight.as_ref().is_some_and(|b| b.charges) {
+            if let Some(before) = self.in_flight.take() {
+                finish_batch(self.config, before, self.engine, tally, observer)?;
+            }
+        }
+        let sent = send_batch(self.config, records, self.engine)?;
+        match self.in_flight.replace(sent) {
+            Some(before) => finish_batch(self.config, before, self.engine, tally, observer),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends what is left and counts every batch still in flight.
+    fn finish(mut self, tally: &mut Tally, observer: &mut dyn Observer) -> Result<(), SimError> {
+        let last = std::mem::take(&mut self.batch);
+        self.flush(last, tally, observer)?;
+        match self.in_flight.take() {
+            Some(batch) => finish_batch(self.config, batch, self.engine, tally, observer),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Puts records in time order within [`REORDER_MS`]; equal times keep
@@ -215,7 +251,6 @@ struct Reorder {
     /// In time order. Most logs are nearly sorted, so a record mostly goes
     /// at the back, or close to it: cheaper than a heap of whole records.
     waiting: VecDeque<Waiting>,
-    batch: Vec<Record>,
     /// The latest time read.
     newest: u64,
     /// The time up to which records were released.
@@ -251,7 +286,6 @@ impl Reorder {
     }
 }
 
-/// The index of `rule` in `config` (rules are few).
 /// Whether `record` may be charged after its response: a rule counting
 /// only some statuses, among them the one the origin answered, matches it.
 fn charges_after(config: &Config, record: &Record) -> bool {
