@@ -13,8 +13,8 @@
 -- Redis builds every function of the script anew on each call, so the
 -- script keeps few functions and few captured locals, sizes its tables
 -- where they are made, and leaves to the caller what needs no stored state
--- (which rule binds, the request's retry-after). bench/RESULTS.md ("The
--- scripts' cost inside Redis") has the measurements behind these choices.
+-- (which rule binds, the request's retry-after). bench/SCRIPTS.md has the
+-- measurements behind these choices.
 --
 -- With a pinned clock (tests, simulations) real time is not the timeline,
 -- so an expiry cannot be state: the state says when it is worthless, and

@@ -167,7 +167,7 @@ async fn main() -> ExitCode {
             println!("{table}");
             if let Some(out) = &options.out {
                 let text = format!(
-                    "# Benchmark results\n\nThe latest `scripts/bench` run on the reference machine; rerun it and commit this file to update. Figures vary about +-20 % from run to run on 2 cores.\n\n{table}"
+                    "# Benchmark results\n\nThe latest `scripts/bench` run on the reference machine; rerun it and commit this file to update. Figures vary about +-20 % from run to run on 2 cores. Why the scripts are written as they are, with their cost inside Redis: [SCRIPTS.md](SCRIPTS.md).\n\n{table}"
                 );
                 if let Err(e) = std::fs::write(out, text) {
                     eprintln!("bench: cannot write {}: {e}", out.display());
