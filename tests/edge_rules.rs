@@ -11,6 +11,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use edge_limiter::decision::protocol::{Check, ScriptCall, LIMITER};
 use edge_limiter_local::fault_proxy::{Fault, FaultProxy};
 use reqwest::{Response, StatusCode};
 use serde_json::Value;
@@ -139,12 +140,13 @@ async fn count_status_charges_only_the_listed_statuses_after_the_response() {
 
 #[tokio::test]
 async fn concurrent_failures_are_bounded_and_every_later_one_refused() {
-    // N failed logins at once on a fresh limit of L: all may pass the check
-    // before any is charged (at most max(L, N)); once they are charged,
+    // N failed logins at once on a fresh limit of L, N well over L: all may
+    // pass the check before any is charged (the README's bound, max(L, N)),
+    // at least L do; the charges after them stop at the limit exactly, and
     // every later one is refused.
     let stack = Stack::start(LOGIN);
     let url = format!("{}/login?status=403", stack.worker.url);
-    let (limit, n) = (3, 8);
+    let (limit, n) = (3, 64);
     let ip = "203.0.113.61";
     let handles: Vec<_> = (0..n)
         .map(|_| {
@@ -152,18 +154,45 @@ async fn concurrent_failures_are_bounded_and_every_later_one_refused() {
             tokio::spawn(async move { post(&url, ip, "text/plain", vec![]).await.status() })
         })
         .collect();
-    let mut admitted = 0;
+    let (mut admitted, mut refused) = (0, 0);
     for h in handles {
-        if h.await.unwrap() == StatusCode::FORBIDDEN {
-            admitted += 1;
+        match h.await.unwrap() {
+            StatusCode::FORBIDDEN => admitted += 1,
+            StatusCode::TOO_MANY_REQUESTS => refused += 1,
+            other => panic!("a failed login answered {other}"),
         }
     }
-    assert!(admitted <= limit.max(n), "{admitted} failures admitted");
+    assert_eq!(admitted + refused, n);
     assert!(
-        admitted >= limit,
+        (limit..=limit.max(n)).contains(&admitted),
         "{admitted} failures admitted, the limit is {limit}"
     );
+    let hits = stack.origin.hits().await["paths"]["/login"].as_u64();
+    assert_eq!(
+        hits,
+        Some(admitted),
+        "refused ones never reached the origin"
+    );
     settle_charges().await;
+    // Charged after their responses, the admitted failures fill the window
+    // to its limit and no further: a peek reads exactly 0 units left (the
+    // script reports a count over the limit as a negative remainder).
+    let rule = &support::rules(serde_json::json!([{
+        "name": "failed-logins", "key": ["ip"], "path_prefix": "/login", "methods": ["POST"],
+        "algorithm": "windowed", "windows": [["15m", 3, "1m"]], "count_status": [401, 403]
+    }]))[0];
+    let peek = ScriptCall::decide(&[(Check { rule, cost: 0 }, vec![ip])], None);
+    let reply = stack
+        .backend
+        .client
+        .run_script(&LIMITER, &peek.keys(), &peek.args(), support::BUDGET)
+        .await
+        .unwrap();
+    assert_eq!(
+        reply[2],
+        serde_json::json!(0),
+        "units left after the wave: {reply}"
+    );
     for _ in 0..3 {
         let later = post(&url, ip, "text/plain", vec![]).await;
         assert_eq!(later.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -175,6 +204,7 @@ async fn concurrent_failures_are_bounded_and_every_later_one_refused() {
             "at once N",
             "admitted",
             "bound max(L, N)",
+            "units left after",
             "later ones",
         ],
     );
@@ -183,6 +213,7 @@ async fn concurrent_failures_are_bounded_and_every_later_one_refused() {
         n.to_string(),
         admitted.to_string(),
         limit.max(n).to_string(),
+        reply[2].to_string(),
         "429".into(),
     ]);
     table.print("count-status-concurrency");
@@ -211,9 +242,11 @@ async fn a_redis_fault_after_the_response_loses_and_delays_nothing() {
         (r.status(), started.elapsed())
     });
     // The up-front check passes; while the origin takes its time, Redis
-    // becomes unreachable for the after-response charge.
+    // becomes slow: the after-response charge is held 3 s, past the rule's
+    // 1 s budget. A response that waited for the charge would take 1.4 s
+    // at least (400 ms at the origin, then the budget).
     tokio::time::sleep(Duration::from_millis(200)).await;
-    proxy.set(Fault::Reset);
+    proxy.set(Fault::Delay(Duration::from_secs(3)));
     let (status, took) = request.await.unwrap();
     assert_eq!(
         status,
@@ -478,6 +511,24 @@ algorithm = "gcra"
 rate = 1
 period = "1h"
 burst = 1
+
+[[vars.LIMITER.rules]]
+name = "per-colo"
+key = ["cf:colo"]
+path_prefix = "/dc"
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 1
+
+[[vars.LIMITER.rules]]
+name = "per-continent"
+key = ["cf:continent"]
+path_prefix = "/ct"
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 1
 "#;
     let stack = Stack::start(rules);
     let url = |path: &str| format!("{}{path}", stack.worker.url);
@@ -513,6 +564,29 @@ burst = 1
         key.len() > "el:{}:per-country".len() && !key.starts_with("el:{#"),
         "the country is the bucket: {keys}"
     );
+    // Two addresses served by one data center, or on one continent, share
+    // its bucket; the bucket is the IATA code, or the continent's code.
+    for (path, rule, letters) in [("/dc", "per-colo", 3), ("/ct", "per-continent", 2)] {
+        assert_eq!(
+            get(&url(path), "198.51.100.5").await.status(),
+            StatusCode::OK
+        );
+        assert_eq!(
+            get(&url(path), "198.51.100.6").await.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "{rule}"
+        );
+        let keys = stack.backend.redis(&["KEYS", &format!("el:*:{rule}")]);
+        let tag = keys
+            .trim()
+            .strip_prefix("el:{")
+            .and_then(|k| k.strip_suffix(&format!("}}:{rule}")))
+            .unwrap_or_default();
+        assert!(
+            tag.len() == letters && tag.bytes().all(|b| b.is_ascii_uppercase()),
+            "{rule}: the bucket is the edge's code: {keys}"
+        );
+    }
 }
 
 // ------------------------------------------------------------- body parts
