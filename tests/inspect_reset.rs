@@ -263,3 +263,63 @@ async fn a_client_exhausted_through_the_worker_is_inspected_reset_and_admitted_a
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A rule with a penalty, and a short block-cache hold.
+const PENALTY_RULES: &str = r#"
+[vars.LIMITER]
+cache_hold = "1s"
+
+[[vars.LIMITER.rules]]
+name = "strict"
+key = ["ip"]
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 1
+penalty = "10m"
+"#;
+
+/// A client held by a running penalty: `inspect` shows what is left of it,
+/// and `reset` removes it with the rule's state, so the client is admitted
+/// again once the worker's cache hold has passed.
+#[tokio::test]
+async fn a_running_penalty_is_inspected_and_reset_with_the_rule() {
+    let stack = Stack::start(PENALTY_RULES);
+    let rest = stack.backend.endpoint.url();
+    let settings = Some((rest.as_str(), TOKEN));
+    let dir = workdir();
+    std::fs::write(dir.join("wrangler.toml"), PENALTY_RULES).unwrap();
+    let url = format!("{}/", stack.worker.url);
+    let ip = "203.0.113.40";
+    assert_eq!(get(&url, ip).await, StatusCode::OK);
+    let denied_at = Instant::now();
+    assert_eq!(get(&url, ip).await, StatusCode::TOO_MANY_REQUESTS);
+
+    let (code, out, err) = command(&dir, settings, &["inspect", "strict", ip, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let state = json(&out);
+    let left = state["penalty_ms"].as_u64().unwrap_or(0);
+    assert!((590_000..=600_000).contains(&left), "ten minutes: {state}");
+    let (code, out, _) = command(&dir, settings, &["inspect", "strict", ip]);
+    assert_eq!(code, 0);
+    assert!(out.contains("penalty"), "the text form names it: {out}");
+
+    let (code, out, err) = command(&dir, settings, &["reset", "strict", ip, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out)["deleted"], 2, "state and penalty: {out}");
+    let (_, out, _) = command(&dir, settings, &["inspect", "strict", ip, "--json"]);
+    assert_eq!(json(&out)["penalty_ms"], Value::Null, "{out}");
+    let keys = stack.backend.redis(&["KEYS", "el:*:strict*"]);
+    assert!(keys.trim().is_empty(), "nothing left: {keys}");
+
+    // Past the worker's cache hold, the client is admitted again.
+    let hold = Duration::from_secs(1);
+    tokio::time::sleep((denied_at + hold).saturating_duration_since(Instant::now())).await;
+    assert_eq!(
+        get(&url, ip).await,
+        StatusCode::OK,
+        "{}",
+        stack.worker.log()
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
