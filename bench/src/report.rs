@@ -673,13 +673,13 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_table_holds_ratios_targets_and_verdicts() {
+    /// Results of every part but the far one, with a baseline build.
+    fn fixture() -> Results {
         let sample = |usec_per_call| Sample {
             ops_per_s: 40_000.0,
             usec_per_call,
         };
-        let r = Results {
+        Results {
             when: "2026-11-22 18:00 UTC".into(),
             peer_version: "2.2.0".into(),
             redis: vec![
@@ -703,7 +703,28 @@ mod tests {
             },
             instantiate_ms: 0.2,
             ..Results::default()
-        };
+        }
+    }
+
+    #[test]
+    fn the_report_renders_as_recorded() {
+        let mut r = fixture();
+        r.load
+            .push((OURS_BASELINE, vec![run(9.0, 2.5, 50), run(13.0, 2.5, 50)]));
+        r.machine = vec![("machine".into(), "test".into())];
+        r.background = vec!["before the run: quiet".into()];
+        let recorded = include_str!("../testdata/report.md");
+        let rendered = render(&r);
+        if std::env::var_os("RECORD_REPORT").is_some() {
+            std::fs::write(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/report.md"), &rendered)
+                .unwrap();
+        }
+        assert_eq!(rendered, recorded);
+    }
+
+    #[test]
+    fn the_table_holds_ratios_targets_and_verdicts() {
+        let r = fixture();
         let table = render(&r);
         let has = |row: &str| assert!(table.contains(row), "{row} not in\n{table}");
         // 2.10 / 1.60 = 1.31: just over its target.
