@@ -126,6 +126,14 @@ pub const OURS_FAR: &str = "ours-far";
 pub const OURS_BASELINE: &str = "ours-baseline";
 pub const PEER_FAR: &str = "peer-far";
 
+/// One row of the table: part, measure, ours, the other, ratio, target, met.
+type Row = [String; 7];
+
+/// A row from borrowed cells.
+fn row(cells: [&str; 7]) -> Row {
+    cells.map(str::to_owned)
+}
+
 /// The table and the notes under it.
 pub fn render(r: &Results) -> String {
     let mut out = String::new();
@@ -146,11 +154,24 @@ pub fn render(r: &Results) -> String {
         "| part | measure | ours | {peer} | ours/peer | target | met |"
     );
     let _ = writeln!(out, "|---|---|---:|---:|---:|---|---|");
-    let mut row = |cells: [&str; 7]| {
+    let parts = [
+        redis_rows(r),
+        worker_rows(r),
+        trip_rows(r),
+        size_rows(r),
+        exactness_rows(r),
+        far_rows(r),
+    ];
+    for cells in parts.iter().flatten() {
         let _ = writeln!(out, "| {} |", cells.join(" | "));
-    };
+    }
+    let _ = writeln!(out, "\n{}", notes(r));
+    out
+}
 
-    // Part 1. Every target is a ratio within this run.
+/// Part 1, Redis's own time per decision. Every target is a ratio within
+/// this run.
+fn redis_rows(r: &Results) -> Vec<Row> {
     let vs = |ours: &str, other: &str, what: &str, target: Option<f64>, other_is: Vec<f64>| {
         let u = usec(r, ours);
         let ratio_now = median(&u) / median(&other_is);
@@ -166,7 +187,7 @@ pub fn render(r: &Results) -> String {
                 .to_owned(),
         ]
     };
-    let rows = [
+    let mut rows = vec![
         vs(
             "ours GCRA",
             "floor",
@@ -199,10 +220,6 @@ pub fn render(r: &Results) -> String {
                 .collect(),
         ),
     ];
-    for cells in &rows {
-        let cells: Vec<&str> = cells.iter().map(String::as_str).collect();
-        row(cells.try_into().expect("seven cells"));
-    }
     for (ours, theirs, what, per) in [
         (
             "ours GCRA",
@@ -225,7 +242,7 @@ pub fn render(r: &Results) -> String {
     ] {
         let (o, q) = (ops(r, ours), ops(r, theirs));
         let q: Vec<f64> = q.iter().map(|x| x / per).collect();
-        row([
+        rows.push(row([
             "1 Redis",
             what,
             &with_spread(&o, 0),
@@ -233,7 +250,7 @@ pub fn render(r: &Results) -> String {
             &ratio(median(&o), median(&q)),
             "",
             "",
-        ]);
+        ]));
     }
     for (label, what) in [
         (
@@ -249,7 +266,7 @@ pub fn render(r: &Results) -> String {
             "reference: the same, reading Redis's clock first (TIME + GET + SET): us/call",
         ),
     ] {
-        row([
+        rows.push(row([
             "1 Redis",
             what,
             &with_spread(&usec(r, label), 2),
@@ -257,10 +274,13 @@ pub fn render(r: &Results) -> String {
             "",
             "",
             "",
-        ]);
+        ]));
     }
+    rows
+}
 
-    // Part 2.
+/// Part 2, each worker under load in wrangler dev.
+fn worker_rows(r: &Results) -> Vec<Row> {
     let base = runs(r, PASSTHROUGH);
     let base_rps = median(&base.iter().map(|x| x.rps).collect::<Vec<_>>());
     let base_p50 = median(&base.iter().map(|x| x.p50_ms).collect::<Vec<_>>());
@@ -270,13 +290,14 @@ pub fn render(r: &Results) -> String {
     };
     let rps = |x: &Run| x.rps;
     let p99 = |x: &Run| x.p99_ms;
+    let mut rows = Vec::new();
     for (what, pick, digits, base) in [
         ("requests/s", rps as fn(&Run) -> f64, 0, base_rps),
         ("p50 latency, ms", p50, 1, base_p50),
         ("p99 latency, ms", p99, 1, base_p99),
     ] {
         let (o, p) = (metric(OURS, pick), metric(PEER, pick));
-        row([
+        rows.push(row([
             "2 worker",
             &format!("{what} (passthrough {base:.digits$})"),
             &with_spread(&o, digits),
@@ -284,25 +305,19 @@ pub fn render(r: &Results) -> String {
             &ratio(median(&o), median(&p)),
             "",
             "",
-        ]);
+        ]));
     }
-    let peer_rows = overhead_rows(r, PEER, "2 worker", true);
-    let baseline_rows = if runs(r, OURS_BASELINE).is_empty() {
-        vec![]
-    } else {
-        overhead_rows(
+    rows.extend(overhead_rows(r, PEER, "2 worker", true));
+    if !runs(r, OURS_BASELINE).is_empty() {
+        rows.extend(overhead_rows(
             r,
             OURS_BASELINE,
             "2 this build vs --baseline (peer column)",
             false,
-        )
-    };
-    for cells in peer_rows.iter().chain(&baseline_rows) {
-        let cells: Vec<&str> = cells.iter().map(String::as_str).collect();
-        row(cells.try_into().expect("seven cells"));
+        ));
     }
     let unmatched = overhead(r, OURS_UNMATCHED, p50);
-    row([
+    rows.push(row([
         "2 worker",
         "of which without Redis (ours where no rule applies), p50 ms",
         &with_spread(&unmatched, 1),
@@ -310,39 +325,39 @@ pub fn render(r: &Results) -> String {
         "",
         "",
         "",
-    ]);
+    ]));
+    rows
+}
 
-    // Part 3.
+/// Part 3, REST calls per decision.
+fn trip_rows(r: &Results) -> Vec<Row> {
     let targets = [1, 1, 0, 2];
     let trips = |label: &str| r.trips.iter().find(|(l, _)| *l == label).map(|(_, c)| c);
-    for (i, step) in STEPS.iter().enumerate() {
-        let show = |c: Option<&Counts>| {
-            c.and_then(|c| c.get(i))
-                .map(|(n, status)| format!("{n} ({status})"))
-                .unwrap_or_else(|| "-".to_owned())
-        };
-        let ours = trips(OURS).and_then(|c| c.get(i)).map(|(n, _)| *n);
-        row([
-            "3 round trips",
-            &format!("REST calls: {step} (HTTP status)"),
-            &show(trips(OURS)),
-            &show(trips(PEER)),
-            "",
-            &targets[i].to_string(),
-            met(ours.map(|n| n == targets[i])),
-        ]);
-    }
+    let show = |c: Option<&Counts>, i: usize| {
+        c.and_then(|c| c.get(i))
+            .map(|(n, status)| format!("{n} ({status})"))
+            .unwrap_or_else(|| "-".to_owned())
+    };
+    STEPS
+        .iter()
+        .enumerate()
+        .map(|(i, step)| {
+            let ours = trips(OURS).and_then(|c| c.get(i)).map(|(n, _)| *n);
+            row([
+                "3 round trips",
+                &format!("REST calls: {step} (HTTP status)"),
+                &show(trips(OURS), i),
+                &show(trips(PEER), i),
+                "",
+                &targets[i].to_string(),
+                met(ours.map(|n| n == targets[i])),
+            ])
+        })
+        .collect()
+}
 
-    // Part 4.
-    row([
-        "4 size",
-        "wasm raw / gzip -9, KB",
-        &format!("{} / {}", kb(r.wasm.raw), kb(r.wasm.gzip)),
-        "- (plain JS)",
-        "",
-        "gzip <= 250",
-        met((r.wasm.raw > 0).then_some(r.wasm.gzip <= 250 * 1024)),
-    ]);
+/// Part 4, size and start.
+fn size_rows(r: &Results) -> Vec<Row> {
     let upload = r.our_bundle.map(|b| Size {
         raw: b.raw + r.wasm.raw,
         gzip: b.gzip + r.wasm.gzip,
@@ -351,33 +366,46 @@ pub fn render(r: &Results) -> String {
         s.map(|s| format!("{} / {}", kb(s.raw), kb(s.gzip)))
             .unwrap_or_else(|| "-".to_owned())
     };
-    row([
-        "4 size",
-        "worker as wrangler bundles it (+ wasm), raw / gzip -9, KB",
-        &show(upload),
-        &show(r.peer_bundle),
-        &match (upload, r.peer_bundle) {
-            (Some(o), Some(p)) => ratio(o.gzip as f64, p.gzip as f64),
-            _ => "-".to_owned(),
-        },
-        "",
-        "",
-    ]);
-    row([
-        "4 start",
-        "instantiate the wasm in workerd, ms",
-        &if r.instantiate_ms.is_nan() {
-            "-".to_owned()
-        } else {
-            format!("{:.3}", r.instantiate_ms)
-        },
-        "- (no wasm)",
-        "",
-        "",
-        "",
-    ]);
+    vec![
+        row([
+            "4 size",
+            "wasm raw / gzip -9, KB",
+            &format!("{} / {}", kb(r.wasm.raw), kb(r.wasm.gzip)),
+            "- (plain JS)",
+            "",
+            "gzip <= 250",
+            met((r.wasm.raw > 0).then_some(r.wasm.gzip <= 250 * 1024)),
+        ]),
+        row([
+            "4 size",
+            "worker as wrangler bundles it (+ wasm), raw / gzip -9, KB",
+            &show(upload),
+            &show(r.peer_bundle),
+            &match (upload, r.peer_bundle) {
+                (Some(o), Some(p)) => ratio(o.gzip as f64, p.gzip as f64),
+                _ => "-".to_owned(),
+            },
+            "",
+            "",
+        ]),
+        row([
+            "4 start",
+            "instantiate the wasm in workerd, ms",
+            &if r.instantiate_ms.is_nan() {
+                "-".to_owned()
+            } else {
+                format!("{:.3}", r.instantiate_ms)
+            },
+            "- (no wasm)",
+            "",
+            "",
+            "",
+        ]),
+    ]
+}
 
-    // Part 5.
+/// Part 5, the hot client's admissions over its limit.
+fn exactness_rows(r: &Results) -> Vec<Row> {
     let exactness = |label: &str| -> (Vec<f64>, String) {
         let runs = runs(r, label);
         let ratios = runs
@@ -393,7 +421,7 @@ pub fn render(r: &Results) -> String {
     let (o, o_each) = exactness(OURS);
     let (p, p_each) = exactness(PEER);
     let exact = !o.is_empty() && o.iter().all(|x| (*x - 1.0).abs() < 1e-9);
-    row([
+    vec![row([
         "5 exactness",
         "hot client: admitted / configured, per round",
         &format!("{:.3} ({o_each})", median(&o)),
@@ -401,21 +429,34 @@ pub fn render(r: &Results) -> String {
         "",
         "1.000",
         met((!o.is_empty()).then_some(exact)),
-    ]);
+    ])]
+}
 
-    // Part 6.
+/// Part 6, latency and calls with Redis 40 ms away.
+fn far_rows(r: &Results) -> Vec<Row> {
     let far_of = |label: &str| r.far.iter().find(|(l, _)| *l == label).map(|(_, s)| s);
     let targets = [1.0, 1.0, 0.0];
+    let latency = |s: Option<&Situation>| {
+        s.map_or("-".to_owned(), |s| {
+            format!("{:.1} / {:.1}", s.added_ms(50.0), s.added_ms(99.0))
+        })
+    };
+    let calls = |s: Option<&Situation>| {
+        s.map_or("-".to_owned(), |s| {
+            let statuses: Vec<String> = s
+                .statuses
+                .iter()
+                .map(|(status, n)| format!("{n} x {status}"))
+                .collect();
+            format!("{:.2} ({})", s.calls_per_decision(), statuses.join(", "))
+        })
+    };
+    let mut rows = Vec::new();
     for (i, situation) in far::SITUATIONS.iter().enumerate() {
         let (o, p) = (
             far_of(OURS_FAR).and_then(|s| s.get(i)),
             far_of(PEER_FAR).and_then(|s| s.get(i)),
         );
-        let latency = |s: Option<&Situation>| {
-            s.map_or("-".to_owned(), |s| {
-                format!("{:.1} / {:.1}", s.added_ms(50.0), s.added_ms(99.0))
-            })
-        };
         let ratios = match (o, p) {
             (Some(o), Some(p)) => format!(
                 "{} / {}",
@@ -424,7 +465,7 @@ pub fn render(r: &Results) -> String {
             ),
             _ => "-".to_owned(),
         };
-        row([
+        rows.push(row([
             "6 Redis 40 ms away",
             &format!("{situation}: added latency p50 / p99, ms"),
             &latency(o),
@@ -432,18 +473,8 @@ pub fn render(r: &Results) -> String {
             &ratios,
             "",
             "",
-        ]);
-        let calls = |s: Option<&Situation>| {
-            s.map_or("-".to_owned(), |s| {
-                let statuses: Vec<String> = s
-                    .statuses
-                    .iter()
-                    .map(|(status, n)| format!("{n} x {status}"))
-                    .collect();
-                format!("{:.2} ({})", s.calls_per_decision(), statuses.join(", "))
-            })
-        };
-        row([
+        ]));
+        rows.push(row([
             "6 Redis 40 ms away",
             &format!("{situation}: REST calls per decision (answers)"),
             &calls(o),
@@ -451,16 +482,14 @@ pub fn render(r: &Results) -> String {
             "",
             &format!("{}", targets[i]),
             met(o.map(|s| s.calls_per_decision() == targets[i])),
-        ]);
+        ]));
     }
-
-    let _ = writeln!(out, "\n{}", notes(r));
-    out
+    rows
 }
 
 /// Part 2's overhead rows of ours against `other` (the peer, or another
 /// build of ours), with the targets or without.
-fn overhead_rows(r: &Results, other: &str, part: &str, targets: bool) -> Vec<[String; 7]> {
+fn overhead_rows(r: &Results, other: &str, part: &str, targets: bool) -> Vec<Row> {
     let target = |text: &str, ok: Option<bool>| {
         if targets {
             [text.to_owned(), met(ok).to_owned()]
@@ -468,7 +497,16 @@ fn overhead_rows(r: &Results, other: &str, part: &str, targets: bool) -> Vec<[St
             [String::new(), String::new()]
         }
     };
-    let mut rows = Vec::new();
+    let mut rows = latency_overhead_rows(r, other, part, &target);
+    rows.extend(cpu_overhead_rows(r, other, part, &target));
+    rows
+}
+
+/// A target's two cells, text and verdict, or two empty ones.
+type Target<'a> = dyn Fn(&str, Option<bool>) -> [String; 2] + 'a;
+
+/// p50 and pooled p99 overhead over the passthrough, ours against `other`.
+fn latency_overhead_rows(r: &Results, other: &str, part: &str, target: &Target) -> Vec<Row> {
     // p50: each round compares the workers under the same load on the
     // machine, so how often ours wins says whether a gap between medians is
     // more than the spread between rounds.
@@ -479,7 +517,7 @@ fn overhead_rows(r: &Results, other: &str, part: &str, targets: bool) -> Vec<[St
         .zip(&p)
         .filter(|(ours, theirs)| ours <= theirs)
         .count();
-    rows.push([
+    let mut rows = vec![[
         part.to_owned(),
         "overhead over passthrough, p50 ms".to_owned(),
         with_spread(&o, 1),
@@ -487,7 +525,7 @@ fn overhead_rows(r: &Results, other: &str, part: &str, targets: bool) -> Vec<[St
         ratio(median(&o), median(&p)),
         String::new(),
         String::new(),
-    ]);
+    ]];
     let [t, m] = target(
         "4 of 5 (80 %)",
         (rounds > 0).then_some(wins * 5 >= rounds * 4),
@@ -519,10 +557,16 @@ fn overhead_rows(r: &Results, other: &str, part: &str, targets: bool) -> Vec<[St
         t,
         m,
     ]);
+    rows
+}
+
+/// CPU per request over the passthrough, by process, ours against `other`.
+fn cpu_overhead_rows(r: &Results, other: &str, part: &str, target: &Target) -> Vec<Row> {
     let workerd = |x: &Run| x.per_request(x.cpu.workerd);
     let own = |x: &Run| x.per_request(x.cpu.worker_process);
     let wrangler = |x: &Run| x.per_request(x.cpu.wrangler);
     let backend = |x: &Run| x.per_request(x.cpu.endpoint + x.cpu.redis);
+    let mut rows = Vec::new();
     for (what, pick, has_target) in [
         (
             "CPU per request in workerd over passthrough, ms",
@@ -716,8 +760,11 @@ mod tests {
         let recorded = include_str!("../testdata/report.md");
         let rendered = render(&r);
         if std::env::var_os("RECORD_REPORT").is_some() {
-            std::fs::write(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/report.md"), &rendered)
-                .unwrap();
+            std::fs::write(
+                concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/report.md"),
+                &rendered,
+            )
+            .unwrap();
         }
         assert_eq!(rendered, recorded);
     }
