@@ -222,34 +222,7 @@ async fn run(o: &Options) -> Result<Results, String> {
 
     if o.runs(1) {
         say("part 1: Redis-side cost (redis-benchmark)");
-        let mut cases: Vec<redis_side::Case> = redis_side::our_cases()?.into();
-        cases.extend(redis_side::floor_cases());
-        for call in peer::capture(&redis_side::peer_policies())? {
-            cases.push(redis_side::peer_case(&call));
-        }
-        let mut shas = Vec::with_capacity(cases.len());
-        for case in &cases {
-            shas.push(redis_side::load(&redis.addr(), case)?);
-        }
-        let pinning = redis_side::Pinning::start(&redis.addr());
-        r.pinned = pinning.is_some();
-        for (case, sha) in cases.iter().zip(&shas) {
-            let calls = (REDIS_CLIENTS, o.redis_calls / 10);
-            redis_side::run(redis.port(), sha, case, calls, pinning.as_ref())?;
-        }
-        r.redis = cases.iter().map(|c| (c.label, Vec::new())).collect();
-        for round in 0..o.redis_rounds {
-            // A different order each round, so no script always follows another.
-            for i in 0..cases.len() {
-                let k = (i + round) % cases.len();
-                let calls = (REDIS_CLIENTS, o.redis_calls);
-                let sample =
-                    redis_side::run(redis.port(), &shas[k], &cases[k], calls, pinning.as_ref())?;
-                r.redis[k].1.push(sample);
-            }
-        }
-
-        drop(pinning);
+        redis_part(o, &redis, &mut r)?;
     }
 
     say("starting four workers in wrangler dev");
@@ -294,42 +267,17 @@ async fn run(o: &Options) -> Result<Results, String> {
 
     if o.runs(2) {
         say("parts 2 and 5: load through wrangler dev (wrk)");
-        let shape = Shape {
-            connections: CONNECTIONS,
-            seconds: o.seconds,
-            hot_every: HOT_EVERY,
-        };
-        let target = |worker, label, prefix, slot| load::Target {
-            worker,
-            label,
-            prefix,
-            slot,
-        };
         let mut order = vec![
-            target(&passthrough, PASSTHROUGH, "/load", 0),
-            target(&ours, OURS, "/load", 1),
-            target(&peer, PEER, "/load", 2),
+            (&passthrough, PASSTHROUGH, "/load", 0),
+            (&ours, OURS, "/load", 1),
+            (&peer, PEER, "/load", 2),
             // Our worker where no rule applies: its cost without the Redis call.
-            target(&ours_unmatched, OURS_UNMATCHED, "/free", 3),
+            (&ours_unmatched, OURS_UNMATCHED, "/free", 3),
         ];
         if let Some(b) = &baseline {
-            order.push(target(b, OURS_BASELINE, "/load", 4));
+            order.push((b, OURS_BASELINE, "/load", 4));
         }
-        let warm = Shape {
-            seconds: 2,
-            ..shape
-        };
-        for t in &order {
-            load::run(&http, *t, &origin, warm, 0).await?;
-        }
-        r.load = order.iter().map(|t| (t.label, vec![])).collect();
-        for round in 1..=o.load_rounds {
-            for i in 0..order.len() {
-                let k = (i + round as usize) % order.len();
-                let run = load::run(&http, order[k], &origin, shape, round).await?;
-                r.load[k].1.push(run);
-            }
-        }
+        load_part(o, &http, &origin, &order, &mut r).await?;
     }
 
     drop((ours, peer, ours_unmatched, baseline));
@@ -342,30 +290,109 @@ async fn run(o: &Options) -> Result<Results, String> {
             spawn_ours(OURS_FAR, &built, &scratch, &proxy.url(), &origin.url)?,
             spawn_peer(PEER_FAR, &scratch, &proxy.url(), &origin.url)?,
         ];
-        for w in &far_workers {
-            w.ready(&http).await?;
-        }
-        r.far_clients = o.far_clients;
-        for (salt, w) in far_workers.iter().enumerate() {
-            // One client through each worker first: its first call may load the
-            // script, which is not what this part measures.
-            far::measure(&http, w, &passthrough, &proxy, 1, 0xff00 + salt as u16).await?;
-            let situations = far::measure(
-                &http,
-                w,
-                &passthrough,
-                &proxy,
-                o.far_clients,
-                salt as u16 + 1,
-            )
-            .await?;
-            r.far.push((w.label, situations));
-        }
+        far_part(o, &http, &far_workers, &passthrough, &proxy, &mut r).await?;
     }
 
     drop(passthrough);
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(r)
+}
+
+/// Part 1: every script's time per call inside Redis, rounds interleaved.
+fn redis_part(o: &Options, redis: &RedisServer, r: &mut Results) -> Result<(), String> {
+    let mut cases: Vec<redis_side::Case> = redis_side::our_cases()?.into();
+    cases.extend(redis_side::floor_cases());
+    for call in peer::capture(&redis_side::peer_policies())? {
+        cases.push(redis_side::peer_case(&call));
+    }
+    let mut shas = Vec::with_capacity(cases.len());
+    for case in &cases {
+        shas.push(redis_side::load(&redis.addr(), case)?);
+    }
+    let pinning = redis_side::Pinning::start(&redis.addr());
+    r.pinned = pinning.is_some();
+    for (case, sha) in cases.iter().zip(&shas) {
+        let calls = (REDIS_CLIENTS, o.redis_calls / 10);
+        redis_side::run(redis.port(), sha, case, calls, pinning.as_ref())?;
+    }
+    r.redis = cases.iter().map(|c| (c.label, Vec::new())).collect();
+    for round in 0..o.redis_rounds {
+        // A different order each round, so no script always follows another.
+        for i in 0..cases.len() {
+            let k = (i + round) % cases.len();
+            let calls = (REDIS_CLIENTS, o.redis_calls);
+            let sample =
+                redis_side::run(redis.port(), &shas[k], &cases[k], calls, pinning.as_ref())?;
+            r.redis[k].1.push(sample);
+        }
+    }
+    Ok(())
+}
+
+/// Parts 2 and 5: each worker under the same load, rounds interleaved, in
+/// a different order each round. `order` holds each worker with its label,
+/// the path prefix it is loaded on, and its slot of client addresses.
+async fn load_part(
+    o: &Options,
+    http: &reqwest::Client,
+    origin: &Origin,
+    order: &[(&Worker, &'static str, &'static str, u32)],
+    r: &mut Results,
+) -> Result<(), String> {
+    let shape = Shape {
+        connections: CONNECTIONS,
+        seconds: o.seconds,
+        hot_every: HOT_EVERY,
+    };
+    let order: Vec<load::Target> = order
+        .iter()
+        .map(|&(worker, label, prefix, slot)| load::Target {
+            worker,
+            label,
+            prefix,
+            slot,
+        })
+        .collect();
+    let warm = Shape {
+        seconds: 2,
+        ..shape
+    };
+    for t in &order {
+        load::run(http, *t, origin, warm, 0).await?;
+    }
+    r.load = order.iter().map(|t| (t.label, vec![])).collect();
+    for round in 1..=o.load_rounds {
+        for i in 0..order.len() {
+            let k = (i + round as usize) % order.len();
+            let run = load::run(http, order[k], origin, shape, round).await?;
+            r.load[k].1.push(run);
+        }
+    }
+    Ok(())
+}
+
+/// Part 6: each worker with its REST calls held 40 ms by the proxy.
+async fn far_part(
+    o: &Options,
+    http: &reqwest::Client,
+    far_workers: &[Worker],
+    passthrough: &Worker,
+    proxy: &FaultProxy,
+    r: &mut Results,
+) -> Result<(), String> {
+    for w in far_workers {
+        w.ready(http).await?;
+    }
+    r.far_clients = o.far_clients;
+    for (salt, w) in far_workers.iter().enumerate() {
+        // One client through each worker first: its first call may load the
+        // script, which is not what this part measures.
+        far::measure(http, w, passthrough, proxy, 1, 0xff00 + salt as u16).await?;
+        let situations =
+            far::measure(http, w, passthrough, proxy, o.far_clients, salt as u16 + 1).await?;
+        r.far.push((w.label, situations));
+    }
+    Ok(())
 }
 
 /// Starts (a) the passthrough, (b) ours, (c) the peer, ours again for the
