@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use reqwest::{Response, StatusCode};
 use support::{
     header,
-    worker::{Origin, Stack, Worker},
+    worker::{Stack, Worker},
     Backend, TOKEN,
 };
 
@@ -285,10 +285,9 @@ async fn futures_statuses(url: &str, n: usize) -> Vec<u16> {
 
 #[tokio::test]
 async fn a_wrong_token_fails_closed_and_never_leaks() {
-    let backend = Backend::start();
-    let origin = Origin::start();
     let wrong = "wrong-token-7d1e";
-    let worker = Worker::start_with_token(FAIL_MODES, &backend.endpoint.url(), wrong, &origin);
+    let stack = Stack::builder(FAIL_MODES).token(wrong).start();
+    let worker = &stack.worker;
     let mut seen = String::new();
     for path in ["/open", "/closed"] {
         let r = send(reqwest::Method::GET, format!("{}{path}", worker.url), IP).await;
@@ -314,10 +313,9 @@ async fn a_wrong_token_fails_closed_and_never_leaks() {
 
 #[tokio::test]
 async fn a_bad_configuration_answers_500_and_logs_the_field() {
-    let backend = Backend::start();
-    let origin = Origin::start();
     let bad = MULTI.replace("[\"1m\", 3, \"1s\"]", "[\"1m\", 3, \"7s\"]");
-    let worker = Worker::start(&bad, &backend.endpoint.url(), &origin);
+    let stack = Stack::start(&bad);
+    let worker = &stack.worker;
     let r = send(reqwest::Method::POST, format!("{}/login", worker.url), IP).await;
     assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(header(&r, "Content-Type"), Some("application/problem+json"));
@@ -331,5 +329,5 @@ async fn a_bad_configuration_answers_500_and_logs_the_field() {
         log.contains("rule `login`, field `windows[0].precision`: must divide the duration evenly"),
         "{log}"
     );
-    assert_eq!(origin.hits().await["total"], 0);
+    assert_eq!(stack.origin.hits().await["total"], 0);
 }

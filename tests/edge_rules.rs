@@ -12,13 +12,13 @@ mod support;
 use std::time::{Duration, Instant};
 
 use edge_limiter::decision::protocol::{Check, ScriptCall, LIMITER};
-use edge_limiter_local::fault_proxy::{Fault, FaultProxy};
+use edge_limiter_local::fault_proxy::Fault;
 use reqwest::{Response, StatusCode};
 use serde_json::Value;
 use support::{
     header,
     report::Table,
-    worker::{Origin, Stack, Worker},
+    worker::{Stack, Worker},
     Backend,
 };
 
@@ -221,10 +221,8 @@ async fn concurrent_failures_are_bounded_and_every_later_one_refused() {
 
 #[tokio::test]
 async fn a_redis_fault_after_the_response_loses_and_delays_nothing() {
-    let backend = Backend::start();
-    let proxy = FaultProxy::start(backend.endpoint.addr()).unwrap();
-    let origin = Origin::start();
-    let worker = Worker::start(LOGIN, &proxy.url(), &origin);
+    let stack = Stack::builder(LOGIN).through_fault_proxy().start();
+    let (worker, proxy) = (&stack.worker, stack.proxy.as_ref().unwrap());
     // A first request loads the script, so that the timed one's up-front
     // check takes milliseconds.
     let warm = post(

@@ -145,18 +145,17 @@ struct Stack {
 
 impl Stack {
     fn start() -> Stack {
-        let redis = RedisServer::start_durable();
-        let redis_addr = redis.addr();
-        let endpoint = Endpoint::start(&redis_addr, TOKEN);
-        let proxy = FaultProxy::start(endpoint.addr()).expect("fault proxy");
-        let origin = Origin::start();
-        let worker = Worker::start(RULES, &proxy.url(), &origin);
+        let stack = support::worker::Stack::builder(RULES)
+            .durable()
+            .through_fault_proxy()
+            .start();
+        let redis_addr = stack.backend.redis.addr();
         Stack {
-            worker,
-            origin,
-            proxy,
-            _endpoint: endpoint,
-            redis: Arc::new(Mutex::new(redis)),
+            worker: stack.worker,
+            origin: stack.origin,
+            proxy: stack.proxy.expect("asked for"),
+            _endpoint: stack.backend.endpoint,
+            redis: Arc::new(Mutex::new(stack.backend.redis)),
             redis_addr,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
@@ -739,9 +738,11 @@ async fn the_rest_client_turns_every_fault_into_a_typed_error() {
 /// every `RestError`: natively, and from the worker in wrangler dev.
 #[tokio::test]
 async fn an_error_echoing_the_request_does_not_leak_the_token() {
-    let redis = RedisServer::start_durable();
-    let endpoint = Endpoint::start(&redis.addr(), TOKEN);
-    let proxy = FaultProxy::start(endpoint.addr()).unwrap();
+    let stack = support::worker::Stack::builder(RULES)
+        .durable()
+        .through_fault_proxy()
+        .start();
+    let (worker, proxy) = (&stack.worker, stack.proxy.as_ref().expect("asked for"));
     let client = RestClient::new(&proxy.url(), TOKEN).unwrap();
     for status in [400, 502] {
         proxy.set(Fault::Echo(status));
@@ -751,8 +752,6 @@ async fn an_error_echoing_the_request_does_not_leak_the_token() {
         let redacted = shown.replace(TOKEN, "<TOKEN>");
         assert!(!shown.contains(TOKEN), "HTTP {status}: {redacted}");
     }
-    let origin = Origin::start();
-    let worker = Worker::start(RULES, &proxy.url(), &origin);
     proxy.set(Fault::Echo(502));
     let response = reqwest::get(format!("{}/closed/1", worker.url))
         .await

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use support::{
     report::{assert_no_secret, settled, Table},
-    worker::{Origin, Worker},
-    Backend, TOKEN,
+    worker::Stack,
+    TOKEN,
 };
 use tokio::sync::Barrier;
 
@@ -140,15 +140,8 @@ fn units_left(ratelimit: &str, name: &str) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_admit_exactly_the_limit_under_64_concurrent_clients() {
-    let backend = Backend::start();
-    let origin = Origin::start();
-    let url = backend.endpoint.url();
-    // Both start at once: wrangler's start-up is most of this test's time.
-    let (a, b) = std::thread::scope(|s| {
-        let a = s.spawn(|| Worker::start(RULES, &url, &origin));
-        let b = s.spawn(|| Worker::start(RULES, &url, &origin));
-        (a.join().unwrap(), b.join().unwrap())
-    });
+    let stack = Stack::builder(RULES).instances(2).start();
+    let (a, b, origin) = (&stack.worker, &stack.others[0], &stack.origin);
     let workers = [a.url.clone(), b.url.clone()];
     // Compile the worker in both isolates before the clock matters.
     for w in &workers {

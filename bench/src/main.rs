@@ -187,28 +187,9 @@ async fn main() -> ExitCode {
 async fn run(o: &Options) -> Result<Results, String> {
     let built = repo().join("build");
     for dir in std::iter::once(&built).chain(&o.baseline) {
-        for file in BUILD {
-            if !dir.join(file).exists() {
-                return Err(format!(
-                    "no built worker ({}); run scripts/build-worker (scripts/bench does)",
-                    dir.join(file).display()
-                ));
-            }
-        }
+        check_built(dir)?;
     }
-    let mut r = Results {
-        when: shell("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
-        machine: machine(),
-        redis_clients: REDIS_CLIENTS,
-        redis_calls: o.redis_calls,
-        load_connections: CONNECTIONS,
-        load_seconds: o.seconds,
-        hot_every: HOT_EVERY,
-        hot_limit: HOT_LIMIT,
-        peer_version: peer::version("@upstash/ratelimit"),
-        instantiate_ms: f64::NAN,
-        ..Results::default()
-    };
+    let mut r = fresh_results(o);
     r.background.push(format!("before the run: {}", busy()));
 
     let http = reqwest::Client::new();
@@ -227,34 +208,16 @@ async fn run(o: &Options) -> Result<Results, String> {
 
     say("starting four workers in wrangler dev");
     let scratch = std::env::temp_dir().join(format!("edge-limiter-bench-{}", std::process::id()));
-    let (workers, probe) = start_workers(&scratch, &endpoint_url, &origin.url)?;
-    let baseline = match &o.baseline {
-        Some(dir) => Some(spawn_ours(
-            OURS_BASELINE,
-            dir,
-            &scratch,
-            &endpoint_url,
-            &origin.url,
-        )?),
-        None => None,
-    };
-    for w in workers.iter().chain([&probe]).chain(&baseline) {
-        w.ready(&http).await?;
-    }
+    let (workers, probe, baseline) = start_all(o, &http, &scratch, &endpoint_url, &origin).await?;
     let [passthrough, ours, peer, ours_unmatched] = workers;
 
     if o.runs(3) {
         say("part 3: round trips");
-        r.trips.push((
-            OURS,
-            trips::count(&http, &endpoint_url, &redis.addr(), &ours, 1).await?,
-        ));
-        r.trips.push((
-            PEER,
-            trips::count(&http, &endpoint_url, &redis.addr(), &peer, 2).await?,
-        ));
+        for (label, worker, salt) in [(OURS, &ours, 1), (PEER, &peer, 2)] {
+            let counts = trips::count(&http, &endpoint_url, &redis.addr(), worker, salt).await?;
+            r.trips.push((label, counts));
+        }
     }
-
     if o.runs(4) {
         say("part 4: instantiation in workerd");
         r.instantiate_ms = size::instantiate_ms(&http, &probe, 5, 200).await?;
@@ -296,6 +259,54 @@ async fn run(o: &Options) -> Result<Results, String> {
     drop(passthrough);
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(r)
+}
+
+/// Every worker of parts 2 to 5, the instantiate probe and the
+/// `--baseline` build, started and ready.
+async fn start_all(
+    o: &Options,
+    http: &reqwest::Client,
+    scratch: &Path,
+    rest: &str,
+    origin: &Origin,
+) -> Result<([Worker; 4], Worker, Option<Worker>), String> {
+    let (workers, probe) = start_workers(scratch, rest, &origin.url)?;
+    let baseline = match &o.baseline {
+        Some(dir) => Some(spawn_ours(OURS_BASELINE, dir, scratch, rest, &origin.url)?),
+        None => None,
+    };
+    for w in workers.iter().chain([&probe]).chain(&baseline) {
+        w.ready(http).await?;
+    }
+    Ok((workers, probe, baseline))
+}
+
+/// The results before any part has run: the run's settings and machine.
+fn fresh_results(o: &Options) -> Results {
+    Results {
+        when: shell("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        machine: machine(),
+        redis_clients: REDIS_CLIENTS,
+        redis_calls: o.redis_calls,
+        load_connections: CONNECTIONS,
+        load_seconds: o.seconds,
+        hot_every: HOT_EVERY,
+        hot_limit: HOT_LIMIT,
+        peer_version: peer::version("@upstash/ratelimit"),
+        instantiate_ms: f64::NAN,
+        ..Results::default()
+    }
+}
+
+/// Fails unless `dir` holds what `scripts/build-worker` leaves in `build/`.
+fn check_built(dir: &Path) -> Result<(), String> {
+    match BUILD.iter().map(|f| dir.join(f)).find(|p| !p.exists()) {
+        Some(missing) => Err(format!(
+            "no built worker ({}); run scripts/build-worker (scripts/bench does)",
+            missing.display()
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Part 1: every script's time per call inside Redis, rounds interleaved.

@@ -32,7 +32,15 @@ pub struct Backend {
 
 impl Backend {
     pub fn start() -> Backend {
-        let redis = RedisServer::start();
+        Backend::on(RedisServer::start())
+    }
+
+    /// On a Redis that keeps its data across a restart.
+    pub fn start_durable() -> Backend {
+        Backend::on(RedisServer::start_durable())
+    }
+
+    fn on(redis: RedisServer) -> Backend {
         let endpoint = Endpoint::start(&redis.addr(), TOKEN);
         let client = RestClient::new(&endpoint.url(), TOKEN).unwrap();
         Backend {

@@ -6,7 +6,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use edge_limiter_local::testenv::{free_port, repo, wrangler_dev, DemoOrigin, ProcessGroup};
+use edge_limiter_local::{
+    fault_proxy::FaultProxy,
+    testenv::{free_port, repo, wrangler_dev, DemoOrigin, ProcessGroup},
+};
 
 use super::{Backend, TOKEN};
 
@@ -128,21 +131,104 @@ impl Drop for Worker {
     }
 }
 
-/// Backend, origin and worker: the whole stack for one test.
+/// Backend, origin and worker: the whole stack for one test, as
+/// [`Stack::builder`] puts it together.
 pub struct Stack {
     pub worker: Worker,
+    /// More workers with the same rules and backend ([`StackBuilder::instances`]).
+    pub others: Vec<Worker>,
     pub origin: Origin,
+    /// Between the workers and the REST endpoint, when asked for
+    /// ([`StackBuilder::through_fault_proxy`]).
+    pub proxy: Option<FaultProxy>,
     pub backend: Backend,
 }
 
 impl Stack {
+    /// A worker with these rules (`[[vars.LIMITER.rules]]` tables, and any
+    /// other `[vars.LIMITER]` settings) in front of the demo origin, on a
+    /// fresh Redis.
     pub fn start(rules_toml: &str) -> Stack {
-        let backend = Backend::start();
+        Stack::builder(rules_toml).start()
+    }
+
+    /// The same, with more to say about the stack before it starts.
+    pub fn builder(rules_toml: &str) -> StackBuilder {
+        StackBuilder {
+            rules: rules_toml.to_owned(),
+            token: TOKEN.to_owned(),
+            proxy: false,
+            durable: false,
+            instances: 1,
+        }
+    }
+}
+
+/// How a test's stack is put together: see [`Stack::builder`].
+pub struct StackBuilder {
+    rules: String,
+    token: String,
+    proxy: bool,
+    durable: bool,
+    instances: usize,
+}
+
+impl StackBuilder {
+    /// The workers send this REST token rather than the endpoint's.
+    pub fn token(mut self, token: &str) -> StackBuilder {
+        self.token = token.to_owned();
+        self
+    }
+
+    /// The workers' REST calls go through a fault proxy ([`Stack::proxy`]).
+    pub fn through_fault_proxy(mut self) -> StackBuilder {
+        self.proxy = true;
+        self
+    }
+
+    /// Redis keeps its data across a restart (`RedisServer::start_durable`).
+    pub fn durable(mut self) -> StackBuilder {
+        self.durable = true;
+        self
+    }
+
+    /// This many workers, sharing the origin and the backend.
+    pub fn instances(mut self, n: usize) -> StackBuilder {
+        self.instances = n.max(1);
+        self
+    }
+
+    /// Starts everything; the workers at once, as wrangler's start-up is
+    /// the slow part.
+    pub fn start(self) -> Stack {
+        let backend = match self.durable {
+            true => Backend::start_durable(),
+            false => Backend::start(),
+        };
+        let proxy = self
+            .proxy
+            .then(|| FaultProxy::start(backend.endpoint.addr()).expect("the fault proxy starts"));
+        let rest = proxy
+            .as_ref()
+            .map_or_else(|| backend.endpoint.url(), FaultProxy::url);
         let origin = Origin::start();
-        let worker = Worker::start(rules_toml, &backend.endpoint.url(), &origin);
+        let mut workers = std::thread::scope(|s| {
+            let started: Vec<_> = (0..self.instances)
+                .map(|_| {
+                    s.spawn(|| Worker::start_with_token(&self.rules, &rest, &self.token, &origin))
+                })
+                .collect();
+            started
+                .into_iter()
+                .map(|w| w.join().expect("a worker starts"))
+                .collect::<Vec<Worker>>()
+        });
+        let worker = workers.remove(0);
         Stack {
             worker,
+            others: workers,
             origin,
+            proxy,
             backend,
         }
     }
