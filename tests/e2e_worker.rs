@@ -303,7 +303,7 @@ async fn a_wrong_token_fails_closed_and_never_leaks() {
             }
         );
     }
-    let log = wait_for_log(&worker, "rejected the token", 1).await;
+    let log = wait_for_log(worker, "rejected the token", 1).await;
     assert!(log.contains("rejected the token"), "{log}");
     for secret in [wrong, TOKEN] {
         assert!(!seen.contains(secret), "a response carried the token");
@@ -324,7 +324,7 @@ async fn a_bad_configuration_answers_500_and_logs_the_field() {
         .await
         .unwrap()
         .contains("edge-limiter is misconfigured"));
-    let log = wait_for_log(&worker, "field `windows[0].precision`", 1).await;
+    let log = wait_for_log(worker, "field `windows[0].precision`", 1).await;
     assert!(
         log.contains("rule `login`, field `windows[0].precision`: must divide the duration evenly"),
         "{log}"

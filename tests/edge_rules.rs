@@ -255,7 +255,7 @@ async fn a_redis_fault_after_the_response_loses_and_delays_nothing() {
         took < Duration::from_millis(1400),
         "the response waited for the charge: {took:?}"
     );
-    let failed = wait_events(&worker, "charge_failed", "failed-logins", 1).await;
+    let failed = wait_events(worker, "charge_failed", "failed-logins", 1).await;
     assert_eq!(failed.len(), 1, "{}", worker.log());
     assert_eq!(failed[0]["status"], 401);
     assert!(failed[0]["error"].as_str().is_some_and(|e| !e.is_empty()));
