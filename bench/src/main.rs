@@ -409,8 +409,8 @@ async fn far_part(
 /// Starts (a) the passthrough, (b) ours, (c) the peer, ours again for the
 /// requests no rule applies to, and the instantiate probe, all at once:
 /// wrangler's start-up is the slow part. Under `wrangler dev`, workerd's
-/// memory grows with every request it serves (about 4 KB per subrequest,
-/// whoever the worker), and its tail with it; so no measured worker serves
+/// memory grows with every request it serves, whoever the worker, and its
+/// tail with it (figures in commit 9646750); so no measured worker serves
 /// another's runs.
 fn start_workers(
     scratch: &Path,
