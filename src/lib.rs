@@ -25,7 +25,7 @@
 //! [`edge`] (the wasm entry and the responses it makes) and [`operator`]
 //! (the native commands) on [`decision`] (deciding a request with the
 //! script in Redis), on [`rules`] (configuration, requests, canonical
-//! forms). Everything except [`edge::entry`] builds and tests natively.
+//! forms). Everything except `edge::entry` builds and tests natively.
 
 pub mod decision;
 pub mod edge;

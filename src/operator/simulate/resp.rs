@@ -1,6 +1,6 @@
 //! Just enough RESP2 to pipeline script calls to a private redis-server:
 //! commands out as arrays of bulk strings, replies in as JSON values (the
-//! form [`crate::decision::verdict::ScriptCall::decision`] reads).
+//! form [`crate::decision::protocol::ScriptCall::decode`] reads).
 
 use std::io::{self, BufRead, Write};
 
