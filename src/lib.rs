@@ -22,7 +22,7 @@
 //! ```
 //!
 //! The crate reads as its layers, each depending only on those below it:
-//! [`edge`] (the wasm entry and the responses it makes) and [`operator`]
+//! [`edge`] (the wasm entry and the responses it makes) and `operator`
 //! (the native commands) on [`decision`] (deciding a request with the
 //! script in Redis), on [`rules`] (configuration, requests, canonical
 //! forms). Everything except `edge::entry` builds and tests natively.
