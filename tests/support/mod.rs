@@ -7,10 +7,11 @@ pub mod worker;
 use std::time::Duration;
 
 use edge_limiter::{
-    decision::protocol::LIMITER,
-    decision::protocol::{Check, Reply, ScriptCall},
-    decision::redis_rest::RestClient,
-    decision::verdict::Decision,
+    decision::{
+        protocol::{run, Check, Reply, ScriptCall},
+        redis_rest::RestClient,
+        verdict::Decision,
+    },
     rules::{config::Config, rule::Rule},
 };
 use edge_limiter_local::testenv::{Endpoint, RedisServer};
@@ -64,14 +65,10 @@ impl Backend {
             .map(|r| (Check { rule: r, cost }, vec![id]))
             .collect();
         let call = ScriptCall::decide(&checks, now_ms);
-        let reply = self
-            .client
-            .run_script(&LIMITER, &call.keys(), &call.args(), BUDGET)
+        run(&self.client, &call, BUDGET)
             .await
-            .expect("script call");
-        call.decode(&reply)
             .and_then(Reply::decision)
-            .expect("script reply")
+            .expect("script call")
     }
 
     /// A command straight to Redis, bypassing the endpoint.
