@@ -17,10 +17,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use edge_limiter::{
-    decision::protocol::LIMITER,
-    decision::protocol::{Check, ScriptCall, ScriptError},
-    decision::redis_rest::{RestClient, RestError},
+use edge_limiter::decision::{
+    protocol::{Check, ScriptCall, ScriptError, LIMITER},
+    redis_rest::{RestClient, RestError},
 };
 use edge_limiter_local::{
     fault_proxy::{Exchange, Fault, FaultProxy},

@@ -10,13 +10,16 @@ mod support;
 use std::time::Duration;
 
 use edge_limiter::{
-    decision::keys::redis_key,
-    decision::protocol::LIMITER,
-    decision::protocol::{decode_general, Check, ScriptCall, ScriptError},
-    decision::redis_rest::{parse_reply, RestError},
-    rules::config::{Config, ConfigError},
-    rules::request::RequestMeta,
-    rules::rule::Mode,
+    decision::{
+        keys::redis_key,
+        protocol::{decode_general, Check, ScriptCall, ScriptError, LIMITER},
+        redis_rest::{parse_reply, RestError},
+    },
+    rules::{
+        config::{Config, ConfigError},
+        request::RequestMeta,
+        rule::Mode,
+    },
 };
 use proptest::prelude::*;
 use serde_json::{json, Value};

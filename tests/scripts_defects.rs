@@ -6,10 +6,9 @@ mod support;
 
 use std::sync::Arc;
 
-use edge_limiter::{
-    decision::protocol::LIMITER,
-    decision::protocol::{Check, Reply, ScriptCall},
-    decision::verdict::{Decision, Retry},
+use edge_limiter::decision::{
+    protocol::{Check, Reply, ScriptCall, LIMITER},
+    verdict::{Decision, Retry},
 };
 use edge_limiter_local::testenv::redis_call;
 use serde_json::json;

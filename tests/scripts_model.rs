@@ -14,11 +14,14 @@ use std::{
 };
 
 use edge_limiter::{
-    decision::model::Model,
-    decision::protocol::LIMITER,
-    decision::protocol::{Check, Reply, ScriptCall},
-    rules::policy::{Gcra, Policy, Window, Windows},
-    rules::rule::{Mode, Rule},
+    decision::{
+        model::Model,
+        protocol::{Check, Reply, ScriptCall, LIMITER},
+    },
+    rules::{
+        policy::{Gcra, Policy, Window, Windows},
+        rule::{Mode, Rule},
+    },
 };
 use proptest::{prelude::*, test_runner::TestCaseError};
 use serde_json::{json, Value};

@@ -3,10 +3,10 @@
 
 use serde_json::Value;
 
-use crate::{
-    rules::config::{parse_origin, Config, ConfigError},
-    rules::policy::Policy,
-    rules::rule::{FailMode, Mode},
+use crate::rules::{
+    config::{parse_origin, Config, ConfigError},
+    policy::Policy,
+    rule::{FailMode, Mode},
 };
 
 /// One environment's verdict: its name (`(top level)` or `env.NAME`) and the

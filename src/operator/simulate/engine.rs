@@ -14,10 +14,10 @@ use std::{
 use serde_json::Value;
 
 use super::resp;
-use crate::{
-    decision::model::Model,
-    decision::protocol::{Check, Reply, ScriptCall, LIMITER},
-    decision::verdict::Decision,
+use crate::decision::{
+    model::Model,
+    protocol::{Check, Reply, ScriptCall, LIMITER},
+    verdict::Decision,
 };
 
 /// One request's decision to make: its rules' checks, at its log time.
