@@ -70,8 +70,8 @@ end
 
 -- The general path's functions (limiter.lua), built only for the calls
 -- that reach it: Redis builds every function of a script anew on each call.
-local gcra_ahead, gcra_check, gcra_commit
-if argv[1] == 'decide' then
+local gcra_ahead, gcra_check, gcra_commit, gcra_refund
+if argv[1] == 'decide' or argv[1] == 'refund' then
   -- How far the key's TAT lies ahead of now, microseconds (0: not at all).
   --   now_us    the pinned clock, or nil for Redis's clock
   function gcra_ahead(key, now_us, interval_us)
@@ -138,5 +138,32 @@ if argv[1] == 'decide' then
     else
       redis.call('SET', key, '', 'PX', ttl)
     end
+  end
+
+  -- Gives back what a charge of `cost` units still holds, the charge having
+  -- left the TAT at `mark_us` (Redis's clock, microseconds): at most its
+  -- cost, and none of what time has paid off since, so that no refund can
+  -- undo another request's charge. Returns 1 if anything was given back.
+  --   now_us  the pinned clock, or nil for Redis's clock
+  function gcra_refund(key, now_us, interval_us, cost, mark_us)
+    local ahead_us = gcra_ahead(key, now_us, interval_us)
+    if ahead_us <= 0 then
+      return 0 -- paid off, or expired: nothing left to give back
+    end
+    local clock_us = now_us
+    if not clock_us then
+      local time = redis.call('TIME')
+      clock_us = time[1] * 1000000 + time[2]
+    end
+    local back_us = math.min(cost * interval_us, mark_us - clock_us)
+    if back_us <= 0 then
+      return 0
+    end
+    if ahead_us <= back_us then
+      redis.call('DEL', key)
+    else
+      gcra_commit(key, now_us, ahead_us - back_us)
+    end
+    return 1
   end
 end

@@ -7,8 +7,9 @@
 -- encoding measured:
 --   #ARGV <= 3, ARGV[1] ~= 'reset'   one GCRA rule on Redis's clock (gcra.lua)
 --   #ARGV > 3, ARGV[1] not 'decide'  one windowed rule on Redis's clock
---            and not 'reset'          (windowed.lua)
+--            'reset' nor 'refund'     (windowed.lua)
 --   ARGV[1] == 'reset'               forget every key in KEYS (below)
+--   ARGV[1] == 'refund'              give back refundable charges (below)
 --   ARGV[1] == 'decide'              the general decision (below)
 --
 -- The general decision:
@@ -21,7 +22,9 @@
 --           denial is reported but blocks nothing (and it is then not
 --           charged); 'c' and 'w' are the same checked at their cost but
 --           never charged in this call (rules that count only some
---           responses: the caller charges them after the response)
+--           responses: the caller charges them after the response); 'r'
+--           and 'q' are 'e' and 's' charged now with a refund mark in the
+--           reply, for a refund call to give the charge back
 -- ARGV[4..] per rule, in KEYS order:
 --             'gcra',   cost, interval (us), burst
 --             'window', cost, offset (ms), n, then n x (duration, limit, precision) (ms)
@@ -32,7 +35,14 @@
 -- remaining, reset_after, retry_after (milliseconds; -1: never, the cost
 -- exceeds the limit) and the 1-based binding window. With penalties, one
 -- more integer: the sum of 2^(i-1) over the rules i whose penalty this call
--- started.
+-- started. Then one refund mark per 'r' or 'q' rule, in KEYS order (0: it
+-- was not charged): for GCRA the TAT the charge left (us, on the call's
+-- clock); for windows the charge's shifted time (ms) times two, plus one
+-- when it went to the cost since the last move.
+--
+-- The refund call: ARGV[2] the clock as for a decision, then per rule the
+-- same arguments as a decision's, then its refund mark. Replies with one
+-- integer per rule: 1 if something was given back.
 -- The request is allowed when every enforced rule admits it; then every rule
 -- that admits it is charged. Otherwise none is, and the rules that would
 -- have admitted it are reported as they stand. Either way, a rule with a
@@ -42,6 +52,27 @@
 
 if ARGV[1] == 'reset' then
   return redis.call('DEL', unpack(KEYS))
+end
+
+if ARGV[1] == 'refund' then
+  local pinned_ms, given, at = ARGV[2], {}, 3
+  local now_us, now_ms
+  if pinned_ms ~= '' then
+    now_us, now_ms = pinned_ms * 1000, pinned_ms + 0
+  end
+  for i = 1, #KEYS do
+    local cost = ARGV[at + 1] + 0
+    if ARGV[at] == 'gcra' then
+      given[i] = gcra_refund(KEYS[i], now_us, ARGV[at + 2] + 0, cost, ARGV[at + 4] + 0)
+      at = at + 5
+    else
+      local n = ARGV[at + 3] + 0
+      local mark = ARGV[at + 4 + 3 * n] + 0
+      given[i] = windowed_refund(KEYS[i], now_ms, cost, ARGV[at + 2] + 0, at + 4, n, mark)
+      at = at + 5 + 3 * n
+    end
+  end
+  return given
 end
 
 -- nil on Redis's clock: GCRA then needs no clock (its state is the key's
@@ -54,8 +85,8 @@ if pinned_ms ~= '' then
 end
 
 local rules = #modes
--- The mode letters as string.byte gives them: 'e', 'c', 'w'.
-local ENFORCE, CHECK_ENFORCED, CHECK_SHADOW = 101, 99, 119
+-- The mode letters as string.byte gives them: 'e', 'c', 'w', 'r', 'q'.
+local ENFORCE, CHECK_ENFORCED, CHECK_SHADOW, REFUNDABLE, REFUNDABLE_SHADOW = 101, 99, 119, 114, 113
 local reply, writes, first = { 0, 0, 0, 0, 0, 0 }, { nil }, { nil }
 
 -- Where each rule's arguments start, and the penalties after them.
@@ -111,7 +142,7 @@ local function decide(peek)
         reply[k - 5], reply[k - 1], writes[i] = 0, left, nil
         reply[k - 2] = math.max(reply[k - 2], left)
       end
-      if reply[k - 5] == 0 and (mode == ENFORCE or mode == CHECK_ENFORCED) then
+      if reply[k - 5] == 0 and (mode == ENFORCE or mode == CHECK_ENFORCED or mode == REFUNDABLE) then
         denied = true
       end
     end
@@ -119,7 +150,8 @@ local function decide(peek)
   return denied
 end
 
-if decide(false) then
+local denied = decide(false)
+if denied then
   -- Nothing is consumed anywhere: report the admitting rules as they stand.
   decide(true)
 else
@@ -146,5 +178,26 @@ if penalties then
     end
   end
   reply[#reply + 1] = started
+end
+-- Refund marks, when the request was charged.
+local clock_us = now_us
+for i = 1, rules do
+  local mode = string.byte(modes, i)
+  if mode == REFUNDABLE or mode == REFUNDABLE_SHADOW then
+    local write, mark = writes[i], 0
+    if not denied and type(write) == 'number' then
+      if not clock_us then
+        local time = redis.call('TIME')
+        clock_us = time[1] * 1000000 + time[2]
+      end
+      mark = clock_us + write
+    elseif not denied and write then
+      mark = write.now * 2
+      if not write.set then
+        mark = mark + 1
+      end
+    end
+    reply[#reply + 1] = mark
+  end
 end
 return reply

@@ -52,7 +52,7 @@
 -- through to that path. One window reads one field and adds the cost as
 -- the text it came as: conversions and redis.calls are what a call pays
 -- most for.
-local one_rule = args > 3 and argv[1] ~= 'decide' and argv[1] ~= 'reset'
+local one_rule = args > 3 and argv[1] ~= 'decide' and argv[1] ~= 'reset' and argv[1] ~= 'refund'
 if one_rule then
   -- The windows' figures stay text: they are joined into field names.
   local key, cost = KEYS[1], '1'
@@ -253,7 +253,7 @@ local function windowed_check(key, pinned, cost, offset, at, n)
   if allowed == 0 or cost == 0 then
     return allowed, b_limit, b_remaining, b_reset, b_retry, bound, nil
   end
-  local plan = { cost = string.format('%d', cost) }
+  local plan = { cost = string.format('%d', cost), now = now }
   if moved or wipe then
     -- Every window's newest bucket is now the one `now` lies in: the
     -- totals and newest buckets are written whole, and u starts again.
@@ -317,6 +317,92 @@ local function windowed_commit(key, plan)
     redis.call('PEXPIRE', key, plan.expire)
   else
     redis.call('PEXPIREAT', key, plan.expire)
+  end
+end
+
+-- Gives back a refundable charge of `cost` units (limiter.lua's refund
+-- call). `mark` is the charge's shifted time (ms) times two, plus one when
+-- it went to `u` (the same buckets as the last move) rather than into the
+-- totals of a move. Each window takes the cost out of the bucket it was
+-- counted in, while that bucket is still counted; a key that expired or
+-- holds no state of ours gives nothing back. Returns 1 if anything was.
+local windowed_refund
+if argv[1] == 'refund' then
+  function windowed_refund(key, pinned, cost, offset, at, n, mark)
+    local mark_ms, in_u = math.floor(mark / 2), mark % 2 == 1
+    local pttl = -2
+    if not pinned then
+      pttl = redis.call('PTTL', key)
+      if pttl <= 0 then
+        return 0
+      end
+    end
+    local fields = { 'e', 't', 'a', 'u' }
+    for j = 1, n do
+      local b = at + 3 * j - 3
+      local p = ARGV[b] .. ':' .. ARGV[b + 2]
+      fields[2 * j + 3], fields[2 * j + 4] = p, p .. ':n'
+    end
+    local stored = redis.call('HMGET', key, unpack(fields))
+    local e, t, a, u = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3]), tonumber(stored[4])
+    if not (e and t and a and u) then
+      return 0
+    end
+    local now = e - pttl
+    if pinned then
+      now = pinned + offset
+    end
+    -- Which windows still count the charge's bucket.
+    local counted, any = {}, false
+    for j = 1, n do
+      local b = at + 3 * j - 3
+      local precision = ARGV[b + 2] + 0
+      local buckets = ARGV[b] / precision
+      counted[j] = math.floor(mark_ms / precision) > math.floor(now / precision) - buckets
+      any = any or counted[j]
+    end
+    if not any then
+      return 0
+    end
+    if in_u and t <= mark_ms then
+      -- Still in the cost admitted since the last move, which every window
+      -- counts in its newest bucket.
+      redis.call('HINCRBY', key, 'u', -cost)
+      return 1
+    end
+    -- Folded into the totals by a move: out of each counting window's
+    -- total and bucket, then the room at t and the cost since follow.
+    local set, room, bound = {}, nil, 0
+    for j = 1, n do
+      local b = at + 3 * j - 3
+      local precision, limit = ARGV[b + 2] + 0, ARGV[b + 1] + 0
+      local total = tonumber(stored[2 * j + 3]) or 0
+      if counted[j] then
+        local id = math.floor(mark_ms / precision)
+        local field = fields[2 * j + 4]
+        if id < math.floor(t / precision) then
+          field = string.format('%s:%d', fields[2 * j + 3], id)
+        end
+        local held = tonumber(redis.call('HGET', key, field) or '') or 0
+        local back = math.min(cost, held)
+        if back > 0 then
+          total = total - back
+          set[#set + 1], set[#set + 2] = fields[2 * j + 3], string.format('%d', total)
+          set[#set + 1], set[#set + 2] = field, string.format('%d', held - back)
+        end
+      end
+      if not room or limit - total < room then
+        room, bound = limit - total, j
+      end
+    end
+    if #set == 0 then
+      return 0
+    end
+    set[#set + 1], set[#set + 2] = 'a', string.format('%d', room)
+    set[#set + 1], set[#set + 2] = 'u', string.format('%d', u - (room - a))
+    set[#set + 1], set[#set + 2] = 'b', bound
+    redis.call('HSET', key, unpack(set))
+    return 1
   end
 end
 

@@ -16,7 +16,7 @@ use std::{
 use edge_limiter::{
     decision::{
         model::Model,
-        protocol::{Check, Reply, ScriptCall, LIMITER},
+        protocol::{run, Check, Reply, ScriptCall, LIMITER},
     },
     rules::{
         policy::{Gcra, Policy, Window, Windows},
@@ -55,15 +55,28 @@ fn windowed() -> impl Strategy<Value = Policy> {
 
 /// One request: how long after the previous one, which rules it falls under
 /// (a bit mask), which client, what it costs (0 peeks; above the limit is
-/// allowed here, to test "never"), and whether it is the after-response
-/// charge of rules that count only some statuses rather than a decision.
+/// allowed here, to test "never"), and what kind of call it makes.
 #[derive(Debug, Clone)]
 struct Step {
     wait_ms: u64,
     rules: u8,
     client: u8,
     cost: u64,
-    charge: bool,
+    kind: Kind,
+}
+
+/// The calls a step makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A decision; rules that count only some statuses are not charged.
+    Decide,
+    /// The after-response charge of rules that count only some statuses.
+    Charge,
+    /// A decision charging those rules now, with refund marks.
+    Refundable,
+    /// Gives back the oldest refundable charge not given back yet (its own
+    /// rules, client and cost); nothing when there is none.
+    Refund,
 }
 
 /// Steps waiting `wait` milliseconds before each request of `cost` units.
@@ -71,15 +84,19 @@ fn steps(
     wait: impl Strategy<Value = u64>,
     cost: impl Strategy<Value = u64>,
 ) -> impl Strategy<Value = Step> {
-    (wait, 1u8..8, 0u8..2, cost, prop::bool::weighted(0.15)).prop_map(
-        |(wait_ms, rules, client, cost, charge)| Step {
-            wait_ms,
-            rules,
-            client,
-            cost,
-            charge,
-        },
-    )
+    let kind = prop_oneof![
+        13 => Just(Kind::Decide),
+        3 => Just(Kind::Charge),
+        2 => Just(Kind::Refundable),
+        2 => Just(Kind::Refund),
+    ];
+    (wait, 1u8..8, 0u8..2, cost, kind).prop_map(|(wait_ms, rules, client, cost, kind)| Step {
+        wait_ms,
+        rules,
+        client,
+        cost,
+        kind,
+    })
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -156,10 +173,10 @@ fn checks_of<'a>(rules: &'a [Rule], s: &Step, client: &'a str) -> Vec<(Check<'a>
 
 /// The script call for a step, and the model's verdict on it at `now`.
 fn call_of(checks: &[(Check<'_>, Vec<&str>)], s: &Step, now: Option<u64>) -> ScriptCall {
-    if s.charge {
-        ScriptCall::charge(checks, now)
-    } else {
-        ScriptCall::decide(checks, now)
+    match s.kind {
+        Kind::Charge => ScriptCall::charge(checks, now),
+        Kind::Refundable => ScriptCall::decide_refundable(checks, now),
+        Kind::Decide | Kind::Refund => ScriptCall::decide(checks, now),
     }
 }
 
@@ -169,12 +186,16 @@ fn model_of(
     s: &Step,
     now: u64,
 ) -> edge_limiter::decision::verdict::Decision {
-    if s.charge {
-        model.charge(checks, now)
-    } else {
-        model.decide(checks, now)
+    match s.kind {
+        Kind::Charge => model.charge(checks, now),
+        Kind::Refundable => model.decide_refundable(checks, now),
+        Kind::Decide | Kind::Refund => model.decide(checks, now),
     }
 }
+
+/// A refundable charge not given back yet: its step, and the script's and
+/// the model's marks (by the charged rule's place among the step's checks).
+type Refundable = (Step, Vec<(usize, u64)>, Vec<(usize, u64)>);
 
 static CASE: AtomicU64 = AtomicU64::new(0);
 
@@ -193,12 +214,39 @@ fn run_case(
 ) -> Result<(), TestCaseError> {
     let rules = rules_of("c", specs);
     let mut model = Model::new();
+    let mut pending: std::collections::VecDeque<Refundable> = Default::default();
     // Simulated time never runs slower than the real clock, so a key can
     // only expire in Redis once the model, too, holds it worthless.
     let mut skew = 0;
     for (n, s) in steps.iter().enumerate() {
         skew += s.wait_ms;
         let now = now_ms() + skew;
+        if s.kind == Kind::Refund {
+            if let Some((charged, real_marks, model_marks)) = pending.pop_front() {
+                let client = format!("client{}", charged.client);
+                let checks = checks_of(&rules, &charged, &client);
+                let given = |marks: &[(usize, u64)]| -> Vec<(Check<'_>, Vec<&str>, u64)> {
+                    marks
+                        .iter()
+                        .map(|(i, mark)| (checks[*i].0, checks[*i].1.clone(), *mark))
+                        .collect()
+                };
+                let call = ScriptCall::refund(&given(&real_marks), Some(now));
+                let real = rt
+                    .block_on(run(&backend.client, &call, BUDGET))
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let expected = model.refund(&given(&model_marks), now);
+                prop_assert_eq!(
+                    real,
+                    Reply::Refunded(expected),
+                    "step {} refunds {:?} at {}",
+                    n,
+                    charged,
+                    now
+                );
+            }
+            continue;
+        }
         let client = format!("client{}", s.client);
         let checks = checks_of(&rules, s, &client);
         if checks.is_empty() {
@@ -217,7 +265,18 @@ fn run_case(
             .and_then(Reply::decision)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let expected = model_of(&mut model, &checks, s, now);
-        prop_assert_eq!(&real, &expected, "step {} ({:?}) at {}", n, s, now);
+        // A window's mark also says where the script keeps the charge (its
+        // lowest bit), which the model has no need of.
+        let mut compared = real.clone();
+        for (i, mark) in &mut compared.refund_marks {
+            if matches!(checks[*i].0.rule.policy, Policy::Windowed(_)) {
+                *mark &= !1;
+            }
+        }
+        prop_assert_eq!(&compared, &expected, "step {} ({:?}) at {}", n, s, now);
+        if !real.refund_marks.is_empty() {
+            pending.push_back((s.clone(), real.refund_marks, expected.refund_marks));
+        }
     }
     Ok(())
 }
@@ -249,7 +308,7 @@ fn figures_too_large_for_one_integer_come_as_six_fields() {
             rules: 1,
             client: 0,
             cost,
-            charge: false,
+            kind: Kind::Decide,
         })
     };
     BACKEND.with(|(backend, rt)| {
@@ -402,12 +461,16 @@ async fn run_on_redis_clock(
         }
         let call = call_of(&checks, s, None);
         let (before, reply, after) = bracketed(&http, &url, &call).await?;
-        let real = call
+        let mut real = call
             .decode(&reply)
             .and_then(Reply::decision)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        // A GCRA mark here is on Redis's microsecond clock, which the model
+        // does not read: marks are compared on the pinned clock only.
+        real.refund_marks.clear();
         if before == after {
-            let expected = model_of(&mut model, &checks, s, before);
+            let mut expected = model_of(&mut model, &checks, s, before);
+            expected.refund_marks.clear();
             prop_assert_eq!(
                 &real,
                 &expected,
@@ -471,7 +534,11 @@ fn steps_on_redis_clock_are_mostly_compared_exactly() {
             rules: 0b11,
             client: (i % 2) as u8,
             cost: 1,
-            charge: i % 5 == 4,
+            kind: if i % 5 == 4 {
+                Kind::Charge
+            } else {
+                Kind::Decide
+            },
         })
         .collect();
     let specs = [

@@ -102,6 +102,7 @@ mod tests {
         Decision {
             verdict: RequestVerdict::Denied { binding: 0, retry },
             penalties_started: vec![],
+            refund_marks: vec![],
             rules: vec![RuleState {
                 verdict: Verdict::Denied(retry),
                 limit: 5,

@@ -69,6 +69,17 @@ impl ModelState {
     }
 }
 
+/// When a decision charges rules with `count_status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Charging {
+    /// After the response ([`Model::charge`]); the decision only checks them.
+    Deferred,
+    /// Every rule, now ([`Model::charge`], the after-response call).
+    All,
+    /// Now, with a refund mark ([`Model::decide_refundable`]).
+    Refundable,
+}
+
 /// What a rule would store if the request is admitted.
 enum Write {
     Tat(u64),
@@ -141,21 +152,93 @@ impl Model {
     /// A running penalty denies its rule, which is then reported at cost 0
     /// with the penalty's time left.
     pub fn decide(&mut self, checks: &[(Check<'_>, Vec<&str>)], now_ms: u64) -> Decision {
-        self.run(checks, now_ms, false)
+        self.run(checks, now_ms, Charging::Deferred)
     }
 
     /// The after-response charge of rules with `count_status`: as
     /// [`Model::decide`], with every rule charged when all admit.
     pub fn charge(&mut self, checks: &[(Check<'_>, Vec<&str>)], now_ms: u64) -> Decision {
-        self.run(checks, now_ms, true)
+        self.run(checks, now_ms, Charging::All)
+    }
+
+    /// Decides like [`Model::decide`], but rules with `count_status` are
+    /// charged now, and the decision marks each such charge for
+    /// [`Model::refund`]: a GCRA rule by the TAT the charge left (us), a
+    /// windowed rule by the charge's time on the key's shifted clock (ms)
+    /// times two.
+    pub fn decide_refundable(
+        &mut self,
+        checks: &[(Check<'_>, Vec<&str>)],
+        now_ms: u64,
+    ) -> Decision {
+        self.run(checks, now_ms, Charging::Refundable)
+    }
+
+    /// Gives back charges by their marks, at `now_ms`: what a GCRA charge
+    /// still holds (its cost, less what time has paid off since the TAT it
+    /// left), and a windowed charge's cost out of the bucket it was counted
+    /// in, in each window that still counts that bucket. Whether anything
+    /// was given back, per charge.
+    pub fn refund(&mut self, charges: &[(Check<'_>, Vec<&str>, u64)], now_ms: u64) -> Vec<bool> {
+        charges
+            .iter()
+            .map(|(c, id, mark)| {
+                let client: Client = (
+                    c.rule.name.clone(),
+                    id.iter().map(|p| p.to_string()).collect(),
+                );
+                match &c.rule.policy {
+                    Policy::Gcra(g) => {
+                        let interval = (g.period_ms() * 1000 + g.rate() / 2) / g.rate();
+                        let now = now_ms * 1000;
+                        let Some(tat) = self.tats.get(&client).copied().filter(|t| *t > now) else {
+                            return false;
+                        };
+                        let back = (c.cost * interval).min(mark.saturating_sub(now));
+                        if back == 0 {
+                            return false;
+                        }
+                        self.tats.insert(client, tat - back.min(tat - now));
+                        true
+                    }
+                    Policy::Windowed(ws) => {
+                        let longest = ws.iter().map(|w| w.duration_ms()).max().unwrap_or(1);
+                        let shifted =
+                            now_ms + edge_offset(&documented_key(&client.0, &client.1), longest);
+                        let charged_at = (mark / 2) as i64;
+                        let mut given = false;
+                        for w in ws.iter() {
+                            let (p, n) = (
+                                w.precision_ms() as i64,
+                                (w.duration_ms() / w.precision_ms()) as i64,
+                            );
+                            let id = charged_at.div_euclid(p);
+                            if id <= (shifted as i64).div_euclid(p) - n {
+                                continue;
+                            }
+                            let bucket = self
+                                .buckets
+                                .get_mut(&(client.clone(), w.duration_ms(), w.precision_ms()))
+                                .and_then(|b| b.get_mut(&id));
+                            if let Some(held) = bucket.filter(|h| **h > 0) {
+                                *held -= c.cost.min(*held);
+                                given = true;
+                            }
+                        }
+                        given
+                    }
+                }
+            })
+            .collect()
     }
 
     fn run(
         &mut self,
         checks: &[(Check<'_>, Vec<&str>)],
         now_ms: u64,
-        charge_all: bool,
+        charging: Charging,
     ) -> Decision {
+        let charge_all = charging != Charging::Deferred;
         let clients: Vec<Client> = checks
             .iter()
             .map(|(c, id)| {
@@ -201,6 +284,23 @@ impl Model {
             .map(|(c, _)| c.rule.mode == Mode::Enforce)
             .collect();
         let allowed = !(0..checks.len()).any(|i| enforced[i] && !states[i].allowed);
+        let mut refund_marks = vec![];
+        if allowed && charging == Charging::Refundable {
+            for (i, write) in writes.iter().enumerate() {
+                let rule = checks[i].0.rule;
+                let mark = match (write, &rule.policy) {
+                    _ if rule.count_status.is_empty() => None,
+                    (Some(Write::Tat(tat)), _) => Some(*tat),
+                    (Some(Write::Buckets(_)), Policy::Windowed(ws)) => {
+                        let longest = ws.iter().map(|w| w.duration_ms()).max().unwrap_or(1);
+                        let key = documented_key(&clients[i].0, &clients[i].1);
+                        Some((now_ms + edge_offset(&key, longest)) * 2)
+                    }
+                    _ => None,
+                };
+                refund_marks.extend(mark.map(|m| (i, m)));
+            }
+        }
         if allowed {
             for (write, client) in writes.into_iter().zip(clients.iter().cloned()) {
                 self.apply(write, client);
@@ -230,6 +330,7 @@ impl Model {
             verdict,
             rules: states.into_iter().map(ModelState::state).collect(),
             penalties_started: started,
+            refund_marks,
         }
     }
 

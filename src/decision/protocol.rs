@@ -45,6 +45,8 @@ pub enum Entry {
     Decide,
     /// `ARGV[1] == 'reset'`, alone: deletes every key given.
     Reset,
+    /// `ARGV[1] == 'refund'`: gives refundable charges back.
+    Refund,
 }
 
 /// How the general decision treats one rule: `ARGV[3]` holds one letter
@@ -59,6 +61,10 @@ pub enum CallMode {
     EnforceUncharged,
     /// `w`: a shadow rule charged only after the response.
     ShadowUncharged,
+    /// `r`: denies, charged now, with a refund mark in the reply.
+    EnforceRefundable,
+    /// `q`: a shadow rule charged now, with a refund mark in the reply.
+    ShadowRefundable,
 }
 
 impl CallMode {
@@ -79,14 +85,28 @@ impl CallMode {
             CallMode::Shadow => 's',
             CallMode::EnforceUncharged => 'c',
             CallMode::ShadowUncharged => 'w',
+            CallMode::EnforceRefundable => 'r',
+            CallMode::ShadowRefundable => 'q',
         }
+    }
+
+    /// Whether the reply carries a refund mark for the rule.
+    pub fn refundable(self) -> bool {
+        matches!(
+            self,
+            CallMode::EnforceRefundable | CallMode::ShadowRefundable
+        )
     }
 
     /// The rule's own mode: whether its denial blocks.
     pub fn rule_mode(self) -> Mode {
         match self {
-            CallMode::Enforce | CallMode::EnforceUncharged => Mode::Enforce,
-            CallMode::Shadow | CallMode::ShadowUncharged => Mode::Shadow,
+            CallMode::Enforce | CallMode::EnforceUncharged | CallMode::EnforceRefundable => {
+                Mode::Enforce
+            }
+            CallMode::Shadow | CallMode::ShadowUncharged | CallMode::ShadowRefundable => {
+                Mode::Shadow
+            }
         }
     }
 }
@@ -222,6 +242,18 @@ pub enum ScriptCall {
     Charge(General),
     /// Forget these keys ([`Entry::Reset`]); replies with how many existed.
     Reset(Vec<String>),
+    /// Give refundable charges back ([`Entry::Refund`]).
+    Refund(Refund),
+}
+
+/// Refundable charges to give back, each rule with the mark its decision
+/// replied with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refund {
+    /// The pinned clock, ms; `None` for Redis's.
+    pub now_ms: Option<u64>,
+    /// Each rule's key, figures and charged cost, with its refund mark.
+    pub rules: Vec<(RuleArgs, u64)>,
 }
 
 /// What the script answered: a decision, or for a reset the keys removed.
@@ -231,6 +263,8 @@ pub enum Reply {
     Decision(Decision),
     /// How many keys a reset deleted.
     Removed(u64),
+    /// Per rule of a refund, whether anything was given back.
+    Refunded(Vec<bool>),
 }
 
 impl Reply {
@@ -241,6 +275,9 @@ impl Reply {
             Reply::Removed(n) => Err(ScriptError::Reply(format!(
                 "a count ({n}) where a decision was due"
             ))),
+            Reply::Refunded(_) => Err(ScriptError::Reply(
+                "a refund's reply where a decision was due".into(),
+            )),
         }
     }
 }
@@ -338,6 +375,36 @@ impl ScriptCall {
         }
     }
 
+    /// A decision like [`ScriptCall::decide`], but rules with
+    /// `count_status` are charged now, like any other, and the reply carries
+    /// a refund mark for each: [`ScriptCall::refund`] gives the charge back
+    /// once the origin's status shows it is not counted.
+    pub fn decide_refundable(checks: &[(Check<'_>, Vec<&str>)], now_ms: Option<u64>) -> ScriptCall {
+        if checks.iter().all(|(c, _)| c.rule.count_status.is_empty()) {
+            return ScriptCall::decide(checks, now_ms);
+        }
+        let mut general = General::new(checks, now_ms, true);
+        for ((_, mode), (check, _)) in general.rules.iter_mut().zip(checks) {
+            if !check.rule.count_status.is_empty() {
+                *mode = match check.rule.mode {
+                    Mode::Enforce => CallMode::EnforceRefundable,
+                    Mode::Shadow => CallMode::ShadowRefundable,
+                };
+            }
+        }
+        ScriptCall::Decide(general)
+    }
+
+    /// Gives back the charges of `checks`, each with the refund mark its
+    /// decision replied with.
+    pub fn refund(checks: &[(Check<'_>, Vec<&str>, u64)], now_ms: Option<u64>) -> ScriptCall {
+        let rules = checks
+            .iter()
+            .map(|(c, id, mark)| (RuleArgs::new(c.rule, c.cost, id), *mark))
+            .collect();
+        ScriptCall::Refund(Refund { now_ms, rules })
+    }
+
     /// The one-rule path, where it decides the same as the general one: a
     /// lone rule on Redis's clock, charged now, with no penalty.
     fn one_rule(
@@ -407,6 +474,7 @@ impl ScriptCall {
             },
             ScriptCall::Decide(_) | ScriptCall::Charge(_) => Entry::Decide,
             ScriptCall::Reset(_) => Entry::Reset,
+            ScriptCall::Refund(_) => Entry::Refund,
         }
     }
 
@@ -416,6 +484,7 @@ impl ScriptCall {
             ScriptCall::OneRule(one) => vec![one.rule.key.clone()],
             ScriptCall::Decide(g) | ScriptCall::Charge(g) => g.keys(),
             ScriptCall::Reset(keys) => keys.clone(),
+            ScriptCall::Refund(r) => r.rules.iter().map(|(a, _)| a.key.clone()).collect(),
         }
     }
 
@@ -425,6 +494,7 @@ impl ScriptCall {
             ScriptCall::OneRule(one) => one.rule.one_rule_args(),
             ScriptCall::Decide(g) | ScriptCall::Charge(g) => g.args(g.now_ms),
             ScriptCall::Reset(_) => vec!["reset".to_owned()],
+            ScriptCall::Refund(r) => r.args(),
         }
     }
 
@@ -435,6 +505,7 @@ impl ScriptCall {
             ScriptCall::Decide(g) | ScriptCall::Charge(g) => {
                 g.rules.iter().map(|(r, _)| r.key.as_str()).collect()
             }
+            ScriptCall::Refund(r) => r.rules.iter().map(|(a, _)| a.key.as_str()).collect(),
             ScriptCall::Reset(_) => vec![],
         }
     }
@@ -463,6 +534,20 @@ impl ScriptCall {
                 .as_u64()
                 .map(Reply::Removed)
                 .ok_or_else(|| ScriptError::Reply(format!("{reply} is not a count"))),
+            ScriptCall::Refund(r) => {
+                let given = reply
+                    .as_array()
+                    .filter(|items| items.len() == r.rules.len())
+                    .and_then(|items| {
+                        items
+                            .iter()
+                            .map(|v| v.as_u64().filter(|n| *n <= 1).map(|n| n == 1))
+                            .collect::<Option<Vec<bool>>>()
+                    });
+                given
+                    .map(Reply::Refunded)
+                    .ok_or_else(|| malformed(reply, "is no refund's reply"))
+            }
         }
     }
 }
@@ -526,10 +611,41 @@ impl General {
         self.rules.iter().map(|(_, m)| m.rule_mode()).collect()
     }
 
-    /// Six fields per rule, and the penalties mask at the end when the
-    /// call has penalties.
+    /// Six fields per rule, the penalties mask when the call has
+    /// penalties, then a refund mark per refundable rule.
     fn decode(&self, reply: &Value) -> Result<Decision, ScriptError> {
-        decode_general(reply, &self.modes(), !self.penalties.is_empty())
+        let refundable: Vec<usize> = (0..self.rules.len())
+            .filter(|&i| self.rules[i].1.refundable())
+            .collect();
+        let Some(items) = reply.as_array() else {
+            return Err(malformed(reply, "is not an array"));
+        };
+        let (fields, marks) = items.split_at(items.len().saturating_sub(refundable.len()));
+        let head = Value::Array(fields.to_vec());
+        let mut decision = decode_general(&head, &self.modes(), !self.penalties.is_empty())?;
+        for (i, mark) in refundable.into_iter().zip(marks) {
+            let mark = mark
+                .as_u64()
+                .ok_or_else(|| malformed(reply, "holds a refund mark that is no count"))?;
+            if mark > 0 {
+                decision.refund_marks.push((i, mark));
+            }
+        }
+        Ok(decision)
+    }
+}
+
+impl Refund {
+    /// `refund`, the clock (empty for Redis's), then each rule's arguments
+    /// as a decision has them, then its mark.
+    fn args(&self) -> Vec<String> {
+        let clock = self.now_ms.map(|n| n.to_string()).unwrap_or_default();
+        let mut args = vec!["refund".to_owned(), clock];
+        for (rule, mark) in &self.rules {
+            rule.push_general(&mut args);
+            push_numbers(&mut args, &[*mark]);
+        }
+        args
     }
 }
 
@@ -759,6 +875,87 @@ mod tests {
             &penalty.args()[3..],
             ["gcra", "1", "60000000", "1", "penalty", "1", "3600000"]
         );
+    }
+
+    #[test]
+    fn refundable_decisions_and_refunds_follow_the_script_layout() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "ip", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s"},
+            {"name": "login", "key": ["ip"], "algorithm": "windowed", "windows": [["1m", 3, "1m"]],
+             "count_status": [401], "mode": "shadow"}
+        ]}))
+        .unwrap();
+        let check = |i: usize| {
+            (
+                Check {
+                    rule: &c.rules[i],
+                    cost: 1,
+                },
+                vec!["a"],
+            )
+        };
+        // Without a count_status rule, the call is a plain decision.
+        assert_eq!(
+            ScriptCall::decide_refundable(&[check(0)], None),
+            ScriptCall::decide(&[check(0)], None)
+        );
+        let call = ScriptCall::decide_refundable(&[check(0), check(1)], None);
+        assert_eq!(call.entry(), Entry::Decide);
+        assert_eq!(args(&call)[2], "eq");
+        // Six fields per rule, then the shadow rule's mark.
+        let d = decision(
+            &call,
+            json!([
+                1,
+                10,
+                9,
+                100,
+                0,
+                1,
+                1,
+                3,
+                2,
+                60000,
+                0,
+                1,
+                3_590_337_600_001_u64
+            ]),
+        )
+        .unwrap();
+        assert_eq!(d.refund_marks, [(1, 3_590_337_600_001)]);
+        let none = decision(&call, json!([1, 10, 9, 100, 0, 1, 1, 3, 2, 60000, 0, 1, 0])).unwrap();
+        assert!(none.refund_marks.is_empty(), "0: not charged");
+        assert!(decision(&call, json!([1, 10, 9, 100, 0, 1, 1, 3, 2, 60000, 0, 1])).is_err());
+        assert!(decision(
+            &call,
+            json!([1, 10, 9, 100, 0, 1, 1, 3, 2, 60000, 0, 1, -1])
+        )
+        .is_err());
+
+        let refund = ScriptCall::refund(
+            &[(check(1).0, vec!["a"], 7), (check(0).0, vec!["a"], 9)],
+            None,
+        );
+        assert_eq!(refund.entry(), Entry::Refund);
+        assert_eq!(refund.keys(), ["el:{a}:login", "el:{a}:ip"]);
+        let offset = window_offset("el:{a}:login", 60_000).to_string();
+        assert_eq!(
+            args(&refund),
+            [
+                "refund", "", "window", "1", &offset, "1", "60000", "3", "60000", "7", "gcra", "1",
+                "100000", "10", "9"
+            ]
+        );
+        assert_eq!(
+            refund.decode(&json!([1, 0])),
+            Ok(Reply::Refunded(vec![true, false]))
+        );
+        for bad in [json!([1]), json!([2, 0]), json!("x")] {
+            assert!(
+                matches!(refund.decode(&bad), Err(ScriptError::Reply(_))),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

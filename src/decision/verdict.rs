@@ -139,6 +139,9 @@ pub struct Decision {
     pub rules: Vec<RuleState>,
     /// Rules (0-based, call order) whose penalty this decision started.
     pub penalties_started: Vec<usize>,
+    /// For each refundable rule this decision charged (0-based, call
+    /// order), the mark a refund call gives the charge back by.
+    pub refund_marks: Vec<(usize, u64)>,
 }
 
 impl Decision {
@@ -170,6 +173,7 @@ impl Decision {
             verdict,
             rules,
             penalties_started: vec![],
+            refund_marks: vec![],
         }
     }
 

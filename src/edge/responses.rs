@@ -278,6 +278,7 @@ mod tests {
             },
             rules,
             penalties_started: vec![],
+            refund_marks: vec![],
         }
     }
 
@@ -293,6 +294,7 @@ mod tests {
         let d = Decision {
             verdict: RequestVerdict::Admitted { tightest: 1 },
             penalties_started: vec![],
+            refund_marks: vec![],
             rules: vec![
                 state(ADMITTED, 100, 50, 30_000),
                 state(ADMITTED, 10, 4, 900),

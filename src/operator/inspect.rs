@@ -429,7 +429,7 @@ pub async fn reset(
     let call = ScriptCall::reset(&[(rule, parts)]);
     let deleted = match run(client, &call, BUDGET).await? {
         Reply::Removed(n) => n,
-        Reply::Decision(_) => return Err(ScriptError::Reply("a decision to a reset".into()).into()),
+        other => return Err(ScriptError::Reply(format!("{other:?} to a reset")).into()),
     };
     Ok(Removed { before, deleted })
 }

@@ -1,0 +1,199 @@
+//! Refundable charges (issue 23's script side), against a real
+//! `redis-server` through the REST endpoint: a `count_status` rule charged
+//! up front gives its charge back exactly, from where it was charged, and
+//! never more than what is still outstanding, so that no refund can undo
+//! another request's charge.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod support;
+
+use edge_limiter::{
+    decision::{
+        protocol::{run, Check, Reply, ScriptCall},
+        verdict::Decision,
+    },
+    rules::rule::Rule,
+};
+use serde_json::json;
+use support::{rules, Backend, BUDGET};
+
+/// A decision charging `rule` now, with its refund mark, at `now_ms`.
+async fn charge(b: &Backend, rule: &Rule, id: &str, now_ms: Option<u64>) -> Decision {
+    let call = ScriptCall::decide_refundable(&[(Check { rule, cost: 1 }, vec![id])], now_ms);
+    run(&b.client, &call, BUDGET)
+        .await
+        .and_then(Reply::decision)
+        .expect("a decision")
+}
+
+/// The mark of `d`'s only rule, which must have been charged.
+fn mark(d: &Decision) -> u64 {
+    assert!(d.admitted(), "{d:?}");
+    match d.refund_marks[..] {
+        [(0, mark)] => mark,
+        _ => panic!("one refund mark: {d:?}"),
+    }
+}
+
+/// Gives back the charge `mark` stands for; whether anything was.
+async fn refund(b: &Backend, rule: &Rule, id: &str, mark: u64, now_ms: Option<u64>) -> bool {
+    let call = ScriptCall::refund(&[(Check { rule, cost: 1 }, vec![id], mark)], now_ms);
+    match run(&b.client, &call, BUDGET).await.expect("a refund") {
+        Reply::Refunded(given) => given == [true],
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Units left for `id` at `now_ms`, by a peek.
+async fn left(b: &Backend, rule: &Rule, id: &str, now_ms: Option<u64>) -> u64 {
+    b.decide(&[rule], id, 0, now_ms).await.rules[0].remaining
+}
+
+fn gcra(burst: u64) -> Rule {
+    rules(
+        json!([{"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1m",
+                  "burst": burst, "count_status": [401]}]),
+    )
+    .remove(0)
+}
+
+#[tokio::test]
+async fn gcra_gives_back_what_is_still_outstanding() {
+    let b = Backend::start();
+    let rule = gcra(3);
+    let t0 = 1_795_168_800_000;
+    let marks = [
+        mark(&charge(&b, &rule, "a", Some(t0)).await),
+        mark(&charge(&b, &rule, "a", Some(t0)).await),
+        mark(&charge(&b, &rule, "a", Some(t0)).await),
+    ];
+    // Each mark is the TAT its charge left: 60, 120 and 180 s ahead.
+    assert_eq!(marks, [1, 2, 3].map(|n| (t0 + n * 60_000) * 1000));
+    assert!(!charge(&b, &rule, "a", Some(t0)).await.admitted());
+    // The last charge, given back at once, gives back its whole unit.
+    assert!(refund(&b, &rule, "a", marks[2], Some(t0 + 100)).await);
+    assert_eq!(left(&b, &rule, "a", Some(t0 + 100)).await, 1);
+    // The first gives back all but what time has paid off since (100 ms):
+    // no refund can tell whose that was, so it stays counted, a little
+    // tighter than one charge at t0 alone (59.9 s ahead).
+    assert!(refund(&b, &rule, "a", marks[0], Some(t0 + 100)).await);
+    assert_eq!(left(&b, &rule, "a", Some(t0 + 100)).await, 2);
+    let d = b.decide(&[&rule], "a", 0, Some(t0 + 100)).await;
+    assert_eq!(d.rules[0].reset_after_ms, 60_000, "{d:?}");
+}
+
+#[tokio::test]
+async fn gcra_never_gives_back_below_now_nor_undoes_a_later_charge() {
+    let b = Backend::start();
+    let rule = gcra(1);
+    let t0 = 1_795_168_800_000;
+    // A charge half paid off by time gives back only the other half, and
+    // the key is then as fresh as one never charged.
+    let first = mark(&charge(&b, &rule, "h", Some(t0)).await);
+    assert!(refund(&b, &rule, "h", first, Some(t0 + 30_000)).await);
+    assert_eq!(b.redis(&["EXISTS", "el:{h}:g"]).trim(), "0");
+    assert_eq!(left(&b, &rule, "h", Some(t0 + 30_000)).await, 1);
+
+    // R is charged, fully paid off by time, then S is charged: R's refund
+    // must not take S's charge back (a refund of R's whole unit would).
+    let r = mark(&charge(&b, &rule, "s", Some(t0)).await);
+    let s = charge(&b, &rule, "s", Some(t0 + 70_000)).await;
+    assert!(s.admitted());
+    assert!(!refund(&b, &rule, "s", r, Some(t0 + 70_500)).await);
+    assert!(
+        !charge(&b, &rule, "s", Some(t0 + 71_000)).await.admitted(),
+        "S still counts"
+    );
+    // A refund after the key has paid off everything gives nothing back.
+    assert!(!refund(&b, &rule, "s", r, Some(t0 + 200_000)).await);
+}
+
+#[tokio::test]
+async fn gcra_on_redis_clock_gives_a_prompt_refund_back_whole() {
+    let b = Backend::start();
+    let rule = gcra(2);
+    let first = mark(&charge(&b, &rule, "c", None).await);
+    let second = mark(&charge(&b, &rule, "c", None).await);
+    assert!(!charge(&b, &rule, "c", None).await.admitted());
+    assert!(refund(&b, &rule, "c", second, None).await);
+    assert!(refund(&b, &rule, "c", first, None).await);
+    assert_eq!(left(&b, &rule, "c", None).await, 2, "the full burst again");
+    // The key expires by itself, as every key the script writes.
+    let pttl: i64 = b.redis(&["PTTL", "el:{c}:g"]).trim().parse().unwrap();
+    assert!(pttl == -2 || (0..=1).contains(&pttl), "{pttl}");
+}
+
+fn windows(spec: serde_json::Value) -> Rule {
+    rules(
+        json!([{"name": "w", "key": ["ip"], "algorithm": "windowed", "windows": spec,
+                  "count_status": [401]}]),
+    )
+    .remove(0)
+}
+
+#[tokio::test]
+async fn a_window_gives_back_from_the_bucket_it_counted_in() {
+    let b = Backend::start();
+    let rule = windows(json!([["1m", 3, "10s"]]));
+    let t0 = 1_795_168_800_000;
+    // The first charge moves the buckets (into the totals), the next two
+    // land in the cost since (the same buckets).
+    let marks = [
+        mark(&charge(&b, &rule, "a", Some(t0)).await),
+        mark(&charge(&b, &rule, "a", Some(t0 + 10)).await),
+        mark(&charge(&b, &rule, "a", Some(t0 + 20)).await),
+    ];
+    assert_eq!(marks.map(|m| m % 2), [0, 1, 1], "{marks:?}");
+    assert!(!charge(&b, &rule, "a", Some(t0 + 30)).await.admitted());
+    assert!(refund(&b, &rule, "a", marks[1], Some(t0 + 40)).await);
+    assert_eq!(left(&b, &rule, "a", Some(t0 + 40)).await, 1);
+    assert!(refund(&b, &rule, "a", marks[0], Some(t0 + 40)).await);
+    assert_eq!(left(&b, &rule, "a", Some(t0 + 40)).await, 2);
+    // Two admitted again, then the limit holds.
+    assert!(charge(&b, &rule, "a", Some(t0 + 50)).await.admitted());
+    assert!(charge(&b, &rule, "a", Some(t0 + 60)).await.admitted());
+    assert!(!charge(&b, &rule, "a", Some(t0 + 70)).await.admitted());
+}
+
+#[tokio::test]
+async fn each_window_gives_back_only_while_it_counts_the_bucket() {
+    let b = Backend::start();
+    let rule = windows(json!([["10s", 2, "1s"], ["1m", 3, "10s"]]));
+    let t0 = 1_795_168_800_000 - edge_limiter::decision::keys::window_offset("el:{m}:w", 60_000);
+    // Charged at 0 s and 1.5 s: the second moves the 1 s buckets, so the
+    // first lies in an older 1 s bucket and in the newest 10 s one.
+    let first = mark(&charge(&b, &rule, "m", Some(t0)).await);
+    mark(&charge(&b, &rule, "m", Some(t0 + 1_500)).await);
+    assert!(refund(&b, &rule, "m", first, Some(t0 + 2_000)).await);
+    let d = b.decide(&[&rule], "m", 0, Some(t0 + 2_000)).await;
+    // Peeking reports the binding window: 1 of 2 left in 10 s.
+    assert_eq!((d.rules[0].remaining, d.rules[0].window), (1, 1), "{d:?}");
+    assert!(charge(&b, &rule, "m", Some(t0 + 2_100)).await.admitted());
+    assert!(!charge(&b, &rule, "m", Some(t0 + 2_200)).await.admitted());
+
+    // A charge whose bucket has left every window gives nothing back.
+    let old = mark(&charge(&b, &rule, "n", Some(t0)).await);
+    let later = t0 + 70_000;
+    let before = left(&b, &rule, "n", Some(later)).await;
+    assert!(!refund(&b, &rule, "n", old, Some(later)).await);
+    assert_eq!(left(&b, &rule, "n", Some(later)).await, before);
+}
+
+#[tokio::test]
+async fn refunds_write_no_key_that_is_gone() {
+    let b = Backend::start();
+    let rule = windows(json!([["1s", 2, "1s"]]));
+    let m = mark(&charge(&b, &rule, "x", None).await);
+    b.redis(&["DEL", "el:{x}:w"]);
+    assert!(!refund(&b, &rule, "x", m, None).await);
+    assert_eq!(
+        b.redis(&["EXISTS", "el:{x}:w"]).trim(),
+        "0",
+        "no key without expiry"
+    );
+    let g = gcra(2);
+    let m = mark(&charge(&b, &g, "y", None).await);
+    b.redis(&["DEL", "el:{y}:g"]);
+    assert!(!refund(&b, &g, "y", m, None).await);
+    assert_eq!(b.redis(&["EXISTS", "el:{y}:g"]).trim(), "0");
+}
