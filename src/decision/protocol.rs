@@ -256,7 +256,8 @@ pub struct Refund {
     pub rules: Vec<(RuleArgs, u64)>,
 }
 
-/// What the script answered: a decision, or for a reset the keys removed.
+/// What the script answered: a decision, the keys a reset removed, or what
+/// a refund gave back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
     /// The verdict on every rule of a decision or charge.
