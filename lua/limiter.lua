@@ -20,11 +20,9 @@
 --           expiries, TIME), so that edge locations with skewed clocks agree
 -- ARGV[3]   one letter per rule: 'e' enforces, 's' is a shadow rule whose
 --           denial is reported but blocks nothing (and it is then not
---           charged); 'c' and 'w' are the same checked at their cost but
---           never charged in this call (rules that count only some
---           responses: the caller charges them after the response); 'r'
---           and 'q' are 'e' and 's' charged now with a refund mark in the
---           reply, for a refund call to give the charge back
+--           charged); 'r' and 'q' are the same with a refund mark in the
+--           reply (rules that count only some responses: the caller gives
+--           the charge back after a response they do not count)
 -- ARGV[4..] per rule, in KEYS order:
 --             'gcra',   cost, interval (us), burst
 --             'window', cost, offset (ms), n, then n x (duration, limit, precision) (ms)
@@ -37,8 +35,7 @@
 -- more integer: the sum of 2^(i-1) over the rules i whose penalty this call
 -- started. Then one refund mark per 'r' or 'q' rule, in KEYS order (0: it
 -- was not charged): for GCRA the TAT the charge left (us, on the call's
--- clock); for windows the charge's shifted time (ms) times two, plus one
--- when it went to the cost since the last move.
+-- clock); for windows the charge's time on the key's shifted clock (ms).
 --
 -- The refund call: ARGV[2] the clock as for a decision, then per rule the
 -- same arguments as a decision's, then its refund mark. Replies with one
@@ -85,8 +82,8 @@ if pinned_ms ~= '' then
 end
 
 local rules = #modes
--- The mode letters as string.byte gives them: 'e', 'c', 'w', 'r', 'q'.
-local ENFORCE, CHECK_ENFORCED, CHECK_SHADOW, REFUNDABLE, REFUNDABLE_SHADOW = 101, 99, 119, 114, 113
+-- The mode letters as string.byte gives them: 'e', 'r', 'q'.
+local ENFORCE, REFUNDABLE, REFUNDABLE_SHADOW = 101, 114, 113
 local reply, writes, first = { 0, 0, 0, 0, 0, 0 }, { nil }, { nil }
 
 -- Where each rule's arguments start, and the penalties after them.
@@ -135,14 +132,11 @@ local function decide(peek)
         reply[k - 5], reply[k - 4], reply[k - 3], reply[k - 2], reply[k - 1], reply[k], writes[i] =
           windowed_check(KEYS[i], now_ms, cost, offset_ms, at + 4, windows)
       end
-      if mode == CHECK_ENFORCED or mode == CHECK_SHADOW then -- charged after the response
-        writes[i] = nil
-      end
       if left > 0 then
         reply[k - 5], reply[k - 1], writes[i] = 0, left, nil
         reply[k - 2] = math.max(reply[k - 2], left)
       end
-      if reply[k - 5] == 0 and (mode == ENFORCE or mode == CHECK_ENFORCED or mode == REFUNDABLE) then
+      if reply[k - 5] == 0 and (mode == ENFORCE or mode == REFUNDABLE) then
         denied = true
       end
     end
@@ -192,10 +186,7 @@ for i = 1, rules do
       end
       mark = clock_us + write
     elseif not denied and write then
-      mark = write.now * 2
-      if not write.set then
-        mark = mark + 1
-      end
+      mark = write.now
     end
     reply[#reply + 1] = mark
   end

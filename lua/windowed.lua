@@ -321,15 +321,13 @@ local function windowed_commit(key, plan)
 end
 
 -- Gives back a refundable charge of `cost` units (limiter.lua's refund
--- call). `mark` is the charge's shifted time (ms) times two, plus one when
--- it went to `u` (the same buckets as the last move) rather than into the
--- totals of a move. Each window takes the cost out of the bucket it was
--- counted in, while that bucket is still counted; a key that expired or
--- holds no state of ours gives nothing back. Returns 1 if anything was.
+-- call), made at `mark` on the key's shifted clock (ms). Each window takes
+-- the cost out of the bucket it was counted in, while that bucket is still
+-- counted; a key that expired or holds no state of ours gives nothing
+-- back. Returns 1 if anything was.
 local windowed_refund
 if argv[1] == 'refund' then
-  function windowed_refund(key, pinned, cost, offset, at, n, mark)
-    local mark_ms, in_u = math.floor(mark / 2), mark % 2 == 1
+  function windowed_refund(key, pinned, cost, offset, at, n, mark_ms)
     local pttl = -2
     if not pinned then
       pttl = redis.call('PTTL', key)
@@ -364,14 +362,16 @@ if argv[1] == 'refund' then
     if not any then
       return 0
     end
-    if in_u and t <= mark_ms then
-      -- Still in the cost admitted since the last move, which every window
-      -- counts in its newest bucket.
+    if t <= mark_ms and u + a >= cost then
+      -- In t's buckets in every window, and the cost since the last move
+      -- can hold it: taken from there, which every window counts in its
+      -- newest bucket (whether the charge was that move or came after it
+      -- in the same buckets, the count is the same).
       redis.call('HINCRBY', key, 'u', -cost)
       return 1
     end
-    -- Folded into the totals by a move: out of each counting window's
-    -- total and bucket, then the room at t and the cost since follow.
+    -- In the totals since a move: out of each counting window's total and
+    -- bucket, then the room at t and the cost since follow.
     local set, room, bound = {}, nil, 0
     for j = 1, n do
       local b = at + 3 * j - 3

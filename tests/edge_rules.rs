@@ -1,7 +1,8 @@
 //! The policy vocabulary of edge rate-limiting rules, end to end in
 //! `wrangler dev`: each field beside a rule without it, so that every test
-//! fails without the field. `count_status` (charged after the response,
-//! also under a Redis fault), `penalty` (also under 64-way concurrency, and
+//! fails without the field. `count_status` (charged up front and given
+//! back after the response when the status is not counted, also under
+//! concurrency and a Redis fault), `penalty` (also under 64-way concurrency, and
 //! in a shadow rule), `except_ips`, `cf:*` key parts, body key parts
 //! (`json:`, `form:`, with `fold`, a 10 MB body and hostile JSON), and the
 //! JSON decision log.
@@ -11,7 +12,6 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use edge_limiter::decision::protocol::{Check, ScriptCall, LIMITER};
 use edge_limiter_local::fault_proxy::Fault;
 use reqwest::{Response, StatusCode};
 use serde_json::Value;
@@ -72,8 +72,8 @@ async fn wait_events(worker: &Worker, action: &str, rule: &str, n: usize) -> Vec
     }
 }
 
-/// Waits until the after-response charges the worker queued have landed:
-/// a failed login is charged once its response has gone.
+/// Waits until the refunds the worker queued have landed: a successful
+/// login's charge is given back once its response has gone.
 async fn settle_charges() {
     tokio::time::sleep(Duration::from_millis(400)).await;
 }
@@ -100,16 +100,18 @@ windows = [["15m", 3, "1m"]]
 "#;
 
 #[tokio::test]
-async fn count_status_charges_only_the_listed_statuses_after_the_response() {
+async fn count_status_keeps_only_the_listed_statuses_charged() {
     let stack = Stack::start(LOGIN);
     let url = |path: &str| format!("{}{path}", stack.worker.url);
     let ip = "203.0.113.60";
     let statuses = |v: Vec<Response>| v.iter().map(|r| r.status().as_u16()).collect::<Vec<_>>();
     let mut sent = Vec::new();
 
-    // Successful logins are never counted by the rule with count_status...
+    // Successful logins are charged up front and given back once the origin
+    // has answered, so the rule with count_status keeps none of them...
     for _ in 0..6 {
         sent.push(post(&url("/login?status=200"), ip, "text/plain", vec![]).await);
+        settle_charges().await;
     }
     assert_eq!(statuses(std::mem::take(&mut sent)), [200; 6]);
     // ...while the same rule without it counts every one.
@@ -121,11 +123,10 @@ async fn count_status_charges_only_the_listed_statuses_after_the_response() {
         [200, 200, 200, 429, 429]
     );
 
-    // Failed logins reach the origin and are charged after the response;
-    // once three are counted, the next is refused before the origin.
+    // Failed logins reach the origin and keep their charge; once three
+    // are counted, the next is refused before the origin.
     for _ in 0..3 {
         sent.push(post(&url("/login?status=401"), ip, "text/plain", vec![]).await);
-        settle_charges().await;
     }
     sent.push(post(&url("/login?status=401"), ip, "text/plain", vec![]).await);
     sent.push(post(&url("/login?status=200"), ip, "text/plain", vec![]).await);
@@ -138,72 +139,64 @@ async fn count_status_charges_only_the_listed_statuses_after_the_response() {
     );
 }
 
-#[tokio::test]
-async fn concurrent_failures_are_bounded_and_every_later_one_refused() {
-    // N failed logins at once on a fresh limit of L, N well over L: all may
-    // pass the check before any is charged (the README's bound, max(L, N)),
-    // at least L do; the charges after them stop at the limit exactly, and
-    // every later one is refused.
-    let stack = Stack::start(LOGIN);
-    let url = format!("{}/login?status=403", stack.worker.url);
-    let (limit, n) = (3, 64);
-    let ip = "203.0.113.61";
-    let handles: Vec<_> = (0..n)
-        .map(|_| {
-            let url = url.clone();
-            tokio::spawn(async move { post(&url, ip, "text/plain", vec![]).await.status() })
+/// One POST to `url` from each of `ips`, all at once; the statuses.
+async fn at_once(url: &str, ips: impl Iterator<Item = String>) -> Vec<StatusCode> {
+    let handles: Vec<_> = ips
+        .map(|ip| {
+            let url = url.to_owned();
+            tokio::spawn(async move { post(&url, &ip, "text/plain", vec![]).await.status() })
         })
         .collect();
-    let (mut admitted, mut refused) = (0, 0);
+    let mut statuses = Vec::new();
     for h in handles {
-        match h.await.unwrap() {
-            StatusCode::FORBIDDEN => admitted += 1,
-            StatusCode::TOO_MANY_REQUESTS => refused += 1,
-            other => panic!("a failed login answered {other}"),
-        }
+        statuses.push(h.await.unwrap());
     }
-    assert_eq!(admitted + refused, n);
-    assert!(
-        (limit..=limit.max(n)).contains(&admitted),
-        "{admitted} failures admitted, the limit is {limit}"
-    );
-    let hits = stack.origin.hits().await["paths"]["/login"].as_u64();
-    assert_eq!(
-        hits,
-        Some(admitted),
-        "refused ones never reached the origin"
-    );
-    settle_charges().await;
-    // Charged after their responses, the admitted failures fill the window
-    // to its limit and no further: a peek reads exactly 0 units left (the
-    // script reports a count over the limit as a negative remainder).
+    statuses
+}
+
+/// Units `ip` has left on the failed-logins rule, by a peek.
+async fn logins_left(stack: &Stack, ip: &str) -> u64 {
     let rule = &support::rules(serde_json::json!([{
         "name": "failed-logins", "key": ["ip"], "path_prefix": "/login", "methods": ["POST"],
         "algorithm": "windowed", "windows": [["15m", 3, "1m"]], "count_status": [401, 403]
     }]))[0];
-    let peek = ScriptCall::decide(&[(Check { rule, cost: 0 }, vec![ip])], None);
-    let reply = stack
-        .backend
-        .client
-        .run_script(&LIMITER, &peek.keys(), &peek.args(), support::BUDGET)
-        .await
-        .unwrap();
+    stack.backend.decide(&[rule], ip, 0, None).await.rules[0].remaining
+}
+
+#[tokio::test]
+async fn concurrent_failures_reach_the_origin_at_most_the_limit() {
+    // Charged up front, requests in flight count: N failed logins at once
+    // on a fresh limit of L reach the origin exactly L times, whatever N.
+    let stack = Stack::start(LOGIN);
+    let url = format!("{}/login?status=403", stack.worker.url);
+    let (limit, n) = (3u64, 64u64);
+    let ip = "203.0.113.61";
+    let statuses = at_once(&url, (0..n).map(|_| ip.to_owned())).await;
+    let admitted = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::FORBIDDEN)
+        .count() as u64;
+    let refused = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count() as u64;
+    assert_eq!((admitted, refused), (limit, n - limit), "{statuses:?}");
+    let hits = stack.origin.hits().await["paths"]["/login"].as_u64();
+    assert_eq!(hits, Some(limit), "refused ones never reached the origin");
+    settle_charges().await;
     assert_eq!(
-        reply[2],
-        serde_json::json!(0),
-        "units left after the wave: {reply}"
+        logins_left(&stack, ip).await,
+        0,
+        "the failures stay counted"
     );
-    for _ in 0..3 {
-        let later = post(&url, ip, "text/plain", vec![]).await;
-        assert_eq!(later.status(), StatusCode::TOO_MANY_REQUESTS);
-    }
+    let later = post(&url, ip, "text/plain", vec![]).await;
+    assert_eq!(later.status(), StatusCode::TOO_MANY_REQUESTS);
     let mut table = Table::new(
         "count_status: concurrent failed logins on a fresh limit",
         &[
             "limit L",
             "at once N",
-            "admitted",
-            "bound max(L, N)",
+            "reached the origin",
             "units left after",
             "later ones",
         ],
@@ -212,19 +205,76 @@ async fn concurrent_failures_are_bounded_and_every_later_one_refused() {
         limit.to_string(),
         n.to_string(),
         admitted.to_string(),
-        limit.max(n).to_string(),
-        reply[2].to_string(),
+        "0".into(),
         "429".into(),
     ]);
     table.print("count-status-concurrency");
 }
 
 #[tokio::test]
-async fn a_redis_fault_after_the_response_loses_and_delays_nothing() {
+async fn successful_logins_all_reach_the_origin_and_leave_the_limit_whole() {
+    let stack = Stack::start(LOGIN);
+    let ok = format!("{}/login?status=200", stack.worker.url);
+    // 64 clients at once, one login each.
+    let ips: Vec<String> = (0..64).map(|i| format!("198.51.100.{}", i + 100)).collect();
+    let statuses = at_once(&ok, ips.iter().cloned()).await;
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::OK),
+        "{statuses:?}"
+    );
+    // One client, 64 logins in waves of its limit: each wave's charges are
+    // given back before the next.
+    let ip = "203.0.113.64";
+    for _ in 0..64 / 4 {
+        let wave = at_once(&ok, (0..3).map(|_| ip.to_owned())).await;
+        assert!(wave.iter().all(|s| *s == StatusCode::OK), "{wave:?}");
+        settle_charges().await;
+    }
+    let hits = stack.origin.hits().await["paths"]["/login"].as_u64();
+    assert_eq!(
+        hits,
+        Some(64 + 64 / 4 * 3),
+        "every login reached the origin"
+    );
+    settle_charges().await;
+    assert_eq!(logins_left(&stack, ip).await, 3, "the full limit");
+    for ip in &ips[..4] {
+        assert_eq!(logins_left(&stack, ip).await, 3, "{ip}: the full limit");
+    }
+}
+
+#[tokio::test]
+async fn failed_and_successful_logins_mixed_in_either_order() {
+    let stack = Stack::start(LOGIN);
+    let url = |status: u16| format!("{}/login?status={status}", stack.worker.url);
+    let send = |status: u16, ip: &'static str| {
+        let url = url(status);
+        async move {
+            let got = post(&url, ip, "text/plain", vec![]).await.status().as_u16();
+            settle_charges().await;
+            got
+        }
+    };
+    // Successes first: none counts, then three failures fill the limit.
+    let mut got = Vec::new();
+    for status in [200, 200, 200, 200, 401, 401, 401, 401, 200] {
+        got.push(send(status, "203.0.113.70").await);
+    }
+    assert_eq!(got, [200, 200, 200, 200, 401, 401, 401, 429, 429]);
+    // Failures first, successes between them: only the failures count.
+    let mut got = Vec::new();
+    for status in [401, 200, 401, 200, 200, 401, 200] {
+        got.push(send(status, "203.0.113.71").await);
+    }
+    assert_eq!(got, [401, 200, 401, 200, 200, 401, 429]);
+}
+
+#[tokio::test]
+async fn a_refund_held_past_the_budget_delays_nothing_and_only_tightens() {
     let stack = Stack::builder(LOGIN).through_fault_proxy().start();
     let (worker, proxy) = (&stack.worker, stack.proxy.as_ref().unwrap());
     // A first request loads the script, so that the timed one's up-front
-    // check takes milliseconds.
+    // decision takes milliseconds.
     let warm = post(
         &format!("{}/login", worker.url),
         "203.0.113.63",
@@ -233,33 +283,32 @@ async fn a_redis_fault_after_the_response_loses_and_delays_nothing() {
     )
     .await;
     assert_eq!(warm.status(), StatusCode::OK);
-    let url = format!("{}/login?status=401&delay=400", worker.url);
+    let url = format!("{}/login?status=200&delay=400", worker.url);
     let request = tokio::spawn(async move {
         let started = Instant::now();
         let r = post(&url, "203.0.113.62", "text/plain", vec![]).await;
         (r.status(), started.elapsed())
     });
-    // The up-front check passes; while the origin takes its time, Redis
-    // becomes slow: the after-response charge is held 3 s, past the rule's
-    // 1 s budget. A response that waited for the charge would take 1.4 s
-    // at least (400 ms at the origin, then the budget).
+    // The up-front decision charges; while the origin takes its time, Redis
+    // becomes slow: the refund is held 3 s, past the rule's 1 s budget. A
+    // response that waited for it would take 1.4 s at least (400 ms at the
+    // origin, then the budget).
     tokio::time::sleep(Duration::from_millis(200)).await;
     proxy.set(Fault::Delay(Duration::from_secs(3)));
     let (status, took) = request.await.unwrap();
-    assert_eq!(
-        status,
-        StatusCode::UNAUTHORIZED,
-        "the origin's answer arrived"
-    );
+    assert_eq!(status, StatusCode::OK, "the origin's answer arrived");
     assert!(
         took < Duration::from_millis(1400),
-        "the response waited for the charge: {took:?}"
+        "the response waited for the refund: {took:?}"
     );
-    let failed = wait_events(worker, "charge_failed", "failed-logins", 1).await;
+    let failed = wait_events(worker, "refund_failed", "failed-logins", 1).await;
     assert_eq!(failed.len(), 1, "{}", worker.log());
-    assert_eq!(failed[0]["status"], 401);
+    assert_eq!(failed[0]["status"], 200);
     assert!(failed[0]["error"].as_str().is_some_and(|e| !e.is_empty()));
     assert_eq!(failed[0]["key"], "el:{203.0.113.62}:failed-logins");
+    // The lost refund leaves the charge counted: tighter, never looser.
+    proxy.set(Fault::Pass);
+    assert_eq!(logins_left(&stack, "203.0.113.62").await, 2);
 }
 
 // ---------------------------------------------------------------- penalty

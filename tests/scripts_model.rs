@@ -68,14 +68,11 @@ struct Step {
 /// The calls a step makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
-    /// A decision; rules that count only some statuses are not charged.
+    /// A decision, with refund marks for the charges of rules that count
+    /// only some statuses.
     Decide,
-    /// The after-response charge of rules that count only some statuses.
-    Charge,
-    /// A decision charging those rules now, with refund marks.
-    Refundable,
-    /// Gives back the oldest refundable charge not given back yet (its own
-    /// rules, client and cost); nothing when there is none.
+    /// Gives back the oldest such charge not given back yet (its own rules,
+    /// client and cost); nothing when there is none.
     Refund,
 }
 
@@ -84,12 +81,7 @@ fn steps(
     wait: impl Strategy<Value = u64>,
     cost: impl Strategy<Value = u64>,
 ) -> impl Strategy<Value = Step> {
-    let kind = prop_oneof![
-        13 => Just(Kind::Decide),
-        3 => Just(Kind::Charge),
-        2 => Just(Kind::Refundable),
-        2 => Just(Kind::Refund),
-    ];
+    let kind = prop_oneof![4 => Just(Kind::Decide), 1 => Just(Kind::Refund)];
     (wait, 1u8..8, 0u8..2, cost, kind).prop_map(|(wait_ms, rules, client, cost, kind)| Step {
         wait_ms,
         rules,
@@ -171,28 +163,6 @@ fn checks_of<'a>(rules: &'a [Rule], s: &Step, client: &'a str) -> Vec<(Check<'a>
         .collect()
 }
 
-/// The script call for a step, and the model's verdict on it at `now`.
-fn call_of(checks: &[(Check<'_>, Vec<&str>)], s: &Step, now: Option<u64>) -> ScriptCall {
-    match s.kind {
-        Kind::Charge => ScriptCall::charge(checks, now),
-        Kind::Refundable => ScriptCall::decide_refundable(checks, now),
-        Kind::Decide | Kind::Refund => ScriptCall::decide(checks, now),
-    }
-}
-
-fn model_of(
-    model: &mut Model,
-    checks: &[(Check<'_>, Vec<&str>)],
-    s: &Step,
-    now: u64,
-) -> edge_limiter::decision::verdict::Decision {
-    match s.kind {
-        Kind::Charge => model.charge(checks, now),
-        Kind::Refundable => model.decide_refundable(checks, now),
-        Kind::Decide | Kind::Refund => model.decide(checks, now),
-    }
-}
-
 /// A refundable charge not given back yet: its step, and the script's and
 /// the model's marks (by the charged rule's place among the step's checks).
 type Refundable = (Step, Vec<(usize, u64)>, Vec<(usize, u64)>);
@@ -252,7 +222,7 @@ fn run_case(
         if checks.is_empty() {
             continue;
         }
-        let call = call_of(&checks, s, Some(now));
+        let call = ScriptCall::decide(&checks, Some(now));
         let reply = rt
             .block_on(
                 backend
@@ -264,16 +234,8 @@ fn run_case(
             .decode(&reply)
             .and_then(Reply::decision)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let expected = model_of(&mut model, &checks, s, now);
-        // A window's mark also says where the script keeps the charge (its
-        // lowest bit), which the model has no need of.
-        let mut compared = real.clone();
-        for (i, mark) in &mut compared.refund_marks {
-            if matches!(checks[*i].0.rule.policy, Policy::Windowed(_)) {
-                *mark &= !1;
-            }
-        }
-        prop_assert_eq!(&compared, &expected, "step {} ({:?}) at {}", n, s, now);
+        let expected = model.decide(&checks, now);
+        prop_assert_eq!(&real, &expected, "step {} ({:?}) at {}", n, s, now);
         if !real.refund_marks.is_empty() {
             pending.push_back((s.clone(), real.refund_marks, expected.refund_marks));
         }
@@ -459,7 +421,7 @@ async fn run_on_redis_clock(
         if checks.is_empty() {
             continue;
         }
-        let call = call_of(&checks, s, None);
+        let call = ScriptCall::decide(&checks, None);
         let (before, reply, after) = bracketed(&http, &url, &call).await?;
         let mut real = call
             .decode(&reply)
@@ -469,7 +431,7 @@ async fn run_on_redis_clock(
         // does not read: marks are compared on the pinned clock only.
         real.refund_marks.clear();
         if before == after {
-            let mut expected = model_of(&mut model, &checks, s, before);
+            let mut expected = model.decide(&checks, before);
             expected.refund_marks.clear();
             prop_assert_eq!(
                 &real,
@@ -487,7 +449,7 @@ async fn run_on_redis_clock(
         // two; then both sides forget these clients, so that the next steps
         // are compared exactly again.
         let verdicts: Vec<bool> = (before..=after)
-            .map(|t| model_of(&mut model.clone(), &checks, s, t).admitted())
+            .map(|t| model.clone().decide(&checks, t).admitted())
             .collect();
         prop_assert!(
             verdicts.contains(&real.admitted()),
@@ -534,11 +496,7 @@ fn steps_on_redis_clock_are_mostly_compared_exactly() {
             rules: 0b11,
             client: (i % 2) as u8,
             cost: 1,
-            kind: if i % 5 == 4 {
-                Kind::Charge
-            } else {
-                Kind::Decide
-            },
+            kind: Kind::Decide,
         })
         .collect();
     let specs = [

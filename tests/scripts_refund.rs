@@ -19,7 +19,7 @@ use support::{rules, Backend, BUDGET};
 
 /// A decision charging `rule` now, with its refund mark, at `now_ms`.
 async fn charge(b: &Backend, rule: &Rule, id: &str, now_ms: Option<u64>) -> Decision {
-    let call = ScriptCall::decide_refundable(&[(Check { rule, cost: 1 }, vec![id])], now_ms);
+    let call = ScriptCall::decide(&[(Check { rule, cost: 1 }, vec![id])], now_ms);
     run(&b.client, &call, BUDGET)
         .await
         .and_then(Reply::decision)
@@ -117,6 +117,11 @@ async fn gcra_on_redis_clock_gives_a_prompt_refund_back_whole() {
     assert!(!charge(&b, &rule, "c", None).await.admitted());
     assert!(refund(&b, &rule, "c", second, None).await);
     assert!(refund(&b, &rule, "c", first, None).await);
+    // What is left is what time has paid off since the first charge: the
+    // milliseconds between it and its refund.
+    let d = b.decide(&[&rule], "c", 0, None).await;
+    assert!(d.rules[0].reset_after_ms <= 50, "{d:?}");
+    tokio::time::sleep(std::time::Duration::from_millis(60)).await;
     assert_eq!(left(&b, &rule, "c", None).await, 2, "the full burst again");
     // The key expires by itself, as every key the script writes.
     let pttl: i64 = b.redis(&["PTTL", "el:{c}:g"]).trim().parse().unwrap();
@@ -137,13 +142,14 @@ async fn a_window_gives_back_from_the_bucket_it_counted_in() {
     let rule = windows(json!([["1m", 3, "10s"]]));
     let t0 = 1_795_168_800_000;
     // The first charge moves the buckets (into the totals), the next two
-    // land in the cost since (the same buckets).
+    // land in the cost since (the same buckets); each mark is the charge's
+    // time on the key's shifted clock.
     let marks = [
         mark(&charge(&b, &rule, "a", Some(t0)).await),
         mark(&charge(&b, &rule, "a", Some(t0 + 10)).await),
         mark(&charge(&b, &rule, "a", Some(t0 + 20)).await),
     ];
-    assert_eq!(marks.map(|m| m % 2), [0, 1, 1], "{marks:?}");
+    assert_eq!(marks[1] - marks[0], 10, "{marks:?}");
     assert!(!charge(&b, &rule, "a", Some(t0 + 30)).await.admitted());
     assert!(refund(&b, &rule, "a", marks[1], Some(t0 + 40)).await);
     assert_eq!(left(&b, &rule, "a", Some(t0 + 40)).await, 1);
@@ -173,10 +179,38 @@ async fn each_window_gives_back_only_while_it_counts_the_bucket() {
 
     // A charge whose bucket has left every window gives nothing back.
     let old = mark(&charge(&b, &rule, "n", Some(t0)).await);
+    // A second charge in the same millisecond sits in the cost since the
+    // move the first made; given back, it counts the same.
+    let same_ms = mark(&charge(&b, &rule, "n", Some(t0)).await);
+    assert_eq!(same_ms, old);
+    assert!(refund(&b, &rule, "n", same_ms, Some(t0 + 10)).await);
+    assert_eq!(
+        left(&b, &rule, "n", Some(t0 + 10)).await,
+        1,
+        "the 10 s window: one of two"
+    );
     let later = t0 + 70_000;
     let before = left(&b, &rule, "n", Some(later)).await;
     assert!(!refund(&b, &rule, "n", old, Some(later)).await);
     assert_eq!(left(&b, &rule, "n", Some(later)).await, before);
+}
+
+#[tokio::test]
+async fn charges_of_one_millisecond_are_all_given_back() {
+    let b = Backend::start();
+    let rule = windows(json!([["10s", 3, "1s"], ["1h", 20, "1h"]]));
+    let t0 = 1_795_168_800_000;
+    // The first moves the buckets, the other two land in the cost since,
+    // all three in the same millisecond: one mark for all.
+    let mut marks = Vec::new();
+    for _ in 0..3 {
+        marks.push(mark(&charge(&b, &rule, "t", Some(t0)).await));
+    }
+    assert!(marks.iter().all(|m| *m == marks[0]));
+    for m in &marks {
+        assert!(refund(&b, &rule, "t", *m, Some(t0)).await);
+    }
+    assert_eq!(left(&b, &rule, "t", Some(t0)).await, 3, "all three back");
 }
 
 #[tokio::test]

@@ -25,9 +25,9 @@ pub enum Action {
     FailOpen,
     /// Redis could not decide; the request was answered 503.
     FailClosed,
-    /// The after-response charge of a `count_status` rule failed; the
-    /// response had already gone.
-    ChargeFailed,
+    /// The after-response refund of a `count_status` rule failed; the
+    /// response had already gone, and the rule keeps the charge.
+    RefundFailed,
 }
 
 /// One log event.
@@ -40,7 +40,7 @@ pub struct Event {
     /// The rule it happened under.
     pub rule: String,
     /// The status the client got from the limiter (429, 400, 503), or for
-    /// an after-response charge the origin's; `None` when forwarded.
+    /// an after-response refund the origin's; `None` when forwarded.
     pub status: Option<u16>,
     /// The `Retry-After` the client got, seconds, where there is one.
     pub retry_after: Option<u64>,

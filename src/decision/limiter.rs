@@ -7,7 +7,7 @@ use std::{borrow::Cow, cell::RefCell, time::Duration};
 use super::{
     block_cache::BlockCache,
     events::{Action, Event},
-    protocol::{penalty_key, run, Check, ScriptCall, ScriptError, ScriptRunner},
+    protocol::{penalty_key, run, Check, Reply, ScriptCall, ScriptError, ScriptRunner},
     verdict::{Decision, Retry},
 };
 use crate::rules::{
@@ -61,9 +61,9 @@ pub struct Handled<'c> {
     pub outcome: Outcome<'c>,
     /// Events for the log, one JSON line each.
     pub events: Vec<Event>,
-    /// Rules to charge once the origin has answered, if it answers one of
-    /// their `count_status`: see [`Limiter::charge`].
-    pub charge: Option<PendingCharge>,
+    /// Charges to give back once the origin has answered, if its status is
+    /// not one their rule counts: see [`Limiter::refund`].
+    pub refund: Option<PendingRefund>,
 }
 
 impl<'c> Handled<'c> {
@@ -71,45 +71,50 @@ impl<'c> Handled<'c> {
         Handled {
             outcome,
             events,
-            charge: None,
+            refund: None,
         }
     }
 }
 
-/// The after-response charge of a forwarded request's `count_status`
-/// rules. Owned, so it can outlive the request's borrows.
+/// The charges of a forwarded request's `count_status` rules, made up
+/// front, to give back if the origin's status is not one the rule counts.
+/// Owned, so it can outlive the request's borrows.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingCharge {
-    /// The rules, each with its client and cost.
-    pub rules: Vec<ChargeRule>,
+pub struct PendingRefund {
+    /// The rules, each with its client, cost and refund mark.
+    pub rules: Vec<RefundRule>,
 }
 
-/// One rule of a [`PendingCharge`].
+/// One rule of a [`PendingRefund`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChargeRule {
+pub struct RefundRule {
     /// The rule.
     pub rule: RuleId,
     /// The client's identifier parts.
     pub id: Vec<String>,
-    /// Units to charge.
+    /// Units charged.
     pub cost: u64,
+    /// What the decision replied for the charge (see `lua/limiter.lua`).
+    pub mark: u64,
 }
 
-impl PendingCharge {
-    /// The rules whose `count_status` holds `status`, as script checks,
-    /// each with its id; rules `config` lacks are left out.
-    pub fn counting<'a>(
+impl PendingRefund {
+    /// The charges to give back after an answer of `status`: those of rules
+    /// that do not count it, as script checks with their marks; rules
+    /// `config` lacks are left out.
+    pub fn uncounted<'a>(
         &'a self,
         config: &'a Config,
         status: u16,
-    ) -> Vec<(RuleId, Check<'a>, Vec<&'a str>)> {
+    ) -> Vec<(RuleId, Check<'a>, Vec<&'a str>, u64)> {
         self.rules
             .iter()
-            .filter_map(|c| {
-                let rule = config.rule(c.rule)?;
-                rule.count_status.contains(&status).then(|| {
-                    let check = Check { rule, cost: c.cost };
-                    (c.rule, check, c.id.iter().map(String::as_str).collect())
+            .filter_map(|r| {
+                let rule = config.rule(r.rule)?;
+                (!rule.count_status.contains(&status)).then(|| {
+                    let check = Check { rule, cost: r.cost };
+                    let id = r.id.iter().map(String::as_str).collect();
+                    (r.rule, check, id, r.mark)
                 })
             })
             .collect()
@@ -153,42 +158,37 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         let mut handled = self.decide(&checks, now_ms).await;
         events.append(&mut handled.events);
         handled.events = events;
-        // A request forwarded undecided (fail open) is still charged after.
-        if matches!(handled.outcome, Outcome::Forward(_)) {
-            handled.charge = selection.pending_charge(&methods);
+        if let Outcome::Forward(Forward::Admitted(decided)) = &handled.outcome {
+            handled.refund = selection.pending_refund(&decided.decision, &methods);
         }
         handled
     }
 
-    /// Charges the `count_status` rules of a forwarded request whose list
-    /// holds the origin's `status`, in one script call; nothing when none
-    /// does. Runs after the response has gone: a fault is only logged.
-    pub async fn charge(&self, charge: &PendingCharge, status: u16) -> Vec<Event> {
-        let checks: Vec<(Check<'_>, Vec<&str>)> = charge
-            .counting(self.config, status)
+    /// Gives back the charges of a forwarded request's `count_status`
+    /// rules that do not count the origin's `status`, in one script call;
+    /// nothing when every one counts it. Runs after the response has gone:
+    /// a fault is only logged, and the rule keeps the charge (tighter, never
+    /// looser), with no retry that could give it back twice.
+    pub async fn refund(&self, pending: &PendingRefund, status: u16) -> Vec<Event> {
+        let charges: Vec<(Check<'_>, Vec<&str>, u64)> = pending
+            .uncounted(self.config, status)
             .into_iter()
-            .map(|(_, check, id)| (check, id))
+            .map(|(_, check, id, mark)| (check, id, mark))
             .collect();
-        if checks.is_empty() {
+        if charges.is_empty() {
             return vec![];
         }
-        let call = ScriptCall::charge(&checks, None);
-        let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
-        match run(self.store, &call, budget)
-            .await
-            .and_then(|r| r.decision())
-        {
-            Ok(decision) => penalty_events(&checks, &call, &decision),
-            Err(error) => checks
-                .iter()
-                .zip(call.rule_keys())
-                .map(|((check, _), key)| Event {
-                    status: Some(status),
-                    key: Some(key.to_owned()),
-                    error: Some(error.to_string()),
-                    ..Event::new(Action::ChargeFailed, &check.rule.name)
-                })
-                .collect(),
+        let call = ScriptCall::refund(&charges, None);
+        let budget = budget_of(charges.iter().map(|(c, _, _)| c.rule));
+        match run(self.store, &call, budget).await {
+            Ok(Reply::Refunded(_)) => vec![],
+            Ok(other) => refund_failed(
+                &charges,
+                &call,
+                status,
+                &ScriptError::Reply(format!("{other:?}")),
+            ),
+            Err(error) => refund_failed(&charges, &call, status, &error),
         }
     }
 
@@ -285,20 +285,25 @@ impl<'c> Selection<'c, '_> {
             .collect()
     }
 
-    /// What to charge after the response, for the `count_status` rules
-    /// among these; `None` when there are none.
-    pub fn pending_charge(&self, methods: &[String]) -> Option<PendingCharge> {
-        let rules: Vec<ChargeRule> = self
-            .rules
+    /// What to give back after the response, if the status is not
+    /// counted: the charges `decision` made of these rules, by its refund
+    /// marks, at what a request for these (upper-case) methods costs;
+    /// `None` when it made none.
+    pub fn pending_refund(&self, decision: &Decision, methods: &[String]) -> Option<PendingRefund> {
+        let rules: Vec<RefundRule> = decision
+            .refund_marks
             .iter()
-            .filter(|(_, rule, _)| !rule.count_status.is_empty())
-            .map(|(rule_id, rule, id)| ChargeRule {
-                rule: *rule_id,
-                id: id.iter().map(|p| p.to_string()).collect(),
-                cost: rule.cost.for_methods(methods),
+            .filter_map(|&(i, mark)| {
+                let (rule_id, rule, id) = self.rules.get(i)?;
+                Some(RefundRule {
+                    rule: *rule_id,
+                    id: id.iter().map(|p| p.to_string()).collect(),
+                    cost: rule.cost.for_methods(methods),
+                    mark,
+                })
             })
             .collect();
-        (!rules.is_empty()).then_some(PendingCharge { rules })
+        (!rules.is_empty()).then_some(PendingRefund { rules })
     }
 }
 
@@ -336,6 +341,25 @@ fn budget_of<'a>(rules: impl Iterator<Item = &'a Rule>) -> Duration {
             .min()
             .unwrap_or(DEFAULT_BUDGET_MS),
     )
+}
+
+/// One `refund_failed` event per charge a failed refund call kept.
+fn refund_failed(
+    charges: &[(Check<'_>, Vec<&str>, u64)],
+    call: &ScriptCall,
+    status: u16,
+    error: &ScriptError,
+) -> Vec<Event> {
+    charges
+        .iter()
+        .zip(call.rule_keys())
+        .map(|((check, _, _), key)| Event {
+            status: Some(status),
+            key: Some(key.to_owned()),
+            error: Some(error.to_string()),
+            ..Event::new(Action::RefundFailed, &check.rule.name)
+        })
+        .collect()
 }
 
 /// One event per penalty the decision started, naming its penalty key.
@@ -624,7 +648,7 @@ mod tests {
     }
 
     #[test]
-    fn count_status_rules_are_checked_up_front_and_charged_after_the_response() {
+    fn count_status_rules_are_charged_up_front_and_refunded_after_the_response() {
         let c = Config::from_json(&json!({"rules": [
             {"name": "login", "key": ["ip"], "algorithm": "gcra", "rate": 5, "period": "15m",
              "count_status": [401, 403]}
@@ -635,8 +659,16 @@ mod tests {
             .build()
             .unwrap();
         let cache = RefCell::new(BlockCache::new(HOLD));
-        // Up front: checked at its cost, not charged ('c'), six fields back.
-        let store = fake(Ok(json!([1, 5, 4, 180000, 0, 1])));
+        // Up front: charged with a refund mark ('r'), six fields and the mark back.
+        let store = fake(Ok(json!([
+            1,
+            5,
+            4,
+            180000,
+            0,
+            1,
+            1_795_169_160_000_000_u64
+        ])));
         let limiter = Limiter {
             config: &c,
             store: &store,
@@ -647,40 +679,59 @@ mod tests {
             out.outcome,
             Outcome::Forward(Forward::Admitted(_))
         ));
-        assert_eq!(last(&store).args[2], "c");
-        let charge = out.charge.expect("a charge for after the response");
-        // A status the rule does not count: no call at all.
-        assert!(rt.block_on(limiter.charge(&charge, 200)).is_empty());
+        assert_eq!(last(&store).args[2], "r");
+        let refund = out.refund.expect("a refund for after the response");
+        // A status the rule counts: the charge stays, no call at all.
+        assert!(rt.block_on(limiter.refund(&refund, 401)).is_empty());
         assert_eq!(store.calls.get(), 1);
-        // A counted status: one call, charging (a rule alone: GCRA's own path).
-        let store = fake(Ok(json!(0)));
+        // Any other: one call giving the charge back by its mark.
+        let store = fake(Ok(json!([1])));
         let limiter = Limiter {
             config: &c,
             store: &store,
             cache: &cache,
         };
-        assert!(rt.block_on(limiter.charge(&charge, 401)).is_empty());
+        assert!(rt.block_on(limiter.refund(&refund, 200)).is_empty());
         let sent = last(&store);
         assert_eq!(
             (sent.args.as_slice(), sent.keys.as_slice()),
             (
-                &["180000000".to_owned(), "5".to_owned()][..],
+                &[
+                    "refund",
+                    "",
+                    "gcra",
+                    "1",
+                    "180000000",
+                    "5",
+                    "1795169160000000"
+                ]
+                .map(String::from)[..],
                 &["el:{192.0.2.1}:login".to_owned()][..]
             )
         );
-        // A fault after the response is only logged.
+        // A fault after the response is only logged, and the charge stays.
         let store = fake(Err(RestError::Timeout { budget_ms: 1000 }));
         let limiter = Limiter {
             config: &c,
             store: &store,
             cache: &cache,
         };
-        let events = rt.block_on(limiter.charge(&charge, 403));
+        let events = rt.block_on(limiter.refund(&refund, 200));
         assert_eq!(events.len(), 1);
         assert_eq!(
             (events[0].action, events[0].status),
-            (Action::ChargeFailed, Some(403))
+            (Action::RefundFailed, Some(200))
         );
+        // A denied request made no charge, so it leaves nothing to give back.
+        let store = fake(Ok(json!([0, 5, 0, 900000, 180000, 1, 0])));
+        let denied = run(
+            &c,
+            &store,
+            &RefCell::new(BlockCache::new(HOLD)),
+            "/login",
+            0,
+        );
+        assert!(denied.refund.is_none());
     }
 
     #[test]

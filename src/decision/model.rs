@@ -69,17 +69,6 @@ impl ModelState {
     }
 }
 
-/// When a decision charges rules with `count_status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Charging {
-    /// After the response ([`Model::charge`]); the decision only checks them.
-    Deferred,
-    /// Every rule, now ([`Model::charge`], the after-response call).
-    All,
-    /// Now, with a refund mark ([`Model::decide_refundable`]).
-    Refundable,
-}
-
 /// What a rule would store if the request is admitted.
 enum Write {
     Tat(u64),
@@ -144,34 +133,16 @@ impl Model {
     }
 
     /// Decides one request at `now_ms`: every rule is checked; when no
-    /// enforced rule denies, every rule that admits is charged (but for
-    /// rules with `count_status`, charged only by [`Model::charge`]),
-    /// otherwise none is and the admitting rules are reported as they
-    /// stand; either way, a rule with a penalty that denied on its own (a
-    /// shadow rule too) starts it.
-    /// A running penalty denies its rule, which is then reported at cost 0
-    /// with the penalty's time left.
+    /// enforced rule denies, every rule that admits is charged, otherwise
+    /// none is and the admitting rules are reported as they stand; either
+    /// way, a rule with a penalty that denied on its own (a shadow rule
+    /// too) starts it. A running penalty denies its rule, which is then
+    /// reported at cost 0 with the penalty's time left. Each charge of a
+    /// rule with `count_status` is marked for [`Model::refund`]: a GCRA
+    /// rule's by the TAT the charge left (us), a windowed rule's by the
+    /// charge's time on the key's shifted clock (ms).
     pub fn decide(&mut self, checks: &[(Check<'_>, Vec<&str>)], now_ms: u64) -> Decision {
-        self.run(checks, now_ms, Charging::Deferred)
-    }
-
-    /// The after-response charge of rules with `count_status`: as
-    /// [`Model::decide`], with every rule charged when all admit.
-    pub fn charge(&mut self, checks: &[(Check<'_>, Vec<&str>)], now_ms: u64) -> Decision {
-        self.run(checks, now_ms, Charging::All)
-    }
-
-    /// Decides like [`Model::decide`], but rules with `count_status` are
-    /// charged now, and the decision marks each such charge for
-    /// [`Model::refund`]: a GCRA rule by the TAT the charge left (us), a
-    /// windowed rule by the charge's time on the key's shifted clock (ms)
-    /// times two.
-    pub fn decide_refundable(
-        &mut self,
-        checks: &[(Check<'_>, Vec<&str>)],
-        now_ms: u64,
-    ) -> Decision {
-        self.run(checks, now_ms, Charging::Refundable)
+        self.run(checks, now_ms)
     }
 
     /// Gives back charges by their marks, at `now_ms`: what a GCRA charge
@@ -205,7 +176,7 @@ impl Model {
                         let longest = ws.iter().map(|w| w.duration_ms()).max().unwrap_or(1);
                         let shifted =
                             now_ms + edge_offset(&documented_key(&client.0, &client.1), longest);
-                        let charged_at = (mark / 2) as i64;
+                        let charged_at = *mark as i64;
                         let mut given = false;
                         for w in ws.iter() {
                             let (p, n) = (
@@ -232,13 +203,7 @@ impl Model {
             .collect()
     }
 
-    fn run(
-        &mut self,
-        checks: &[(Check<'_>, Vec<&str>)],
-        now_ms: u64,
-        charging: Charging,
-    ) -> Decision {
-        let charge_all = charging != Charging::Deferred;
+    fn run(&mut self, checks: &[(Check<'_>, Vec<&str>)], now_ms: u64) -> Decision {
         let clients: Vec<Client> = checks
             .iter()
             .map(|(c, id)| {
@@ -261,9 +226,6 @@ impl Model {
             let running = left(model, i);
             let cost = if running > 0 { 0 } else { cost };
             let (mut state, mut write) = model.check(rule, &clients[i], cost, now_ms);
-            if !charge_all && !rule.count_status.is_empty() {
-                write = None;
-            }
             if running > 0 {
                 state.allowed = false;
                 state.retry_after_ms = Some(running);
@@ -285,7 +247,7 @@ impl Model {
             .collect();
         let allowed = !(0..checks.len()).any(|i| enforced[i] && !states[i].allowed);
         let mut refund_marks = vec![];
-        if allowed && charging == Charging::Refundable {
+        if allowed {
             for (i, write) in writes.iter().enumerate() {
                 let rule = checks[i].0.rule;
                 let mark = match (write, &rule.policy) {
@@ -294,7 +256,7 @@ impl Model {
                     (Some(Write::Buckets(_)), Policy::Windowed(ws)) => {
                         let longest = ws.iter().map(|w| w.duration_ms()).max().unwrap_or(1);
                         let key = documented_key(&clients[i].0, &clients[i].1);
-                        Some((now_ms + edge_offset(&key, longest)) * 2)
+                        Some(now_ms + edge_offset(&key, longest))
                     }
                     _ => None,
                 };

@@ -57,24 +57,20 @@ pub enum CallMode {
     Enforce,
     /// `s`: reported, never denies, charged when the request is admitted.
     Shadow,
-    /// `c`: denies, but is charged only after the response (`count_status`).
-    EnforceUncharged,
-    /// `w`: a shadow rule charged only after the response.
-    ShadowUncharged,
-    /// `r`: denies, charged now, with a refund mark in the reply.
+    /// `r`: as `e`, with a refund mark in the reply (`count_status`).
     EnforceRefundable,
-    /// `q`: a shadow rule charged now, with a refund mark in the reply.
+    /// `q`: as `s`, with a refund mark in the reply.
     ShadowRefundable,
 }
 
 impl CallMode {
-    /// The mode of a rule in `mode`, charged now or after the response.
-    pub fn of(mode: Mode, charged_now: bool) -> CallMode {
-        match (mode, charged_now) {
-            (Mode::Enforce, true) => CallMode::Enforce,
-            (Mode::Shadow, true) => CallMode::Shadow,
-            (Mode::Enforce, false) => CallMode::EnforceUncharged,
-            (Mode::Shadow, false) => CallMode::ShadowUncharged,
+    /// The mode of a rule in `mode`, refundable or not.
+    pub fn of(mode: Mode, refundable: bool) -> CallMode {
+        match (mode, refundable) {
+            (Mode::Enforce, false) => CallMode::Enforce,
+            (Mode::Shadow, false) => CallMode::Shadow,
+            (Mode::Enforce, true) => CallMode::EnforceRefundable,
+            (Mode::Shadow, true) => CallMode::ShadowRefundable,
         }
     }
 
@@ -83,8 +79,6 @@ impl CallMode {
         match self {
             CallMode::Enforce => 'e',
             CallMode::Shadow => 's',
-            CallMode::EnforceUncharged => 'c',
-            CallMode::ShadowUncharged => 'w',
             CallMode::EnforceRefundable => 'r',
             CallMode::ShadowRefundable => 'q',
         }
@@ -101,12 +95,8 @@ impl CallMode {
     /// The rule's own mode: whether its denial blocks.
     pub fn rule_mode(self) -> Mode {
         match self {
-            CallMode::Enforce | CallMode::EnforceUncharged | CallMode::EnforceRefundable => {
-                Mode::Enforce
-            }
-            CallMode::Shadow | CallMode::ShadowUncharged | CallMode::ShadowRefundable => {
-                Mode::Shadow
-            }
+            CallMode::Enforce | CallMode::EnforceRefundable => Mode::Enforce,
+            CallMode::Shadow | CallMode::ShadowRefundable => Mode::Shadow,
         }
     }
 }
@@ -237,9 +227,6 @@ pub enum ScriptCall {
     OneRule(OneRule),
     /// The decision on a request ([`Entry::Decide`]).
     Decide(General),
-    /// The after-response charge of `count_status` rules whose status the
-    /// origin answered: every rule charged when all admit ([`Entry::Decide`]).
-    Charge(General),
     /// Forget these keys ([`Entry::Reset`]); replies with how many existed.
     Reset(Vec<String>),
     /// Give refundable charges back ([`Entry::Refund`]).
@@ -260,7 +247,7 @@ pub struct Refund {
 /// a refund gave back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
-    /// The verdict on every rule of a decision or charge.
+    /// The verdict on every rule of a decision.
     Decision(Decision),
     /// How many keys a reset deleted.
     Removed(u64),
@@ -357,43 +344,15 @@ const PER_RULE: usize = 6;
 impl ScriptCall {
     /// A decision over `checks`, each with its client's identifier parts;
     /// `now_ms` pins the clock (tests, simulation), `None` uses Redis's.
-    /// Rules with `count_status` are checked at their cost but not charged:
-    /// [`ScriptCall::charge`] charges them once the origin has answered.
+    /// Every rule is charged when all admit; for a rule with
+    /// `count_status` the reply carries a refund mark, by which
+    /// [`ScriptCall::refund`] gives the charge back once the origin's
+    /// status shows it is not counted.
     pub fn decide(checks: &[(Check<'_>, Vec<&str>)], now_ms: Option<u64>) -> ScriptCall {
-        match ScriptCall::one_rule(checks, now_ms, false) {
+        match ScriptCall::one_rule(checks, now_ms) {
             Some(one) => ScriptCall::OneRule(one),
-            None => ScriptCall::Decide(General::new(checks, now_ms, false)),
+            None => ScriptCall::Decide(General::new(checks, now_ms)),
         }
-    }
-
-    /// The after-response charge of rules with `count_status` whose status
-    /// the origin answered: decided like [`ScriptCall::decide`], but every
-    /// rule is charged when all admit.
-    pub fn charge(checks: &[(Check<'_>, Vec<&str>)], now_ms: Option<u64>) -> ScriptCall {
-        match ScriptCall::one_rule(checks, now_ms, true) {
-            Some(one) => ScriptCall::OneRule(one),
-            None => ScriptCall::Charge(General::new(checks, now_ms, true)),
-        }
-    }
-
-    /// A decision like [`ScriptCall::decide`], but rules with
-    /// `count_status` are charged now, like any other, and the reply carries
-    /// a refund mark for each: [`ScriptCall::refund`] gives the charge back
-    /// once the origin's status shows it is not counted.
-    pub fn decide_refundable(checks: &[(Check<'_>, Vec<&str>)], now_ms: Option<u64>) -> ScriptCall {
-        if checks.iter().all(|(c, _)| c.rule.count_status.is_empty()) {
-            return ScriptCall::decide(checks, now_ms);
-        }
-        let mut general = General::new(checks, now_ms, true);
-        for ((_, mode), (check, _)) in general.rules.iter_mut().zip(checks) {
-            if !check.rule.count_status.is_empty() {
-                *mode = match check.rule.mode {
-                    Mode::Enforce => CallMode::EnforceRefundable,
-                    Mode::Shadow => CallMode::ShadowRefundable,
-                };
-            }
-        }
-        ScriptCall::Decide(general)
     }
 
     /// Gives back the charges of `checks`, each with the refund mark its
@@ -407,18 +366,13 @@ impl ScriptCall {
     }
 
     /// The one-rule path, where it decides the same as the general one: a
-    /// lone rule on Redis's clock, charged now, with no penalty.
-    fn one_rule(
-        checks: &[(Check<'_>, Vec<&str>)],
-        now_ms: Option<u64>,
-        charging: bool,
-    ) -> Option<OneRule> {
+    /// lone rule on Redis's clock, with no penalty and nothing to refund.
+    fn one_rule(checks: &[(Check<'_>, Vec<&str>)], now_ms: Option<u64>) -> Option<OneRule> {
         let (None, [(check, id)]) = (now_ms, checks) else {
             return None;
         };
         let rule = check.rule;
-        let charged_now = charging || rule.count_status.is_empty();
-        (charged_now && rule.penalty_ms.is_none()).then(|| OneRule {
+        (rule.count_status.is_empty() && rule.penalty_ms.is_none()).then(|| OneRule {
             rule: RuleArgs::new(rule, check.cost, id),
             mode: rule.mode,
         })
@@ -473,7 +427,7 @@ impl ScriptCall {
                 Policy::Gcra(_) => Entry::OneGcra,
                 Policy::Windowed(_) => Entry::OneWindowed,
             },
-            ScriptCall::Decide(_) | ScriptCall::Charge(_) => Entry::Decide,
+            ScriptCall::Decide(_) => Entry::Decide,
             ScriptCall::Reset(_) => Entry::Reset,
             ScriptCall::Refund(_) => Entry::Refund,
         }
@@ -483,7 +437,7 @@ impl ScriptCall {
     pub fn keys(&self) -> Vec<String> {
         match self {
             ScriptCall::OneRule(one) => vec![one.rule.key.clone()],
-            ScriptCall::Decide(g) | ScriptCall::Charge(g) => g.keys(),
+            ScriptCall::Decide(g) => g.keys(),
             ScriptCall::Reset(keys) => keys.clone(),
             ScriptCall::Refund(r) => r.rules.iter().map(|(a, _)| a.key.clone()).collect(),
         }
@@ -493,7 +447,7 @@ impl ScriptCall {
     pub fn args(&self) -> Vec<String> {
         match self {
             ScriptCall::OneRule(one) => one.rule.one_rule_args(),
-            ScriptCall::Decide(g) | ScriptCall::Charge(g) => g.args(g.now_ms),
+            ScriptCall::Decide(g) => g.args(g.now_ms),
             ScriptCall::Reset(_) => vec!["reset".to_owned()],
             ScriptCall::Refund(r) => r.args(),
         }
@@ -503,9 +457,7 @@ impl ScriptCall {
     pub fn rule_keys(&self) -> Vec<&str> {
         match self {
             ScriptCall::OneRule(one) => vec![one.rule.key.as_str()],
-            ScriptCall::Decide(g) | ScriptCall::Charge(g) => {
-                g.rules.iter().map(|(r, _)| r.key.as_str()).collect()
-            }
+            ScriptCall::Decide(g) => g.rules.iter().map(|(r, _)| r.key.as_str()).collect(),
             ScriptCall::Refund(r) => r.rules.iter().map(|(a, _)| a.key.as_str()).collect(),
             ScriptCall::Reset(_) => vec![],
         }
@@ -515,7 +467,7 @@ impl ScriptCall {
     /// argument but the clock. The block cache keys its denials on it.
     pub fn signature(&self) -> String {
         let args = match self {
-            ScriptCall::Decide(g) | ScriptCall::Charge(g) => g.args(None),
+            ScriptCall::Decide(g) => g.args(None),
             other => other.args(),
         };
         let mut s = self.keys().join("\n");
@@ -530,7 +482,7 @@ impl ScriptCall {
     pub fn decode(&self, reply: &Value) -> Result<Reply, ScriptError> {
         match self {
             ScriptCall::OneRule(one) => one.decode(reply).map(Reply::Decision),
-            ScriptCall::Decide(g) | ScriptCall::Charge(g) => g.decode(reply).map(Reply::Decision),
+            ScriptCall::Decide(g) => g.decode(reply).map(Reply::Decision),
             ScriptCall::Reset(_) => reply
                 .as_u64()
                 .map(Reply::Removed)
@@ -554,14 +506,14 @@ impl ScriptCall {
 }
 
 impl General {
-    fn new(checks: &[(Check<'_>, Vec<&str>)], now_ms: Option<u64>, charging: bool) -> General {
+    fn new(checks: &[(Check<'_>, Vec<&str>)], now_ms: Option<u64>) -> General {
         let rules: Vec<(RuleArgs, CallMode)> = checks
             .iter()
             .map(|(c, id)| {
-                let charged_now = charging || c.rule.count_status.is_empty();
+                let refundable = !c.rule.count_status.is_empty();
                 (
                     RuleArgs::new(c.rule, c.cost, id),
-                    CallMode::of(c.rule.mode, charged_now),
+                    CallMode::of(c.rule.mode, refundable),
                 )
             })
             .collect();
@@ -895,12 +847,14 @@ mod tests {
                 vec!["a"],
             )
         };
-        // Without a count_status rule, the call is a plain decision.
+        // A count_status rule alone never takes the one-rule path: its
+        // reply must carry the mark.
         assert_eq!(
-            ScriptCall::decide_refundable(&[check(0)], None),
-            ScriptCall::decide(&[check(0)], None)
+            ScriptCall::decide(&[check(0)], None).entry(),
+            Entry::OneGcra
         );
-        let call = ScriptCall::decide_refundable(&[check(0), check(1)], None);
+        assert_eq!(ScriptCall::decide(&[check(1)], None).entry(), Entry::Decide);
+        let call = ScriptCall::decide(&[check(0), check(1)], None);
         assert_eq!(call.entry(), Entry::Decide);
         assert_eq!(args(&call)[2], "eq");
         // Six fields per rule, then the shadow rule's mark.

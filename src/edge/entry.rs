@@ -96,12 +96,12 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
         } => respond(status, &content_type, &body, &headers),
         Response::Forward { headers } => {
             let response = forward(&req, &url, isolate.origin.as_deref()).await?;
-            if let Some(charge) = handled.charge {
-                // Charged after the response has gone, never delaying it.
+            if let Some(refund) = handled.refund {
+                // Given back after the response has gone, never delaying it.
                 let status = response.status();
                 let isolate = isolate.clone();
                 ctx.wait_until(async move {
-                    log(&isolate.limiter().charge(&charge, status).await);
+                    log(&isolate.limiter().refund(&refund, status).await);
                 });
             }
             with_headers(response, &headers)

@@ -54,9 +54,9 @@ pub struct Rule {
     pub budget_ms: u64,
     /// A body to send with this rule's 429 instead of the problem document.
     pub deny_body: Option<DenyBody>,
-    /// When not empty, the rule is charged only when the origin answers one
-    /// of these statuses (after the response); it still refuses up front
-    /// once exhausted.
+    /// When not empty, a request's charge, made up front, is kept only when
+    /// the origin answers one of these statuses, and given back otherwise
+    /// (after the response).
     pub count_status: Vec<u16>,
     /// Once the rule denies a client, it keeps denying that client this
     /// long, milliseconds, whatever the rate would allow meanwhile.

@@ -26,9 +26,10 @@ pub struct Job<'a> {
     pub checks: Vec<(Check<'a>, Vec<&'a str>)>,
     /// The pinned clock, epoch milliseconds.
     pub now_ms: u64,
-    /// An after-response charge of `count_status` rules, not a decision.
-    pub charge: bool,
 }
+
+/// Charges to give back, each with the refund mark its decision replied.
+pub type Refunds<'a> = [(Check<'a>, Vec<&'a str>, u64)];
 
 /// Why the engine could not decide.
 #[derive(Debug)]
@@ -81,6 +82,10 @@ pub trait Engine {
         self.receive()
     }
 
+    /// Gives back `refunds` at `now_ms`, with no batch in flight; whether
+    /// anything was given back, per charge.
+    fn refund(&mut self, refunds: &Refunds<'_>, now_ms: u64) -> Result<Vec<bool>, EngineError>;
+
     /// The engine's name for the report.
     fn name(&self) -> &'static str;
 }
@@ -103,13 +108,14 @@ impl Engine for ModelEngine {
     fn send(&mut self, jobs: &[Job<'_>]) -> Result<(), EngineError> {
         let decisions = jobs
             .iter()
-            .map(|job| match job.charge {
-                true => self.model.charge(&job.checks, job.now_ms),
-                false => self.model.decide(&job.checks, job.now_ms),
-            })
+            .map(|job| self.model.decide(&job.checks, job.now_ms))
             .collect();
         self.decided.push_back(decisions);
         Ok(())
+    }
+
+    fn refund(&mut self, refunds: &Refunds<'_>, now_ms: u64) -> Result<Vec<bool>, EngineError> {
+        Ok(self.model.refund(refunds, now_ms))
     }
 
     fn receive(&mut self) -> Result<Vec<Decision>, EngineError> {
@@ -265,6 +271,24 @@ impl RedisEngine {
     }
 }
 
+impl RedisEngine {
+    /// Appends `call` as an `EVALSHA` command to the output buffer.
+    fn encode(&mut self, call: &ScriptCall) {
+        let (keys, call_args) = (call.keys(), call.args());
+        let numkeys = keys.len().to_string();
+        let args = [
+            b"EVALSHA".as_slice(),
+            self.sha1.as_bytes(),
+            numkeys.as_bytes(),
+        ]
+        .into_iter()
+        .chain(keys.iter().map(String::as_bytes))
+        .chain(call_args.iter().map(String::as_bytes));
+        let args: Vec<&[u8]> = args.collect();
+        resp::encode(args.into_iter(), &mut self.out);
+    }
+}
+
 impl Engine for RedisEngine {
     fn send(&mut self, jobs: &[Job<'_>]) -> Result<(), EngineError> {
         // EVALSHA calls on one connection run in the order sent, so a whole
@@ -272,28 +296,33 @@ impl Engine for RedisEngine {
         self.out.clear();
         let calls: Vec<ScriptCall> = jobs
             .iter()
-            .map(|job| match job.charge {
-                true => ScriptCall::charge(&job.checks, Some(job.now_ms)),
-                false => ScriptCall::decide(&job.checks, Some(job.now_ms)),
-            })
+            .map(|job| ScriptCall::decide(&job.checks, Some(job.now_ms)))
             .collect();
         for call in &calls {
-            let (keys, call_args) = (call.keys(), call.args());
-            let numkeys = keys.len().to_string();
-            let args = [
-                b"EVALSHA".as_slice(),
-                self.sha1.as_bytes(),
-                numkeys.as_bytes(),
-            ]
-            .into_iter()
-            .chain(keys.iter().map(String::as_bytes))
-            .chain(call_args.iter().map(String::as_bytes));
-            let args: Vec<&[u8]> = args.collect();
-            resp::encode(args.into_iter(), &mut self.out);
+            self.encode(call);
         }
         self.conn.get_mut().write_all(&self.out)?;
         self.sent.push_back(calls);
         Ok(())
+    }
+
+    fn refund(&mut self, refunds: &Refunds<'_>, now_ms: u64) -> Result<Vec<bool>, EngineError> {
+        if !self.sent.is_empty() {
+            return Err(EngineError::Reply(
+                "a refund while a batch is in flight".into(),
+            ));
+        }
+        let call = ScriptCall::refund(refunds, Some(now_ms));
+        self.out.clear();
+        self.encode(&call);
+        self.conn.get_mut().write_all(&self.out)?;
+        let reply = resp::read_reply(&mut self.conn, &mut self.line)?
+            .map_err(|e| EngineError::Reply(format!("Redis error: {e}")))?;
+        match call.decode(&reply) {
+            Ok(Reply::Refunded(given)) => Ok(given),
+            Ok(other) => Err(EngineError::Reply(format!("{other:?} to a refund"))),
+            Err(e) => Err(EngineError::Reply(e.to_string())),
+        }
     }
 
     fn receive(&mut self) -> Result<Vec<Decision>, EngineError> {

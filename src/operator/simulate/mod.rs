@@ -18,11 +18,11 @@ use std::{collections::VecDeque, io::BufRead};
 
 use crate::{
     decision::{
-        limiter::{select, PendingCharge, Refusal, Selection},
+        limiter::{select, Refusal, Selection},
         protocol::Check,
         verdict::Decision,
     },
-    rules::config::Config,
+    rules::{config::Config, rule::RuleId},
 };
 use engine::{Engine, EngineError, Job};
 use log::{Format, LineError, LogError, LogReader, Record};
@@ -201,11 +201,11 @@ impl Pipeline<'_> {
         tally: &mut Tally,
         observer: &mut dyn Observer,
     ) -> Result<(), SimError> {
-        // A request charged after its response ends its batch: the charge
-        // must land before its client's next request.
-        let charges = charges_after(self.config, &record);
+        // A request with a charge to give back after its response ends its
+        // batch: the refund must land before its client's next request.
+        let refunds = refunds_after(self.config, &record);
         self.batch.push(record);
-        if self.batch.len() == BATCH || charges {
+        if self.batch.len() == BATCH || refunds {
             let full = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH));
             self.flush(full, tally, observer)?;
         }
@@ -219,9 +219,9 @@ impl Pipeline<'_> {
         tally: &mut Tally,
         observer: &mut dyn Observer,
     ) -> Result<(), SimError> {
-        // A batch that charges after responses is finished (its charges
+        // A batch with refunds after responses is finished (its refunds
         // made) before the next is sent; any other overlaps the next.
-        if self.in_flight.as_ref().is_some_and(|b| b.charges) {
+        if self.in_flight.as_ref().is_some_and(|b| b.refunds) {
             if let Some(before) = self.in_flight.take() {
                 finish_batch(self.config, before, self.engine, tally, observer)?;
             }
@@ -286,16 +286,22 @@ impl Reorder {
     }
 }
 
-/// Whether `record` may be charged after its response: a rule counting
-/// only some statuses, among them the one the origin answered, matches it.
-fn charges_after(config: &Config, record: &Record) -> bool {
+/// Whether `record` may have a charge given back after its response: a
+/// rule counting only some statuses, not the one the origin answered,
+/// matches it. A record without a status keeps every charge.
+fn refunds_after(config: &Config, record: &Record) -> bool {
     record.status.is_some_and(|status| {
-        config
-            .rules
-            .iter()
-            .any(|r| r.count_status.contains(&status) && r.matches(&record.request))
+        config.rules.iter().any(|r| {
+            !r.count_status.is_empty()
+                && !r.count_status.contains(&status)
+                && r.matches(&record.request)
+        })
     })
 }
+
+/// The rules of a call, in call order, each with the client's identifier
+/// parts and the cost.
+type CallRules = Vec<(RuleId, Vec<String>, u64)>;
 
 /// What a request of a batch in flight needs once its decision is back.
 struct Pending {
@@ -305,17 +311,20 @@ struct Pending {
     shadow_refused: Vec<usize>,
     /// The rules in its call (indices), with the client's identifier under each.
     rules: Vec<(usize, String)>,
-    /// For a request whose origin answered a status one of its rules
-    /// counts: the charge after the response, and that status.
-    charge: Option<(PendingCharge, u16)>,
+    /// For a request whose origin answered a status one of its
+    /// `count_status` rules does not count: the status, and every rule of
+    /// its call (call order) with the client's identifier parts and the
+    /// cost, to give those charges back by the decision's refund marks.
+    refund: Option<(u16, CallRules)>,
 }
 
 /// A batch sent to the engine, its decisions still to come.
 struct InFlight {
     records: Vec<Record>,
     pending: Vec<Pending>,
-    /// Whether a request of it may be charged after its response.
-    charges: bool,
+    /// Whether a request of it may have a charge given back after its
+    /// response.
+    refunds: bool,
 }
 
 /// Picks each record's rules and sends the decisions to make to the
@@ -334,7 +343,6 @@ fn send_batch(
             Ok(s) if !s.rules.is_empty() => Some(Job {
                 checks: s.checks(&record.request.methods()),
                 now_ms: record.time_ms,
-                charge: false,
             }),
             _ => None,
         })
@@ -348,7 +356,7 @@ fn send_batch(
                 refused: Some(rule.0),
                 shadow_refused: vec![],
                 rules: vec![],
-                charge: None,
+                refund: None,
             },
             Ok(s) => Pending {
                 refused: None,
@@ -358,21 +366,27 @@ fn send_batch(
                     .iter()
                     .map(|(rule, _, id)| (rule.0, id.join(" | ")))
                     .collect(),
-                charge: record.status.and_then(|status| {
-                    let charge = s.pending_charge(&record.request.methods())?;
-                    let counted = !charge.counting(config, status).is_empty();
-                    counted.then_some((charge, status))
-                }),
+                refund: record
+                    .status
+                    .filter(|_| refunds_after(config, record))
+                    .map(|status| {
+                        let methods = record.request.methods();
+                        let rules = s.rules.iter().map(|(rule_id, rule, id)| {
+                            let parts = id.iter().map(|p| p.to_string()).collect();
+                            (*rule_id, parts, rule.cost.for_methods(&methods))
+                        });
+                        (status, rules.collect())
+                    }),
             },
         })
         .collect();
-    let charges = pending.iter().any(|p| p.charge.is_some());
+    let refunds = pending.iter().any(|p| p.refund.is_some());
     drop(jobs);
     drop(selections);
     Ok(InFlight {
         records,
         pending,
-        charges,
+        refunds,
     })
 }
 
@@ -406,30 +420,26 @@ fn finish_batch(
         };
         tally.decided(record.time_ms, &fate.rules, &decision);
         observer.verdict(record, Replayed::Decided(&decision));
-        // A forwarded request whose origin answered a status a rule counts
-        // is charged to it now, before the client's next request.
-        let Some((charge, status)) = fate.charge.as_ref().filter(|_| decision.admitted()) else {
+        // A forwarded request whose origin answered a status a rule does not
+        // count gets that rule's charge back now, before the client's next
+        // request.
+        let Some((status, rules)) = fate.refund.as_ref().filter(|_| decision.admitted()) else {
             continue;
         };
-        {
-            let counting = charge.counting(config, *status);
-            let checks: Vec<(Check<'_>, Vec<&str>)> = counting
-                .iter()
-                .map(|(_, check, id)| (*check, id.clone()))
-                .collect();
-            let job = Job {
-                checks,
-                now_ms: record.time_ms,
-                charge: true,
-            };
-            let charged = engine.decide(std::slice::from_ref(&job))?;
-            for d in &charged {
-                tally.penalties(
-                    d.penalties_started
-                        .iter()
-                        .filter_map(|i| counting.get(*i).map(|(rule, _, _)| rule.0)),
-                );
-            }
+        let refunds: Vec<(Check<'_>, Vec<&str>, u64)> = decision
+            .refund_marks
+            .iter()
+            .filter_map(|&(i, mark)| {
+                let (rule_id, id, cost) = rules.get(i)?;
+                let rule = config.rule(*rule_id)?;
+                (!rule.count_status.contains(status)).then(|| {
+                    let check = Check { rule, cost: *cost };
+                    (check, id.iter().map(String::as_str).collect(), mark)
+                })
+            })
+            .collect();
+        if !refunds.is_empty() {
+            engine.refund(&refunds, record.time_ms)?;
         }
     }
     Ok(())

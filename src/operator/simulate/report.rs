@@ -286,13 +286,6 @@ impl Tally {
         }
     }
 
-    /// Penalties a later after-response charge started (its rules, by index).
-    pub fn penalties(&mut self, rules: impl Iterator<Item = usize>) {
-        for rule in rules {
-            self.report.rules[rule].penalties_started += 1;
-        }
-    }
-
     /// The report, with the most denied clients picked out.
     pub fn finish(mut self) -> Report {
         let mut denied: Vec<ClientReport> = self
