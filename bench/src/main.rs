@@ -213,8 +213,10 @@ async fn run(o: &Options) -> Result<Results, String> {
 
     if o.runs(3) {
         say("part 3: round trips");
-        for (label, worker, salt) in [(OURS, &ours, 1), (PEER, &peer, 2)] {
-            let counts = trips::count(&http, &endpoint_url, &redis.addr(), worker, salt).await?;
+        // Only ours has count_status: the peer runs the first four steps.
+        for (label, worker, salt, logins) in [(OURS, &ours, 1, true), (PEER, &peer, 2, false)] {
+            let counts =
+                trips::count(&http, &endpoint_url, &redis.addr(), worker, salt, logins).await?;
             r.trips.push((label, counts));
         }
     }
@@ -477,7 +479,7 @@ fn spawn_ours(
         copy(build.join(file), dir.join("build").join(file))?;
     }
     let rules = format!(
-        "[[vars.LIMITER.rules]]\nname = \"load\"\nkey = [\"ip\"]\nalgorithm = \"windowed\"\nwindows = [[\"1d\", {HOT_LIMIT}, \"24m\"]]\npath_prefix = \"/load\"\n\n[[vars.LIMITER.rules]]\nname = \"rt\"\nkey = [\"ip\"]\nalgorithm = \"windowed\"\nwindows = [[\"1d\", 1, \"24m\"]]\npath_prefix = \"/rt\"\n"
+        "[[vars.LIMITER.rules]]\nname = \"load\"\nkey = [\"ip\"]\nalgorithm = \"windowed\"\nwindows = [[\"1d\", {HOT_LIMIT}, \"24m\"]]\npath_prefix = \"/load\"\n\n[[vars.LIMITER.rules]]\nname = \"rt\"\nkey = [\"ip\"]\nalgorithm = \"windowed\"\nwindows = [[\"1d\", 1, \"24m\"]]\npath_prefix = \"/rt\"\n\n[[vars.LIMITER.rules]]\nname = \"login\"\nkey = [\"ip\"]\nalgorithm = \"windowed\"\nwindows = [[\"1d\", 100, \"24m\"]]\npath_prefix = \"/login\"\ncount_status = [401]\n"
     );
     Worker::spawn(
         label,

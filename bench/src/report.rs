@@ -331,7 +331,7 @@ fn worker_rows(r: &Results) -> Vec<Row> {
 
 /// Part 3, REST calls per decision.
 fn trip_rows(r: &Results) -> Vec<Row> {
-    let targets = [1, 1, 0, 2];
+    let targets = [1, 1, 0, 2, 1, 2];
     let trips = |label: &str| r.trips.iter().find(|(l, _)| *l == label).map(|(_, c)| c);
     let show = |c: Option<&Counts>, i: usize| {
         c.and_then(|c| c.get(i))
@@ -638,7 +638,7 @@ fn notes(r: &Results) -> String {
     );
     let _ = writeln!(
         out,
-        "3. The REST endpoint's request counter (`GET /__stats`) around single requests to a `/rt` rule of 1 per client per day: fresh client, again (denied by Redis), again (a block cache may answer), then `SCRIPT FLUSH` and a fresh client."
+        "3. The REST endpoint's request counter (`GET /__stats`) around single requests to a `/rt` rule of 1 per client per day: fresh client, again (denied by Redis), again (a block cache may answer), then `SCRIPT FLUSH` and a fresh client; then, ours only, a login under a `count_status = [401]` rule answered 401 (its charge kept: the decision only) and one answered 200 (its charge given back: the decision and the refund, after the response). Each count waits 300 ms after the answer, so `waitUntil` calls count."
     );
     let _ = writeln!(
         out,
