@@ -177,8 +177,12 @@ impl RestClient {
     /// anyway): a separate timer raced against the request cost every
     /// decision a promise and two callbacks more.
     async fn post(&self, body: Value, budget: Duration) -> Result<Value, RestError> {
+        let started = clock_ms();
+        // In workerd the timeout aborts the fetch, which reqwest reports as
+        // a failed send: a failure at the budget's end is its timeout.
         let failed = |e: reqwest::Error| {
-            if e.is_timeout() {
+            let spent_ms = clock_ms() - started;
+            if e.is_timeout() || spent_ms + 1.0 >= budget.as_millis() as f64 {
                 timed_out(budget)
             } else {
                 RestError::Transport(e.without_url().to_string())
