@@ -733,6 +733,11 @@ mod tests {
         decode_general(&reply, modes, penalties)
     }
 
+    /// A check of one unit for client `a`.
+    fn unit_for_a(rule: &Rule) -> (Check<'_>, Vec<&'static str>) {
+        (Check { rule, cost: 1 }, vec!["a"])
+    }
+
     fn decision(call: &ScriptCall, reply: Value) -> Result<Decision, ScriptError> {
         call.decode(&reply).and_then(Reply::decision)
     }
@@ -792,15 +797,7 @@ mod tests {
             {"name": "p", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1m", "penalty": "1h"}
         ]}))
         .unwrap();
-        let check = |i: usize| {
-            (
-                Check {
-                    rule: &c.rules[i],
-                    cost: 1,
-                },
-                vec!["a"],
-            )
-        };
+        let check = |i: usize| unit_for_a(&c.rules[i]);
         assert_eq!(
             ScriptCall::decide(&[check(0)], None).entry(),
             Entry::OneGcra
@@ -838,15 +835,7 @@ mod tests {
              "count_status": [401], "mode": "shadow"}
         ]}))
         .unwrap();
-        let check = |i: usize| {
-            (
-                Check {
-                    rule: &c.rules[i],
-                    cost: 1,
-                },
-                vec!["a"],
-            )
-        };
+        let check = |i: usize| unit_for_a(&c.rules[i]);
         // A count_status rule alone never takes the one-rule path: its
         // reply must carry the mark.
         assert_eq!(
