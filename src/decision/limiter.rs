@@ -100,21 +100,20 @@ pub struct RefundRule {
 
 impl PendingRefund {
     /// The charges to give back after an answer of `status`: those of rules
-    /// that do not count it, as script checks with their marks; rules
-    /// `config` lacks are left out.
+    /// that do not count it, as script checks with their marks, ready for
+    /// [`ScriptCall::refund`]; rules `config` lacks are left out.
     pub fn uncounted<'a>(
         &'a self,
         config: &'a Config,
         status: u16,
-    ) -> Vec<(RuleId, Check<'a>, Vec<&'a str>, u64)> {
+    ) -> Vec<(Check<'a>, Vec<&'a str>, u64)> {
         self.rules
             .iter()
             .filter_map(|r| {
                 let rule = config.rule(r.rule)?;
                 (!rule.count_status.contains(&status)).then(|| {
                     let check = Check { rule, cost: r.cost };
-                    let id = r.id.iter().map(String::as_str).collect();
-                    (r.rule, check, id, r.mark)
+                    (check, r.id.iter().map(String::as_str).collect(), r.mark)
                 })
             })
             .collect()
@@ -170,11 +169,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     /// a fault is only logged, and the rule keeps the charge (tighter, never
     /// looser), with no retry that could give it back twice.
     pub async fn refund(&self, pending: &PendingRefund, status: u16) -> Vec<Event> {
-        let charges: Vec<(Check<'_>, Vec<&str>, u64)> = pending
-            .uncounted(self.config, status)
-            .into_iter()
-            .map(|(_, check, id, mark)| (check, id, mark))
-            .collect();
+        let charges = pending.uncounted(self.config, status);
         if charges.is_empty() {
             return vec![];
         }

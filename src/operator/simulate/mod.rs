@@ -18,8 +18,7 @@ use std::{collections::VecDeque, io::BufRead};
 
 use crate::{
     decision::{
-        limiter::{select, Refusal, Selection},
-        protocol::Check,
+        limiter::{select, PendingRefund, RefundRule, Refusal, Selection},
         verdict::Decision,
     },
     rules::{config::Config, rule::RuleId},
@@ -426,18 +425,22 @@ fn finish_batch(
         let Some((status, rules)) = fate.refund.as_ref().filter(|_| decision.admitted()) else {
             continue;
         };
-        let refunds: Vec<(Check<'_>, Vec<&str>, u64)> = decision
-            .refund_marks
-            .iter()
-            .filter_map(|&(i, mark)| {
-                let (rule_id, id, cost) = rules.get(i)?;
-                let rule = config.rule(*rule_id)?;
-                (!rule.count_status.contains(status)).then(|| {
-                    let check = Check { rule, cost: *cost };
-                    (check, id.iter().map(String::as_str).collect(), mark)
+        let pending = PendingRefund {
+            rules: decision
+                .refund_marks
+                .iter()
+                .filter_map(|&(i, mark)| {
+                    let (rule, id, cost) = rules.get(i)?.clone();
+                    Some(RefundRule {
+                        rule,
+                        id,
+                        cost,
+                        mark,
+                    })
                 })
-            })
-            .collect();
+                .collect(),
+        };
+        let refunds = pending.uncounted(config, *status);
         if !refunds.is_empty() {
             engine.refund(&refunds, record.time_ms)?;
         }
