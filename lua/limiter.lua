@@ -26,8 +26,11 @@
 -- ARGV[4..] per rule, in KEYS order:
 --             'gcra',   cost, interval (us), burst
 --             'window', cost, offset (ms), n, then n x (duration, limit, precision) (ms)
---           then, if any rule has a penalty: 'penalty', and per such rule
---           its 1-based index and the penalty (ms), in penalty keys' order
+--           then, if any rule asks for a lease: 'lease', m, and m x (its
+--           1-based index, the most units it wants, its length (ms; GCRA
+--           only, 0 for windows)); then, if any rule has a penalty:
+--           'penalty', and per such rule its 1-based index and the
+--           penalty (ms), in penalty keys' order
 --
 -- Reply: six integers per rule, in KEYS order: allowed (1/0), limit,
 -- remaining, reset_after, retry_after (milliseconds; -1: never, the cost
@@ -36,6 +39,15 @@
 -- started. Then one refund mark per 'r' or 'q' rule, in KEYS order (0: it
 -- was not charged): for GCRA the TAT the charge left (us, on the call's
 -- clock); for windows the charge's time on the key's shifted clock (ms).
+-- Then, per lease asked for, in order: the units granted (0: none) and
+-- how long they may be spent (ms from now).
+--
+-- A lease is charged with the request, only when it is admitted, and
+-- takes at most half of what the rule has left after it. GCRA accounts
+-- its units (and the request's) as arriving when it ends, and grants it
+-- only if that conforms now, so any spend before then conforms whatever
+-- other callers do. A window's lease ends with the earliest bucket its
+-- units were counted in, so every window counts them where they are spent.
 --
 -- The refund call: ARGV[2] the clock as for a decision, then per rule the
 -- same arguments as a decision's, then its refund mark. Replies with one
@@ -84,7 +96,7 @@ end
 local rules = #modes
 -- The mode letters as string.byte gives them: 'e', 'r', 'q'.
 local ENFORCE, REFUNDABLE, REFUNDABLE_SHADOW = 101, 114, 113
-local reply, writes, first = { 0, 0, 0, 0, 0, 0 }, { nil }, { nil }
+local reply, writes, first, aheads = { 0, 0, 0, 0, 0, 0 }, { nil }, { nil }, {}
 
 -- Where each rule's arguments start, and the penalties after them.
 local at = 4
@@ -95,6 +107,15 @@ for i = 1, rules do
   else
     at = at + 4
   end
+end
+local leases = nil
+if ARGV[at] == 'lease' then
+  leases = {}
+  for j = 1, ARGV[at + 1] do
+    local b = at + 3 * j - 1
+    leases[j] = { rule = ARGV[b] + 0, units = ARGV[b + 1] + 0, ms = ARGV[b + 2] + 0 }
+  end
+  at = at + 2 + 3 * ARGV[at + 1]
 end
 local penalties = nil
 if ARGV[at] == 'penalty' then
@@ -125,8 +146,9 @@ local function decide(peek)
       end
       if ARGV[at] == 'gcra' then
         local interval_us, burst = ARGV[at + 2] + 0, ARGV[at + 3] + 0
+        aheads[i] = gcra_ahead(KEYS[i], now_us, interval_us)
         reply[k - 5], reply[k - 4], reply[k - 3], reply[k - 2], reply[k - 1], reply[k], writes[i] =
-          gcra_check(gcra_ahead(KEYS[i], now_us, interval_us), cost, interval_us, burst)
+          gcra_check(aheads[i], cost, interval_us, burst)
       else
         local offset_ms, windows = ARGV[at + 2] + 0, ARGV[at + 3] + 0
         reply[k - 5], reply[k - 4], reply[k - 3], reply[k - 2], reply[k - 1], reply[k], writes[i] =
@@ -144,11 +166,52 @@ local function decide(peek)
   return denied
 end
 
+-- The lease granted to one lease asked for, charged with the request
+-- into writes[i]: units and how long they may be spent (ms). Built only
+-- for calls that ask for one.
+local grant
+if leases then
+  function grant(lease)
+    local i = lease.rule
+    local k, at = 6 * i, first[i]
+    if reply[k - 5] ~= 1 then
+      return 0, 0
+    end
+    local cost = ARGV[at + 1] + 0
+    if ARGV[at] == 'gcra' then
+      local interval_us, burst = ARGV[at + 2] + 0, ARGV[at + 3] + 0
+      local from_us = math.max(aheads[i], lease.ms * 1000)
+      local left = math.floor((interval_us * burst - from_us - cost * interval_us) / interval_us)
+      local units = math.min(lease.units, math.floor(left / 2))
+      if units <= 0 then
+        return 0, 0
+      end
+      writes[i] = from_us + (cost + units) * interval_us
+      return units, lease.ms
+    end
+    local units = math.min(lease.units, math.floor(reply[k - 3] / 2))
+    if units <= 0 then
+      return 0, 0
+    end
+    local allowed, _, _, _, _, _, plan =
+      windowed_check(KEYS[i], now_ms, cost + units, ARGV[at + 2] + 0, at + 4, ARGV[at + 3] + 0)
+    if allowed ~= 1 or not plan then
+      return 0, 0
+    end
+    writes[i] = plan
+    return units, plan.edge - plan.now
+  end
+end
+
 local denied = decide(false)
+local granted = {}
 if denied then
   -- Nothing is consumed anywhere: report the admitting rules as they stand.
   decide(true)
 else
+  for j, lease in ipairs(leases or {}) do
+    granted[2 * j - 1], granted[2 * j] = grant(lease)
+  end
   for i = 1, rules do
     local write = writes[i]
     if type(write) == 'number' then
@@ -190,5 +253,8 @@ for i = 1, rules do
     end
     reply[#reply + 1] = mark
   end
+end
+for j = 1, 2 * #(leases or {}) do
+  reply[#reply + 1] = granted[j] or 0
 end
 return reply

@@ -253,7 +253,7 @@ local function windowed_check(key, pinned, cost, offset, at, n)
   if allowed == 0 or cost == 0 then
     return allowed, b_limit, b_remaining, b_reset, b_retry, bound, nil
   end
-  local plan = { cost = string.format('%d', cost), now = now }
+  local plan = { cost = string.format('%d', cost), now = now, edge = edge }
   if moved or wipe then
     -- Every window's newest bucket is now the one `now` lies in: the
     -- totals and newest buckets are written whole, and u starts again.

@@ -11,7 +11,7 @@ use reqwest::{Response, StatusCode};
 use support::{
     header,
     worker::{Stack, Worker},
-    Backend, TOKEN,
+    TOKEN,
 };
 
 const IP: &str = "203.0.113.50";
@@ -46,16 +46,6 @@ fn assert_retry_after(r: &Response, full: u64) {
         got == full || got + 1 == full,
         "Retry-After {got}, not {full}"
     );
-}
-
-/// Calls of the limiter script that reached Redis (EVALSHA and EVAL).
-fn script_calls(b: &Backend) -> u64 {
-    let stats = b.redis(&["INFO", "commandstats"]);
-    ["cmdstat_evalsha:calls=", "cmdstat_eval:calls="]
-        .iter()
-        .filter_map(|prefix| stats.lines().find_map(|l| l.strip_prefix(prefix)))
-        .map(|rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
-        .sum()
 }
 
 const MULTI: &str = r#"
@@ -130,7 +120,7 @@ async fn every_matching_rule_is_decided_at_once_with_exact_headers() {
     assert_eq!(header(&r, "RateLimit-Policy"), Some("\"per-ip\";q=4;w=240"));
 
     // Denied again: answered from the isolate's cache, with no script call.
-    let before = script_calls(&stack.backend);
+    let before = stack.backend.script_calls();
     for _ in 0..5 {
         let r = send(reqwest::Method::POST, login.clone(), IP).await;
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -138,7 +128,7 @@ async fn every_matching_rule_is_decided_at_once_with_exact_headers() {
         assert_denied_state(&r);
     }
     assert_eq!(
-        script_calls(&stack.backend),
+        stack.backend.script_calls(),
         before,
         "cached denials made round trips"
     );

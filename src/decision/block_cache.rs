@@ -103,6 +103,7 @@ mod tests {
             verdict: RequestVerdict::Denied { binding: 0, retry },
             penalties_started: vec![],
             refund_marks: vec![],
+            grants: vec![],
             rules: vec![RuleState {
                 verdict: Verdict::Denied(retry),
                 limit: 5,

@@ -28,6 +28,12 @@ pub enum Action {
     /// The after-response refund of a `count_status` rule failed; the
     /// response had already gone, and the rule keeps the charge.
     RefundFailed,
+    /// Units were leased to this isolate (`units`, spendable for
+    /// `lease_ms`): its next requests for the key are decided here.
+    LeaseGrant,
+    /// A lease refresh after a response failed; requests for the key make
+    /// their own calls until a lease is granted again.
+    LeaseFailed,
 }
 
 /// One log event.
@@ -48,6 +54,12 @@ pub struct Event {
     pub key: Option<String>,
     /// What went wrong, for fail events and refusals.
     pub error: Option<String>,
+    /// Units leased, for a lease grant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub units: Option<u64>,
+    /// How long a lease's units may be spent, ms, for a lease grant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_ms: Option<u64>,
 }
 
 impl Event {
@@ -61,6 +73,8 @@ impl Event {
             retry_after: None,
             key: None,
             error: None,
+            units: None,
+            lease_ms: None,
         }
     }
 

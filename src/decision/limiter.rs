@@ -7,7 +7,9 @@ use std::{borrow::Cow, cell::RefCell, time::Duration};
 use super::{
     block_cache::BlockCache,
     events::{Action, Event},
-    protocol::{penalty_key, run, Check, Reply, ScriptCall, ScriptError, ScriptRunner},
+    keys::redis_key,
+    leases::Leases,
+    protocol::{penalty_key, run, Check, LeaseAsk, Reply, ScriptCall, ScriptError, ScriptRunner},
     verdict::{Decision, Retry},
 };
 use crate::rules::{
@@ -64,6 +66,9 @@ pub struct Handled<'c> {
     /// Charges to give back once the origin has answered, if its status is
     /// not one their rule counts: see [`Limiter::refund`].
     pub refund: Option<PendingRefund>,
+    /// Leases running low, to refresh once the response has gone: see
+    /// [`Limiter::refresh`].
+    pub refresh: Option<LeaseRefresh>,
 }
 
 impl<'c> Handled<'c> {
@@ -72,8 +77,17 @@ impl<'c> Handled<'c> {
             outcome,
             events,
             refund: None,
+            refresh: None,
         }
     }
+}
+
+/// Leases to ask for after a response, one per key running low. Owned, so
+/// it can outlive the request's borrows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRefresh {
+    /// Each rule, with its client's identifier parts and the units wanted.
+    pub rules: Vec<(RuleId, Vec<String>, u64)>,
 }
 
 /// The charges of a forwarded request's `count_status` rules, made up
@@ -130,6 +144,12 @@ pub struct Limiter<'c, 's, S> {
     /// Denials still in force, shared by the isolate's requests. Borrowed
     /// only briefly, never across an await, since requests interleave.
     pub cache: &'s RefCell<BlockCache>,
+    /// Units leased to this isolate, and its keys' demand; borrowed as
+    /// briefly as the cache.
+    pub leases: &'s RefCell<Leases>,
+    /// Whether the script runs on `now_ms` rather than Redis's clock
+    /// (tests and simulations, whose time is not real).
+    pub pinned: bool,
 }
 
 impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
@@ -154,13 +174,205 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         }
         let methods = req.methods();
         let checks = selection.checks(&methods);
-        let mut handled = self.decide(&checks, now_ms).await;
+        let leased = self.observe(&checks, now_ms);
+        let mut handled = match self.admit_from_leases(&checks, &leased, now_ms) {
+            Some(handled) => handled,
+            None => {
+                let asks = self.lease_asks(&checks, &leased, now_ms);
+                self.decide(&checks, asks, now_ms).await
+            }
+        };
         events.append(&mut handled.events);
         handled.events = events;
         if let Outcome::Forward(Forward::Admitted(decided)) = &handled.outcome {
             handled.refund = selection.pending_refund(&decided.decision, &methods);
+            handled.refresh = self.refresh_due(&selection, &checks, &leased, now_ms);
         }
         handled
+    }
+
+    /// The state key of every matching rule that leases, in check order
+    /// (`None` for the others), each request counted toward its demand.
+    fn observe(&self, checks: &[(Check<'c>, Vec<&str>)], now_ms: u64) -> Vec<Option<String>> {
+        let mut leases = self.leases.borrow_mut();
+        checks
+            .iter()
+            .map(|(c, id)| {
+                c.rule.lease?;
+                let key = redis_key(&c.rule.name, id);
+                leases.observe(&key, now_ms);
+                Some(key)
+            })
+            .collect()
+    }
+
+    /// The request admitted from leased units, when every matching rule
+    /// leases and holds what it costs; nothing is spent otherwise.
+    fn admit_from_leases(
+        &self,
+        checks: &[(Check<'c>, Vec<&str>)],
+        leased: &[Option<String>],
+        now_ms: u64,
+    ) -> Option<Handled<'c>> {
+        let mut leases = self.leases.borrow_mut();
+        let keyed: Vec<(&Check<'c>, &str)> = checks
+            .iter()
+            .zip(leased)
+            .map(|((c, _), key)| Some((c, key.as_deref()?)))
+            .collect::<Option<_>>()?;
+        if !keyed
+            .iter()
+            .all(|(c, key)| leases.can_spend(key, c.cost, now_ms))
+        {
+            return None;
+        }
+        let states = keyed
+            .iter()
+            .map(|(c, key)| leases.spend(key, c.cost, now_ms))
+            .collect::<Option<Vec<_>>>()?;
+        let rules: Vec<&'c Rule> = keyed.iter().map(|(c, _)| c.rule).collect();
+        let modes: Vec<Mode> = rules.iter().map(|r| r.mode).collect();
+        let decision = Decision::settle(states, &modes);
+        let admitted = Forward::Admitted(Decided { rules, decision });
+        Some(Handled::new(Outcome::Forward(admitted), vec![]))
+    }
+
+    /// The leases to ask for in the request's own call: each leasing rule
+    /// what its key's demand here wants.
+    fn lease_asks(
+        &self,
+        checks: &[(Check<'c>, Vec<&str>)],
+        leased: &[Option<String>],
+        now_ms: u64,
+    ) -> Vec<LeaseAsk> {
+        let mut leases = self.leases.borrow_mut();
+        checks
+            .iter()
+            .zip(leased)
+            .enumerate()
+            .filter_map(|(i, ((c, _), key))| {
+                let lease = c.rule.lease?;
+                let horizon_ms = c.rule.lease_horizon_ms();
+                let units = leases.begin_ask(key.as_deref()?, lease.units, horizon_ms, now_ms);
+                Some(LeaseAsk {
+                    rule: i,
+                    units,
+                    for_ms: lease.for_ms,
+                })
+            })
+            .collect()
+    }
+
+    /// The keys whose leases run low after this request, to refresh after
+    /// the response; one refresh in flight per key.
+    fn refresh_due(
+        &self,
+        selection: &Selection<'c, '_>,
+        checks: &[(Check<'c>, Vec<&str>)],
+        leased: &[Option<String>],
+        now_ms: u64,
+    ) -> Option<LeaseRefresh> {
+        let mut leases = self.leases.borrow_mut();
+        let rules: Vec<(RuleId, Vec<String>, u64)> = selection
+            .rules
+            .iter()
+            .zip(checks)
+            .zip(leased)
+            .filter_map(|(((rule_id, rule, id), _), key)| {
+                let (lease, key) = (rule.lease?, key.as_deref()?);
+                let units = leases.begin_refresh(key, lease.units, rule.lease_horizon_ms(), now_ms);
+                (units > 0).then(|| (*rule_id, id.iter().map(|p| p.to_string()).collect(), units))
+            })
+            .collect();
+        (!rules.is_empty()).then_some(LeaseRefresh { rules })
+    }
+
+    /// Asks for the leases of `pending` in one call charging no request,
+    /// after the response has gone (sent at `now_ms`). A fault is only
+    /// logged: the next request without units makes its own call.
+    pub async fn refresh(&self, pending: &LeaseRefresh, now_ms: u64) -> Vec<Event> {
+        let found: Vec<(Check<'c>, Vec<&str>, u64)> = pending
+            .rules
+            .iter()
+            .filter_map(|(rule_id, id, units)| {
+                let rule = self.config.rule(*rule_id)?;
+                let id = id.iter().map(String::as_str).collect();
+                Some((Check { rule, cost: 0 }, id, *units))
+            })
+            .collect();
+        let checks: Vec<(Check<'c>, Vec<&str>)> =
+            found.iter().map(|(c, id, _)| (*c, id.clone())).collect();
+        let asks = found
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (c, _, units))| {
+                Some(LeaseAsk {
+                    rule: i,
+                    units: *units,
+                    for_ms: c.rule.lease?.for_ms,
+                })
+            })
+            .collect();
+        let call = ScriptCall::decide_leasing(&checks, asks, self.clock(now_ms));
+        let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
+        let result = run(self.store, &call, budget)
+            .await
+            .and_then(|r| r.decision());
+        self.answered(&call);
+        let keys = call.rule_keys();
+        match result {
+            Ok(decision) => self.keep_grants(&checks, &keys, &decision, now_ms),
+            Err(error) => checks
+                .iter()
+                .zip(&keys)
+                .map(|((c, _), key)| Event {
+                    key: Some((*key).to_owned()),
+                    error: Some(error.to_string()),
+                    ..Event::new(Action::LeaseFailed, &c.rule.name)
+                })
+                .collect(),
+        }
+    }
+
+    /// Keeps the leases `decision` granted, sent at `sent_ms`; one
+    /// `lease_grant` event each.
+    fn keep_grants(
+        &self,
+        checks: &[(Check<'c>, Vec<&str>)],
+        keys: &[&str],
+        decision: &Decision,
+        sent_ms: u64,
+    ) -> Vec<Event> {
+        let mut leases = self.leases.borrow_mut();
+        decision
+            .grants
+            .iter()
+            .filter_map(|g| {
+                let (key, state) = (keys.get(g.rule)?, decision.rules.get(g.rule)?);
+                leases.grant(key, g.units, g.for_ms, sent_ms, *state);
+                Some(Event {
+                    key: Some((*key).to_owned()),
+                    units: Some(g.units),
+                    lease_ms: Some(g.for_ms),
+                    ..Event::new(Action::LeaseGrant, &checks.get(g.rule)?.0.rule.name)
+                })
+            })
+            .collect()
+    }
+
+    /// Ends the lease asks `call` carried, answered or not.
+    fn answered(&self, call: &ScriptCall) {
+        if let ScriptCall::Decide(g) = call {
+            let mut leases = self.leases.borrow_mut();
+            for ask in &g.leases {
+                leases.answered(&g.rules[ask.rule].0.key);
+            }
+        }
+    }
+
+    /// The script's clock for a call at `now_ms`: Redis's own unless pinned.
+    fn clock(&self, now_ms: u64) -> Option<u64> {
+        self.pinned.then_some(now_ms)
     }
 
     /// Gives back the charges of a forwarded request's `count_status`
@@ -187,24 +399,35 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         }
     }
 
-    /// Decides the checks of the matched rules, from the cache or Redis.
-    async fn decide(&self, checks: &[(Check<'c>, Vec<&str>)], now_ms: u64) -> Handled<'c> {
-        let call = ScriptCall::decide(checks, None);
+    /// Decides the checks of the matched rules, from the cache or Redis,
+    /// asking for `asks` in the call.
+    async fn decide(
+        &self,
+        checks: &[(Check<'c>, Vec<&str>)],
+        asks: Vec<LeaseAsk>,
+        now_ms: u64,
+    ) -> Handled<'c> {
+        let call = ScriptCall::decide_leasing(checks, asks, self.clock(now_ms));
         let signature = call.signature();
         let cached = self.cache.borrow_mut().lookup(&signature, now_ms);
         if let Some(decision) = cached {
+            self.answered(&call);
             return decided(checks, &call, decision);
         }
         let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
-        match run(self.store, &call, budget)
+        let result = run(self.store, &call, budget)
             .await
-            .and_then(|r| r.decision())
-        {
+            .and_then(|r| r.decision());
+        self.answered(&call);
+        match result {
             Ok(decision) => {
                 self.cache
                     .borrow_mut()
                     .remember(signature, &decision, now_ms);
-                decided(checks, &call, decision)
+                let granted = self.keep_grants(checks, &call.rule_keys(), &decision, now_ms);
+                let mut handled = decided(checks, &call, decision);
+                handled.events.extend(granted);
+                handled
             }
             Err(error) => failed(checks, &call, &error),
         }
@@ -519,6 +742,8 @@ mod tests {
             config,
             store,
             cache,
+            leases: &RefCell::new(Leases::new()),
+            pinned: false,
         };
         tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -668,6 +893,8 @@ mod tests {
             config: &c,
             store: &store,
             cache: &cache,
+            leases: &RefCell::new(Leases::new()),
+            pinned: false,
         };
         let out = rt.block_on(limiter.handle(&req("/login"), 0));
         assert!(matches!(
@@ -685,6 +912,8 @@ mod tests {
             config: &c,
             store: &store,
             cache: &cache,
+            leases: &RefCell::new(Leases::new()),
+            pinned: false,
         };
         assert!(rt.block_on(limiter.refund(&refund, 200)).is_empty());
         let sent = last(&store);
@@ -710,6 +939,8 @@ mod tests {
             config: &c,
             store: &store,
             cache: &cache,
+            leases: &RefCell::new(Leases::new()),
+            pinned: false,
         };
         let events = rt.block_on(limiter.refund(&refund, 200));
         assert_eq!(events.len(), 1);

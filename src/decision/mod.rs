@@ -6,6 +6,7 @@
 pub mod block_cache;
 pub mod events;
 pub mod keys;
+pub mod leases;
 pub mod limiter;
 pub mod model;
 pub mod protocol;

@@ -293,6 +293,7 @@ impl Model {
             rules: states.into_iter().map(ModelState::state).collect(),
             penalties_started: started,
             refund_marks,
+            grants: vec![],
         }
     }
 

@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::{
     keys::{redis_key, window_offset},
     redis_rest::{RestClient, RestError, Script},
-    verdict::{Decision, Retry, RuleState, Verdict},
+    verdict::{Decision, Grant, Retry, RuleState, Verdict},
 };
 use crate::rules::{
     policy::{Gcra, Policy, Window, Windows},
@@ -207,8 +207,19 @@ pub struct Penalty {
     pub key: String,
 }
 
+/// A lease asked for with a decision: see `lua/limiter.lua`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseAsk {
+    /// 0-based index of its rule in the call.
+    pub rule: usize,
+    /// The most units wanted (at least 1).
+    pub units: u64,
+    /// GCRA: how long the lease lasts, ms; windows: 0 (to the bucket's end).
+    pub for_ms: u64,
+}
+
 /// The general decision: every rule all or nothing, on a pinned clock or
-/// Redis's, with penalties.
+/// Redis's, with penalties and leases.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct General {
     /// The pinned clock, ms (tests, simulation); `None` for Redis's.
@@ -217,6 +228,8 @@ pub struct General {
     pub rules: Vec<(RuleArgs, CallMode)>,
     /// The penalties of rules that have one.
     pub penalties: Vec<Penalty>,
+    /// The leases asked for, granted only if the request is admitted.
+    pub leases: Vec<LeaseAsk>,
 }
 
 /// Every call the limiter script answers.
@@ -349,10 +362,23 @@ impl ScriptCall {
     /// [`ScriptCall::refund`] gives the charge back once the origin's
     /// status shows it is not counted.
     pub fn decide(checks: &[(Check<'_>, Vec<&str>)], now_ms: Option<u64>) -> ScriptCall {
-        match ScriptCall::one_rule(checks, now_ms) {
-            Some(one) => ScriptCall::OneRule(one),
-            None => ScriptCall::Decide(General::new(checks, now_ms)),
+        ScriptCall::decide_leasing(checks, vec![], now_ms)
+    }
+
+    /// A decision that also asks for `leases`, granted only if the request
+    /// is admitted (asks for no units are left out).
+    pub fn decide_leasing(
+        checks: &[(Check<'_>, Vec<&str>)],
+        mut leases: Vec<LeaseAsk>,
+        now_ms: Option<u64>,
+    ) -> ScriptCall {
+        leases.retain(|l| l.units > 0 && l.rule < checks.len());
+        if leases.is_empty() {
+            if let Some(one) = ScriptCall::one_rule(checks, now_ms) {
+                return ScriptCall::OneRule(one);
+            }
         }
+        ScriptCall::Decide(General::new(checks, leases, now_ms))
     }
 
     /// Gives back the charges of `checks`, each with the refund mark its
@@ -403,6 +429,7 @@ impl ScriptCall {
             now_ms: None,
             rules,
             penalties: vec![],
+            leases: vec![],
         })
     }
 
@@ -447,7 +474,7 @@ impl ScriptCall {
     pub fn args(&self) -> Vec<String> {
         match self {
             ScriptCall::OneRule(one) => one.rule.one_rule_args(),
-            ScriptCall::Decide(g) => g.args(g.now_ms),
+            ScriptCall::Decide(g) => g.args_without(g.now_ms, true),
             ScriptCall::Reset(_) => vec!["reset".to_owned()],
             ScriptCall::Refund(r) => r.args(),
         }
@@ -467,7 +494,7 @@ impl ScriptCall {
     /// argument but the clock. The block cache keys its denials on it.
     pub fn signature(&self) -> String {
         let args = match self {
-            ScriptCall::Decide(g) => g.args(None),
+            ScriptCall::Decide(g) => g.args_without(None, false),
             other => other.args(),
         };
         let mut s = self.keys().join("\n");
@@ -506,7 +533,11 @@ impl ScriptCall {
 }
 
 impl General {
-    fn new(checks: &[(Check<'_>, Vec<&str>)], now_ms: Option<u64>) -> General {
+    fn new(
+        checks: &[(Check<'_>, Vec<&str>)],
+        leases: Vec<LeaseAsk>,
+        now_ms: Option<u64>,
+    ) -> General {
         let rules: Vec<(RuleArgs, CallMode)> = checks
             .iter()
             .map(|(c, id)| {
@@ -532,6 +563,7 @@ impl General {
             now_ms,
             rules,
             penalties,
+            leases,
         }
     }
 
@@ -543,13 +575,22 @@ impl General {
     }
 
     /// `decide`, the clock (empty for Redis's), the mode letters, each
-    /// rule's arguments, then `penalty` and (1-based rule, ms) pairs.
-    fn args(&self, now_ms: Option<u64>) -> Vec<String> {
+    /// rule's arguments, then (with `leases`) `lease`, their count and
+    /// (1-based rule, units, ms) triples, then `penalty` and (1-based
+    /// rule, ms) pairs.
+    fn args_without(&self, now_ms: Option<u64>, leases: bool) -> Vec<String> {
         let modes: String = self.rules.iter().map(|(_, m)| m.letter()).collect();
         let clock = now_ms.map(|n| n.to_string()).unwrap_or_default();
         let mut args = vec!["decide".to_owned(), clock, modes];
         for (rule, _) in &self.rules {
             rule.push_general(&mut args);
+        }
+        if leases && !self.leases.is_empty() {
+            args.push("lease".to_owned());
+            push_numbers(&mut args, &[self.leases.len() as u64]);
+            for l in &self.leases {
+                push_numbers(&mut args, &[l.rule as u64 + 1, l.units, l.for_ms]);
+            }
         }
         if !self.penalties.is_empty() {
             args.push("penalty".to_owned());
@@ -565,7 +606,8 @@ impl General {
     }
 
     /// Six fields per rule, the penalties mask when the call has
-    /// penalties, then a refund mark per refundable rule.
+    /// penalties, a refund mark per refundable rule, then units and ms per
+    /// lease asked for.
     fn decode(&self, reply: &Value) -> Result<Decision, ScriptError> {
         let refundable: Vec<usize> = (0..self.rules.len())
             .filter(|&i| self.rules[i].1.refundable())
@@ -573,6 +615,7 @@ impl General {
         let Some(items) = reply.as_array() else {
             return Err(malformed(reply, "is not an array"));
         };
+        let (items, granted) = items.split_at(items.len().saturating_sub(2 * self.leases.len()));
         let (fields, marks) = items.split_at(items.len().saturating_sub(refundable.len()));
         let head = Value::Array(fields.to_vec());
         let mut decision = decode_general(&head, &self.modes(), !self.penalties.is_empty())?;
@@ -582,6 +625,21 @@ impl General {
                 .ok_or_else(|| malformed(reply, "holds a refund mark that is no count"))?;
             if mark > 0 {
                 decision.refund_marks.push((i, mark));
+            }
+        }
+        for (ask, pair) in self.leases.iter().zip(granted.chunks(2)) {
+            let (Some(units), Some(for_ms)) = (pair[0].as_u64(), pair[1].as_u64()) else {
+                return Err(malformed(reply, "holds a lease that is no count"));
+            };
+            if units > ask.units || (units > 0 && !decision.admitted()) {
+                return Err(malformed(reply, "grants a lease it was not asked for"));
+            }
+            if units > 0 {
+                decision.grants.push(Grant {
+                    rule: ask.rule,
+                    units,
+                    for_ms,
+                });
             }
         }
         Ok(decision)

@@ -142,6 +142,20 @@ pub struct Decision {
     /// For each refundable rule this decision charged (0-based, call
     /// order), the mark a refund call gives the charge back by.
     pub refund_marks: Vec<(usize, u64)>,
+    /// The leases granted with the request, charged with it.
+    pub grants: Vec<Grant>,
+}
+
+/// Units charged to a rule ahead of the requests that will spend them, in
+/// the isolate that asked, within `for_ms` of the call being sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    /// 0-based index of the rule in the call.
+    pub rule: usize,
+    /// Units granted (at least 1).
+    pub units: u64,
+    /// How long they may be spent, ms from the script's now.
+    pub for_ms: u64,
 }
 
 impl Decision {
@@ -174,6 +188,7 @@ impl Decision {
             rules,
             penalties_started: vec![],
             refund_marks: vec![],
+            grants: vec![],
         }
     }
 

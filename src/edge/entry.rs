@@ -11,7 +11,10 @@ use worker::{
 };
 
 use crate::{
-    decision::{block_cache::BlockCache, events::Event, limiter::Limiter, redis_rest::RestClient},
+    decision::{
+        block_cache::BlockCache, events::Event, leases::Leases, limiter::Limiter,
+        redis_rest::RestClient,
+    },
     edge::responses::{self, Response, PROBLEM_JSON},
     rules::{
         body::MAX_BODY_BYTES,
@@ -31,6 +34,8 @@ struct Isolate {
     client: RestClient,
     /// Shared by the isolate's requests: what it learned about denied clients.
     cache: RefCell<BlockCache>,
+    /// Units leased to this isolate.
+    leases: RefCell<Leases>,
 }
 
 thread_local! {
@@ -50,6 +55,7 @@ fn isolate(env: &Env) -> std::result::Result<Rc<Isolate>, String> {
     let config = load_config(env)?;
     let ready = Rc::new(Isolate {
         cache: RefCell::new(BlockCache::new(config.cache_hold_ms)),
+        leases: RefCell::new(Leases::new()),
         config,
         origin: origin(env)?,
         client: RestClient::new(&url.to_string(), &token.to_string()).map_err(|e| e.to_string())?,
@@ -95,6 +101,14 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
             headers,
         } => respond(status, &content_type, &body, &headers),
         Response::Forward { headers } => {
+            if let Some(refresh) = handled.refresh {
+                // Asked for after the response, never on the request's path.
+                let isolate = isolate.clone();
+                ctx.wait_until(async move {
+                    let now_ms = js_sys::Date::now() as u64;
+                    log(&isolate.limiter().refresh(&refresh, now_ms).await);
+                });
+            }
             let response = forward(&req, &url, isolate.origin.as_deref()).await?;
             if let Some(refund) = handled.refund {
                 // Given back after the response has gone, never delaying it.
@@ -115,6 +129,8 @@ impl Isolate {
             config: &self.config,
             store: &self.client,
             cache: &self.cache,
+            leases: &self.leases,
+            pinned: false,
         }
     }
 }

@@ -279,6 +279,7 @@ mod tests {
             rules,
             penalties_started: vec![],
             refund_marks: vec![],
+            grants: vec![],
         }
     }
 
@@ -295,6 +296,7 @@ mod tests {
             verdict: RequestVerdict::Admitted { tightest: 1 },
             penalties_started: vec![],
             refund_marks: vec![],
+            grants: vec![],
             rules: vec![
                 state(ADMITTED, 100, 50, 30_000),
                 state(ADMITTED, 10, 4, 900),

@@ -5,6 +5,7 @@ use serde_json::Value;
 
 use crate::rules::{
     config::{parse_origin, Config, ConfigError},
+    lease::Lease,
     policy::Policy,
     rule::{FailMode, Mode},
 };
@@ -79,6 +80,9 @@ pub fn describe(config: &Config) -> Vec<String> {
             if let Some(ms) = r.penalty_ms {
                 line.push_str(&format!(", penalty {ms}ms"));
             }
+            if let Some(lease) = r.lease {
+                line.push_str(&lease_text(&r.policy, lease));
+            }
             if !r.except_ips.is_empty() {
                 let list: Vec<String> = r.except_ips.iter().map(ToString::to_string).collect();
                 line.push_str(&format!(", except {}", list.join(" ")));
@@ -86,6 +90,21 @@ pub fn describe(config: &Config) -> Vec<String> {
             line
         })
         .collect()
+}
+
+/// A lease as the report says it, with the largest the figures allow.
+fn lease_text(policy: &Policy, lease: Lease) -> String {
+    let largest = Lease::largest(policy, lease.for_ms);
+    match policy {
+        Policy::Gcra(_) => format!(
+            ", lease {} units for {}ms (the burst allows up to {largest} for that long)",
+            lease.units, lease.for_ms
+        ),
+        Policy::Windowed(_) => format!(
+            ", lease {} units to the bucket's end (the limits allow up to {largest})",
+            lease.units
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -131,6 +150,18 @@ name = "y"
         assert_eq!(
             describe(verdicts[0].1.as_ref().unwrap()),
             ["a: gcra 5/1000ms burst 5, enforce, fail closed"]
+        );
+        let leased = Config::from_json(&serde_json::json!({"rules": [
+            {"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s", "burst": 50, "lease": 8},
+            {"name": "w", "key": ["ip"], "algorithm": "windowed", "windows": [["1s", 21, "100ms"]], "lease": 4}
+        ]}))
+        .unwrap();
+        assert_eq!(
+            describe(&leased),
+            [
+                "g: gcra 10/1000ms burst 50, enforce, fail closed, lease 8 units for 1000ms (the burst allows up to 19 for that long)",
+                "w: windowed 21/1000ms by 100ms, enforce, fail closed, lease 4 units to the bucket's end (the limits allow up to 10)"
+            ]
         );
         let of = |env: &str| {
             verdicts

@@ -8,6 +8,7 @@ use serde_json::Value;
 use super::{
     canon,
     cidr::Cidr,
+    lease::Lease,
     policy::{Gcra, Policy, PolicyError, Window, Windows, MAX_DURATION_MS},
     raw::{Algorithm, RawConfig, RawCost, RawDuration, RawRule},
     request::{CfField, RequestMeta},
@@ -269,6 +270,14 @@ impl TryFrom<RawRule> for Rule {
         let deny_body = deny_body(raw.deny_body, raw.deny_content_type)?;
         let count_status = raw.count_status.map_or(Ok(vec![]), count_status)?;
         let penalty_ms = raw.penalty.as_ref().map(penalty).transpose()?;
+        let mode = raw.mode.unwrap_or(Mode::Enforce);
+        let lease = lease(
+            raw.lease,
+            raw.lease_for.as_ref(),
+            &policy,
+            mode,
+            &count_status,
+        )?;
         let except_ips = raw
             .except_ips
             .iter()
@@ -285,12 +294,13 @@ impl TryFrom<RawRule> for Rule {
             key,
             policy,
             cost,
-            mode: raw.mode.unwrap_or(Mode::Enforce),
+            mode,
             fail: raw.fail.unwrap_or(FailMode::Closed),
             budget_ms,
             deny_body,
             count_status,
             penalty_ms,
+            lease,
             except_ips,
         })
     }
@@ -336,6 +346,35 @@ fn budget(written: Option<&RawDuration>) -> Result<u64, FieldError> {
         return Err(field_error("budget", "must be between 10ms and 30s"));
     }
     Ok(budget_ms)
+}
+
+/// The rule's lease, if it asks for one. A shadow rule reports every
+/// denial it would make and a `count_status` rule gives charges back per
+/// response, so both are decided in Redis on every request.
+fn lease(
+    units: Option<u64>,
+    lease_for: Option<&RawDuration>,
+    policy: &Policy,
+    mode: Mode,
+    count_status: &[u16],
+) -> Result<Option<Lease>, FieldError> {
+    let Some(units) = units else {
+        return match lease_for {
+            Some(_) => Err(field_error(
+                "lease_for",
+                "needs `lease` (the units a lease may hold)",
+            )),
+            None => Ok(None),
+        };
+    };
+    if mode == Mode::Shadow {
+        return Err(field_error("lease", "a shadow rule is decided in Redis on every request, so it reports every denial it would make; remove `lease` or `mode`"));
+    }
+    if !count_status.is_empty() {
+        return Err(field_error("lease", "a `count_status` rule is charged and refunded per response, in Redis; remove `lease` or `count_status`"));
+    }
+    let for_ms = lease_for.map(|d| duration("lease_for", d)).transpose()?;
+    Ok(Some(Lease::new(policy, units, for_ms)?))
 }
 
 fn penalty(written: &RawDuration) -> Result<u64, FieldError> {
@@ -808,6 +847,34 @@ mod tests {
             .is_ok(),
             "cost 0 only reports"
         );
+    }
+
+    #[test]
+    fn a_lease_is_checked_against_the_rule() {
+        let base = json!({"name": "a", "key": ["ip"], "algorithm": "gcra", "rate": 10,
+            "period": "1s", "burst": 50, "lease": 8});
+        let with = |extra: Value| {
+            let mut r = base.clone();
+            r.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            one_rule(r).map_err(|e| e.to_string())
+        };
+        let lease = with(json!({"lease_for": "2s"})).unwrap().rules[0].lease;
+        assert_eq!(lease.map(|l| (l.units, l.for_ms)), Some((8, 2000)));
+        for (extra, field) in [
+            (json!({"lease_for": "4s"}), "lease_for"),
+            (json!({"lease": 30}), "lease"),
+            (json!({"mode": "shadow"}), "lease"),
+            (json!({"count_status": [401]}), "lease"),
+            (json!({"lease": null, "lease_for": "1s"}), "lease_for"),
+        ] {
+            let msg = with(extra.clone()).unwrap_err();
+            assert!(
+                msg.starts_with(&format!("rule `a`, field `{field}`")),
+                "{extra}: {msg}"
+            );
+        }
     }
 
     fn parse_duration(v: Value) -> Result<u64, String> {

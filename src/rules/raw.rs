@@ -95,6 +95,10 @@ pub(super) struct RawRule {
     #[serde(default)]
     pub(super) penalty: Option<RawDuration>,
     #[serde(default)]
+    pub(super) lease: Option<u64>,
+    #[serde(default)]
+    pub(super) lease_for: Option<RawDuration>,
+    #[serde(default)]
     pub(super) except_ips: Vec<String>,
     #[serde(default)]
     pub(super) fold: Vec<String>,

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use super::{
     body, canon,
     cidr::Cidr,
+    lease::Lease,
     policy::Policy,
     request::{CfField, RequestMeta},
 };
@@ -61,6 +62,9 @@ pub struct Rule {
     /// Once the rule denies a client, it keeps denying that client this
     /// long, milliseconds, whatever the rate would allow meanwhile.
     pub penalty_ms: Option<u64>,
+    /// Units the rule may lease to an isolate ahead of its requests, and
+    /// for how long; `None`: every request is decided in Redis.
+    pub lease: Option<Lease>,
     /// Clients (`CF-Connecting-IP`) in these blocks are not subject to the rule.
     pub except_ips: Vec<Cidr>,
 }
@@ -207,6 +211,19 @@ pub struct DenyBody {
 }
 
 impl Rule {
+    /// How long a lease of this rule lasts at most, ms, for sizing one from
+    /// demand: a GCRA lease's length; a window's, half its shortest bucket
+    /// (it ends with the bucket, on average halfway through).
+    pub fn lease_horizon_ms(&self) -> u64 {
+        match (&self.policy, self.lease) {
+            (_, None) => 0,
+            (Policy::Gcra(_), Some(lease)) => lease.for_ms,
+            (Policy::Windowed(ws), Some(_)) => {
+                ws.iter().map(|w| w.precision_ms()).min().unwrap_or(0) / 2
+            }
+        }
+    }
+
     /// A rule matching every request, keyed on the client IP, with `policy`
     /// and every other field at its default; for tests and simulations.
     pub fn with_policy(name: &str, policy: Policy) -> Rule {
@@ -227,6 +244,7 @@ impl Rule {
             deny_body: None,
             count_status: vec![],
             penalty_ms: None,
+            lease: None,
             except_ips: vec![],
         }
     }

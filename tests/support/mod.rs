@@ -71,6 +71,16 @@ impl Backend {
             .expect("script call")
     }
 
+    /// Calls of the limiter script that reached Redis (EVALSHA and EVAL).
+    pub fn script_calls(&self) -> u64 {
+        let stats = self.redis(&["INFO", "commandstats"]);
+        ["cmdstat_evalsha:calls=", "cmdstat_eval:calls="]
+            .iter()
+            .filter_map(|prefix| stats.lines().find_map(|l| l.strip_prefix(prefix)))
+            .map(|rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
+            .sum()
+    }
+
     /// A command straight to Redis, bypassing the endpoint.
     pub fn redis(&self, args: &[&str]) -> String {
         edge_limiter_local::testenv::redis_cli(&self.redis.addr(), args)

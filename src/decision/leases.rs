@@ -1,0 +1,271 @@
+//! The isolate's quota leases: units the script charged ahead of the
+//! requests that spend them, per state key, each grant with its own
+//! deadline. A request is admitted from here only with units that were
+//! charged and whose deadline has not passed, so Redis's counts always
+//! cover what was admitted. Pure: the caller passes its clock.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::verdict::{RuleState, Verdict};
+
+/// Keys an isolate tracks at most: a key beyond it gets no lease (exactly
+/// the behaviour without leases) until an idle one is forgotten.
+pub const MAX_KEYS: usize = 4096;
+
+/// Units granted together, spendable until `until_ms` (isolate clock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Held {
+    units: u64,
+    until_ms: u64,
+}
+
+/// What one key's leases and demand look like in this isolate.
+#[derive(Debug, Clone, Default)]
+struct KeyLeases {
+    /// Grants, earliest deadline first.
+    held: VecDeque<Held>,
+    /// The rule's state as the last grant left it, for the headers.
+    state: Option<(RuleState, u64)>,
+    /// When the key was last asked for, and the smoothed gap between asks.
+    last_ms: Option<u64>,
+    gap_ms: Option<u64>,
+    /// Whether a call asking for a lease (a request's or a refresh) is
+    /// in flight: one at a time, so that concurrent requests do not each
+    /// lease what the key's demand wants.
+    asking: bool,
+}
+
+impl KeyLeases {
+    fn usable(&mut self, now_ms: u64) -> u64 {
+        self.held.retain(|h| h.until_ms > now_ms && h.units > 0);
+        self.held.iter().map(|h| h.units).sum()
+    }
+}
+
+/// Every key's leases in one isolate.
+#[derive(Debug, Default)]
+pub struct Leases {
+    keys: HashMap<String, KeyLeases>,
+}
+
+impl Leases {
+    /// No leases, no demand seen.
+    pub fn new() -> Leases {
+        Leases::default()
+    }
+
+    /// Records a request for `key` at `now_ms`: the demand a lease is
+    /// sized from.
+    pub fn observe(&mut self, key: &str, now_ms: u64) {
+        if !self.keys.contains_key(key) && !self.make_room(now_ms) {
+            return;
+        }
+        let entry = self.keys.entry(key.to_owned()).or_default();
+        if let Some(last) = entry.last_ms {
+            let gap = now_ms.saturating_sub(last);
+            // A quarter of each new gap: steady within a few requests,
+            // and one pause cannot shrink a busy key's lease to nothing.
+            entry.gap_ms = Some(entry.gap_ms.map_or(gap, |g| (3 * g + gap) / 4));
+        }
+        entry.last_ms = Some(now_ms);
+    }
+
+    /// Units `key`'s demand here would spend within `horizon_ms`, at most
+    /// `most`; none for a key seen once (cold).
+    pub fn demand(&self, key: &str, most: u64, horizon_ms: u64) -> u64 {
+        match self.keys.get(key).and_then(|e| e.gap_ms) {
+            Some(gap) => horizon_ms.checked_div(gap).unwrap_or(most).min(most),
+            None => 0,
+        }
+    }
+
+    /// Units to ask for `key` now: its [`Leases::demand`] less what it
+    /// still holds.
+    pub fn want(&mut self, key: &str, most: u64, horizon_ms: u64, now_ms: u64) -> u64 {
+        let demand = self.demand(key, most, horizon_ms);
+        demand.saturating_sub(self.held(key, now_ms))
+    }
+
+    /// Whether `key` holds `cost` units it may still spend at `now_ms`
+    /// (a request costing nothing needs a live lease all the same, for
+    /// its headers).
+    pub fn can_spend(&mut self, key: &str, cost: u64, now_ms: u64) -> bool {
+        self.keys
+            .get_mut(key)
+            .is_some_and(|e| e.usable(now_ms) >= cost.max(1))
+    }
+
+    /// Spends `cost` units of `key` (which [`Leases::can_spend`] allowed),
+    /// earliest deadline first; returns the rule's state as this isolate
+    /// sees it: the grant's remaining plus what the isolate still holds.
+    pub fn spend(&mut self, key: &str, cost: u64, now_ms: u64) -> Option<RuleState> {
+        let entry = self.keys.get_mut(key)?;
+        if entry.usable(now_ms) < cost {
+            return None;
+        }
+        let mut due = cost;
+        for h in entry.held.iter_mut() {
+            let take = due.min(h.units);
+            h.units -= take;
+            due -= take;
+        }
+        let left = entry.usable(now_ms);
+        let (state, at_ms) = entry.state?;
+        Some(RuleState {
+            verdict: Verdict::Admitted,
+            remaining: state.remaining.saturating_add(left).min(state.limit),
+            reset_after_ms: state
+                .reset_after_ms
+                .saturating_sub(now_ms.saturating_sub(at_ms)),
+            ..state
+        })
+    }
+
+    /// Keeps `units` granted to `key` by a call sent at `sent_ms`, for
+    /// `for_ms` from the script's now: the deadline counts from the
+    /// sending, never later, so it cannot outlast the script's.
+    pub fn grant(&mut self, key: &str, units: u64, for_ms: u64, sent_ms: u64, state: RuleState) {
+        if units == 0 || (!self.keys.contains_key(key) && !self.make_room(sent_ms)) {
+            return;
+        }
+        let entry = self.keys.entry(key.to_owned()).or_default();
+        let until_ms = sent_ms.saturating_add(for_ms);
+        let at = entry.held.partition_point(|h| h.until_ms <= until_ms);
+        entry.held.insert(at, Held { units, until_ms });
+        entry.state = Some((state, sent_ms));
+    }
+
+    /// Units to ask for `key` in a call about to be sent, if no other ask
+    /// is in flight: its [`Leases::want`]. A non-zero answer starts an ask
+    /// that [`Leases::answered`] ends.
+    pub fn begin_ask(&mut self, key: &str, most: u64, horizon_ms: u64, now_ms: u64) -> u64 {
+        let units = self.want(key, most, horizon_ms, now_ms);
+        self.asking(key, units)
+    }
+
+    /// Starts an ask of `units` for `key` unless one is in flight; the
+    /// units to ask for.
+    fn asking(&mut self, key: &str, units: u64) -> u64 {
+        match self.keys.get_mut(key) {
+            Some(entry) if units > 0 && !entry.asking => {
+                entry.asking = true;
+                units
+            }
+            _ => 0,
+        }
+    }
+
+    /// Units a refresh should ask for `key`, starting the ask: its whole
+    /// demand once it holds half of that or less, with no ask in flight
+    /// (0: none). The whole demand, so that a steady key makes one call
+    /// per demand's worth of requests; it then holds 1.5 times its demand
+    /// at most.
+    pub fn begin_refresh(&mut self, key: &str, most: u64, horizon_ms: u64, now_ms: u64) -> u64 {
+        let demand = self.demand(key, most, horizon_ms);
+        if self.held(key, now_ms) * 2 > demand {
+            return 0;
+        }
+        self.asking(key, demand)
+    }
+
+    /// The ask for `key` is over, granted or not.
+    pub fn answered(&mut self, key: &str) {
+        if let Some(entry) = self.keys.get_mut(key) {
+            entry.asking = false;
+        }
+    }
+
+    /// Units `key` holds and may still spend at `now_ms`.
+    pub fn held(&mut self, key: &str, now_ms: u64) -> u64 {
+        self.keys.get_mut(key).map_or(0, |e| e.usable(now_ms))
+    }
+
+    /// Room for one more key: forgets the keys that hold nothing usable
+    /// and have not been asked for in the last minute, when full.
+    fn make_room(&mut self, now_ms: u64) -> bool {
+        if self.keys.len() < MAX_KEYS {
+            return true;
+        }
+        self.keys.retain(|_, e| {
+            e.asking
+                || e.usable(now_ms) > 0
+                || e.last_ms.is_some_and(|l| now_ms.saturating_sub(l) < 60_000)
+        });
+        self.keys.len() < MAX_KEYS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(remaining: u64) -> RuleState {
+        RuleState {
+            verdict: Verdict::Admitted,
+            limit: 10,
+            remaining,
+            reset_after_ms: 1000,
+            window: 1,
+        }
+    }
+
+    #[test]
+    fn a_cold_key_asks_for_nothing_and_a_busy_one_for_its_demand() {
+        let mut l = Leases::new();
+        l.observe("k", 0);
+        assert_eq!(l.want("k", 8, 1000, 0), 0);
+        l.observe("k", 100);
+        // One ask per 100 ms: 10 within a second, capped at 8.
+        assert_eq!(l.want("k", 8, 1000, 100), 8);
+        assert_eq!(l.want("k", 8, 250, 100), 2);
+        l.grant("k", 2, 250, 100, state(5));
+        assert_eq!(l.want("k", 8, 250, 100), 0);
+    }
+
+    #[test]
+    fn units_are_spent_only_before_their_deadline_earliest_first() {
+        let mut l = Leases::new();
+        l.observe("k", 0);
+        l.grant("k", 2, 100, 0, state(5));
+        l.grant("k", 3, 50, 10, state(4));
+        assert!(l.can_spend("k", 5, 20));
+        let s = l.spend("k", 3, 20).unwrap();
+        // 2 left (of the grant lasting to 100), on the last grant's view.
+        assert_eq!((s.remaining, s.reset_after_ms), (6, 990));
+        assert_eq!(l.held("k", 59), 2);
+        assert!(!l.can_spend("k", 1, 100));
+        assert_eq!(l.held("k", 100), 0);
+        assert!(l.spend("k", 1, 100).is_none());
+        assert!(!l.can_spend("other", 1, 0));
+    }
+
+    #[test]
+    fn one_ask_at_a_time_and_a_refresh_when_a_key_runs_low() {
+        let mut l = Leases::new();
+        l.observe("k", 0);
+        l.observe("k", 100);
+        // Demand: 8 within 800 ms.
+        assert_eq!(l.begin_ask("k", 8, 800, 100), 8);
+        assert_eq!(l.begin_ask("k", 8, 800, 100), 0, "one in flight");
+        l.grant("k", 5, 1000, 100, state(5));
+        l.answered("k");
+        assert_eq!(l.begin_refresh("k", 8, 800, 100), 0, "5 of 8 is not low");
+        l.spend("k", 1, 101);
+        assert_eq!(l.begin_refresh("k", 8, 800, 101), 8);
+        assert_eq!(l.begin_refresh("k", 8, 800, 101), 0);
+        l.answered("k");
+        assert_eq!(l.begin_ask("k", 8, 800, 101), 4);
+    }
+
+    #[test]
+    fn the_table_stays_bounded() {
+        let mut l = Leases::new();
+        for i in 0..MAX_KEYS + 10 {
+            l.observe(&i.to_string(), 0);
+        }
+        assert_eq!(l.keys.len(), MAX_KEYS);
+        // A minute later the idle keys make room.
+        l.observe("late", 60_000);
+        assert_eq!(l.keys.len(), 1);
+    }
+}

@@ -1,0 +1,166 @@
+//! Quota leases end to end in `wrangler dev` (issue 24): a hot key is
+//! mostly decided in the isolate, two instances sharing a key above its
+//! limit never admit more than the limit, and leased units outlive an
+//! unreachable Redis until their deadline, no longer.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use edge_limiter_local::fault_proxy::Fault;
+use futures_util::future::join_all;
+use reqwest::StatusCode;
+use serde_json::Value;
+use support::{header, worker::Stack};
+
+async fn get(url: &str, ip: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .get(url)
+        .header("CF-Connecting-IP", ip)
+        .send()
+        .await
+        .expect("the worker answers")
+}
+
+/// Requests that reached the origin.
+async fn origin_hits(stack: &Stack) -> u64 {
+    stack.origin.hits().await["total"].as_u64().unwrap_or(0)
+}
+
+fn lease_grants(log: &str) -> usize {
+    log.lines()
+        .filter_map(|l| l.find(r#"{"source":"edge-limiter""#).map(|at| &l[at..]))
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["action"] == "lease_grant")
+        .count()
+}
+
+const HOT: &str = r#"
+[[vars.LIMITER.rules]]
+name = "hot"
+key = ["ip"]
+algorithm = "gcra"
+rate = 100
+period = "1s"
+burst = 300
+lease = 20
+lease_for = "2s"
+"#;
+
+#[tokio::test]
+async fn a_hot_key_is_mostly_decided_in_the_isolate() {
+    let stack = Stack::start(HOT);
+    let url = format!("{}/hot", stack.worker.url);
+    let before = stack.backend.script_calls();
+    let hits_before = origin_hits(&stack).await;
+    let n = 150;
+    let mut limits = vec![];
+    for _ in 0..n {
+        let r = get(&url, "198.51.100.7").await;
+        assert_eq!(r.status(), StatusCode::OK);
+        limits.push(header(&r, "RateLimit").map(str::to_owned));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let calls = stack.backend.script_calls() - before;
+    eprintln!("{calls} script calls for {n} requests");
+    assert!(calls * 4 <= n, "{calls} script calls for {n} requests");
+    // Every answer, lease-served or not, says where the client stands.
+    assert!(limits
+        .iter()
+        .all(|l| l.as_deref().is_some_and(|v| v.starts_with("\"hot\";r="))));
+    assert_eq!(origin_hits(&stack).await - hits_before, n);
+    assert!(lease_grants(&stack.worker.log()) > 0);
+}
+
+const SHARED: &str = r#"
+[[vars.LIMITER.rules]]
+name = "shared"
+key = ["ip"]
+algorithm = "gcra"
+rate = 1
+period = "1m"
+burst = 40
+lease = 8
+lease_for = "1s"
+"#;
+
+#[tokio::test]
+async fn two_instances_over_the_limit_admit_no_more_than_it() {
+    let stack = Stack::builder(SHARED).instances(2).start();
+    let urls = [&stack.worker.url, &stack.others[0].url].map(|u| format!("{u}/shared"));
+    let started = Instant::now();
+    let mut admitted = 0u64;
+    // Waves of 8 concurrent requests on each instance, well above the limit.
+    for _ in 0..20 {
+        let sent = urls
+            .iter()
+            .flat_map(|u| (0..8).map(move |_| get(u, "198.51.100.8")));
+        for r in join_all(sent).await {
+            match r.status() {
+                StatusCode::OK => admitted += 1,
+                StatusCode::TOO_MANY_REQUESTS => {}
+                other => panic!("unexpected {other}"),
+            }
+        }
+    }
+    // The burst, and one unit per minute since the first request.
+    let bound = 40 + started.elapsed().as_secs() / 60 + 1;
+    eprintln!("{admitted} admitted of 320 (bound {bound})");
+    assert!(admitted <= bound, "{admitted} admitted, bound {bound}");
+    assert_eq!(origin_hits(&stack).await, admitted);
+    assert!(admitted >= 20, "only {admitted} admitted of a burst of 40");
+}
+
+const FAULTY: &str = r#"
+[[vars.LIMITER.rules]]
+name = "faulty"
+key = ["ip"]
+algorithm = "gcra"
+rate = 100
+period = "1s"
+burst = 300
+lease = 20
+lease_for = "2s"
+fail = "closed"
+"#;
+
+#[tokio::test]
+async fn leased_units_outlive_an_unreachable_redis_until_their_deadline() {
+    let stack = Stack::builder(FAULTY).through_fault_proxy().start();
+    let proxy = stack.proxy.as_ref().unwrap();
+    let url = format!("{}/faulty", stack.worker.url);
+    for _ in 0..30 {
+        assert_eq!(get(&url, "198.51.100.9").await.status(), StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let hits_before = origin_hits(&stack).await;
+    proxy.set(Fault::Status {
+        status: 500,
+        body: "down".into(),
+    });
+    let faulted = Instant::now();
+    let mut during = vec![];
+    for _ in 0..30 {
+        during.push(get(&url, "198.51.100.9").await.status());
+    }
+    let within = faulted.elapsed();
+    // Whatever is left once the deadline has passed falls to the fail mode.
+    tokio::time::sleep(Duration::from_millis(2100).saturating_sub(within)).await;
+    let after = get(&url, "198.51.100.9").await.status();
+    proxy.set(Fault::Pass);
+    let served = during.iter().filter(|s| **s == StatusCode::OK).count();
+    eprintln!("{served} of 30 served from the lease in {within:?}, then {after}");
+    assert!(served >= 1, "no leased unit was spent: {during:?}");
+    assert!(served <= 20, "more than a lease holds: {during:?}");
+    // Served first, then the fail mode: never a unit after the fail mode.
+    assert!(
+        during[..served].iter().all(|s| *s == StatusCode::OK),
+        "{during:?}"
+    );
+    assert!(during[served..]
+        .iter()
+        .all(|s| *s == StatusCode::SERVICE_UNAVAILABLE));
+    assert_eq!(after, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(origin_hits(&stack).await - hits_before, served as u64);
+}

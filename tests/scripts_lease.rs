@@ -1,0 +1,155 @@
+//! Quota leases on the script's side (issue 24), against a real
+//! `redis-server` through the REST endpoint, on a pinned clock: what a
+//! lease is granted, how it is charged, and when it is refused.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod support;
+
+use edge_limiter::{
+    decision::{
+        keys::{redis_key, window_offset},
+        protocol::{run, Check, LeaseAsk, Reply, ScriptCall},
+        verdict::{Decision, Grant},
+    },
+    rules::rule::Rule,
+};
+use serde_json::json;
+use support::{rules, Backend, BUDGET};
+
+const T0: u64 = 1_795_168_800_000;
+
+/// A decision of one unit for `id` at `now_ms`, asking for `units` more
+/// lasting `for_ms`.
+async fn ask(b: &Backend, rule: &Rule, id: &str, units: u64, for_ms: u64, now_ms: u64) -> Decision {
+    let lease = LeaseAsk {
+        rule: 0,
+        units,
+        for_ms,
+    };
+    let call = ScriptCall::decide_leasing(
+        &[(Check { rule, cost: 1 }, vec![id])],
+        vec![lease],
+        Some(now_ms),
+    );
+    run(&b.client, &call, BUDGET)
+        .await
+        .and_then(Reply::decision)
+        .expect("a decision")
+}
+
+/// Units left for `id` at `now_ms`, by a peek.
+async fn left(b: &Backend, rule: &Rule, id: &str, now_ms: u64) -> u64 {
+    b.decide(&[rule], id, 0, Some(now_ms)).await.rules[0].remaining
+}
+
+fn gcra(rate: u64, burst: u64) -> Rule {
+    rules(json!([{"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": rate, "period": "1s", "burst": burst}]))
+        .remove(0)
+}
+
+/// Exact GCRA over arrivals (us), interval and burst: how many arrivals
+/// the limit would refuse. Written from the definition, sharing nothing
+/// with the script or the model.
+fn over_gcra(arrivals_us: &[u64], interval_us: u64, burst: u64) -> usize {
+    let mut tat = 0u64;
+    let mut over = 0;
+    for &t in arrivals_us {
+        let next = tat.max(t) + interval_us;
+        if next - t > burst * interval_us {
+            over += 1;
+        } else {
+            tat = next;
+        }
+    }
+    over
+}
+
+#[tokio::test]
+async fn naive_leases_over_admit_and_the_deadline_accounting_refuses_that_lease() {
+    // ../shared/leases.md: rate 1/s, burst 3. Naively, A is charged 3 at
+    // 0.0 and spends 2 at 2.9 while B is admitted twice at 2.0.
+    let s = 1_000_000;
+    let reached = [0, 2 * s, 2 * s, 2_900_000, 2_900_000];
+    assert_eq!(over_gcra(&reached, s, 3), 1, "the naive lease goes over");
+    // Charged as arriving at its end (2.9 s), the lease does not conform
+    // at the grant: refused, and the request alone is charged.
+    let b = Backend::start();
+    let rule = gcra(1, 3);
+    let d = ask(&b, &rule, "a", 2, 2900, T0).await;
+    assert!(d.admitted());
+    assert_eq!(d.grants, []);
+    assert_eq!(left(&b, &rule, "a", T0).await, 2);
+}
+
+#[tokio::test]
+async fn a_gcra_lease_counts_as_arriving_at_its_end() {
+    let b = Backend::start();
+    // 1/s, burst 10: the request and 2 units, accounted at 1 s from now.
+    let rule = gcra(1, 10);
+    let d = ask(&b, &rule, "a", 2, 1000, T0).await;
+    assert_eq!(
+        d.grants,
+        [Grant {
+            rule: 0,
+            units: 2,
+            for_ms: 1000
+        }]
+    );
+    // The TAT lies 1 + 3 s ahead: 6 of 10 left.
+    assert_eq!(left(&b, &rule, "a", T0).await, 6);
+    // A lease takes at most half of what is left after the request: 2 of 5.
+    let d = ask(&b, &rule, "a", 8, 1000, T0).await;
+    assert_eq!(d.grants[0].units, 2);
+    assert_eq!(left(&b, &rule, "a", T0).await, 3);
+    // Nearly spent, the leases shrink: 1 of the 2 left after the request,
+    // then none of the 0 left after the next.
+    let d = ask(&b, &rule, "a", 8, 1000, T0).await;
+    assert_eq!(d.grants[0].units, 1);
+    let d = ask(&b, &rule, "a", 8, 1000, T0).await;
+    assert!(d.admitted());
+    assert_eq!(d.grants, []);
+    assert_eq!(left(&b, &rule, "a", T0).await, 0);
+}
+
+#[tokio::test]
+async fn a_denied_request_is_granted_nothing_and_charged_nothing() {
+    let b = Backend::start();
+    let rule = gcra(1, 1);
+    assert!(ask(&b, &rule, "a", 1, 0, T0).await.admitted());
+    let d = ask(&b, &rule, "a", 4, 1, T0).await;
+    assert!(!d.admitted());
+    assert_eq!(d.grants, []);
+    assert_eq!(left(&b, &rule, "a", T0 + 1000).await, 1);
+}
+
+#[tokio::test]
+async fn a_window_lease_ends_with_the_bucket_its_units_were_counted_in() {
+    let b = Backend::start();
+    let rule = rules(json!([{"name": "w", "key": ["ip"], "algorithm": "windowed",
+        "windows": [["1s", 11, "100ms"], ["1m", 100, "1s"]]}]))
+    .remove(0);
+    let offset = window_offset(&redis_key("w", &["a"]), 60_000);
+    let d = ask(&b, &rule, "a", 8, 0, T0).await;
+    // Half of the 10 left after the request: 5; until the 100 ms bucket ends.
+    let into = (T0 + offset) % 100;
+    assert_eq!(
+        d.grants,
+        [Grant {
+            rule: 0,
+            units: 5,
+            for_ms: 100 - into
+        }]
+    );
+    assert_eq!(
+        d.rules[0].remaining, 10,
+        "the headers' view leaves the lease out"
+    );
+    assert_eq!(left(&b, &rule, "a", T0).await, 5);
+    // Charged in that bucket: gone from the short window once it slides past.
+    assert_eq!(left(&b, &rule, "a", T0 + 1000).await, 11);
+    // Still counted by the long one.
+    let long = rules(json!([{"name": "w", "key": ["ip"], "algorithm": "windowed",
+        "windows": [["1m", 100, "1s"]]}]))
+    .remove(0);
+    assert_eq!(left(&b, &long, "a", T0 + 1000).await, 94);
+}
