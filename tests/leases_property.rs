@@ -1,8 +1,8 @@
 //! Quota leases never go over the limit (issue 24): random arrivals from
 //! several simulated isolates, each a real [`Limiter`] with its own lease
 //! table, against the real script on `redis-server` on a pinned clock.
-//! Every admission's time is recorded, and a checker written here from the
-//! rules' definitions (sharing no code with the script's Rust side or the
+//! Every admission's time is recorded, and the independent checker
+//! (`simulate::conform`, sharing no code with the script's Rust side or the
 //! model) replays them: none may go over. With leases off, the admissions
 //! are exactly the reference model's.
 #![cfg(not(target_arch = "wasm32"))]
@@ -11,7 +11,6 @@ mod support;
 
 use std::{
     cell::RefCell,
-    collections::HashMap,
     sync::atomic::{AtomicU64, Ordering},
 };
 
@@ -25,7 +24,8 @@ use edge_limiter::{
         protocol::Check,
         redis_rest::RestClient,
     },
-    rules::{config::Config, lease::Lease, request::RequestMeta},
+    operator::simulate::conform::over_limit,
+    rules::{config::Config, lease::Lease, policy::Policy, request::RequestMeta},
 };
 use proptest::{
     prelude::*,
@@ -69,49 +69,6 @@ impl Limit {
     }
 }
 
-/// How many admissions (ms, in order) go over `limit` for a client whose
-/// windows are shifted by `offset_ms`. GCRA: each unit occupies the
-/// interval (period / rate, rounded to the microsecond), at most `burst`
-/// intervals ahead. Windows: no window's buckets that overlap it may hold
-/// more than its limit.
-fn over(limit: &Limit, offset_ms: u64, admitted_ms: &[u64]) -> usize {
-    match limit {
-        Limit::Gcra {
-            rate,
-            period_ms,
-            burst,
-        } => {
-            let interval = (period_ms * 1000 + rate / 2) / rate;
-            let mut tat = 0u64;
-            let mut over = 0;
-            for &ms in admitted_ms {
-                let t = ms * 1000;
-                tat = tat.max(t) + interval;
-                if tat - t > burst * interval {
-                    over += 1;
-                }
-            }
-            over
-        }
-        Limit::Windows(ws) => {
-            let mut over = 0;
-            for &(duration, limit, precision) in ws {
-                let mut counts: HashMap<u64, u64> = HashMap::new();
-                for &ms in admitted_ms {
-                    let bucket = (ms + offset_ms) / precision;
-                    *counts.entry(bucket).or_default() += 1;
-                    let first = (bucket + 1).saturating_sub(duration / precision);
-                    let held: u64 = (first..=bucket).filter_map(|b| counts.get(&b)).sum();
-                    if held > limit {
-                        over += 1;
-                    }
-                }
-            }
-            over
-        }
-    }
-}
-
 /// One request: how long after the previous one (ms; when drawn, in
 /// hundredths of twice the limit's spacing), from which isolate.
 #[derive(Debug, Clone)]
@@ -150,6 +107,12 @@ fn arrivals(isolates: usize) -> impl Strategy<Value = Vec<Arrival>> {
         (0u64..100, 0..isolates).prop_map(|(wait_ms, isolate)| Arrival { wait_ms, isolate }),
         50..250,
     )
+}
+
+/// Admissions (ms, one unit each) over `policy`, by the independent check.
+fn over(policy: &Policy, offset_ms: u64, admitted_ms: &[u64]) -> u64 {
+    let charged: Vec<(u64, u64)> = admitted_ms.iter().map(|&t| (t, 1)).collect();
+    over_limit(policy, offset_ms, &charged)
 }
 
 static CASE: AtomicU64 = AtomicU64::new(0);
@@ -282,7 +245,7 @@ fn case(
         ));
         let offset = window_offset(&redis_key("r", &[&ip]), policy.longest_ms());
         prop_assert_eq!(
-            over(&limit, offset, &admitted),
+            over(policy, offset, &admitted),
             0,
             "over the limit: {:?}",
             admitted
@@ -332,23 +295,6 @@ fn leased_admissions_never_go_over_the_limit() {
     );
 }
 
-/// The checker itself can fail: it finds the over-admission of
-/// `../shared/leases.md`'s naive lease, and an extra unit in a window.
-#[test]
-fn the_checker_sees_what_goes_over() {
-    let gcra = Limit::Gcra {
-        rate: 1,
-        period_ms: 1000,
-        burst: 3,
-    };
-    assert_eq!(over(&gcra, 0, &[0, 2000, 2000, 2900]), 0);
-    assert_eq!(over(&gcra, 0, &[0, 2000, 2000, 2900, 2900]), 1);
-    let w = Limit::Windows(vec![(1000, 2, 100)]);
-    assert_eq!(over(&w, 0, &[0, 950, 1000]), 0);
-    assert_eq!(over(&w, 0, &[0, 950, 999]), 1);
-    assert_eq!(over(&w, 50, &[0, 949, 950]), 0);
-}
-
 /// Leases are used: a hot key through two isolates makes far fewer calls
 /// than requests, and is still never over.
 #[test]
@@ -376,7 +322,8 @@ fn a_hot_key_is_mostly_decided_from_leases() {
             &arrivals,
             1_795_000_000_000,
         ));
-        assert_eq!(over(&limit, 0, &admitted), 0);
+        let policy = &config.rules[0].policy;
+        assert_eq!(over(policy, 0, &admitted), 0);
         assert!(admitted.len() >= 690, "{} admitted", admitted.len());
         eprintln!(
             "{calls} calls, {} admitted of {} requests",

@@ -497,3 +497,68 @@ fn count_status_and_penalties_by_hand() {
         );
     }
 }
+
+/// `--isolates`: a hot key under its limit, spread over three isolates,
+/// is mostly decided from leases, never over the limit, and admitted as
+/// the exact replay admits it; far over its limit, it is never over
+/// either.
+#[test]
+fn isolates_show_what_leases_trade() {
+    let dir = temp_dir("isolates");
+    let config = dir.join("wrangler.toml");
+    std::fs::write(
+        &config,
+        r#"
+[[vars.LIMITER.rules]]
+name = "hot"
+key = ["ip"]
+algorithm = "gcra"
+rate = 100
+period = "1s"
+burst = 200
+lease = 20
+lease_for = "500ms"
+"#,
+    )
+    .unwrap();
+    let replay = |log: &str, json: bool| {
+        let path = dir.join("access.csv");
+        std::fs::write(&path, log).unwrap();
+        let out = bin()
+            .arg("simulate")
+            .arg(&config)
+            .arg("--log")
+            .arg(&path)
+            .args(["--isolates", "3"])
+            .args(json.then_some("--json"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // 70 a second from one client for 30 s.
+    let mut log = String::from("time,ip,method,path\n");
+    for i in 0..2100u64 {
+        log.push_str(&format!("{},198.51.100.1,GET,/\n", T0 + i * 1000 / 70));
+    }
+    let report: serde_json::Value = serde_json::from_str(&replay(&log, true)).unwrap();
+    let isolates = &report["isolates"];
+    assert_eq!(isolates["requests"], json!(2100), "{isolates}");
+    assert_eq!(isolates["over_limit"], json!(0), "{isolates}");
+    assert_eq!(isolates["denied_only_with_leases"], json!(0), "{isolates}");
+    assert_eq!(isolates["errors"], json!(0), "{isolates}");
+    assert!(
+        isolates["rest_calls"].as_u64().unwrap() * 5 < 2100,
+        "{isolates}"
+    );
+    // Then 300 a second for 2 s: denials come from Redis, exact as ever.
+    for i in 0..600u64 {
+        log.push_str(&format!(
+            "{},198.51.100.1,GET,/\n",
+            T0 + 30_000 + i * 10 / 3
+        ));
+    }
+    let text = replay(&log, false);
+    assert!(text.contains("With leases, through 3 isolates:"), "{text}");
+    assert!(text.contains("over any rule's limit    0"), "{text}");
+}

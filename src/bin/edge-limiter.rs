@@ -22,6 +22,7 @@ mod cli {
         operator::simulate::{
             self,
             engine::{Engine, ModelEngine, RedisEngine},
+            isolates::IsolatesReplay,
             log::Format,
             plot,
         },
@@ -86,6 +87,11 @@ mod cli {
         /// No progress bar.
         #[arg(long, short)]
         quiet: bool,
+        /// Also replay the log through N isolates with the rules' leases, and
+        /// report REST calls per request, the requests decided differently,
+        /// and whether anything went over a limit.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+        isolates: Option<u16>,
     }
 
     #[derive(Clone, Copy, ValueEnum)]
@@ -221,17 +227,24 @@ mod cli {
             EngineKind::Redis => Box::new(RedisEngine::start()?),
             EngineKind::Model => Box::new(ModelEngine::new()),
         };
-        let mut bar = Progress::new(size, args.quiet);
+        let mut heard = Heard {
+            progress: Progress::new(size, args.quiet),
+            isolates: args
+                .isolates
+                .map(|n| IsolatesReplay::start(&config, n.into()))
+                .transpose()?,
+        };
         let report = simulate::simulate(
             &config,
             BufReader::with_capacity(1 << 20, file),
             &options,
             engine.as_mut(),
-            &mut bar,
+            &mut heard,
         );
-        bar.finish();
-        // The private redis-server stops here, before anything is printed.
+        heard.progress.finish();
+        // The private redis-servers stop here, before anything is printed.
         drop(engine);
+        let isolates = heard.isolates.map(IsolatesReplay::finish);
         let report = report?;
         if let Some(path) = &args.plot {
             let is_html = path
@@ -246,12 +259,36 @@ mod cli {
         }
         let mut out = std::io::stdout().lock();
         let text = if args.json {
-            format!("{}\n", report.to_json())
+            let mut json = report.to_json();
+            if let Some(isolates) = &isolates {
+                json["isolates"] = serde_json::to_value(isolates).unwrap_or_default();
+            }
+            format!("{json}\n")
         } else {
-            report.render_text(&shown)
+            let extra = isolates.map(|i| i.render_text()).unwrap_or_default();
+            format!("{}{extra}", report.render_text(&shown))
         };
         out.write_all(text.as_bytes())?;
         Ok(())
+    }
+
+    /// What hears the simulation: the progress bar, and the lease replay
+    /// when `--isolates` asks for one.
+    struct Heard<'c> {
+        progress: Progress,
+        isolates: Option<IsolatesReplay<'c>>,
+    }
+
+    impl simulate::Observer for Heard<'_> {
+        fn progress(&mut self, bytes: u64) {
+            self.progress.progress(bytes);
+        }
+
+        fn verdict(&mut self, record: &simulate::log::Record, verdict: simulate::Replayed<'_>) {
+            if let Some(isolates) = &mut self.isolates {
+                isolates.verdict(record, verdict);
+            }
+        }
     }
 
     /// A progress bar on stderr over the log's bytes, shown only when stderr

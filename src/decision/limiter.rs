@@ -7,13 +7,14 @@ use std::{borrow::Cow, cell::RefCell, time::Duration};
 use super::{
     block_cache::BlockCache,
     events::{Action, Event},
-    keys::redis_key,
+    keys::{redis_key, window_offset},
     leases::Leases,
     protocol::{penalty_key, run, Check, LeaseAsk, Reply, ScriptCall, ScriptError, ScriptRunner},
     verdict::{Decision, Retry},
 };
 use crate::rules::{
     config::Config,
+    policy::Policy,
     request::RequestMeta,
     rule::{Ambiguous, FailMode, Mode, Rule, RuleId, DEFAULT_BUDGET_MS},
 };
@@ -175,18 +176,19 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         let methods = req.methods();
         let checks = selection.checks(&methods);
         let leased = self.observe(&checks, now_ms);
-        let mut handled = match self.admit_from_leases(&checks, &leased, now_ms) {
-            Some(handled) => handled,
-            None => {
-                let asks = self.lease_asks(&checks, &leased, now_ms);
-                self.decide(&checks, asks, now_ms).await
-            }
-        };
+        if let Some(mut handled) = self.admit_from_leases(&checks, &leased, now_ms) {
+            // Only a request served from leases refreshes them: one that
+            // made a call asked for its lease in it.
+            handled.refresh = self.refresh_due(&selection, &leased, now_ms);
+            handled.events = events;
+            return handled;
+        }
+        let asks = self.lease_asks(&checks, &leased, now_ms);
+        let mut handled = self.decide(&checks, asks, now_ms).await;
         events.append(&mut handled.events);
         handled.events = events;
         if let Outcome::Forward(Forward::Admitted(decided)) = &handled.outcome {
             handled.refund = selection.pending_refund(&decided.decision, &methods);
-            handled.refresh = self.refresh_due(&selection, &checks, &leased, now_ms);
         }
         handled
     }
@@ -252,8 +254,9 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             .enumerate()
             .filter_map(|(i, ((c, _), key))| {
                 let lease = c.rule.lease?;
-                let horizon_ms = c.rule.lease_horizon_ms();
-                let units = leases.begin_ask(key.as_deref()?, lease.units, horizon_ms, now_ms);
+                let key = key.as_deref()?;
+                let horizon_ms = lease_horizon_ms(c.rule, key, now_ms);
+                let units = leases.begin_ask(key, lease.units, horizon_ms, now_ms);
                 Some(LeaseAsk {
                     rule: i,
                     units,
@@ -268,7 +271,6 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     fn refresh_due(
         &self,
         selection: &Selection<'c, '_>,
-        checks: &[(Check<'c>, Vec<&str>)],
         leased: &[Option<String>],
         now_ms: u64,
     ) -> Option<LeaseRefresh> {
@@ -276,11 +278,11 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         let rules: Vec<(RuleId, Vec<String>, u64)> = selection
             .rules
             .iter()
-            .zip(checks)
             .zip(leased)
-            .filter_map(|(((rule_id, rule, id), _), key)| {
+            .filter_map(|((rule_id, rule, id), key)| {
                 let (lease, key) = (rule.lease?, key.as_deref()?);
-                let units = leases.begin_refresh(key, lease.units, rule.lease_horizon_ms(), now_ms);
+                let horizon_ms = lease_horizon_ms(rule, key, now_ms);
+                let units = leases.begin_refresh(key, lease.units, horizon_ms, now_ms);
                 (units > 0).then(|| (*rule_id, id.iter().map(|p| p.to_string()).collect(), units))
             })
             .collect();
@@ -430,6 +432,24 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                 handled
             }
             Err(error) => failed(checks, &call, &error),
+        }
+    }
+}
+
+/// How long a lease of `rule` for `key` granted at `now_ms` would last,
+/// for sizing it from demand: a GCRA lease's length; a window's, until the
+/// current bucket ends (on this isolate's clock, near enough to Redis's
+/// for sizing: the deadline itself always comes from the script).
+fn lease_horizon_ms(rule: &Rule, key: &str, now_ms: u64) -> u64 {
+    match (&rule.policy, rule.lease) {
+        (_, None) => 0,
+        (Policy::Gcra(_), Some(lease)) => lease.for_ms,
+        (Policy::Windowed(ws), Some(_)) => {
+            let shifted = now_ms + window_offset(key, rule.policy.longest_ms());
+            ws.iter()
+                .map(|w| w.precision_ms() - shifted % w.precision_ms())
+                .min()
+                .unwrap_or(0)
         }
     }
 }

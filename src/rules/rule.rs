@@ -211,19 +211,6 @@ pub struct DenyBody {
 }
 
 impl Rule {
-    /// How long a lease of this rule lasts at most, ms, for sizing one from
-    /// demand: a GCRA lease's length; a window's, half its shortest bucket
-    /// (it ends with the bucket, on average halfway through).
-    pub fn lease_horizon_ms(&self) -> u64 {
-        match (&self.policy, self.lease) {
-            (_, None) => 0,
-            (Policy::Gcra(_), Some(lease)) => lease.for_ms,
-            (Policy::Windowed(ws), Some(_)) => {
-                ws.iter().map(|w| w.precision_ms()).min().unwrap_or(0) / 2
-            }
-        }
-    }
-
     /// A rule matching every request, keyed on the client IP, with `policy`
     /// and every other field at its default; for tests and simulations.
     pub fn with_policy(name: &str, policy: Policy) -> Rule {

@@ -8,7 +8,9 @@
 //! request's time, or the reference model.
 
 pub mod clock;
+pub mod conform;
 pub mod engine;
+pub mod isolates;
 pub mod log;
 pub mod plot;
 pub mod report;
