@@ -6,11 +6,15 @@
 // `?delay=300` answers that many milliseconds late (at most 10 s). Every
 // answer says how many body bytes arrived and their SHA-1
 // (x-body-bytes, x-body-sha1), so tests can prove a body went through intact.
+// Paths under /timed/ also keep each arrival's time (epoch ms, fractional):
+// GET /__origin/arrivals?path=/timed/x returns them, for checks of what got
+// through in every interval.
 import { createHash } from "node:crypto";
 import http from "node:http";
 
 const port = Number(process.env.ORIGIN_PORT ?? process.argv[2] ?? 8081);
 const hits = { total: 0, paths: {} };
+const arrivals = {};
 
 // Real origins behind a CDN take large headers; node's 16 KB default would
 // answer 431 mid-request and leave the forwarding fetch racing a closed socket.
@@ -21,8 +25,17 @@ const server = http.createServer({ maxHeaderSize: 256 * 1024 }, (req, res) => {
     res.end(JSON.stringify(hits));
     return;
   }
+  if (path === "/__origin/arrivals") {
+    const asked = new URL(req.url, "http://origin").searchParams.get("path") ?? "";
+    res.writeHead(200, { "content-type": "application/json" });
+    res.end(JSON.stringify(arrivals[asked] ?? []));
+    return;
+  }
   hits.total += 1;
   hits.paths[path] = (hits.paths[path] ?? 0) + 1;
+  if (path.startsWith("/timed/")) {
+    (arrivals[path] ??= []).push(performance.timeOrigin + performance.now());
+  }
   let params;
   try {
     params = new URL(req.url, "http://origin").searchParams;

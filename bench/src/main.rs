@@ -3,13 +3,15 @@
 //! both. `scripts/bench` builds what it needs and runs this; it prints one
 //! table and saves it, with the date and machine, to `bench/RESULTS.md`.
 //!
-//! The six parts (see `report.rs`): Redis-side cost per decision, worker
+//! The seven parts (see `report.rs`): Redis-side cost per decision, worker
 //! overhead under load, REST calls per decision, wasm size and start,
-//! exactness under load, and latency with Redis far away. Only figures: no
-//! timing fails a run; targets are ratios to figures of the same run.
+//! exactness under load, latency with Redis far away, and a hot key under
+//! quota leases. Only figures: no timing fails a run; targets are ratios
+//! to figures of the same run.
 
 mod cpu;
 mod far;
+mod hot;
 mod load;
 mod peer;
 mod redis_side;
@@ -31,7 +33,10 @@ use edge_limiter_local::{
 
 use crate::{
     load::Shape,
-    report::{Results, OURS, OURS_BASELINE, OURS_FAR, OURS_UNMATCHED, PASSTHROUGH, PEER, PEER_FAR},
+    report::{
+        Results, OURS, OURS_BASELINE, OURS_FAR, OURS_HOT, OURS_SHARED, OURS_UNMATCHED, PASSTHROUGH,
+        PEER, PEER_FAR, PEER_HOT,
+    },
     stack::{repo, Origin, Worker, TOKEN},
 };
 
@@ -46,7 +51,7 @@ usage: edge-limiter-bench [--quick] [--rounds N] [--seconds S] [--baseline DIR]
                another build of our worker (what scripts/build-worker leaves
                in build/, e.g. of an earlier commit), run beside this one
                under load: a change's before and after in one run
-  --parts LIST the parts to run, comma-separated (default 1,2,3,4,6; 2 also
+  --parts LIST the parts to run, comma-separated (default 1,2,3,4,6,7; 2 also
                measures 5): '--parts 2 --baseline DIR --no-save' compares
                two builds under load in a few minutes
   --no-save    print the table only
@@ -61,12 +66,12 @@ struct Options {
     far_clients: u32,
     baseline: Option<PathBuf>,
     /// Which parts run; index 0 is unused, 5 goes with 2.
-    parts: [bool; 7],
+    parts: [bool; 8],
     out: Option<PathBuf>,
 }
 
 impl Options {
-    /// Whether `part` (1 to 6) is to run.
+    /// Whether `part` (1 to 7) is to run.
     fn runs(&self, part: usize) -> bool {
         self.parts[part]
     }
@@ -79,7 +84,7 @@ impl Options {
             redis_calls: 50_000,
             far_clients: 200,
             baseline: None,
-            parts: [true; 7],
+            parts: [true; 8],
             out: Some(repo().join("bench/RESULTS.md")),
         };
         while let Some(arg) = args.next() {
@@ -118,14 +123,14 @@ impl Options {
 }
 
 /// `1,2,6` as the parts it names; 5 is measured with 2, so it names 2.
-fn parts(list: &str) -> Result<[bool; 7], String> {
-    let mut on = [false; 7];
+fn parts(list: &str) -> Result<[bool; 8], String> {
+    let mut on = [false; 8];
     for item in list.split(',') {
         match item.trim().parse::<usize>() {
-            Ok(n @ 1..=6) => on[if n == 5 { 2 } else { n }] = true,
+            Ok(n @ 1..=7) => on[if n == 5 { 2 } else { n }] = true,
             _ => {
                 return Err(format!(
-                    "--parts takes numbers 1 to 6, comma-separated, not {list:?}"
+                    "--parts takes numbers 1 to 7, comma-separated, not {list:?}"
                 ))
             }
         }
@@ -256,6 +261,45 @@ async fn run(o: &Options) -> Result<Results, String> {
             spawn_peer(PEER_FAR, &scratch, &proxy.url(), &origin.url)?,
         ];
         far_part(o, &http, &far_workers, &passthrough, &proxy, &mut r).await?;
+        let far_hot = hot_part(
+            o,
+            &http,
+            &far_workers,
+            &passthrough,
+            [&proxy, &proxy],
+            &origin,
+            "far",
+        )
+        .await?;
+        r.far_hot = far_hot;
+    }
+
+    if o.runs(7) {
+        say("part 7: a hot key under leases, and two workers sharing a key");
+        let proxy = || FaultProxy::start(endpoint.addr()).map_err(|e| format!("fault proxy: {e}"));
+        let proxies = [proxy()?, proxy()?];
+        let workers = [
+            spawn_ours(OURS_HOT, &built, &scratch, &proxies[0].url(), &origin.url)?,
+            spawn_peer(PEER_HOT, &scratch, &proxies[1].url(), &origin.url)?,
+            spawn_ours(OURS_SHARED, &built, &scratch, &endpoint_url, &origin.url)?,
+        ];
+        let [ours_hot, peer_hot, ours_shared] = workers;
+        let pair = [ours_hot, peer_hot];
+        r.hot = hot_part(
+            o,
+            &http,
+            &pair,
+            &passthrough,
+            [&proxies[0], &proxies[1]],
+            &origin,
+            "near",
+        )
+        .await?;
+        ours_shared.ready(&http).await?;
+        let seconds = if o.seconds < 10 { 3 } else { 10 };
+        let key = format!("shared-{}", std::process::id());
+        let shared = hot::shared(&http, [&pair[0], &ours_shared], &origin, &key, seconds).await?;
+        r.shared = Some(shared);
     }
 
     drop(passthrough);
@@ -408,6 +452,43 @@ async fn far_part(
     Ok(())
 }
 
+/// The hot key through each of `workers` (ours, then the peer), their REST
+/// calls counted at `proxies`, in interleaved rounds of a few seconds.
+async fn hot_part(
+    o: &Options,
+    http: &reqwest::Client,
+    workers: &[Worker; 2],
+    passthrough: &Worker,
+    proxies: [&FaultProxy; 2],
+    origin: &Origin,
+    run: &str,
+) -> Result<Vec<(&'static str, Vec<hot::Steady>)>, String> {
+    for w in workers {
+        w.ready(http).await?;
+    }
+    let seconds = if o.seconds < 10 { 2 } else { 5 };
+    let mut out: Vec<(&'static str, Vec<hot::Steady>)> =
+        workers.iter().map(|w| (w.label, vec![])).collect();
+    let rounds = o.load_rounds.clamp(1, 3) as usize;
+    // A fresh key per run and round; round 0 warms each worker up.
+    for round in 0..=rounds {
+        for i in 0..workers.len() {
+            let k = (i + round) % workers.len();
+            let subject = hot::Subject {
+                worker: &workers[k],
+                proxy: proxies[k],
+                key: format!("{run}-{}-{round}-{}", workers[k].label, std::process::id()),
+                seconds: if round == 0 { 1 } else { seconds },
+            };
+            let steady = hot::steady(http, &subject, passthrough, origin).await?;
+            if round > 0 {
+                out[k].1.push(steady);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Starts (a) the passthrough, (b) ours, (c) the peer, ours again for the
 /// requests no rule applies to, and the instantiate probe, all at once:
 /// wrangler's start-up is the slow part. Under `wrangler dev`, workerd's
@@ -478,8 +559,13 @@ fn spawn_ours(
     for file in BUILD {
         copy(build.join(file), dir.join("build").join(file))?;
     }
+    // A --baseline build may predate leases: the part 7 rules are ours only.
+    let hot_rules = match label {
+        OURS_BASELINE => String::new(),
+        _ => hot::our_rules(),
+    };
     let rules = format!(
-        "[[vars.LIMITER.rules]]\nname = \"load\"\nkey = [\"ip\"]\nalgorithm = \"windowed\"\nwindows = [[\"1d\", {HOT_LIMIT}, \"24m\"]]\npath_prefix = \"/load\"\n\n[[vars.LIMITER.rules]]\nname = \"rt\"\nkey = [\"ip\"]\nalgorithm = \"windowed\"\nwindows = [[\"1d\", 1, \"24m\"]]\npath_prefix = \"/rt\"\n\n[[vars.LIMITER.rules]]\nname = \"login\"\nkey = [\"ip\"]\nalgorithm = \"windowed\"\nwindows = [[\"1d\", 100, \"24m\"]]\npath_prefix = \"/login\"\ncount_status = [401]\n"
+        "{hot_rules}[[vars.LIMITER.rules]]\nname = \"load\"\nkey = [\"ip\"]\nalgorithm = \"windowed\"\nwindows = [[\"1d\", {HOT_LIMIT}, \"24m\"]]\npath_prefix = \"/load\"\n\n[[vars.LIMITER.rules]]\nname = \"rt\"\nkey = [\"ip\"]\nalgorithm = \"windowed\"\nwindows = [[\"1d\", 1, \"24m\"]]\npath_prefix = \"/rt\"\n\n[[vars.LIMITER.rules]]\nname = \"login\"\nkey = [\"ip\"]\nalgorithm = \"windowed\"\nwindows = [[\"1d\", 100, \"24m\"]]\npath_prefix = \"/login\"\ncount_status = [401]\n"
     );
     Worker::spawn(
         label,
@@ -498,7 +584,8 @@ fn spawn_peer(
     origin: &str,
 ) -> Result<Worker, String> {
     let peer_rules = format!(
-        "PEER_RULES = '[{{\"prefix\": \"/rt\", \"limit\": 1, \"window\": \"1 d\"}}, {{\"prefix\": \"/load\", \"limit\": {HOT_LIMIT}, \"window\": \"1 d\"}}]'"
+        "PEER_RULES = '[{{\"prefix\": \"/rt\", \"limit\": 1, \"window\": \"1 d\"}}, {{\"prefix\": \"/load\", \"limit\": {HOT_LIMIT}, \"window\": \"1 d\"}}, {}]'",
+        hot::peer_rule()
     );
     Worker::spawn(
         label,

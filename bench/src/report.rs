@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use crate::{
     far::{self, Situation},
+    hot::{self, Shared, Steady},
     load::{pooled_percentile, Run},
     redis_side::{Sample, FLOOR_CLOCK_RW, FLOOR_PTTL_SET, FLOOR_RW, GCRA_FRACTIONAL},
     size::Size,
@@ -40,6 +41,12 @@ pub struct Results {
     pub far: Vec<(&'static str, Vec<Situation>)>,
     /// Fresh clients per worker in part 6.
     pub far_clients: u32,
+    /// Part 6's hot key, per worker label, one run per round.
+    pub far_hot: Vec<(&'static str, Vec<Steady>)>,
+    /// Part 7: the hot key per worker label, one run per round; and the
+    /// key two workers shared.
+    pub hot: Vec<(&'static str, Vec<Steady>)>,
+    pub shared: Option<Shared>,
     /// Part 4.
     pub wasm: Size,
     pub our_bundle: Option<Size>,
@@ -125,6 +132,11 @@ pub const OURS_FAR: &str = "ours-far";
 /// The `--baseline` build of our worker, under the same load as ours.
 pub const OURS_BASELINE: &str = "ours-baseline";
 pub const PEER_FAR: &str = "peer-far";
+/// Ours and the peer under a hot key, their REST calls counted (part 7).
+pub const OURS_HOT: &str = "ours-hot";
+pub const PEER_HOT: &str = "peer-hot";
+/// The second of our workers sharing a key with the first (part 7).
+pub const OURS_SHARED: &str = "ours-shared";
 
 /// One row of the table: part, measure, ours, the other, ratio, target, met.
 type Row = [String; 7];
@@ -161,6 +173,9 @@ pub fn render(r: &Results) -> String {
         size_rows(r),
         exactness_rows(r),
         far_rows(r),
+        hot_rows(&r.far_hot, "6 Redis 40 ms away, hot key", true),
+        hot_rows(&r.hot, "7 hot key", false),
+        shared_rows(r),
     ];
     for cells in parts.iter().flatten() {
         let _ = writeln!(out, "| {} |", cells.join(" | "));
@@ -487,6 +502,114 @@ fn far_rows(r: &Results) -> Vec<Row> {
     rows
 }
 
+/// A hot key's rows, ours against the peer: REST calls per allowed
+/// request, added latency, CPU, and what went over at the origin. `far`:
+/// with Redis 40 ms away, where the target is on the added p50.
+fn hot_rows(runs: &[(&'static str, Vec<Steady>)], part: &str, far: bool) -> Vec<Row> {
+    let [Some(ours), Some(peer)] = [0, 1].map(|i| runs.get(i).map(|(_, s)| s.as_slice())) else {
+        return vec![];
+    };
+    let each = |runs: &[Steady], f: fn(&Steady) -> f64| runs.iter().map(f).collect::<Vec<_>>();
+    let figures = |f: fn(&Steady) -> f64, digits| {
+        let (o, p) = (each(ours, f), each(peer, f));
+        (
+            with_spread(&o, digits),
+            with_spread(&p, digits),
+            median(&o),
+            median(&p),
+        )
+    };
+    let mut rows = vec![];
+    let what = format!(
+        "one key at {} a second, 70 % of its limit; ours leases {} units for {} ms",
+        hot::SEND_RPS,
+        hot::LEASE.0,
+        hot::LEASE.1
+    );
+    let (o, p, om, pm) = figures(Steady::calls_per_allowed, 3);
+    let target = (!far).then_some(0.10);
+    rows.push(row([
+        part,
+        &format!("{what}: REST calls per allowed request"),
+        &o,
+        &p,
+        &ratio(om, pm),
+        &target.map_or(String::new(), |t| format!("ours <= {t:.2}")),
+        met(target.map(|t| om <= t)),
+    ]));
+    let (o50, p50, om50, pm50) = figures(|s| s.added_ms(50.0), 2);
+    let (o99, p99, _, _) = figures(|s| s.added_ms(99.0), 2);
+    let (target, ok) = match far {
+        true => ("ours' p50 <= 2 ms".to_owned(), om50 <= 2.0),
+        false => ("p50 <= 0.5".to_owned(), om50 <= 0.5 * pm50),
+    };
+    rows.push(row([
+        part,
+        "added latency over the passthrough, p50 / p99, ms",
+        &format!("{o50} / {o99}"),
+        &format!("{p50} / {p99}"),
+        &ratio(om50, pm50),
+        &target,
+        met(Some(ok)),
+    ]));
+    if !far {
+        let (o, p, om, pm) = figures(Steady::cpu_ms, 3);
+        rows.push(row([
+            part,
+            "workerd CPU per request over the passthrough, ms",
+            &o,
+            &p,
+            &ratio(om, pm),
+            "<= 0.8",
+            met(Some(om <= 0.8 * pm)),
+        ]));
+    }
+    let over = |runs: &[Steady]| runs.iter().map(|s| s.over).max().unwrap_or(0);
+    rows.push(row([
+        part,
+        "over the limit at the origin, worst interval of any round",
+        &over(ours).to_string(),
+        &over(peer).to_string(),
+        "",
+        "ours 0",
+        met(Some(over(ours) == 0)),
+    ]));
+    rows
+}
+
+/// Two of our workers on one Redis, one key above its limit.
+fn shared_rows(r: &Results) -> Vec<Row> {
+    let Some(s) = &r.shared else {
+        return vec![];
+    };
+    let part = "7 two workers, one key";
+    let share = s.admitted as f64 / s.allowed.max(1) as f64;
+    vec![
+        row([
+            part,
+            &format!(
+                "sent {} above the limit ({} a second); over the exact bound at the origin, worst interval",
+                s.sent,
+                hot::SHARED.0
+            ),
+            &s.over.to_string(),
+            "-",
+            "",
+            "0",
+            met(Some(s.over == 0)),
+        ]),
+        row([
+            part,
+            "admitted, of what the limit allows over the run",
+            &format!("{} of {} ({share:.2})", s.admitted, s.allowed),
+            "-",
+            "",
+            ">= 0.90",
+            met(Some(share >= 0.9)),
+        ]),
+    ]
+}
+
 /// Part 2's overhead rows of ours against `other` (the peer, or another
 /// build of ours), with the targets or without.
 fn overhead_rows(r: &Results, other: &str, part: &str, targets: bool) -> Vec<Row> {
@@ -653,6 +776,20 @@ fn notes(r: &Results) -> String {
         "6. Each worker again, its REST endpoint behind a proxy that holds every call {} ms (`edge_limiter_local::fault_proxy`, `Fault::Delay`): {} fresh clients, one request at a time through a `/rt` rule of 1 per client per day, each client three times (allowed, denied by Redis, denied again); every worker request follows a passthrough request from the same client, and the added latency is the worker's percentile minus the passthrough's. REST calls are the requests the proxy saw during each situation (after answers, so `waitUntil` calls count), per request.",
         far::DELAY.as_millis(),
         r.far_clients
+    );
+    let _ = writeln!(
+        out,
+        "6 and 7, hot key: one client at {} requests a second (open loop, each request just after a passthrough request) through ours (GCRA {} a second, burst {}, `lease = {}`, `lease_for = \"{}ms\"`) and the peer (`slidingWindow({}, \"1 s\")`), in interleaved rounds after a warm-up, a fresh client each; REST calls counted at a proxy in front of each worker's endpoint (in part 6, the 40 ms one), refreshes after answers included; CPU is each workerd's over the round minus the passthrough's, per request. What reached the origin is checked from its own arrival times: at most burst + rate x (t_j - t_i + 5 ms) in any [t_i, t_j]. 7, two workers: two of ours on one Redis, each sending one key at {} a second for 10 s under GCRA {} a second (burst the same, `lease = {}`, `lease_for = \"{}ms\"`), checked the same way, and admitted against burst + rate x the run's length.",
+        hot::SEND_RPS,
+        hot::RATE,
+        hot::RATE,
+        hot::LEASE.0,
+        hot::LEASE.1,
+        hot::RATE,
+        hot::SEND_RPS,
+        hot::SHARED.0,
+        hot::SHARED.1 .0,
+        hot::SHARED.1 .1
     );
 
     let _ = writeln!(out, "\n<details><summary>Every round</summary>\n");
