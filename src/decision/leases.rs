@@ -4,7 +4,7 @@
 //! charged and whose deadline has not passed, so Redis's counts always
 //! cover what was admitted. Pure: the caller passes its clock.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
 use super::verdict::{RuleState, Verdict};
 
@@ -22,8 +22,9 @@ struct Held {
 /// What one key's leases and demand look like in this isolate.
 #[derive(Debug, Clone, Default)]
 struct KeyLeases {
-    /// Grants, earliest deadline first.
-    held: VecDeque<Held>,
+    /// Grants, earliest deadline first (a few at most: a Vec is smaller in
+    /// the wasm than a VecDeque).
+    held: Vec<Held>,
     /// The rule's state as the last grant left it, for the headers.
     state: Option<(RuleState, u64)>,
     /// When the key was last asked for, and the smoothed gap between asks.

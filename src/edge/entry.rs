@@ -101,21 +101,23 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
             headers,
         } => respond(status, &content_type, &body, &headers),
         Response::Forward { headers } => {
-            if let Some(refresh) = handled.refresh {
-                // Asked for after the response, never on the request's path.
-                let isolate = isolate.clone();
-                ctx.wait_until(async move {
-                    let now_ms = js_sys::Date::now() as u64;
-                    log(&isolate.limiter().refresh(&refresh, now_ms).await);
-                });
-            }
             let response = forward(&req, &url, isolate.origin.as_deref()).await?;
-            if let Some(refund) = handled.refund {
-                // Given back after the response has gone, never delaying it.
+            let (refund, refresh) = (handled.refund, handled.refresh);
+            if refund.is_some() || refresh.is_some() {
+                // After the response has gone, never delaying it: charges
+                // the status does not count given back, leases running
+                // low asked for again.
                 let status = response.status();
                 let isolate = isolate.clone();
                 ctx.wait_until(async move {
-                    log(&isolate.limiter().refund(&refund, status).await);
+                    let limiter = isolate.limiter();
+                    if let Some(refund) = &refund {
+                        log(&limiter.refund(refund, status).await);
+                    }
+                    if let Some(refresh) = &refresh {
+                        let now_ms = js_sys::Date::now() as u64;
+                        log(&limiter.refresh(refresh, now_ms).await);
+                    }
                 });
             }
             with_headers(response, &headers)
