@@ -2,7 +2,6 @@
 //! `wrangler.toml`'s `[vars]`, and checked before any request is served.
 //! The worker and the native `edge-limiter check` command use this same code.
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use super::{
@@ -10,7 +9,7 @@ use super::{
     cidr::Cidr,
     lease::Lease,
     policy::{Gcra, Policy, PolicyError, Window, Windows, MAX_DURATION_MS},
-    raw::{Algorithm, RawConfig, RawCost, RawDuration, RawRule},
+    raw::{Algorithm, FromJson, RawConfig, RawCost, RawDuration, RawRule},
     request::{CfField, RequestMeta},
     rule::{Cost, DenyBody, FailMode, KeyPart, Mode, Rule, RuleId, DEFAULT_BUDGET_MS},
 };
@@ -101,15 +100,13 @@ impl Config {
     /// Parses and checks the configuration from its JSON form (what
     /// `[vars.LIMITER]` in `wrangler.toml` becomes).
     pub fn from_json(value: &Value) -> Result<Config, ConfigError> {
-        if !value.is_object() {
+        let Some(table) = value.as_object() else {
             return Err(ConfigError::Missing(
                 "expected a table `[vars.LIMITER]` with `rules`".into(),
             ));
-        }
-        let raw = RawConfig::deserialize(value).map_err(|e| ConfigError::Field {
-            field: "LIMITER".into(),
-            problem: e.to_string(),
-        })?;
+        };
+        let raw = RawConfig::read(table)
+            .map_err(|(field, problem)| ConfigError::Field { field, problem })?;
         if raw.rules.is_empty() {
             return Err(ConfigError::Field {
                 field: "rules".into(),
@@ -126,20 +123,13 @@ impl Config {
         }
         let cache_hold_ms = match &raw.cache_hold {
             None => DEFAULT_CACHE_HOLD_MS,
-            Some(hold) => {
-                let written = match hold {
-                    Value::String(text) => Ok(RawDuration::Text(text.clone())),
-                    other => other.as_u64().map(RawDuration::Ms).ok_or_else(|| {
-                        field_error("cache_hold", format!("`{other}` is not a duration"))
-                    }),
-                };
-                written
-                    .and_then(|w| duration("cache_hold", &w))
-                    .map_err(|e| ConfigError::Field {
-                        field: e.field,
-                        problem: e.problem,
-                    })?
-            }
+            Some(hold) => RawDuration::from_json(hold)
+                .map_err(|why| field_error("cache_hold", why))
+                .and_then(|w| duration("cache_hold", &w))
+                .map_err(|e| ConfigError::Field {
+                    field: e.field,
+                    problem: e.problem,
+                })?,
         };
         Ok(Config {
             rules,
@@ -219,17 +209,8 @@ fn parse_rule(value: &Value, index: usize) -> Result<Rule, ConfigError> {
         .filter(|n| !n.is_empty())
         .unwrap_or(&fallback)
         .to_owned();
-    let raw: RawRule = serde_path_to_error::deserialize(value).map_err(|e| {
-        // The path names the field whose value did not fit its type; an
-        // unknown or missing field is reported on the rule as a whole.
-        let path = e.path().to_string();
-        let problem = e.into_inner().to_string();
-        let whole = path == "."
-            || problem.starts_with("unknown field")
-            || problem.starts_with("missing field");
-        let field = if whole { "(rule)".to_owned() } else { path };
-        rule_error(&label, field, problem)
-    })?;
+    let raw =
+        RawRule::read(value).map_err(|(field, problem)| rule_error(&label, field, problem))?;
     Rule::try_from(raw).map_err(|e| rule_error(&label, e.field, e.problem))
 }
 
@@ -878,7 +859,7 @@ mod tests {
     }
 
     fn parse_duration(v: Value) -> Result<u64, String> {
-        let raw = RawDuration::deserialize(&v).map_err(|e| e.to_string())?;
+        let raw = RawDuration::from_json(&v)?;
         duration("d", &raw).map_err(|e| e.problem)
     }
 

@@ -3,8 +3,6 @@
 
 use std::borrow::Cow;
 
-use serde::Deserialize;
-
 use super::{
     body, canon,
     cidr::Cidr,
@@ -181,8 +179,7 @@ impl Cost {
 }
 
 /// Whether a rule blocks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// Requests beyond the limit get 429.
     Enforce,
@@ -192,8 +189,7 @@ pub enum Mode {
 }
 
 /// Behaviour when Redis is unreachable, slow, or answers nonsense.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailMode {
     /// Forward the request unlimited, and say so in a header and a log line.
     Open,

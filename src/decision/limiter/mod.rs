@@ -4,17 +4,20 @@
 
 use std::{borrow::Cow, cell::RefCell, time::Duration};
 
+mod leased;
+
+pub use leased::LeaseRefresh;
+
 use super::{
     block_cache::BlockCache,
     events::{Action, Event},
-    keys::{redis_key, window_offset},
+    keys::redis_key,
     leases::Leases,
     protocol::{penalty_key, run, Check, LeaseAsk, Reply, ScriptCall, ScriptError, ScriptRunner},
     verdict::{Decision, Retry},
 };
 use crate::rules::{
     config::Config,
-    policy::Policy,
     request::RequestMeta,
     rule::{Ambiguous, FailMode, Mode, Rule, RuleId, DEFAULT_BUDGET_MS},
 };
@@ -83,14 +86,6 @@ impl<'c> Handled<'c> {
     }
 }
 
-/// Leases to ask for after a response, one per key running low. Owned, so
-/// it can outlive the request's borrows.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseRefresh {
-    /// Each rule, with its client's identifier parts and the units wanted.
-    pub rules: Vec<(RuleId, Vec<String>, u64)>,
-}
-
 /// The charges of a forwarded request's `count_status` rules, made up
 /// front, to give back if the origin's status is not one the rule counts.
 /// Owned, so it can outlive the request's borrows.
@@ -154,8 +149,10 @@ pub struct Limiter<'c, 's, S> {
 }
 
 impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
-    /// Decides `req` at `now_ms` (the isolate's clock, used only to age
-    /// cached denials). Never fails: a Redis fault becomes the fail mode.
+    /// Decides `req` at `now_ms` (the isolate's clock: it ages cached
+    /// denials and leases, and is the script's clock only when
+    /// [`Limiter::pinned`]). Never fails: a Redis fault becomes the fail
+    /// mode.
     pub async fn handle(&self, req: &RequestMeta, now_ms: u64) -> Handled<'c> {
         let selection = match select(self.config, req) {
             Ok(selection) => selection,
@@ -193,185 +190,6 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         handled
     }
 
-    /// The state key of every matching rule that leases, in check order
-    /// (`None` for the others), each request counted toward its demand.
-    fn observe(&self, checks: &[(Check<'c>, Vec<&str>)], now_ms: u64) -> Vec<Option<String>> {
-        let mut leases = self.leases.borrow_mut();
-        checks
-            .iter()
-            .map(|(c, id)| {
-                c.rule.lease?;
-                let key = redis_key(&c.rule.name, id);
-                leases.observe(&key, now_ms);
-                Some(key)
-            })
-            .collect()
-    }
-
-    /// The request admitted from leased units, when every matching rule
-    /// leases and holds what it costs; nothing is spent otherwise.
-    fn admit_from_leases(
-        &self,
-        checks: &[(Check<'c>, Vec<&str>)],
-        leased: &[Option<String>],
-        now_ms: u64,
-    ) -> Option<Handled<'c>> {
-        let mut leases = self.leases.borrow_mut();
-        let keyed: Vec<(&Check<'c>, &str)> = checks
-            .iter()
-            .zip(leased)
-            .map(|((c, _), key)| Some((c, key.as_deref()?)))
-            .collect::<Option<_>>()?;
-        if !keyed
-            .iter()
-            .all(|(c, key)| leases.can_spend(key, c.cost, now_ms))
-        {
-            return None;
-        }
-        let states = keyed
-            .iter()
-            .map(|(c, key)| leases.spend(key, c.cost, now_ms))
-            .collect::<Option<Vec<_>>>()?;
-        let rules: Vec<&'c Rule> = keyed.iter().map(|(c, _)| c.rule).collect();
-        let modes: Vec<Mode> = rules.iter().map(|r| r.mode).collect();
-        let decision = Decision::settle(states, &modes);
-        let admitted = Forward::Admitted(Decided { rules, decision });
-        Some(Handled::new(Outcome::Forward(admitted), vec![]))
-    }
-
-    /// The leases to ask for in the request's own call: each leasing rule
-    /// what its key's demand here wants.
-    fn lease_asks(
-        &self,
-        checks: &[(Check<'c>, Vec<&str>)],
-        leased: &[Option<String>],
-        now_ms: u64,
-    ) -> Vec<LeaseAsk> {
-        let mut leases = self.leases.borrow_mut();
-        checks
-            .iter()
-            .zip(leased)
-            .enumerate()
-            .filter_map(|(i, ((c, _), key))| {
-                let lease = c.rule.lease?;
-                let key = key.as_deref()?;
-                let horizon_ms = lease_horizon_ms(c.rule, key, now_ms);
-                let units = leases.begin_ask(key, lease.units, horizon_ms, now_ms);
-                Some(LeaseAsk {
-                    rule: i,
-                    units,
-                    for_ms: lease.for_ms,
-                })
-            })
-            .collect()
-    }
-
-    /// The keys whose leases run low after this request, to refresh after
-    /// the response; one refresh in flight per key.
-    fn refresh_due(
-        &self,
-        selection: &Selection<'c, '_>,
-        leased: &[Option<String>],
-        now_ms: u64,
-    ) -> Option<LeaseRefresh> {
-        let mut leases = self.leases.borrow_mut();
-        let rules: Vec<(RuleId, Vec<String>, u64)> = selection
-            .rules
-            .iter()
-            .zip(leased)
-            .filter_map(|((rule_id, rule, id), key)| {
-                let (lease, key) = (rule.lease?, key.as_deref()?);
-                let horizon_ms = lease_horizon_ms(rule, key, now_ms);
-                let units = leases.begin_refresh(key, lease.units, horizon_ms, now_ms);
-                (units > 0).then(|| (*rule_id, id.iter().map(|p| p.to_string()).collect(), units))
-            })
-            .collect();
-        (!rules.is_empty()).then_some(LeaseRefresh { rules })
-    }
-
-    /// Asks for the leases of `pending` in one call charging no request,
-    /// after the response has gone (sent at `now_ms`). A fault is only
-    /// logged: the next request without units makes its own call.
-    pub async fn refresh(&self, pending: &LeaseRefresh, now_ms: u64) -> Vec<Event> {
-        let found: Vec<(Check<'c>, Vec<&str>, u64)> = pending
-            .rules
-            .iter()
-            .filter_map(|(rule_id, id, units)| {
-                let rule = self.config.rule(*rule_id)?;
-                let id = id.iter().map(String::as_str).collect();
-                Some((Check { rule, cost: 0 }, id, *units))
-            })
-            .collect();
-        let checks: Vec<(Check<'c>, Vec<&str>)> =
-            found.iter().map(|(c, id, _)| (*c, id.clone())).collect();
-        let asks = found
-            .iter()
-            .enumerate()
-            .filter_map(|(i, (c, _, units))| {
-                Some(LeaseAsk {
-                    rule: i,
-                    units: *units,
-                    for_ms: c.rule.lease?.for_ms,
-                })
-            })
-            .collect();
-        let call = ScriptCall::decide_leasing(&checks, asks, self.clock(now_ms));
-        let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
-        let result = run(self.store, &call, budget)
-            .await
-            .and_then(|r| r.decision());
-        self.answered(&call);
-        let keys = call.rule_keys();
-        match result {
-            Ok(decision) => self.keep_grants(&checks, &keys, &decision, now_ms),
-            Err(error) => checks
-                .iter()
-                .zip(&keys)
-                .map(|((c, _), key)| Event {
-                    key: Some((*key).to_owned()),
-                    error: Some(error.to_string()),
-                    ..Event::new(Action::LeaseFailed, &c.rule.name)
-                })
-                .collect(),
-        }
-    }
-
-    /// Keeps the leases `decision` granted, sent at `sent_ms`; one
-    /// `lease_grant` event each.
-    fn keep_grants(
-        &self,
-        checks: &[(Check<'c>, Vec<&str>)],
-        keys: &[&str],
-        decision: &Decision,
-        sent_ms: u64,
-    ) -> Vec<Event> {
-        let mut leases = self.leases.borrow_mut();
-        decision
-            .grants
-            .iter()
-            .filter_map(|g| {
-                let (key, state) = (keys.get(g.rule)?, decision.rules.get(g.rule)?);
-                leases.grant(key, g.units, g.for_ms, sent_ms, *state);
-                Some(Event {
-                    key: Some((*key).to_owned()),
-                    units: Some(g.units),
-                    lease_ms: Some(g.for_ms),
-                    ..Event::new(Action::LeaseGrant, &checks.get(g.rule)?.0.rule.name)
-                })
-            })
-            .collect()
-    }
-
-    /// Ends the lease asks `call` carried, answered or not.
-    fn answered(&self, call: &ScriptCall) {
-        if let ScriptCall::Decide(g) = call {
-            let mut leases = self.leases.borrow_mut();
-            for ask in &g.leases {
-                leases.answered(&g.rules[ask.rule].0.key);
-            }
-        }
-    }
-
     /// The script's clock for a call at `now_ms`: Redis's own unless pinned.
     fn clock(&self, now_ms: u64) -> Option<u64> {
         self.pinned.then_some(now_ms)
@@ -391,11 +209,13 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         let budget = budget_of(charges.iter().map(|(c, _, _)| c.rule));
         match run(self.store, &call, budget).await {
             Ok(Reply::Refunded(_)) => vec![],
-            Ok(other) => refund_failed(
+            // A refund call's reply decodes as a refund's or fails; a
+            // fixed text keeps every reply type's Debug out of the wasm.
+            Ok(_) => refund_failed(
                 &charges,
                 &call,
                 status,
-                &ScriptError::Reply(format!("{other:?}")),
+                &ScriptError::Reply("other than a refund's".into()),
             ),
             Err(error) => refund_failed(&charges, &call, status, &error),
         }
@@ -432,24 +252,6 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                 handled
             }
             Err(error) => failed(checks, &call, &error),
-        }
-    }
-}
-
-/// How long a lease of `rule` for `key` granted at `now_ms` would last,
-/// for sizing it from demand: a GCRA lease's length; a window's, until the
-/// current bucket ends (on this isolate's clock, near enough to Redis's
-/// for sizing: the deadline itself always comes from the script).
-fn lease_horizon_ms(rule: &Rule, key: &str, now_ms: u64) -> u64 {
-    match (&rule.policy, rule.lease) {
-        (_, None) => 0,
-        (Policy::Gcra(_), Some(lease)) => lease.for_ms,
-        (Policy::Windowed(ws), Some(_)) => {
-            let shifted = now_ms + window_offset(key, rule.policy.longest_ms());
-            ws.iter()
-                .map(|w| w.precision_ms() - shifted % w.precision_ms())
-                .min()
-                .unwrap_or(0)
         }
     }
 }
