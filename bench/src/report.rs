@@ -883,7 +883,31 @@ mod tests {
                 gzip: 240 * 1024,
             },
             instantiate_ms: 0.2,
+            hot: vec![
+                (OURS_HOT, vec![steady(0.6, 0.05)]),
+                (PEER_HOT, vec![steady(2.3, 1.0)]),
+            ],
+            shared: Some(Shared {
+                sent: 1400,
+                admitted: 539,
+                over: 0,
+                allowed: 548,
+            }),
             ..Results::default()
+        }
+    }
+
+    /// A hot-key run adding `added_ms` at every percentile, making
+    /// `calls` REST calls per allowed request.
+    fn steady(added_ms: f64, calls: f64) -> Steady {
+        Steady {
+            worker_ms: vec![1.0 + added_ms; 100],
+            passthrough_ms: vec![1.0; 100],
+            admitted: 100,
+            calls: (calls * 100.0) as u64,
+            cpu_s: 0.2 + added_ms / 10.0,
+            passthrough_cpu_s: 0.2,
+            over: 0,
         }
     }
 
@@ -911,6 +935,10 @@ mod tests {
         let r = fixture();
         let table = render(&r);
         let has = |row: &str| assert!(table.contains(row), "{row} not in\n{table}");
+        // Part 7: 0.05 calls per allowed request, 0.6 of 2.3 ms added at p50.
+        has("REST calls per allowed request | 0.050 | 1.000 | 0.05 | ours <= 0.10 | yes |");
+        has("| 0.60 / 0.60 | 2.30 / 2.30 | 0.26 | p50 <= 0.5 | yes |");
+        has("| 539 of 548 (0.98) | - |  | >= 0.90 | yes |");
         // 2.10 / 1.60 = 1.31: just over its target.
         has("| 2.10 (2.00..2.20) | 1.60 (1.50..1.70) | 1.31 | ours/floor <= 1.30 | **no** |");
         has("| GCRA vs token bucket: us/call | 2.10 (2.00..2.20) | 5.50 (5.00..6.00) | 0.38 |  |  |");
