@@ -5,10 +5,12 @@
 -- Which entry answers a call (src/decision/protocol.rs's Entry says the
 -- same); the two one-rule paths carry no operation name, the cheapest
 -- encoding measured:
---   #ARGV <= 3, ARGV[1] ~= 'reset'   one GCRA rule on Redis's clock (gcra.lua)
+--   #ARGV <= 3, ARGV[1] not 'reset'  one GCRA rule on Redis's clock (gcra.lua)
+--            nor 'read'
 --   #ARGV > 3, ARGV[1] not 'decide'  one windowed rule on Redis's clock
 --            'reset' nor 'refund'     (windowed.lua)
 --   ARGV[1] == 'reset'               forget every key in KEYS (below)
+--   ARGV[1] == 'read'                each key's text ('' for none) and PTTL
 --   ARGV[1] == 'refund'              give back refundable charges (below)
 --   ARGV[1] == 'decide'              the general decision (below)
 --
@@ -23,12 +25,17 @@
 --           charged); 'r' and 'q' are the same with a refund mark in the
 --           reply (rules that count only some responses: the caller gives
 --           the charge back after a response they do not count)
+--           after them, one override key per rule that takes overrides,
+--           then the penalty keys
 -- ARGV[4..] per rule, in KEYS order:
 --             'gcra',   cost, interval (us), burst
 --             'window', cost, offset (ms), n, then n x (duration, limit, precision) (ms)
 --           then, if any rule asks for a lease: 'lease', m, and m x (its
 --           1-based index, the most units it wants, its length (ms; GCRA
---           only, 0 for windows)); then, if any rule has a penalty:
+--           only, 0 for windows)); then, if any rule takes overrides:
+--           'override', m, and m x (its 1-based index, the rule-wide
+--           override's text ('' for none), its ms left (-1: no end));
+--           then, if any rule has a penalty:
 --           'penalty', and per such rule its 1-based index and the
 --           penalty (ms), in penalty keys' order
 --
@@ -40,7 +47,13 @@
 -- was not charged): for GCRA the TAT the charge left (us, on the call's
 -- clock); for windows the charge's time on the key's shifted clock (ms).
 -- Then, per lease asked for, in order: the units granted (0: none) and
--- how long they may be spent (ms from now).
+-- how long they may be spent (ms from now). Then, per override read: whose
+-- held (0: none, 1: the client's, 2: the rule's), 1 if the client's key
+-- held something that is no override, and the text in force ('' for none).
+-- An override (src/rules/overrides.rs writes them) is 'v1 block',
+-- 'v1 gcra <rate> <period ms> <burst> <interval us>' or 'v1 windows' and a
+-- limit per window; a block denies like a running penalty, for the
+-- override key's time left (no Retry-After when it has no end).
 --
 -- A lease is charged with the request, only when it is admitted, and
 -- takes at most half of what the rule has left after it. GCRA accounts
@@ -61,6 +74,14 @@
 
 if ARGV[1] == 'reset' then
   return redis.call('DEL', unpack(KEYS))
+end
+
+if ARGV[1] == 'read' then
+  local out = {}
+  for i = 1, #KEYS do
+    out[2 * i - 1], out[2 * i] = redis.call('GET', KEYS[i]) or '', redis.call('PTTL', KEYS[i])
+  end
+  return out
 end
 
 if ARGV[1] == 'refund' then
@@ -117,11 +138,90 @@ if ARGV[at] == 'lease' then
   end
   at = at + 2 + 3 * ARGV[at + 1]
 end
+local overrides, shown = nil, 0
+if ARGV[at] == 'override' then
+  overrides = {}
+  shown = ARGV[at + 1] + 0
+  for j = 1, shown do
+    local b = at + 3 * j - 1
+    overrides[j] = { rule = ARGV[b] + 0, wide = ARGV[b + 1], wide_ms = ARGV[b + 2] + 0, key = KEYS[rules + j] }
+  end
+  at = at + 2 + 3 * shown
+end
 local penalties = nil
 if ARGV[at] == 'penalty' then
   penalties = {}
   for j = at + 1, #ARGV, 2 do
-    penalties[ARGV[j] + 0] = { key = KEYS[rules + (j - at + 1) / 2], ms = ARGV[j + 1] + 0 }
+    penalties[ARGV[j] + 0] = { key = KEYS[rules + shown + (j - at + 1) / 2], ms = ARGV[j + 1] + 0 }
+  end
+end
+
+-- Overrides: the figures in force replace the rule's own in ARGV, so that
+-- everything after reads them as if configured; a block denies the rule
+-- like a running penalty. A client's override goes before its rule's; text
+-- that is not an override of this release for this rule is none.
+local blocked, override_reply = {}, {}
+if overrides then
+  -- Whether `text` is an override of rule i; if so, applied. The figures
+  -- stay text, as ARGV holds them: windowed.lua joins them into names.
+  local function apply(i, text, left_ms)
+    local at, kind = first[i], string.match(text, '^v1 (%l+)')
+    local n = {}
+    for word in string.gmatch(text, ' ([1-9]%d*)') do
+      n[#n + 1] = word
+    end
+    -- Exactly as written by this release, or not ours.
+    if not kind or text ~= table.concat({ 'v1', kind, unpack(n) }, ' ') then
+      return false
+    end
+    if kind == 'block' and #n == 0 then
+      blocked[i] = left_ms
+      return true
+    end
+    if kind == 'gcra' and #n == 4 and ARGV[at] == 'gcra' then
+      -- Checked as the configuration checks them (src/rules/policy.rs).
+      local rate, period_ms, burst, interval_us = n[1] + 0, n[2] + 0, n[3] + 0, n[4] + 0
+      local exact = interval_us == math.floor((period_ms * 1000 + math.floor(rate / 2)) / rate)
+      if exact and rate <= period_ms * 1000 and period_ms <= 31622400000 and burst <= 1000000000
+        and interval_us * burst <= 2251799813685248 then
+        ARGV[at + 2], ARGV[at + 3] = n[4], n[3]
+        return true
+      end
+    elseif kind == 'windows' and ARGV[at] == 'window' and #n == ARGV[at + 3] + 0 then
+      for w = 1, #n do
+        if n[w] + 0 > 1000000000 then
+          return false
+        end
+      end
+      for w = 1, #n do
+        ARGV[at + 3 + 3 * w - 1] = n[w]
+      end
+      return true
+    end
+    return false
+  end
+  for j, o in ipairs(overrides) do
+    -- A key of another type (a stray write) errs on GET: none, noted.
+    local got, source, ignored = redis.pcall('GET', o.key), 0, 0
+    local text = type(got) == 'string' and got or nil
+    if type(got) == 'table' then
+      ignored = 1
+    end
+    if text then
+      local left = redis.call('PTTL', o.key)
+      if apply(o.rule, text, left) then
+        source = 1
+      else
+        ignored = 1
+      end
+    end
+    if source == 0 and o.wide ~= '' and apply(o.rule, o.wide, o.wide_ms) then
+      source, text = 2, o.wide
+    end
+    if source == 0 then
+      text = ''
+    end
+    override_reply[3 * j - 2], override_reply[3 * j - 1], override_reply[3 * j] = source, ignored, text
   end
 end
 
@@ -140,6 +240,14 @@ local function decide(peek)
         left = penalty_left(penalty.key, now_ms)
         penalty.running = left > 0
       end
+      -- A block is a penalty set by hand: -1 for one without end.
+      local block = blocked[i]
+      if block then
+        left = math.max(left, block)
+        if block < 0 then
+          left = -1
+        end
+      end
       local cost = 0
       if not peek and left == 0 then
         cost = ARGV[at + 1] + 0
@@ -157,6 +265,8 @@ local function decide(peek)
       if left > 0 then
         reply[k - 5], reply[k - 1], writes[i] = 0, left, nil
         reply[k - 2] = math.max(reply[k - 2], left)
+      elseif left < 0 then
+        reply[k - 5], reply[k - 3], reply[k - 1], writes[i] = 0, 0, -1, nil
       end
       if reply[k - 5] == 0 and (mode == ENFORCE or mode == REFUNDABLE) then
         denied = true
@@ -227,7 +337,7 @@ if penalties then
   local started = 0
   for i, penalty in pairs(penalties) do
     local k = 6 * i
-    if reply[k - 5] == 0 and not penalty.running then
+    if reply[k - 5] == 0 and not penalty.running and not blocked[i] then
       penalty_start(penalty.key, now_ms, penalty.ms)
       started = started + 2 ^ (i - 1)
       reply[k - 1] = math.max(reply[k - 1], penalty.ms)
@@ -256,5 +366,8 @@ for i = 1, rules do
 end
 for j = 1, 2 * #(leases or {}) do
   reply[#reply + 1] = granted[j] or 0
+end
+for j = 1, #override_reply do
+  reply[#reply + 1] = override_reply[j]
 end
 return reply

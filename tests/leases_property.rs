@@ -23,6 +23,7 @@ use edge_limiter::{
         model::Model,
         protocol::Check,
         redis_rest::RestClient,
+        rule_wide::RuleWide,
     },
     operator::simulate::conform::over_limit,
     rules::{config::Config, lease::Lease, policy::Policy, request::RequestMeta},
@@ -143,6 +144,7 @@ async fn replay(
             store: client,
             cache: &caches[a.isolate],
             leases: &leases[a.isolate],
+            wide: &RefCell::new(RuleWide::new()),
             pinned: true,
         };
         let req = RequestMeta::new(

@@ -18,7 +18,6 @@ mod cli {
     use clap::{Parser, Subcommand, ValueEnum};
     use edge_limiter::{
         decision::redis_rest::RestClient,
-        operator::inspect,
         operator::simulate::{
             self,
             engine::{Engine, ModelEngine, RedisEngine},
@@ -27,7 +26,8 @@ mod cli {
             plot,
         },
         operator::validate::{check_wrangler_toml, describe},
-        rules::config::Config,
+        operator::{inspect, limits},
+        rules::{config::Config, overrides::Override},
     };
     use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -53,6 +53,64 @@ mod cli {
         Inspect(ClientArgs),
         /// Forget one client's state on one rule.
         Reset(ClientArgs),
+        /// Change a rule's limits without a redeploy, for every client or one.
+        #[command(subcommand)]
+        Limit(LimitCommand),
+    }
+
+    #[derive(Subcommand)]
+    enum LimitCommand {
+        /// Put figures, or a block, in place of the rule's: for the client the
+        /// values name, or for every client when none are given.
+        Set(LimitSetArgs),
+        /// Show the override for the client the values name (every client: none).
+        Get(LimitArgs),
+        /// Remove it: the configured figures hold again.
+        Clear(LimitArgs),
+        /// Every override of the rule in force, with what it replaced and when it ends.
+        List(LimitArgs),
+    }
+
+    #[derive(clap::Args)]
+    struct LimitArgs {
+        /// The rule's name.
+        rule: String,
+        /// The client's key parts in the rule's order, as the client sends them; none for every client.
+        #[arg(value_name = "VALUE")]
+        values: Vec<String>,
+        /// The configuration holding the rule.
+        #[arg(long, default_value = "wrangler.toml", value_name = "FILE")]
+        config: PathBuf,
+        /// Use the rules of `[env.NAME]` instead of the top level.
+        #[arg(long, value_name = "NAME")]
+        env: Option<String>,
+        /// Print the answer as JSON.
+        #[arg(long)]
+        json: bool,
+    }
+
+    #[derive(clap::Args)]
+    struct LimitSetArgs {
+        #[command(flatten)]
+        target: LimitArgs,
+        /// GCRA: units per period (the rule's own when left out).
+        #[arg(long)]
+        rate: Option<u64>,
+        /// GCRA: the period, e.g. 1s, 1m (the rule's own when left out).
+        #[arg(long, value_name = "DURATION")]
+        period: Option<String>,
+        /// GCRA: units at once (the rule's own when left out).
+        #[arg(long)]
+        burst: Option<u64>,
+        /// Windows: each window's limit, in the rule's order (once per window).
+        #[arg(long = "limit", value_name = "N")]
+        limits: Vec<u64>,
+        /// Deny the client outright (429, and Retry-After while it lasts).
+        #[arg(long, conflicts_with_all = ["rate", "period", "burst", "limits"])]
+        block: bool,
+        /// How long the override lasts, e.g. 2h; for ever when left out.
+        #[arg(long = "for", value_name = "DURATION")]
+        lasting: Option<String>,
     }
 
     #[derive(clap::Args)]
@@ -141,6 +199,7 @@ mod cli {
             Command::Simulate(args) => simulate(args),
             Command::Inspect(args) => client_command(args, false),
             Command::Reset(args) => client_command(args, true),
+            Command::Limit(command) => limit_command(command),
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,
@@ -331,6 +390,120 @@ mod cli {
                 bar.set_position(bytes);
             }
         }
+    }
+
+    /// A duration option (`2h`, `500ms`, or whole milliseconds), naming the option.
+    fn duration_option(option: &str, text: &str) -> Result<u64, Failure> {
+        text.parse::<u64>()
+            .ok()
+            .or_else(|| edge_limiter::rules::config::duration_text(text))
+            .filter(|ms| *ms > 0)
+            .ok_or_else(|| {
+                Failure(
+                    format!(
+                        "{option}: `{text}` is not a duration; write e.g. 500ms, 30s, 2h or 1d"
+                    ),
+                    2,
+                )
+            })
+    }
+
+    fn limit_command(command: LimitCommand) -> Result<(), Failure> {
+        let args = match &command {
+            LimitCommand::Set(set) => &set.target,
+            LimitCommand::Get(a) | LimitCommand::Clear(a) | LimitCommand::List(a) => a,
+        };
+        let config = load_config(&args.config, args.env.as_deref())?;
+        let rule = inspect::find_rule(&config, &args.rule)?;
+        let values: Vec<&str> = args.values.iter().map(String::as_str).collect();
+        // Wrong figures or values fail before any setting is needed.
+        limits::key_for(rule, &values)?;
+        let what = match &command {
+            LimitCommand::Set(set) => Some(override_of(rule, set)?),
+            _ => None,
+        };
+        let lasting = match &command {
+            LimitCommand::Set(set) => set
+                .lasting
+                .as_deref()
+                .map(|d| duration_option("--for", d))
+                .transpose()?,
+            _ => None,
+        };
+        let dev_vars = std::fs::read_to_string(".dev.vars").ok();
+        let (url, token) = inspect::settings(|k| std::env::var(k).ok(), dev_vars.as_deref())?;
+        let client = RestClient::new(&url, &token)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let found: Vec<limits::Stored> = match (&command, what) {
+            (LimitCommand::Set(_), Some(what)) => {
+                vec![runtime.block_on(limits::set(&client, rule, &values, &what, lasting))?]
+            }
+            (LimitCommand::Clear(_), _) => {
+                let removed = runtime.block_on(limits::clear(&client, rule, &values))?;
+                let text = match (args.json, removed) {
+                    (true, _) => format!("{}\n", serde_json::json!({ "removed": removed })),
+                    (false, true) => "removed; the configured figures hold again\n".to_owned(),
+                    (false, false) => "there was no override\n".to_owned(),
+                };
+                std::io::stdout().lock().write_all(text.as_bytes())?;
+                return Ok(());
+            }
+            (LimitCommand::List(_), _) => runtime.block_on(limits::list(&client, rule))?,
+            _ => runtime
+                .block_on(limits::get(&client, rule, &values))?
+                .into_iter()
+                .collect(),
+        };
+        let text = if args.json {
+            let all: Vec<serde_json::Value> = found.iter().map(limits::Stored::to_json).collect();
+            format!("{}\n", serde_json::Value::Array(all))
+        } else if found.is_empty() {
+            format!(
+                "rule `{}`: no override; {} holds\n",
+                rule.name,
+                limits::figures(&rule.policy)
+            )
+        } else {
+            found
+                .iter()
+                .map(|s| s.render(&rule.policy) + "\n")
+                .collect()
+        };
+        std::io::stdout().lock().write_all(text.as_bytes())?;
+        Ok(())
+    }
+
+    /// The override `set` asks for, checked as the configuration's figures are.
+    fn override_of(
+        rule: &edge_limiter::rules::rule::Rule,
+        set: &LimitSetArgs,
+    ) -> Result<Override, Failure> {
+        let refuse = |e: edge_limiter::rules::policy::PolicyError| {
+            Failure(
+                format!("rule `{}`, field `{}`: {}", rule.name, e.field, e.problem),
+                2,
+            )
+        };
+        if set.block {
+            return Ok(Override::Block);
+        }
+        if !set.limits.is_empty() {
+            return Override::windows(&rule.policy, &set.limits).map_err(refuse);
+        }
+        if set.rate.is_none() && set.period.is_none() && set.burst.is_none() {
+            return Err(Failure(
+                "give the figures: --rate, --period, --burst (GCRA), --limit per window, or --block".into(),
+                2,
+            ));
+        }
+        let period = set
+            .period
+            .as_deref()
+            .map(|p| duration_option("--period", p))
+            .transpose()?;
+        Override::gcra(&rule.policy, set.rate, period, set.burst).map_err(refuse)
     }
 
     fn client_command(args: ClientArgs, reset: bool) -> Result<(), Failure> {

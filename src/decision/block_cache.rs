@@ -104,6 +104,7 @@ mod tests {
             penalties_started: vec![],
             refund_marks: vec![],
             grants: vec![],
+            overrides: vec![],
             rules: vec![RuleState {
                 verdict: Verdict::Denied(retry),
                 limit: 5,

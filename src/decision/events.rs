@@ -34,6 +34,12 @@ pub enum Action {
     /// A lease refresh after a response failed; requests for the key make
     /// their own calls until a lease is granted again.
     LeaseFailed,
+    /// A client's override key held something that is no override: the
+    /// rule's other figures held (`key` names it).
+    OverrideIgnored,
+    /// Reading the rule-wide overrides after a response failed: the
+    /// isolate keeps its copy and reads again after the next response.
+    OverrideReadFailed,
 }
 
 /// One log event.
@@ -60,6 +66,10 @@ pub struct Event {
     /// How long a lease's units may be spent, ms, for a lease grant.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease_ms: Option<u64>,
+    /// Whose override the rule was decided under (`client` or `rule`),
+    /// and what it held.
+    #[serde(rename = "override", skip_serializing_if = "Option::is_none")]
+    pub overridden: Option<String>,
 }
 
 impl Event {
@@ -75,6 +85,7 @@ impl Event {
             error: None,
             units: None,
             lease_ms: None,
+            overridden: None,
         }
     }
 

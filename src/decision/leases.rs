@@ -176,6 +176,13 @@ impl Leases {
         }
     }
 
+    /// Drops what `key` holds: a block ends its leases.
+    pub fn clear(&mut self, key: &str) {
+        if let Some(entry) = self.keys.get_mut(key) {
+            entry.held.clear();
+        }
+    }
+
     /// Units `key` holds and may still spend at `now_ms`.
     pub fn held(&mut self, key: &str, now_ms: u64) -> u64 {
         self.keys.get_mut(key).map_or(0, |e| e.usable(now_ms))

@@ -11,4 +11,5 @@ pub mod limiter;
 pub mod model;
 pub mod protocol;
 pub mod redis_rest;
+pub mod rule_wide;
 pub mod verdict;

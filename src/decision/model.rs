@@ -294,6 +294,7 @@ impl Model {
             penalties_started: started,
             refund_marks,
             grants: vec![],
+            overrides: vec![],
         }
     }
 

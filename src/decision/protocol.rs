@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::{
     keys::{redis_key, window_offset},
     redis_rest::{RestClient, RestError, Script},
-    verdict::{Decision, Grant, Retry, RuleState, Verdict},
+    verdict::{Decision, Grant, OverrideRead, OverrideSource, Retry, RuleState, Verdict},
 };
 use crate::rules::{
     policy::{Gcra, Policy, Window, Windows},
@@ -36,7 +36,8 @@ const LUA_FILES: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/lua_files
 /// `lua/limiter.lua` says the same).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Entry {
-    /// A GCRA rule alone on Redis's clock: 2 or 3 arguments (`lua/gcra.lua`).
+    /// A GCRA rule alone on Redis's clock: 2 or 3 arguments, the first no
+    /// operation name (`lua/gcra.lua`).
     OneGcra,
     /// A windowed rule alone on Redis's clock: 4 or more arguments, the
     /// first no operation name (`lua/windowed.lua`).
@@ -47,6 +48,8 @@ pub enum Entry {
     Reset,
     /// `ARGV[1] == 'refund'`: gives refundable charges back.
     Refund,
+    /// `ARGV[1] == 'read'`: each key's text and time to live.
+    Read,
 }
 
 /// How the general decision treats one rule: `ARGV[3]` holds one letter
@@ -218,8 +221,33 @@ pub struct LeaseAsk {
     pub for_ms: u64,
 }
 
+/// The key of a client's override on a rule: its state key and `:o`.
+pub fn override_key(state_key: &str) -> String {
+    format!("{state_key}:o")
+}
+
+/// The key of a rule's override for every client. No client's key can be
+/// it: theirs hold a `{` hash tag.
+pub fn rule_wide_key(rule: &str) -> String {
+    format!("el:rule:{rule}:o")
+}
+
+/// An override the general decision reads for a rule: the client's, from
+/// its key, and the rule's own, as the caller holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverrideAsk {
+    /// 0-based index of its rule in the call.
+    pub rule: usize,
+    /// The client's override key ([`override_key`]).
+    pub key: String,
+    /// The rule-wide override's text, empty for none.
+    pub wide: String,
+    /// How long the rule-wide override lasts, ms (-1: without end).
+    pub wide_ms: i64,
+}
+
 /// The general decision: every rule all or nothing, on a pinned clock or
-/// Redis's, with penalties and leases.
+/// Redis's, with penalties, leases and overrides.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct General {
     /// The pinned clock, ms (tests, simulation); `None` for Redis's.
@@ -230,6 +258,8 @@ pub struct General {
     pub penalties: Vec<Penalty>,
     /// The leases asked for, granted only if the request is admitted.
     pub leases: Vec<LeaseAsk>,
+    /// The overrides read, one per rule that takes them.
+    pub overrides: Vec<OverrideAsk>,
 }
 
 /// Every call the limiter script answers.
@@ -244,6 +274,9 @@ pub enum ScriptCall {
     Reset(Vec<String>),
     /// Give refundable charges back ([`Entry::Refund`]).
     Refund(Refund),
+    /// Read these keys' text and time to live ([`Entry::Read`]): the
+    /// rule-wide overrides an isolate holds.
+    Read(Vec<String>),
 }
 
 /// Refundable charges to give back, each rule with the mark its decision
@@ -266,6 +299,9 @@ pub enum Reply {
     Removed(u64),
     /// Per rule of a refund, whether anything was given back.
     Refunded(Vec<bool>),
+    /// Per key read, its text (empty for none) and ms to live (negative:
+    /// none, or no end).
+    Read(Vec<(String, i64)>),
 }
 
 impl Reply {
@@ -276,8 +312,8 @@ impl Reply {
             Reply::Removed(n) => Err(ScriptError::Reply(format!(
                 "a count ({n}) where a decision was due"
             ))),
-            Reply::Refunded(_) => Err(ScriptError::Reply(
-                "a refund's reply where a decision was due".into(),
+            Reply::Refunded(_) | Reply::Read(_) => Err(ScriptError::Reply(
+                "another call's reply where a decision was due".into(),
             )),
         }
     }
@@ -398,7 +434,8 @@ impl ScriptCall {
             return None;
         };
         let rule = check.rule;
-        (rule.count_status.is_empty() && rule.penalty_ms.is_none()).then(|| OneRule {
+        let plain = rule.count_status.is_empty() && rule.penalty_ms.is_none() && !rule.overrides;
+        plain.then(|| OneRule {
             rule: RuleArgs::new(rule, check.cost, id),
             mode: rule.mode,
         })
@@ -430,6 +467,7 @@ impl ScriptCall {
             rules,
             penalties: vec![],
             leases: vec![],
+            overrides: vec![],
         })
     }
 
@@ -457,6 +495,7 @@ impl ScriptCall {
             ScriptCall::Decide(_) => Entry::Decide,
             ScriptCall::Reset(_) => Entry::Reset,
             ScriptCall::Refund(_) => Entry::Refund,
+            ScriptCall::Read(_) => Entry::Read,
         }
     }
 
@@ -465,7 +504,7 @@ impl ScriptCall {
         match self {
             ScriptCall::OneRule(one) => vec![one.rule.key.clone()],
             ScriptCall::Decide(g) => g.keys(),
-            ScriptCall::Reset(keys) => keys.clone(),
+            ScriptCall::Reset(keys) | ScriptCall::Read(keys) => keys.clone(),
             ScriptCall::Refund(r) => r.rules.iter().map(|(a, _)| a.key.clone()).collect(),
         }
     }
@@ -476,6 +515,7 @@ impl ScriptCall {
             ScriptCall::OneRule(one) => one.rule.one_rule_args(),
             ScriptCall::Decide(g) => g.args_without(g.now_ms, true),
             ScriptCall::Reset(_) => vec!["reset".to_owned()],
+            ScriptCall::Read(_) => vec!["read".to_owned()],
             ScriptCall::Refund(r) => r.args(),
         }
     }
@@ -486,7 +526,7 @@ impl ScriptCall {
             ScriptCall::OneRule(one) => vec![one.rule.key.as_str()],
             ScriptCall::Decide(g) => g.rules.iter().map(|(r, _)| r.key.as_str()).collect(),
             ScriptCall::Refund(r) => r.rules.iter().map(|(a, _)| a.key.as_str()).collect(),
-            ScriptCall::Reset(_) => vec![],
+            ScriptCall::Reset(_) | ScriptCall::Read(_) => vec![],
         }
     }
 
@@ -528,6 +568,19 @@ impl ScriptCall {
                     .map(Reply::Refunded)
                     .ok_or_else(|| malformed(reply, "is no refund's reply"))
             }
+            ScriptCall::Read(keys) => {
+                let read = reply
+                    .as_array()
+                    .filter(|items| items.len() == 2 * keys.len())
+                    .and_then(|items| {
+                        items
+                            .chunks(2)
+                            .map(|p| Some((p[0].as_str()?.to_owned(), p[1].as_i64()?)))
+                            .collect::<Option<Vec<_>>>()
+                    });
+                read.map(Reply::Read)
+                    .ok_or_else(|| malformed(reply, "is no read's reply"))
+            }
         }
     }
 }
@@ -559,25 +612,40 @@ impl General {
                 })
             })
             .collect();
+        let overrides = checks
+            .iter()
+            .enumerate()
+            .filter(|(_, (c, _))| c.rule.overrides)
+            .map(|(i, _)| OverrideAsk {
+                rule: i,
+                key: override_key(&rules[i].0.key),
+                wide: String::new(),
+                wide_ms: -1,
+            })
+            .collect();
         General {
             now_ms,
             rules,
             penalties,
             leases,
+            overrides,
         }
     }
 
+    /// One key per rule, then one per override read, then one per penalty.
     fn keys(&self) -> Vec<String> {
         let rules = self.rules.iter().map(|(r, _)| r.key.clone());
         rules
+            .chain(self.overrides.iter().map(|o| o.key.clone()))
             .chain(self.penalties.iter().map(|p| p.key.clone()))
             .collect()
     }
 
     /// `decide`, the clock (empty for Redis's), the mode letters, each
     /// rule's arguments, then (with `leases`) `lease`, their count and
-    /// (1-based rule, units, ms) triples, then `penalty` and (1-based
-    /// rule, ms) pairs.
+    /// (1-based rule, units, ms) triples, then `override`, their count and
+    /// (1-based rule, rule-wide text, its ms left) triples, then `penalty`
+    /// and (1-based rule, ms) pairs.
     fn args_without(&self, now_ms: Option<u64>, leases: bool) -> Vec<String> {
         let modes: String = self.rules.iter().map(|(_, m)| m.letter()).collect();
         let clock = now_ms.map(|n| n.to_string()).unwrap_or_default();
@@ -590,6 +658,15 @@ impl General {
             push_numbers(&mut args, &[self.leases.len() as u64]);
             for l in &self.leases {
                 push_numbers(&mut args, &[l.rule as u64 + 1, l.units, l.for_ms]);
+            }
+        }
+        if !self.overrides.is_empty() {
+            args.push("override".to_owned());
+            push_numbers(&mut args, &[self.overrides.len() as u64]);
+            for o in &self.overrides {
+                push_numbers(&mut args, &[o.rule as u64 + 1]);
+                args.push(o.wide.clone());
+                args.push(o.wide_ms.to_string());
             }
         }
         if !self.penalties.is_empty() {
@@ -615,6 +692,7 @@ impl General {
         let Some(items) = reply.as_array() else {
             return Err(malformed(reply, "is not an array"));
         };
+        let (items, read) = items.split_at(items.len().saturating_sub(3 * self.overrides.len()));
         let (items, granted) = items.split_at(items.len().saturating_sub(2 * self.leases.len()));
         let (fields, marks) = items.split_at(items.len().saturating_sub(refundable.len()));
         let head = Value::Array(fields.to_vec());
@@ -641,6 +719,23 @@ impl General {
                     for_ms,
                 });
             }
+        }
+        for (ask, triple) in self.overrides.iter().zip(read.chunks(3)) {
+            let source = match triple[0].as_u64() {
+                Some(0) => OverrideSource::None,
+                Some(1) => OverrideSource::Client,
+                Some(2) => OverrideSource::Rule,
+                _ => return Err(malformed(reply, "names no override source")),
+            };
+            let (Some(ignored), Some(text)) = (triple[1].as_u64(), triple[2].as_str()) else {
+                return Err(malformed(reply, "holds an override that is no text"));
+            };
+            decision.overrides.push(OverrideRead {
+                rule: ask.rule,
+                source,
+                text: text.to_owned(),
+                ignored: ignored == 1,
+            });
         }
         Ok(decision)
     }

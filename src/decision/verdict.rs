@@ -144,6 +144,33 @@ pub struct Decision {
     pub refund_marks: Vec<(usize, u64)>,
     /// The leases granted with the request, charged with it.
     pub grants: Vec<Grant>,
+    /// What each rule that takes overrides read (none for the others).
+    pub overrides: Vec<OverrideRead>,
+}
+
+/// Which override a rule was decided under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverrideSource {
+    /// None: the configured figures.
+    None,
+    /// The client's own.
+    Client,
+    /// The rule's, for every client.
+    Rule,
+}
+
+/// What a rule that takes overrides was decided under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverrideRead {
+    /// 0-based index of the rule in the call.
+    pub rule: usize,
+    /// Whose override held.
+    pub source: OverrideSource,
+    /// The override's text (see `rules::overrides`), empty for none.
+    pub text: String,
+    /// Whether the client's override key held something that is no
+    /// override (counted as none).
+    pub ignored: bool,
 }
 
 /// Units charged to a rule ahead of the requests that will spend them, in
@@ -189,6 +216,7 @@ impl Decision {
             penalties_started: vec![],
             refund_marks: vec![],
             grants: vec![],
+            overrides: vec![],
         }
     }
 

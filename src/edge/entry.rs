@@ -13,7 +13,7 @@ use worker::{
 use crate::{
     decision::{
         block_cache::BlockCache, events::Event, leases::Leases, limiter::Limiter,
-        redis_rest::RestClient,
+        redis_rest::RestClient, rule_wide::RuleWide,
     },
     edge::responses::{self, Response, PROBLEM_JSON},
     rules::{
@@ -36,6 +36,8 @@ struct Isolate {
     cache: RefCell<BlockCache>,
     /// Units leased to this isolate.
     leases: RefCell<Leases>,
+    /// The rule-wide overrides as last read.
+    wide: RefCell<RuleWide>,
 }
 
 thread_local! {
@@ -56,6 +58,7 @@ fn isolate(env: &Env) -> std::result::Result<Rc<Isolate>, String> {
     let ready = Rc::new(Isolate {
         cache: RefCell::new(BlockCache::new(config.cache_hold_ms)),
         leases: RefCell::new(Leases::new()),
+        wide: RefCell::new(RuleWide::new()),
         config,
         origin: origin(env)?,
         client: RestClient::new(&url.to_string(), &token.to_string()).map_err(|e| e.to_string())?,
@@ -93,36 +96,41 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
     let limiter = isolate.limiter();
     let handled = limiter.handle(&meta, now_ms).await;
     log(&handled.events);
-    match responses::render(&handled.outcome, &isolate.config) {
+    let (response, status) = match responses::render(&handled.outcome, &isolate.config) {
         Response::Answer {
             status,
             content_type,
             body,
             headers,
-        } => respond(status, &content_type, &body, &headers),
+        } => (respond(status, &content_type, &body, &headers)?, status),
         Response::Forward { headers } => {
             let response = forward(&req, &url, isolate.origin.as_deref()).await?;
-            let (refund, refresh) = (handled.refund, handled.refresh);
-            if refund.is_some() || refresh.is_some() {
-                // After the response has gone, never delaying it: charges
-                // the status does not count given back, leases running
-                // low asked for again.
-                let status = response.status();
-                let isolate = isolate.clone();
-                ctx.wait_until(async move {
-                    let limiter = isolate.limiter();
-                    if let Some(refund) = &refund {
-                        log(&limiter.refund(refund, status).await);
-                    }
-                    if let Some(refresh) = &refresh {
-                        let now_ms = js_sys::Date::now() as u64;
-                        log(&limiter.refresh(refresh, now_ms).await);
-                    }
-                });
-            }
-            with_headers(response, &headers)
+            let status = response.status();
+            (with_headers(response, &headers)?, status)
         }
+    };
+    let (refund, refresh, reread) = (handled.refund, handled.refresh, handled.reread);
+    if refund.is_some() || refresh.is_some() || !reread.is_empty() {
+        // After the response has gone, never delaying it: charges the
+        // status does not count given back, leases running low asked for
+        // again, rule-wide overrides read again (after a denial too, so that
+        // a cleared block reaches the isolate).
+        let isolate = isolate.clone();
+        ctx.wait_until(async move {
+            let limiter = isolate.limiter();
+            if let Some(refund) = &refund {
+                log(&limiter.refund(refund, status).await);
+            }
+            let now_ms = js_sys::Date::now() as u64;
+            if let Some(refresh) = &refresh {
+                log(&limiter.refresh(refresh, now_ms).await);
+            }
+            if !reread.is_empty() {
+                log(&limiter.reread(&reread, now_ms).await);
+            }
+        });
     }
+    Ok(response)
 }
 
 impl Isolate {
@@ -132,6 +140,7 @@ impl Isolate {
             store: &self.client,
             cache: &self.cache,
             leases: &self.leases,
+            wide: &self.wide,
             pinned: false,
         }
     }

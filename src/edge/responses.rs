@@ -138,28 +138,24 @@ pub fn seconds_up(ms: u64) -> u64 {
 
 /// One `RateLimit-Policy` item per window of each rule: `"name";q=Q;w=W`.
 /// A rule with several windows names them `name.1`, `name.2`...
-fn policy_items(rule: &Rule, out: &mut Vec<String>) {
-    match &rule.policy {
-        Policy::Gcra(g) => {
-            // A full burst refills in burst x interval (bounded by the policy).
-            let w = g.span_us().div_ceil(1_000_000).max(1);
-            out.push(format!("\"{}\";q={};w={}", rule.name, g.burst(), w));
-        }
-        Policy::Windowed(ws) => {
-            for (i, win) in ws.iter().enumerate() {
-                let name = if ws.len() == 1 {
-                    rule.name.clone()
-                } else {
-                    format!("{}.{}", rule.name, i + 1)
-                };
-                out.push(format!(
-                    "\"{}\";q={};w={}",
-                    name,
-                    win.limit(),
-                    seconds_up(win.duration_ms()).max(1)
-                ));
-            }
-        }
+/// `RateLimit-Policy` items of `rule`, one per window: its quota and
+/// window (for GCRA, the time a full burst takes to refill), from
+/// `quotas` where an override holds, else from the rule's figures.
+fn policy_items(rule: &Rule, quotas: Option<Vec<(u64, u64)>>, out: &mut Vec<String>) {
+    let quotas = quotas.unwrap_or_else(|| match &rule.policy {
+        // A full burst refills in burst x interval (bounded by the policy).
+        Policy::Gcra(g) => vec![(g.burst(), g.span_us().div_ceil(1_000_000).max(1))],
+        Policy::Windowed(ws) => ws
+            .iter()
+            .map(|w| (w.limit(), seconds_up(w.duration_ms()).max(1)))
+            .collect(),
+    });
+    for (i, (q, w)) in quotas.iter().enumerate() {
+        let name = match quotas.len() {
+            1 => rule.name.clone(),
+            _ => format!("{}.{}", rule.name, i + 1),
+        };
+        out.push(format!("\"{name}\";q={q};w={w}"));
     }
 }
 
@@ -190,8 +186,8 @@ pub fn for_decision(
     style: HeaderStyle,
 ) -> Vec<(String, String)> {
     let mut policies = Vec::new();
-    for r in rules {
-        policy_items(r, &mut policies);
+    for (i, r) in rules.iter().enumerate() {
+        policy_items(r, overridden(r, decision, i), &mut policies);
     }
     let current: Vec<String> = rules
         .iter()
@@ -222,6 +218,30 @@ pub fn for_decision(
         headers.push(("Retry-After".to_owned(), s.to_string()));
     }
     headers
+}
+
+/// The quota of each of rule `i`'s items under an override the script
+/// applied (`None`: its own figures hold): a GCRA override's burst and
+/// refill time, or each window's limit. The script checked the text; only
+/// its numbers are read here, which keeps the checks out of the wasm.
+fn overridden(rule: &Rule, decision: &Decision, i: usize) -> Option<Vec<(u64, u64)>> {
+    let read = decision.overrides.iter().find(|o| o.rule == i)?;
+    let mut words = read.text.split(' ').skip(1);
+    let kind = words.next()?;
+    let n: Vec<u64> = words.filter_map(|w| w.parse().ok()).collect();
+    match (&rule.policy, kind, n.as_slice()) {
+        (Policy::Gcra(_), "gcra", &[_, _, burst, interval_us]) => {
+            let w = burst.saturating_mul(interval_us).div_ceil(1_000_000).max(1);
+            Some(vec![(burst, w)])
+        }
+        (Policy::Windowed(ws), "windows", limits) if limits.len() == ws.len() => Some(
+            ws.iter()
+                .zip(limits)
+                .map(|(w, &q)| (q, seconds_up(w.duration_ms()).max(1)))
+                .collect(),
+        ),
+        _ => None,
+    }
 }
 
 /// An RFC 9457 problem document for a denied request.
@@ -280,6 +300,7 @@ mod tests {
             penalties_started: vec![],
             refund_marks: vec![],
             grants: vec![],
+            overrides: vec![],
         }
     }
 
@@ -297,6 +318,7 @@ mod tests {
             penalties_started: vec![],
             refund_marks: vec![],
             grants: vec![],
+            overrides: vec![],
             rules: vec![
                 state(ADMITTED, 100, 50, 30_000),
                 state(ADMITTED, 10, 4, 900),

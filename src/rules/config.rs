@@ -282,6 +282,7 @@ impl TryFrom<RawRule> for Rule {
             count_status,
             penalty_ms,
             lease,
+            overrides: raw.overrides.unwrap_or(false),
             except_ips,
         })
     }

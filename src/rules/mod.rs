@@ -7,6 +7,7 @@ pub mod canon;
 pub mod cidr;
 pub mod config;
 pub mod lease;
+pub mod overrides;
 pub mod policy;
 mod raw;
 pub mod request;

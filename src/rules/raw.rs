@@ -39,16 +39,7 @@ impl RawConfig {
             Some(other) => return Err(("rules".to_owned(), expected("a list of rules", other))),
             None => return Err(("LIMITER".to_owned(), "missing field `rules`".to_owned())),
         };
-        let x_ratelimit_headers = match table.get("x_ratelimit_headers") {
-            None | Some(Value::Null) => None,
-            Some(Value::Bool(on)) => Some(*on),
-            Some(other) => {
-                return Err((
-                    "x_ratelimit_headers".to_owned(),
-                    expected("true or false", other),
-                ))
-            }
-        };
+        let x_ratelimit_headers = one(table, "x_ratelimit_headers")?;
         Ok(RawConfig {
             rules,
             x_ratelimit_headers,
@@ -97,6 +88,7 @@ pub(super) struct RawRule {
     pub(super) penalty: Option<RawDuration>,
     pub(super) lease: Option<u64>,
     pub(super) lease_for: Option<RawDuration>,
+    pub(super) overrides: Option<bool>,
     pub(super) except_ips: Vec<String>,
     pub(super) fold: Vec<String>,
 }
@@ -127,6 +119,7 @@ const FIELDS: &[&str] = &[
     "penalty",
     "lease",
     "lease_for",
+    "overrides",
     "except_ips",
 ];
 
@@ -152,6 +145,12 @@ impl FromJson for String {
         v.as_str()
             .map(str::to_owned)
             .ok_or_else(|| expected("text", v))
+    }
+}
+
+impl FromJson for bool {
+    fn from_json(v: &Value) -> Result<bool, String> {
+        v.as_bool().ok_or_else(|| expected("true or false", v))
     }
 }
 
@@ -305,6 +304,7 @@ impl RawRule {
             penalty: one(rule, "penalty")?,
             lease: one(rule, "lease")?,
             lease_for: one(rule, "lease_for")?,
+            overrides: one(rule, "overrides")?,
             except_ips: list(rule, "except_ips")?.unwrap_or_default(),
             fold: list(rule, "fold")?.unwrap_or_default(),
         })

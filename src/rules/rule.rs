@@ -63,6 +63,10 @@ pub struct Rule {
     /// Units the rule may lease to an isolate ahead of its requests, and
     /// for how long; `None`: every request is decided in Redis.
     pub lease: Option<Lease>,
+    /// Whether limits stored in Redis may replace the rule's figures, for
+    /// every client or one (`edge-limiter limit`): each decision then reads
+    /// the client's override key in the same call.
+    pub overrides: bool,
     /// Clients (`CF-Connecting-IP`) in these blocks are not subject to the rule.
     pub except_ips: Vec<Cidr>,
 }
@@ -228,6 +232,7 @@ impl Rule {
             count_status: vec![],
             penalty_ms: None,
             lease: None,
+            overrides: false,
             except_ips: vec![],
         }
     }

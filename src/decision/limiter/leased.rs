@@ -3,7 +3,10 @@
 //! after a response. The units themselves live in [`crate::decision::leases`].
 
 use super::*;
-use crate::{decision::keys::window_offset, rules::policy::Policy};
+use crate::{
+    decision::keys::window_offset,
+    rules::{overrides::Override, policy::Policy},
+};
 
 /// Leases to ask for after a response, one per key running low. Owned, so
 /// it can outlive the request's borrows.
@@ -185,6 +188,20 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                 })
             })
             .collect()
+    }
+
+    /// Drops the leases of keys whose override blocks them: a block ends
+    /// leases on the isolate's next call.
+    pub(super) fn end_blocked_leases(&self, call: &ScriptCall, decision: &Decision) {
+        let keys = call.rule_keys();
+        let mut leases = self.leases.borrow_mut();
+        for o in &decision.overrides {
+            if o.text == Override::Block.to_text() {
+                if let Some(key) = keys.get(o.rule) {
+                    leases.clear(key);
+                }
+            }
+        }
     }
 
     /// Ends the lease asks `call` carried, answered or not.

@@ -13,8 +13,12 @@ use super::{
     events::{Action, Event},
     keys::redis_key,
     leases::Leases,
-    protocol::{penalty_key, run, Check, LeaseAsk, Reply, ScriptCall, ScriptError, ScriptRunner},
-    verdict::{Decision, Retry},
+    protocol::{
+        override_key, penalty_key, rule_wide_key, run, Check, LeaseAsk, Reply, ScriptCall,
+        ScriptError, ScriptRunner,
+    },
+    rule_wide::RuleWide,
+    verdict::{Decision, OverrideSource, Retry},
 };
 use crate::rules::{
     config::Config,
@@ -73,6 +77,9 @@ pub struct Handled<'c> {
     /// Leases running low, to refresh once the response has gone: see
     /// [`Limiter::refresh`].
     pub refresh: Option<LeaseRefresh>,
+    /// Rules whose rule-wide override this isolate should read again once
+    /// the response has gone: see [`Limiter::reread`].
+    pub reread: Vec<String>,
 }
 
 impl<'c> Handled<'c> {
@@ -82,6 +89,7 @@ impl<'c> Handled<'c> {
             events,
             refund: None,
             refresh: None,
+            reread: vec![],
         }
     }
 }
@@ -143,6 +151,8 @@ pub struct Limiter<'c, 's, S> {
     /// Units leased to this isolate, and its keys' demand; borrowed as
     /// briefly as the cache.
     pub leases: &'s RefCell<Leases>,
+    /// The rule-wide overrides as this isolate last read them.
+    pub wide: &'s RefCell<RuleWide>,
     /// Whether the script runs on `now_ms` rather than Redis's clock
     /// (tests and simulations, whose time is not real).
     pub pinned: bool,
@@ -173,21 +183,92 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         let methods = req.methods();
         let checks = selection.checks(&methods);
         let leased = self.observe(&checks, now_ms);
+        let reread = self.reread_due(&checks, now_ms);
         if let Some(mut handled) = self.admit_from_leases(&checks, &leased, now_ms) {
             // Only a request served from leases refreshes them: one that
             // made a call asked for its lease in it.
             handled.refresh = self.refresh_due(&selection, &leased, now_ms);
             handled.events = events;
+            handled.reread = reread;
             return handled;
         }
         let asks = self.lease_asks(&checks, &leased, now_ms);
         let mut handled = self.decide(&checks, asks, now_ms).await;
         events.append(&mut handled.events);
         handled.events = events;
+        handled.reread = reread;
         if let Outcome::Forward(Forward::Admitted(decided)) = &handled.outcome {
             handled.refund = selection.pending_refund(&decided.decision, &methods);
         }
         handled
+    }
+
+    /// The rules of `checks` that take overrides whose rule-wide copy is
+    /// due a read after this response.
+    fn reread_due(&self, checks: &[(Check<'c>, Vec<&str>)], now_ms: u64) -> Vec<String> {
+        let mut wide = self.wide.borrow_mut();
+        checks
+            .iter()
+            .filter(|(c, _)| c.rule.overrides && wide.start_read(&c.rule.name, now_ms))
+            .map(|(c, _)| c.rule.name.clone())
+            .collect()
+    }
+
+    /// Reads the rule-wide overrides of `rules` in one call, sent at
+    /// `now_ms`, after the response has gone. A fault is only logged: the
+    /// isolate keeps its copy and reads again after the next response.
+    pub async fn reread(&self, rules: &[String], now_ms: u64) -> Vec<Event> {
+        let keys = rules.iter().map(|r| rule_wide_key(r)).collect();
+        let call = ScriptCall::Read(keys);
+        let result = run(self.store, &call, Duration::from_millis(DEFAULT_BUDGET_MS)).await;
+        let mut wide = self.wide.borrow_mut();
+        match result {
+            Ok(Reply::Read(read)) if read.len() == rules.len() => {
+                for (rule, (text, pttl)) in rules.iter().zip(read) {
+                    wide.keep(rule, text, pttl, now_ms);
+                }
+                vec![]
+            }
+            other => {
+                let error = match other {
+                    Err(e) => e.to_string(),
+                    Ok(_) => "a reply other than a read's".to_owned(),
+                };
+                rules
+                    .iter()
+                    .map(|rule| {
+                        wide.failed(rule);
+                        Event {
+                            key: Some(rule_wide_key(rule)),
+                            error: Some(error.clone()),
+                            ..Event::new(Action::OverrideReadFailed, rule)
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// The rule-wide overrides this isolate holds, put in `call` for the
+    /// script to apply where a client has none of its own.
+    fn with_rule_wide(
+        &self,
+        call: &mut ScriptCall,
+        checks: &[(Check<'c>, Vec<&str>)],
+        now_ms: u64,
+    ) {
+        let ScriptCall::Decide(g) = call else {
+            return;
+        };
+        let wide = self.wide.borrow();
+        for o in &mut g.overrides {
+            if let Some((text, ms)) = checks
+                .get(o.rule)
+                .and_then(|(c, _)| wide.in_force(&c.rule.name, now_ms))
+            {
+                (o.wide, o.wide_ms) = (text, ms);
+            }
+        }
     }
 
     /// The script's clock for a call at `now_ms`: Redis's own unless pinned.
@@ -229,7 +310,8 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         asks: Vec<LeaseAsk>,
         now_ms: u64,
     ) -> Handled<'c> {
-        let call = ScriptCall::decide_leasing(checks, asks, self.clock(now_ms));
+        let mut call = ScriptCall::decide_leasing(checks, asks, self.clock(now_ms));
+        self.with_rule_wide(&mut call, checks, now_ms);
         let signature = call.signature();
         let cached = self.cache.borrow_mut().lookup(&signature, now_ms);
         if let Some(decision) = cached {
@@ -247,6 +329,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                     .borrow_mut()
                     .remember(signature, &decision, now_ms);
                 let granted = self.keep_grants(checks, &call.rule_keys(), &decision, now_ms);
+                self.end_blocked_leases(&call, &decision);
                 let mut handled = decided(checks, &call, decision);
                 handled.events.extend(granted);
                 handled
@@ -279,18 +362,53 @@ fn decided<'c>(
         })
         .collect();
     events.extend(penalty_events(checks, call, &decision));
+    events.extend(ignored_overrides(checks, call, &decision));
     if let Some(retry) = decision.retry() {
         let binding = decision.binding();
         events.push(Event {
             status: Some(429),
             retry_after: retry_seconds(retry),
             key: keys.get(binding).map(|k| (*k).to_owned()),
+            overridden: override_named(&decision, binding),
             ..Event::new(Action::Deny, &rules[binding].name)
         });
         return Handled::new(Outcome::Deny(Decided { rules, decision }), events);
     }
     let admitted = Forward::Admitted(Decided { rules, decision });
     Handled::new(Outcome::Forward(admitted), events)
+}
+
+/// Whose override rule `i` of `decision` was decided under, and what it
+/// held, for the log: `client: v1 block`.
+fn override_named(decision: &Decision, i: usize) -> Option<String> {
+    let read = decision.overrides.iter().find(|o| o.rule == i)?;
+    let whose = match read.source {
+        OverrideSource::None => return None,
+        OverrideSource::Client => "client",
+        OverrideSource::Rule => "rule",
+    };
+    Some(format!("{whose}: {}", read.text))
+}
+
+/// One `override_ignored` event per client override key that held
+/// something that is no override.
+fn ignored_overrides(
+    checks: &[(Check<'_>, Vec<&str>)],
+    call: &ScriptCall,
+    decision: &Decision,
+) -> Vec<Event> {
+    let keys = call.rule_keys();
+    decision
+        .overrides
+        .iter()
+        .filter(|o| o.ignored)
+        .filter_map(|o| {
+            Some(Event {
+                key: keys.get(o.rule).map(|k| override_key(k)),
+                ..Event::new(Action::OverrideIgnored, &checks.get(o.rule)?.0.rule.name)
+            })
+        })
+        .collect()
 }
 
 /// Whole seconds a client is told to wait, at least 1; none for never.
@@ -565,6 +683,7 @@ mod tests {
             store,
             cache,
             leases: &RefCell::new(Leases::new()),
+            wide: &RefCell::new(RuleWide::new()),
             pinned: false,
         };
         tokio::runtime::Builder::new_current_thread()
@@ -716,6 +835,7 @@ mod tests {
             store: &store,
             cache: &cache,
             leases: &RefCell::new(Leases::new()),
+            wide: &RefCell::new(RuleWide::new()),
             pinned: false,
         };
         let out = rt.block_on(limiter.handle(&req("/login"), 0));
@@ -735,6 +855,7 @@ mod tests {
             store: &store,
             cache: &cache,
             leases: &RefCell::new(Leases::new()),
+            wide: &RefCell::new(RuleWide::new()),
             pinned: false,
         };
         assert!(rt.block_on(limiter.refund(&refund, 200)).is_empty());
@@ -762,6 +883,7 @@ mod tests {
             store: &store,
             cache: &cache,
             leases: &RefCell::new(Leases::new()),
+            wide: &RefCell::new(RuleWide::new()),
             pinned: false,
         };
         let events = rt.block_on(limiter.refund(&refund, 200));

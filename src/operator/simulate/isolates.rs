@@ -30,6 +30,7 @@ use crate::{
         limiter::{select, Forward, Limiter, Outcome},
         protocol::ScriptRunner,
         redis_rest::{RestError, Script},
+        rule_wide::RuleWide,
     },
     rules::{config::Config, rule::RuleId},
 };
@@ -119,6 +120,8 @@ pub struct IsolatesReplay<'c> {
     runner: SocketRunner,
     caches: Vec<RefCell<BlockCache>>,
     leases: Vec<RefCell<Leases>>,
+    /// No rule-wide overrides: a replay has no operator.
+    wide: RefCell<RuleWide>,
     runtime: tokio::runtime::Runtime,
     /// What each rule charged each client: (time, cost), in time order.
     charged: HashMap<(RuleId, String), Vec<(u64, u64)>>,
@@ -140,6 +143,7 @@ impl<'c> IsolatesReplay<'c> {
                 .map(|_| RefCell::new(BlockCache::new(config.cache_hold_ms)))
                 .collect(),
             leases: (0..isolates).map(|_| RefCell::new(Leases::new())).collect(),
+            wide: RefCell::new(RuleWide::new()),
             runtime,
             charged: HashMap::new(),
             report: IsolatesReport {
@@ -166,6 +170,7 @@ impl<'c> IsolatesReplay<'c> {
             store: &self.runner,
             cache: &self.caches[i],
             leases: &self.leases[i],
+            wide: &self.wide,
             pinned: true,
         };
         let now = record.time_ms;

@@ -1,0 +1,216 @@
+//! `edge-limiter limit`: overrides of a rule's figures, for every client or
+//! for one, written, read, cleared and listed in Redis through the REST
+//! endpoint with its token. Nothing a request carries can reach these keys.
+
+use serde_json::{json, Value};
+
+use super::inspect::{identifier, InspectError};
+use crate::{
+    decision::{
+        keys::redis_key,
+        protocol::{override_key, rule_wide_key},
+        redis_rest::{RestClient, RestError},
+    },
+    rules::{overrides::Override, policy::Policy, rule::Rule},
+};
+
+/// The override key for `values` (the rule's key parts, as a client sends
+/// them), or the rule-wide one for none.
+pub fn key_for(rule: &Rule, values: &[&str]) -> Result<String, InspectError> {
+    if values.is_empty() {
+        return Ok(rule_wide_key(&rule.name));
+    }
+    let id = identifier(rule, values)?;
+    let parts: Vec<&str> = id.iter().map(String::as_str).collect();
+    Ok(override_key(&redis_key(&rule.name, &parts)))
+}
+
+/// Refuses a rule that does not take overrides: it would never read one.
+fn taking(rule: &Rule) -> Result<(), InspectError> {
+    match rule.overrides {
+        true => Ok(()),
+        false => Err(InspectError::Values {
+            rule: rule.name.clone(),
+            problem: "does not take overrides; add `overrides = true` to it and deploy".into(),
+        }),
+    }
+}
+
+/// One override as stored: its key, what it holds, and how long it lasts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// The override key.
+    pub key: String,
+    /// The override, or `None` when the key holds something else (the
+    /// worker then keeps the configured figures).
+    pub read: Option<Override>,
+    /// The key's text as stored.
+    pub text: String,
+    /// Milliseconds until it expires; `None` for never.
+    pub expires_in_ms: Option<u64>,
+}
+
+impl Stored {
+    /// One line: the key, what it puts in place of `configured`, and when
+    /// it ends.
+    pub fn render(&self, configured: &Policy) -> String {
+        let what = match &self.read {
+            Some(Override::Block) => "blocked".to_owned(),
+            Some(Override::Figures(p)) => {
+                format!("{} in place of {}", figures(p), figures(configured))
+            }
+            None => format!("not an override (ignored): {:?}", self.text),
+        };
+        let until = match self.expires_in_ms {
+            Some(ms) => format!("for {} s more", ms.div_ceil(1000)),
+            None => "until cleared".to_owned(),
+        };
+        format!("{}: {what}, {until}", self.key)
+    }
+
+    /// The same as JSON.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "key": self.key,
+            "override": self.text,
+            "recognised": self.read.is_some(),
+            "expires_in_ms": self.expires_in_ms,
+        })
+    }
+}
+
+/// A policy in a few words, as `check` writes it.
+pub fn figures(policy: &Policy) -> String {
+    match policy {
+        Policy::Gcra(g) => format!("gcra {}/{}ms burst {}", g.rate(), g.period_ms(), g.burst()),
+        Policy::Windowed(ws) => {
+            let list: Vec<String> = ws
+                .iter()
+                .map(|w| format!("{}/{}ms", w.limit(), w.duration_ms()))
+                .collect();
+            format!("windowed {}", list.join(" + "))
+        }
+    }
+}
+
+/// Stores `what` as `rule`'s override for `values` (every client for
+/// none), lasting `for_ms` (for ever without).
+pub async fn set(
+    client: &RestClient,
+    rule: &Rule,
+    values: &[&str],
+    what: &Override,
+    for_ms: Option<u64>,
+) -> Result<Stored, InspectError> {
+    taking(rule)?;
+    let key = key_for(rule, values)?;
+    let text = what.to_text();
+    let ms = for_ms.map(|ms| ms.to_string());
+    let mut command = vec!["SET", key.as_str(), text.as_str()];
+    if let Some(ms) = &ms {
+        command.extend(["PX", ms.as_str()]);
+    }
+    client.command(&command).await?;
+    Ok(Stored {
+        key,
+        read: Some(what.clone()),
+        text,
+        expires_in_ms: for_ms,
+    })
+}
+
+/// `rule`'s override for `values` (every client for none), if any.
+pub async fn get(
+    client: &RestClient,
+    rule: &Rule,
+    values: &[&str],
+) -> Result<Option<Stored>, InspectError> {
+    taking(rule)?;
+    let key = key_for(rule, values)?;
+    read(client, rule, key).await
+}
+
+async fn read(
+    client: &RestClient,
+    rule: &Rule,
+    key: String,
+) -> Result<Option<Stored>, InspectError> {
+    let text = match client.command(&["GET", &key]).await? {
+        Value::String(text) => text,
+        Value::Null => return Ok(None),
+        other => other.to_string(),
+    };
+    let pttl = client
+        .command(&["PTTL", &key])
+        .await?
+        .as_i64()
+        .unwrap_or(-1);
+    Ok(Some(Stored {
+        read: Override::parse(&text, &rule.policy),
+        text,
+        expires_in_ms: u64::try_from(pttl).ok(),
+        key,
+    }))
+}
+
+/// Removes `rule`'s override for `values` (every client for none); whether
+/// there was one.
+pub async fn clear(
+    client: &RestClient,
+    rule: &Rule,
+    values: &[&str],
+) -> Result<bool, InspectError> {
+    taking(rule)?;
+    let key = key_for(rule, values)?;
+    Ok(client.command(&["DEL", &key]).await?.as_u64() == Some(1))
+}
+
+/// Every override of `rule` in force: the rule-wide one first, then each
+/// client's (found with `SCAN`, so a large database takes a while).
+pub async fn list(client: &RestClient, rule: &Rule) -> Result<Vec<Stored>, InspectError> {
+    taking(rule)?;
+    let mut found = Vec::new();
+    if let Some(wide) = read(client, rule, rule_wide_key(&rule.name)).await? {
+        found.push(wide);
+    }
+    let pattern = format!("el:{{*}}:{}:o", rule.name);
+    let mut cursor = "0".to_owned();
+    loop {
+        let page = client
+            .command(&["SCAN", &cursor, "MATCH", &pattern, "COUNT", "1000"])
+            .await?;
+        let (next, keys) = match page.as_array().map(Vec::as_slice) {
+            Some([next, Value::Array(keys)]) => {
+                (next.as_str().unwrap_or("0").to_owned(), keys.clone())
+            }
+            _ => return Err(RestError::Malformed(format!("SCAN answered {page}")).into()),
+        };
+        for key in keys.iter().filter_map(Value::as_str) {
+            if let Some(stored) = read(client, rule, key.to_owned()).await? {
+                found.push(stored);
+            }
+        }
+        if next == "0" {
+            return Ok(found);
+        }
+        cursor = next;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::config::Config;
+
+    #[test]
+    fn keys_are_the_workers_and_never_a_clients_for_the_rule() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "api", "key": ["header:x-api-key"], "algorithm": "gcra", "rate": 10, "period": "1s", "overrides": true}
+        ]}))
+        .unwrap();
+        let rule = &c.rules[0];
+        assert_eq!(key_for(rule, &[]).unwrap(), "el:rule:api:o");
+        assert_eq!(key_for(rule, &["k-1"]).unwrap(), "el:{k-1}:api:o");
+        assert!(key_for(rule, &["a", "b"]).is_err());
+    }
+}

@@ -1,0 +1,193 @@
+//! Limits changed at runtime: what an override puts in place of a rule's
+//! figures, and its text as Redis stores it. The script reads the same
+//! text (`lua/limiter.lua`); anything else in an override key counts as
+//! no override.
+
+use super::policy::{Gcra, Policy, PolicyError, Window, Windows};
+
+/// What an override does to its rule, for every client or for one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Override {
+    /// These figures in place of the rule's (a GCRA rule or a windowed one).
+    Figures(Policy),
+    /// The client is denied outright.
+    Block,
+}
+
+/// The text's version: a later format is read as no override.
+const VERSION: &str = "v1";
+
+impl Override {
+    /// The text stored in Redis: `v1 block`; `v1 gcra <rate> <period_ms>
+    /// <burst> <interval_us>` (the script reads the last two); or `v1
+    /// windows` and one limit per window, in the rule's order.
+    pub fn to_text(&self) -> String {
+        match self {
+            Override::Block => format!("{VERSION} block"),
+            Override::Figures(Policy::Gcra(g)) => format!(
+                "{VERSION} gcra {} {} {} {}",
+                g.rate(),
+                g.period_ms(),
+                g.burst(),
+                g.interval_us()
+            ),
+            Override::Figures(Policy::Windowed(ws)) => {
+                let limits: Vec<String> = ws.iter().map(|w| w.limit().to_string()).collect();
+                format!("{VERSION} windows {}", limits.join(" "))
+            }
+        }
+    }
+
+    /// The override `text` holds for a rule of `policy`; `None` when it is
+    /// not one this release wrote for such a rule (a stray write, another
+    /// format, figures of the other algorithm or another window count).
+    pub fn parse(text: &str, policy: &Policy) -> Option<Override> {
+        let mut words = text.split(' ');
+        if words.next() != Some(VERSION) {
+            return None;
+        }
+        let kind = words.next()?;
+        let numbers: Vec<u64> = words
+            // As the script reads them: digits, no sign, no leading zero.
+            .map(|w| w.parse().ok().filter(|n: &u64| n.to_string() == w))
+            .collect::<Option<_>>()?;
+        match (kind, policy, numbers.as_slice()) {
+            ("block", _, []) => Some(Override::Block),
+            ("gcra", Policy::Gcra(_), &[rate, period_ms, burst, interval_us]) => {
+                let g = Gcra::new(rate, period_ms, burst).ok()?;
+                (g.interval_us() == interval_us).then_some(Override::Figures(Policy::Gcra(g)))
+            }
+            ("windows", Policy::Windowed(ws), limits) if limits.len() == ws.len() => {
+                limited(ws, limits).ok().map(Override::Figures)
+            }
+            _ => None,
+        }
+    }
+
+    /// The rule's figures with these `limits` per window (`--limit`): the
+    /// error names `windows[i].limit`, as the configuration's would.
+    pub fn windows(policy: &Policy, limits: &[u64]) -> Result<Override, PolicyError> {
+        match policy {
+            Policy::Windowed(ws) if ws.len() == limits.len() => {
+                limited(ws, limits).map(Override::Figures)
+            }
+            Policy::Windowed(ws) => Err(PolicyError {
+                field: "limit".into(),
+                problem: format!(
+                    "give one limit per window: the rule has {} (in its order)",
+                    ws.len()
+                ),
+            }),
+            Policy::Gcra(_) => Err(PolicyError {
+                field: "limit".into(),
+                problem: "is for windowed rules; a GCRA rule takes --rate, --period and --burst"
+                    .into(),
+            }),
+        }
+    }
+
+    /// A GCRA rule's override (`--rate`, `--period`, `--burst`), each
+    /// figure left out keeping the rule's own: the error names the field.
+    pub fn gcra(
+        policy: &Policy,
+        rate: Option<u64>,
+        period_ms: Option<u64>,
+        burst: Option<u64>,
+    ) -> Result<Override, PolicyError> {
+        let Policy::Gcra(g) = policy else {
+            return Err(PolicyError {
+                field: "rate".into(),
+                problem: "is for GCRA rules; a windowed rule takes --limit per window".into(),
+            });
+        };
+        let rate = rate.unwrap_or(g.rate());
+        let period_ms = period_ms.unwrap_or(g.period_ms());
+        let g = Gcra::new(rate, period_ms, burst.unwrap_or(g.burst()))?;
+        Ok(Override::Figures(Policy::Gcra(g)))
+    }
+}
+
+fn limited(ws: &Windows, limits: &[u64]) -> Result<Policy, PolicyError> {
+    let windows = ws
+        .iter()
+        .zip(limits)
+        .enumerate()
+        .map(|(i, (w, &limit))| {
+            Window::new(w.duration_ms(), limit, w.precision_ms()).map_err(|e| PolicyError {
+                field: format!("windows[{i}].{}", e.field),
+                problem: e.problem,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Policy::Windowed(Windows::new(windows)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gcra(rate: u64, period_ms: u64, burst: u64) -> Policy {
+        Policy::Gcra(Gcra::new(rate, period_ms, burst).unwrap())
+    }
+
+    #[test]
+    fn overrides_round_trip_through_their_text() {
+        let g = gcra(10, 1000, 20);
+        let windows = Policy::Windowed(
+            Windows::new(vec![
+                Window::new(1000, 10, 100).unwrap(),
+                Window::new(60_000, 100, 1000).unwrap(),
+            ])
+            .unwrap(),
+        );
+        let more = Override::gcra(&g, Some(100), None, Some(200)).unwrap();
+        assert_eq!(more.to_text(), "v1 gcra 100 1000 200 10000");
+        assert_eq!(Override::parse(&more.to_text(), &g), Some(more));
+        let w = Override::windows(&windows, &[20, 200]).unwrap();
+        assert_eq!(w.to_text(), "v1 windows 20 200");
+        assert_eq!(Override::parse(&w.to_text(), &windows), Some(w));
+        assert_eq!(Override::parse("v1 block", &g), Some(Override::Block));
+    }
+
+    #[test]
+    fn anything_else_is_no_override() {
+        let g = gcra(10, 1000, 20);
+        for text in [
+            "",
+            "block",
+            "v2 block",
+            "v1 block 1",
+            "v1 gcra 100 1000 200",
+            "v1 gcra 100 1000 200 9999",
+            "v1 gcra 100 1000 +200 10000",
+            "v1 gcra 0 1000 200 0",
+            "v1 windows 20",
+            "v1  gcra 100 1000 200 10000",
+            "{\"rate\": 100}",
+        ] {
+            assert_eq!(Override::parse(text, &g), None, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn figures_are_checked_as_the_configuration_checks_them() {
+        let g = gcra(10, 1000, 20);
+        assert_eq!(
+            Override::gcra(&g, Some(0), None, None).unwrap_err().field,
+            "rate"
+        );
+        assert_eq!(
+            Override::gcra(&g, None, Some(367 * 86_400_000), None)
+                .unwrap_err()
+                .field,
+            "period"
+        );
+        let w = Policy::Windowed(Windows::new(vec![Window::new(1000, 10, 100).unwrap()]).unwrap());
+        assert_eq!(
+            Override::windows(&w, &[0]).unwrap_err().field,
+            "windows[0].limit"
+        );
+        assert_eq!(Override::windows(&w, &[1, 2]).unwrap_err().field, "limit");
+        assert_eq!(Override::windows(&g, &[1]).unwrap_err().field, "limit");
+    }
+}

@@ -1,0 +1,173 @@
+//! Limits changed at runtime (issue 25), end to end: `edge-limiter limit`
+//! run as an operator would, beside a worker in `wrangler dev`, reading the
+//! worker's own `wrangler.toml` and `.dev.vars`. A client's override, a
+//! block and its clearing, a rule-wide override and its expiry, garbage in
+//! an override key, and two instances seeing the same override.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod support;
+
+use std::{process::Command, time::Duration};
+
+use reqwest::StatusCode;
+use serde_json::Value;
+use support::{header, worker::Stack, worker::Worker};
+
+const RULES: &str = r#"
+[vars.LIMITER]
+cache_hold = "1s"
+
+[[vars.LIMITER.rules]]
+name = "api"
+key = ["header:x-api-key"]
+algorithm = "gcra"
+rate = 1
+period = "1m"
+burst = 2
+overrides = true
+"#;
+
+async fn get(worker: &Worker, key: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .get(format!("{}/api", worker.url))
+        .header("x-api-key", key)
+        .header("CF-Connecting-IP", "198.51.100.25")
+        .send()
+        .await
+        .expect("the worker answers")
+}
+
+async fn statuses(worker: &Worker, key: &str, n: usize) -> Vec<u16> {
+    let mut out = vec![];
+    for _ in 0..n {
+        out.push(get(worker, key).await.status().as_u16());
+    }
+    out
+}
+
+/// `edge-limiter limit ARGS` in the worker's directory, as an operator
+/// beside its `wrangler.toml` and `.dev.vars`; its stdout.
+fn limit(worker: &Worker, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_edge-limiter"))
+        .arg("limit")
+        .args(args)
+        .current_dir(&worker.dir)
+        .env_remove("UPSTASH_REDIS_REST_URL")
+        .env_remove("UPSTASH_REDIS_REST_TOKEN")
+        .output()
+        .expect("the command runs");
+    assert!(out.status.success(), "limit {args:?}: {out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.contains(support::TOKEN), "the token in {text}");
+    text
+}
+
+/// The worker's decision events of `action`.
+fn events(worker: &Worker, action: &str) -> Vec<Value> {
+    worker
+        .log()
+        .lines()
+        .filter_map(|l| l.find(r#"{"source":"edge-limiter""#).map(|at| &l[at..]))
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["action"] == action)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_clients_override_and_block_reach_that_client_alone() {
+    let stack = Stack::start(RULES);
+    let w = &stack.worker;
+    assert_eq!(statuses(w, "partner", 3).await, [200, 200, 429]);
+    assert_eq!(statuses(w, "other", 3).await, [200, 200, 429]);
+    // Ten times the burst for the partner, from its next request once the
+    // isolate's memory of its denial has lapsed (`cache_hold`, 1 s here).
+    let set = limit(w, &["set", "api", "partner", "--burst", "20"]);
+    assert!(
+        set.contains("gcra 1/60000ms burst 20 in place of gcra 1/60000ms burst 2"),
+        "{set}"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let r = get(w, "partner").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, "RateLimit-Policy"), Some("\"api\";q=20;w=1200"));
+    assert_eq!(statuses(w, "other", 1).await, [429]);
+    let got = limit(w, &["get", "api", "partner", "--json"]);
+    assert!(
+        got.contains("\"override\":\"v1 gcra 1 60000 20 60000000\""),
+        "{got}"
+    );
+    // A block for 30 s: 429 with its time left, and no origin hit.
+    let hits = stack.origin.hits().await["total"].as_u64().unwrap();
+    limit(w, &["set", "api", "partner", "--block", "--for", "30s"]);
+    let r = get(w, "partner").await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = header(&r, "Retry-After").unwrap().parse().unwrap();
+    assert!((29..=30).contains(&retry), "Retry-After {retry}");
+    assert_eq!(stack.origin.hits().await["total"].as_u64().unwrap(), hits);
+    let denied = events(w, "deny");
+    assert!(
+        denied.iter().any(|e| e["override"] == "client: v1 block"),
+        "{denied:?}"
+    );
+    // Cleared: within the block cache's hold (1 s here), the partner is back
+    // on the configured figures (its 3 admitted since then leave none).
+    assert!(limit(w, &["clear", "api", "partner"]).contains("removed"));
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let r = get(w, "partner").await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&r, "RateLimit-Policy"), Some("\"api\";q=2;w=120"));
+    // A block without end: 429 and no Retry-After.
+    limit(w, &["set", "api", "stopped", "--block"]);
+    let r = get(w, "stopped").await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&r, "Retry-After"), None);
+    let listed = limit(w, &["list", "api"]);
+    assert!(
+        listed.contains("el:{stopped}:api:o: blocked, until cleared"),
+        "{listed}"
+    );
+}
+
+#[tokio::test]
+async fn garbage_in_an_override_key_counts_as_none() {
+    let stack = Stack::start(RULES);
+    let w = &stack.worker;
+    for (i, junk) in ["v1 gcra 1 60000 2000 1", "{\"burst\": 100}", "v2 block"]
+        .iter()
+        .enumerate()
+    {
+        let client = format!("junk-{i}");
+        stack
+            .backend
+            .redis(&["SET", &format!("el:{{{client}}}:api:o"), junk]);
+        assert_eq!(statuses(w, &client, 3).await, [200, 200, 429], "{junk}");
+    }
+    let ignored = events(w, "override_ignored");
+    assert!(!ignored.is_empty());
+    assert_eq!(ignored[0]["key"], "el:{junk-0}:api:o");
+}
+
+#[tokio::test]
+async fn a_rule_wide_override_reaches_every_client_and_ends_by_itself() {
+    let stack = Stack::builder(RULES).instances(2).start();
+    let [a, b] = [&stack.worker, &stack.others[0]];
+    // Every client gets burst 5 for 3 s.
+    limit(a, &["set", "api", "--burst", "5", "--for", "3s"]);
+    // An isolate reads it after a response, so each worker's second
+    // request on is decided under it.
+    get(a, "warm-a").await;
+    get(b, "warm-b").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = statuses(a, "c1", 5).await;
+    assert_eq!(got, [200; 5], "{}", a.log());
+    assert_eq!(statuses(b, "c2", 6).await, [200, 200, 200, 200, 200, 429]);
+    // A client's own override goes before the rule's: a block on both.
+    limit(b, &["set", "api", "c3", "--block"]);
+    assert_eq!(statuses(a, "c3", 1).await, [429]);
+    assert_eq!(statuses(b, "c3", 1).await, [429]);
+    // After 3 s, and one more read, the configured burst of 2 holds again.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    get(a, "warm-a").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(statuses(a, "c4", 3).await, [200, 200, 429]);
+}

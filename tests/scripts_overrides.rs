@@ -1,0 +1,176 @@
+//! Overrides on the script's side (issue 25), against a real
+//! `redis-server` through the REST endpoint: a client's override key read in
+//! the decision's own call, the rule-wide text the isolate passes, blocks,
+//! and keys that hold anything else.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod support;
+
+use edge_limiter::{
+    decision::{
+        protocol::{override_key, run, Check, Reply, ScriptCall},
+        verdict::{Decision, OverrideSource, Retry},
+    },
+    rules::{overrides::Override, rule::Rule},
+};
+use serde_json::json;
+use support::{rules, Backend, BUDGET};
+
+const T0: u64 = 1_795_168_800_000;
+
+/// One unit for `id` at `now_ms`, with `wide` as the rule-wide override.
+async fn decide(
+    b: &Backend,
+    rule: &Rule,
+    id: &str,
+    wide: Option<(&Override, i64)>,
+    now_ms: u64,
+) -> Decision {
+    let mut call = ScriptCall::decide(&[(Check { rule, cost: 1 }, vec![id])], Some(now_ms));
+    if let (ScriptCall::Decide(g), Some((o, ms))) = (&mut call, wide) {
+        g.overrides[0].wide = o.to_text();
+        g.overrides[0].wide_ms = ms;
+    }
+    run(&b.client, &call, BUDGET)
+        .await
+        .and_then(Reply::decision)
+        .expect("a decision")
+}
+
+fn admitted(ds: &[Decision]) -> Vec<bool> {
+    ds.iter().map(Decision::admitted).collect()
+}
+
+fn gcra() -> Rule {
+    rules(
+        json!([{"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1m",
+        "burst": 2, "overrides": true}]),
+    )
+    .remove(0)
+}
+
+async fn run_of(
+    b: &Backend,
+    rule: &Rule,
+    id: &str,
+    n: usize,
+    wide: Option<(&Override, i64)>,
+) -> Vec<Decision> {
+    let mut out = vec![];
+    for _ in 0..n {
+        out.push(decide(b, rule, id, wide, T0).await);
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_clients_override_replaces_the_figures_for_that_client() {
+    let b = Backend::start();
+    let rule = gcra();
+    let more = Override::gcra(&rule.policy, None, None, Some(4)).unwrap();
+    b.redis(&["SET", "el:{a}:g:o", &more.to_text()]);
+    let a = run_of(&b, &rule, "a", 5, None).await;
+    assert_eq!(admitted(&a), [true, true, true, true, false]);
+    assert_eq!(a[0].rules[0].limit, 4);
+    assert_eq!(a[0].overrides[0].source, OverrideSource::Client);
+    assert_eq!(a[0].overrides[0].text, more.to_text());
+    let other = run_of(&b, &rule, "b", 3, None).await;
+    assert_eq!(admitted(&other), [true, true, false]);
+    assert_eq!(other[0].overrides[0].source, OverrideSource::None);
+}
+
+#[tokio::test]
+async fn a_block_denies_for_its_time_left_or_for_ever() {
+    let b = Backend::start();
+    let rule = gcra();
+    b.redis(&["SET", "el:{a}:g:o", "v1 block", "PX", "30000"]);
+    let d = decide(&b, &rule, "a", None, T0).await;
+    assert!(!d.admitted());
+    let Some(Retry::After { ms }) = d.retry() else {
+        panic!("{d:?}")
+    };
+    assert!((29_000..=30_000).contains(&ms), "{ms}");
+    // Nothing was charged, and no penalty or state was written.
+    assert_eq!(b.redis(&["EXISTS", "el:{a}:g"]), "0");
+    b.redis(&["SET", "el:{a}:g:o", "v1 block"]);
+    let d = decide(&b, &rule, "a", None, T0).await;
+    assert_eq!(d.retry(), Some(Retry::Never));
+}
+
+#[tokio::test]
+async fn the_rule_wide_override_holds_where_a_client_has_none() {
+    let b = Backend::start();
+    let rule = gcra();
+    let wide = Override::gcra(&rule.policy, None, None, Some(3)).unwrap();
+    let a = run_of(&b, &rule, "a", 4, Some((&wide, -1))).await;
+    assert_eq!(admitted(&a), [true, true, true, false]);
+    assert_eq!(a[0].overrides[0].source, OverrideSource::Rule);
+    // A client's own goes first: a block beats the rule's figures.
+    b.redis(&["SET", &override_key("el:{c}:g"), "v1 block"]);
+    let c = decide(&b, &rule, "c", Some((&wide, -1)), T0).await;
+    assert!(!c.admitted());
+    assert_eq!(c.overrides[0].source, OverrideSource::Client);
+    // A rule-wide block for 5 s.
+    let d = decide(&b, &rule, "d", Some((&Override::Block, 5000)), T0).await;
+    assert_eq!(d.retry(), Some(Retry::After { ms: 5000 }));
+}
+
+#[tokio::test]
+async fn a_window_rules_override_sets_each_limit() {
+    let b = Backend::start();
+    let rule = rules(json!([{"name": "w", "key": ["ip"], "algorithm": "windowed",
+        "windows": [["1m", 2, "1m"], ["1h", 100, "1h"]], "overrides": true}]))
+    .remove(0);
+    let more = Override::windows(&rule.policy, &[4, 100]).unwrap();
+    b.redis(&["SET", "el:{a}:w:o", &more.to_text()]);
+    let a = run_of(&b, &rule, "a", 5, None).await;
+    assert_eq!(admitted(&a), [true, true, true, true, false]);
+    // Removed, the configured limit of 2 holds at once: 4 already counted.
+    b.redis(&["DEL", "el:{a}:w:o"]);
+    assert!(!decide(&b, &rule, "a", None, T0).await.admitted());
+}
+
+#[tokio::test]
+async fn anything_else_in_an_override_key_is_no_override() {
+    let b = Backend::start();
+    let rule = gcra();
+    for junk in [
+        "v1 gcra 1 60000 200 1",
+        "v1 gcra 1 60000 0200 60000000",
+        "v1 windows 5",
+        "v1 gcra 1 60000 200 60000000 1",
+        "v2 block",
+        "block",
+        "",
+    ] {
+        b.redis(&["SET", "el:{j}:g:o", junk]);
+        b.redis(&["DEL", "el:{j}:g"]);
+        let j = run_of(&b, &rule, "j", 3, None).await;
+        assert_eq!(admitted(&j), [true, true, false], "{junk:?}");
+        assert!(j[0].overrides[0].ignored, "{junk:?}");
+        assert_eq!(j[0].overrides[0].source, OverrideSource::None);
+    }
+    // A hash where text was expected: an error from GET, not a decision.
+    b.redis(&["DEL", "el:{h}:g:o"]);
+    b.redis(&["HSET", "el:{h}:g:o", "x", "1"]);
+    let h = run_of(&b, &rule, "h", 3, None).await;
+    assert_eq!(
+        admitted(&h),
+        [true, true, false],
+        "a wrong type counts as none"
+    );
+    assert!(h[0].overrides[0].ignored);
+}
+
+#[tokio::test]
+async fn a_read_returns_each_keys_text_and_time_to_live() {
+    let b = Backend::start();
+    b.redis(&["SET", "el:rule:g:o", "v1 block", "PX", "30000"]);
+    let call = ScriptCall::Read(vec!["el:rule:g:o".into(), "el:rule:none:o".into()]);
+    let Ok(Reply::Read(read)) = run(&b.client, &call, BUDGET).await else {
+        panic!("a read's reply")
+    };
+    assert_eq!(read[0].0, "v1 block");
+    assert!((29_000..=30_000).contains(&read[0].1), "{read:?}");
+    assert_eq!(read[1], (String::new(), -2));
+}
