@@ -206,9 +206,18 @@ async fn body_prefix(req: &web_sys::Request) -> Option<Vec<u8>> {
 }
 
 fn load_config(env: &Env) -> std::result::Result<Config, String> {
-    let value: serde_json::Value = env
-        .object_var(CONFIG_VAR)
-        .map_err(|e| format!("no `[vars.{CONFIG_VAR}]` table in wrangler.toml ({e})"))?;
+    // Through JSON text rather than `object_var`: serde_json's reader is in
+    // the wasm anyway, and serde-wasm-bindgen's would cost 5 KB more.
+    let missing = || format!("no `[vars.{CONFIG_VAR}]` table in wrangler.toml");
+    let var = js_sys::Reflect::get(env.as_ref(), &JsValue::from_str(CONFIG_VAR))
+        .ok()
+        .filter(|v| v.is_object())
+        .ok_or_else(missing)?;
+    let text: String = js_sys::JSON::stringify(&var)
+        .ok()
+        .and_then(|t| t.as_string())
+        .ok_or_else(missing)?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
     Config::from_json(&value).map_err(|e| e.to_string())
 }
 
