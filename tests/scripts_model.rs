@@ -15,10 +15,12 @@ use std::{
 
 use edge_limiter::{
     decision::{
+        keys::redis_key,
         model::Model,
-        protocol::{run, Check, Reply, ScriptCall, LIMITER},
+        protocol::{override_key, run, Check, Reply, ScriptCall, LIMITER},
     },
     rules::{
+        overrides::Override,
         policy::{Gcra, Policy, Window, Windows},
         rule::{Mode, Rule},
     },
@@ -74,6 +76,12 @@ enum Kind {
     /// Gives back the oldest such charge not given back yet (its own rules,
     /// client and cost); nothing when there is none.
     Refund,
+    /// Writes the client's override key of the step's first rule: an
+    /// override, garbage or nothing, picked by the step's cost.
+    Override,
+    /// Sets the step's first rule's override for every client, as an
+    /// isolate passes it, picked the same way.
+    Wide,
 }
 
 /// Steps waiting `wait` milliseconds before each request of `cost` units.
@@ -81,7 +89,12 @@ fn steps(
     wait: impl Strategy<Value = u64>,
     cost: impl Strategy<Value = u64>,
 ) -> impl Strategy<Value = Step> {
-    let kind = prop_oneof![4 => Just(Kind::Decide), 1 => Just(Kind::Refund)];
+    let kind = prop_oneof![
+        8 => Just(Kind::Decide),
+        2 => Just(Kind::Refund),
+        1 => Just(Kind::Override),
+        1 => Just(Kind::Wide),
+    ];
     (wait, 1u8..8, 0u8..2, cost, kind).prop_map(|(wait_ms, rules, client, cost, kind)| Step {
         wait_ms,
         rules,
@@ -99,13 +112,15 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 /// A rule of the generated set: its policy, and whether it is a shadow
-/// rule, counts only some responses (`count_status`), or has a penalty.
+/// rule, counts only some responses (`count_status`), has a penalty, or
+/// takes overrides.
 #[derive(Debug, Clone)]
 struct Spec {
     policy: Policy,
     shadow: bool,
     counted: bool,
     penalty_ms: Option<u64>,
+    overrides: bool,
 }
 
 fn spec(
@@ -117,12 +132,14 @@ fn spec(
         prop::bool::weighted(0.2),
         prop::bool::weighted(0.2),
         prop_oneof![3 => Just(None), 1 => penalty.prop_map(Some)],
+        prop::bool::weighted(0.4),
     )
-        .prop_map(|(policy, shadow, counted, penalty_ms)| Spec {
+        .prop_map(|(policy, shadow, counted, penalty_ms, overrides)| Spec {
             policy,
             shadow,
             counted,
             penalty_ms,
+            overrides,
         })
 }
 
@@ -140,6 +157,7 @@ fn rules_of(prefix: &str, specs: &[Spec]) -> Vec<Rule> {
             },
             count_status: if spec.counted { vec![401] } else { vec![] },
             penalty_ms: spec.penalty_ms,
+            overrides: spec.overrides,
             ..Rule::with_policy(&format!("{prefix}{case}r{i}"), spec.policy.clone())
         })
         .collect()
@@ -161,6 +179,37 @@ fn checks_of<'a>(rules: &'a [Rule], s: &Step, client: &'a str) -> Vec<(Check<'a>
             )
         })
         .collect()
+}
+
+/// What an override step writes for `rule`, picked by `pick`: nothing, a
+/// block, figures above or below the rule's, or text that is no override
+/// (an interval that does not match, another version, a wrong count).
+fn override_text(rule: &Rule, pick: u64) -> Option<String> {
+    let figures = |more: bool| {
+        let made = match &rule.policy {
+            Policy::Gcra(g) => {
+                let burst = if more { g.burst() + 2 } else { 1 };
+                Override::gcra(&rule.policy, Some(g.rate() + 1), None, Some(burst))
+            }
+            Policy::Windowed(ws) => {
+                let limits: Vec<u64> = ws
+                    .iter()
+                    .map(|w| if more { w.limit() + 2 } else { 1 })
+                    .collect();
+                Override::windows(&rule.policy, &limits)
+            }
+        };
+        made.expect("figures the rule can take").to_text()
+    };
+    match pick % 7 {
+        0 => None,
+        1 => Some("v1 block".into()),
+        2 => Some(figures(true)),
+        3 => Some(figures(false)),
+        4 => Some("v1 gcra 1 60000 2000 1".into()),
+        5 => Some("v2 block".into()),
+        _ => Some("v1 windows 3 3 3 3 3 3 3 3 3".into()),
+    }
 }
 
 /// A refundable charge not given back yet: its step, and the script's and
@@ -185,6 +234,8 @@ fn run_case(
     let rules = rules_of("c", specs);
     let mut model = Model::new();
     let mut pending: std::collections::VecDeque<Refundable> = Default::default();
+    // Each rule's override for every client, as an isolate would pass it.
+    let mut wide: Vec<Option<String>> = vec![None; rules.len()];
     // Simulated time never runs slower than the real clock, so a key can
     // only expire in Redis once the model, too, holds it worthless.
     let mut skew = 0;
@@ -218,11 +269,39 @@ fn run_case(
             continue;
         }
         let client = format!("client{}", s.client);
+        if matches!(s.kind, Kind::Override | Kind::Wide) {
+            let Some(i) = (0..rules.len()).find(|i| s.rules & (1 << i) != 0) else {
+                continue;
+            };
+            let (rule, text) = (&rules[i], override_text(&rules[i], s.cost));
+            if s.kind == Kind::Wide {
+                model.set_rule_wide(&rule.name, text.as_deref());
+                wide[i] = text;
+                continue;
+            }
+            let key = override_key(&redis_key(&rule.name, &[&client]));
+            match &text {
+                Some(text) => backend.redis(&["SET", &key, text]),
+                None => backend.redis(&["DEL", &key]),
+            };
+            model.set_override(&rule.name, &[&client], text.as_deref());
+            continue;
+        }
         let checks = checks_of(&rules, s, &client);
         if checks.is_empty() {
             continue;
         }
-        let call = ScriptCall::decide(&checks, Some(now));
+        let mut call = ScriptCall::decide(&checks, Some(now));
+        if let ScriptCall::Decide(g) = &mut call {
+            for o in &mut g.overrides {
+                let i = rules
+                    .iter()
+                    .position(|r| r.name == checks[o.rule].0.rule.name);
+                if let Some(text) = i.and_then(|i| wide[i].clone()) {
+                    (o.wide, o.wide_ms) = (text, -1);
+                }
+            }
+        }
         let reply = rt
             .block_on(
                 backend
@@ -304,6 +383,7 @@ fn figures_too_large_for_one_integer_come_as_six_fields() {
             shadow: false,
             counted: false,
             penalty_ms: None,
+            overrides: false,
         };
         run_case(backend, rt, &[plain(fixed_day(1_000_000_000))], &steps(7)).unwrap();
         run_case(backend, rt, &[plain(fixed_day(1000))], &steps(7)).unwrap();
@@ -505,12 +585,14 @@ fn steps_on_redis_clock_are_mostly_compared_exactly() {
             shadow: false,
             counted: false,
             penalty_ms: Some(50),
+            overrides: true,
         },
         Spec {
             policy: Policy::Windowed(Windows::new(vec![Window::new(100, 3, 20).unwrap()]).unwrap()),
             shadow: false,
             counted: true,
             penalty_ms: None,
+            overrides: false,
         },
     ];
     let tally = LIVE

@@ -32,6 +32,9 @@ pub struct Case {
     pub call: Option<ScriptCall>,
 }
 
+/// Our GCRA case on a rule that takes overrides, none set.
+pub const GCRA_OVERRIDES: &str = "ours GCRA, overrides allowed";
+
 /// Limits no run comes near, so every call is admitted and writes.
 const HUGE: u64 = 1_000_000_000;
 /// The client every case decides for.
@@ -55,7 +58,7 @@ pub fn ours(label: &'static str, rule: Json) -> Result<Case, String> {
 }
 
 /// Our policies: GCRA at a whole and a fractional interval, one and three windows.
-pub fn our_cases() -> Result<[Case; 4], String> {
+pub fn our_cases() -> Result<[Case; 5], String> {
     Ok([
         ours(
             "ours GCRA",
@@ -63,6 +66,12 @@ pub fn our_cases() -> Result<[Case; 4], String> {
             // interval is not (7 per second) adds a GET for the remainder.
             json!({"name": "gcra", "key": ["ip"], "algorithm": "gcra",
                    "rate": 1_000, "period": "1s", "burst": HUGE}),
+        )?,
+        // The same rule taking overrides, none set: what allowing them costs.
+        ours(
+            GCRA_OVERRIDES,
+            json!({"name": "gcrao", "key": ["ip"], "algorithm": "gcra",
+                   "rate": 1_000, "period": "1s", "burst": HUGE, "overrides": true}),
         )?,
         ours(
             GCRA_FRACTIONAL,

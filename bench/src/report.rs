@@ -7,7 +7,9 @@ use crate::{
     far::{self, Situation},
     hot::{self, Shared, Steady},
     load::{pooled_percentile, Run},
-    redis_side::{Sample, FLOOR_CLOCK_RW, FLOOR_PTTL_SET, FLOOR_RW, GCRA_FRACTIONAL},
+    redis_side::{
+        Sample, FLOOR_CLOCK_RW, FLOOR_PTTL_SET, FLOOR_RW, GCRA_FRACTIONAL, GCRA_OVERRIDES,
+    },
     size::Size,
     stats::{median, spread},
     trips::{Counts, STEPS},
@@ -216,6 +218,13 @@ fn redis_rows(r: &Results) -> Vec<Row> {
             "GCRA vs token bucket",
             None,
             usec(r, "peer token bucket"),
+        ),
+        vs(
+            GCRA_OVERRIDES,
+            "plain",
+            "GCRA on a rule that takes overrides (none set) vs the same rule without (plain in the peer column)",
+            Some(1.25),
+            usec(r, "ours GCRA"),
         ),
         vs(
             "ours windowed x1",

@@ -16,10 +16,12 @@ use std::collections::{BTreeMap, HashMap};
 use crate::{
     decision::{
         protocol::Check,
-        verdict::{Decision, RequestVerdict, Retry, RuleState, Verdict},
+        verdict::{
+            Decision, OverrideRead, OverrideSource, RequestVerdict, Retry, RuleState, Verdict,
+        },
     },
     rules::{
-        policy::Policy,
+        policy::{Gcra, Policy, Window, Windows},
         rule::{Mode, Rule},
     },
 };
@@ -37,6 +39,58 @@ pub struct Model {
     buckets: HashMap<(Client, u64, u64), BTreeMap<i64, u64>>,
     /// When each running penalty ends, milliseconds.
     penalties: HashMap<Client, u64>,
+    /// What each client's override key holds (any text, as stored).
+    overrides: HashMap<Client, String>,
+    /// Each rule's override for every client, as the caller passes it.
+    rule_wide: HashMap<String, String>,
+}
+
+/// What an override does, as the model reads its text: the README's
+/// format, parsed here again.
+enum ModelOverride {
+    Gcra {
+        rate: u64,
+        period_ms: u64,
+        burst: u64,
+    },
+    Limits(Vec<u64>),
+    Block,
+}
+
+/// The override `text` holds for `rule`, if it is one: `v1 block`, `v1
+/// gcra <rate> <period ms> <burst> <interval us>` with the interval
+/// period / rate rounded to the nearest microsecond, or `v1 windows` and
+/// one limit per window; numbers in plain decimal, none zero.
+fn read_override(text: &str, rule: &Rule) -> Option<ModelOverride> {
+    let words: Vec<&str> = text.split(' ').collect();
+    if words.len() < 2 || words[0] != "v1" {
+        return None;
+    }
+    let mut numbers = Vec::new();
+    for w in &words[2..] {
+        let plain = !w.is_empty() && !w.starts_with('0') && w.bytes().all(|b| b.is_ascii_digit());
+        numbers.push(w.parse::<u64>().ok().filter(|_| plain)?);
+    }
+    match (words[1], &rule.policy, numbers.as_slice()) {
+        ("block", _, []) => Some(ModelOverride::Block),
+        ("gcra", Policy::Gcra(_), &[rate, period_ms, burst, interval_us]) => {
+            let rounded = (period_ms * 1000 + rate / 2) / rate;
+            let fits = rate <= period_ms * 1000
+                && period_ms <= 366 * 86_400_000
+                && burst <= 1_000_000_000
+                && interval_us.checked_mul(burst).is_some_and(|s| s <= 1 << 51);
+            (rounded == interval_us && fits).then_some(ModelOverride::Gcra {
+                rate,
+                period_ms,
+                burst,
+            })
+        }
+        ("windows", Policy::Windowed(ws), limits) if limits.len() == ws.len() => limits
+            .iter()
+            .all(|l| *l <= 1_000_000_000)
+            .then(|| ModelOverride::Limits(limits.to_vec())),
+        _ => None,
+    }
 }
 
 /// One rule's standing as the model works it out, before it is written
@@ -132,6 +186,82 @@ impl Model {
         Model::default()
     }
 
+    /// What `rule`'s override key for client `id` holds from now on
+    /// (`None`: no key).
+    pub fn set_override(&mut self, rule: &str, id: &[&str], text: Option<&str>) {
+        let client = (rule.to_owned(), id.iter().map(|p| p.to_string()).collect());
+        match text {
+            Some(text) => self.overrides.insert(client, text.to_owned()),
+            None => self.overrides.remove(&client),
+        };
+    }
+
+    /// `rule`'s override for every client from now on (`None`: none).
+    pub fn set_rule_wide(&mut self, rule: &str, text: Option<&str>) {
+        match text {
+            Some(text) => self.rule_wide.insert(rule.to_owned(), text.to_owned()),
+            None => self.rule_wide.remove(rule),
+        };
+    }
+
+    /// The rule in force for `client` (figures replaced by an override),
+    /// whether an override blocks it, and what the decision reports of the
+    /// overrides it read; `None` for a rule that takes none.
+    fn in_force(
+        &self,
+        rule: &Rule,
+        client: &Client,
+        i: usize,
+    ) -> (Rule, bool, Option<OverrideRead>) {
+        if !rule.overrides {
+            return (rule.clone(), false, None);
+        }
+        let own = self.overrides.get(client);
+        let own_read = own.and_then(|t| read_override(t, rule));
+        let ignored = own.is_some() && own_read.is_none();
+        let wide = self.rule_wide.get(&rule.name);
+        let (source, text, read) = match (own_read, wide.and_then(|t| read_override(t, rule))) {
+            (Some(o), _) => (OverrideSource::Client, own.cloned(), Some(o)),
+            (None, Some(o)) => (OverrideSource::Rule, wide.cloned(), Some(o)),
+            (None, None) => (OverrideSource::None, None, None),
+        };
+        let report = OverrideRead {
+            rule: i,
+            source,
+            text: text.unwrap_or_default(),
+            ignored,
+        };
+        let mut in_force = rule.clone();
+        let blocked = match read {
+            Some(ModelOverride::Block) => true,
+            Some(ModelOverride::Gcra {
+                rate,
+                period_ms,
+                burst,
+            }) => {
+                if let Ok(g) = Gcra::new(rate, period_ms, burst) {
+                    in_force.policy = Policy::Gcra(g);
+                }
+                false
+            }
+            Some(ModelOverride::Limits(limits)) => {
+                if let Policy::Windowed(ws) = &rule.policy {
+                    let windows: Option<Vec<Window>> = ws
+                        .iter()
+                        .zip(&limits)
+                        .map(|(w, l)| Window::new(w.duration_ms(), *l, w.precision_ms()).ok())
+                        .collect();
+                    if let Some(ws) = windows.and_then(|w| Windows::new(w).ok()) {
+                        in_force.policy = Policy::Windowed(ws);
+                    }
+                }
+                false
+            }
+            None => false,
+        };
+        (in_force, blocked, Some(report))
+    }
+
     /// Decides one request at `now_ms`: every rule is checked; when no
     /// enforced rule denies, every rule that admits is charged, otherwise
     /// none is and the admitting rules are reported as they stand; either
@@ -221,12 +351,23 @@ impl Model {
                 .and(model.penalties.get(&clients[i]).copied());
             end.map_or(0, |end| end.saturating_sub(now_ms))
         };
+        let read: Vec<(Rule, bool, Option<OverrideRead>)> = checks
+            .iter()
+            .enumerate()
+            .map(|(i, (c, _))| self.in_force(c.rule, &clients[i], i))
+            .collect();
+        // A block denies like a running penalty without end.
         let check = |model: &Model, i: usize, cost: u64| {
-            let rule = checks[i].0.rule;
+            let (rule, blocked) = (&read[i].0, read[i].1);
             let running = left(model, i);
-            let cost = if running > 0 { 0 } else { cost };
+            let cost = if running > 0 || blocked { 0 } else { cost };
             let (mut state, mut write) = model.check(rule, &clients[i], cost, now_ms);
-            if running > 0 {
+            if blocked {
+                state.allowed = false;
+                state.remaining = 0;
+                state.retry_after_ms = None;
+                write = None;
+            } else if running > 0 {
                 state.allowed = false;
                 state.retry_after_ms = Some(running);
                 state.reset_after_ms = state.reset_after_ms.max(running);
@@ -279,7 +420,7 @@ impl Model {
             let Some(ms) = c.rule.penalty_ms else {
                 continue;
             };
-            if !states[i].allowed && left(self, i) == 0 {
+            if !states[i].allowed && left(self, i) == 0 && !read[i].1 {
                 self.penalties.insert(clients[i].clone(), now_ms + ms);
                 let s = &mut states[i];
                 s.retry_after_ms = Some(s.retry_after_ms.map_or(ms, |r| r.max(ms)));
@@ -294,7 +435,7 @@ impl Model {
             penalties_started: started,
             refund_marks,
             grants: vec![],
-            overrides: vec![],
+            overrides: read.into_iter().filter_map(|(_, _, r)| r).collect(),
         }
     }
 
