@@ -376,8 +376,14 @@ mod tests {
     }
 
     #[test]
-    fn our_cases_build_one_key_each() {
+    fn our_cases_build_one_key_each_but_the_one_taking_overrides() {
         for case in our_cases().unwrap() {
+            if case.label == GCRA_OVERRIDES {
+                // The general path, which reads the client's override key too.
+                assert_eq!(case.keys.len(), 2);
+                assert_eq!(case.args[0], "decide");
+                continue;
+            }
             assert_eq!(case.keys.len(), 1, "{}", case.label);
             // A rule alone: the script's own path, no operation argument.
             assert_ne!(case.args[0], "decide");
