@@ -562,3 +562,80 @@ lease_for = "500ms"
     assert!(text.contains("With leases, through 3 isolates:"), "{text}");
     assert!(text.contains("over any rule's limit    0"), "{text}");
 }
+
+/// `--overrides`: a plan tried on a log, through the script and the model
+/// alike, and through isolates; a client's override goes before the rule's.
+#[test]
+fn a_plan_of_overrides_is_tried_on_a_log() {
+    let dir = temp_dir("overrides");
+    let config = dir.join("wrangler.toml");
+    std::fs::write(
+        &config,
+        "[[vars.LIMITER.rules]]\nname = \"g\"\nkey = [\"ip\"]\nalgorithm = \"gcra\"\nrate = 1\nperiod = \"1m\"\nburst = 3\noverrides = true\n",
+    )
+    .unwrap();
+    let log = dir.join("access.csv");
+    let mut lines = String::from("time,ip,method,path\n");
+    for ip in ["198.51.100.1", "198.51.100.2"] {
+        for _ in 0..10 {
+            lines.push_str(&format!("{T0},{ip},GET,/\n"));
+        }
+    }
+    std::fs::write(&log, lines).unwrap();
+    let plan = dir.join("plan.jsonl");
+    std::fs::write(
+        &plan,
+        "{\"rule\": \"g\", \"burst\": 5}\n{\"rule\": \"g\", \"client\": [\"198.51.100.1\"], \"burst\": 8}\n",
+    )
+    .unwrap();
+    for engine in ["redis", "model"] {
+        let out = bin()
+            .arg("simulate")
+            .arg(&config)
+            .arg("--log")
+            .arg(&log)
+            .arg("--overrides")
+            .arg(&plan)
+            .args(["--engine", engine, "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        // 8 for the first client, 5 for the other, instead of 3 and 3.
+        assert_eq!(report["admitted"], json!(13), "{engine}: {report}");
+    }
+    let out = bin()
+        .arg("simulate")
+        .arg(&config)
+        .arg("--log")
+        .arg(&log)
+        .arg("--overrides")
+        .arg(&plan)
+        .args(["--isolates", "2", "--json"])
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report["isolates"]["denied_only_with_leases"],
+        json!(0),
+        "{report}"
+    );
+    assert_eq!(
+        report["isolates"]["admitted_only_with_leases"],
+        json!(0),
+        "{report}"
+    );
+    std::fs::write(&plan, "{\"rule\": \"g\", \"rate\": 0}\n").unwrap();
+    let out = bin()
+        .arg("simulate")
+        .arg(&config)
+        .arg("--log")
+        .arg(&log)
+        .arg("--overrides")
+        .arg(&plan)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("line 1: rate: must be at least 1"), "{err}");
+}

@@ -150,6 +150,10 @@ mod cli {
         /// and whether anything went over a limit.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
         isolates: Option<u16>,
+        /// Replay under these overrides: one JSON object a line, e.g.
+        /// {"rule": "api", "client": ["key-1"], "rate": 100} (no "client": every client).
+        #[arg(long, value_name = "FILE")]
+        overrides: Option<PathBuf>,
     }
 
     #[derive(Clone, Copy, ValueEnum)]
@@ -282,10 +286,20 @@ mod cli {
             host: args.host.to_ascii_lowercase(),
             strict: args.strict,
         };
+        let planned = match &args.overrides {
+            Some(path) => {
+                let shown = path.display();
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| Failure(format!("{shown}: {e}"), 2))?;
+                limits::plan(&config, &text).map_err(|e| Failure(format!("{shown}: {e}"), 2))?
+            }
+            None => vec![],
+        };
         let mut engine: Box<dyn Engine> = match args.engine {
             EngineKind::Redis => Box::new(RedisEngine::start()?),
             EngineKind::Model => Box::new(ModelEngine::new()),
         };
+        engine.set_overrides(&planned)?;
         let mut heard = Heard {
             progress: Progress::new(size, args.quiet),
             isolates: args
@@ -293,6 +307,9 @@ mod cli {
                 .map(|n| IsolatesReplay::start(&config, n.into()))
                 .transpose()?,
         };
+        if let Some(isolates) = &mut heard.isolates {
+            isolates.set_overrides(&planned)?;
+        }
         let report = simulate::simulate(
             &config,
             BufReader::with_capacity(1 << 20, file),
@@ -325,7 +342,17 @@ mod cli {
             format!("{json}\n")
         } else {
             let extra = isolates.map(|i| i.render_text()).unwrap_or_default();
-            format!("{}{extra}", report.render_text(&shown))
+            let under = match planned.len() {
+                0 => String::new(),
+                n => format!(
+                    "under {n} override(s) from {}\n",
+                    args.overrides
+                        .as_deref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default()
+                ),
+            };
+            format!("{under}{}{extra}", report.render_text(&shown))
         };
         out.write_all(text.as_bytes())?;
         Ok(())

@@ -4,14 +4,17 @@
 
 use serde_json::{json, Value};
 
-use super::inspect::{identifier, InspectError};
+use super::{
+    inspect::{identifier, InspectError},
+    simulate::engine::Planned,
+};
 use crate::{
     decision::{
         keys::redis_key,
         protocol::{override_key, rule_wide_key},
         redis_rest::{RestClient, RestError},
     },
-    rules::{overrides::Override, policy::Policy, rule::Rule},
+    rules::{config::Config, overrides::Override, policy::Policy, rule::Rule},
 };
 
 /// The override key for `values` (the rule's key parts, as a client sends
@@ -197,10 +200,73 @@ pub async fn list(client: &RestClient, rule: &Rule) -> Result<Vec<Stored>, Inspe
     }
 }
 
+/// The overrides of a plan for `simulate --overrides`: one JSON object a
+/// line (`#` lines and blank ones skipped), naming the rule, the client
+/// (its key parts as it sends them; none for every client) and the
+/// figures as `limit set` takes them: `{"rule": "api", "client":
+/// ["k-1"], "rate": 100, "burst": 200}`, `{"rule": "api", "limits": [50,
+/// 500]}`, `{"rule": "api", "client": ["k-2"], "block": true}`. An error
+/// names the line.
+pub fn plan(config: &Config, text: &str) -> Result<Vec<Planned>, String> {
+    let mut planned = vec![];
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let at = |why: String| format!("line {}: {why}", n + 1);
+        let v: Value = serde_json::from_str(line).map_err(|e| at(e.to_string()))?;
+        let name = v["rule"].as_str().ok_or_else(|| at("no \"rule\"".into()))?;
+        let rule = config
+            .rules
+            .iter()
+            .find(|r| r.name == name)
+            .ok_or_else(|| at(format!("no rule `{name}` in the configuration")))?;
+        taking(rule).map_err(|e| at(e.to_string()))?;
+        let values: Vec<&str> = match &v["client"] {
+            Value::Null => vec![],
+            Value::Array(parts) => parts.iter().filter_map(Value::as_str).collect(),
+            _ => return Err(at("\"client\" takes a list of key parts".into())),
+        };
+        let client = match values.is_empty() {
+            true => None,
+            false => Some(identifier(rule, &values).map_err(|e| at(e.to_string()))?),
+        };
+        let number = |field: &str| v[field].as_u64();
+        let what = if v["block"] == Value::Bool(true) {
+            Override::Block
+        } else if let Some(limits) = v["limits"].as_array() {
+            let limits: Vec<u64> = limits.iter().filter_map(Value::as_u64).collect();
+            Override::windows(&rule.policy, &limits)
+                .map_err(|e| at(format!("{}: {}", e.field, e.problem)))?
+        } else {
+            let period = match &v["period"] {
+                Value::Null => None,
+                Value::String(p) => Some(
+                    crate::rules::config::duration_text(p)
+                        .ok_or_else(|| at(format!("period: `{p}` is not a duration")))?,
+                ),
+                other => Some(
+                    other
+                        .as_u64()
+                        .ok_or_else(|| at("period: not a duration".into()))?,
+                ),
+            };
+            Override::gcra(&rule.policy, number("rate"), period, number("burst"))
+                .map_err(|e| at(format!("{}: {}", e.field, e.problem)))?
+        };
+        planned.push(Planned {
+            rule: rule.name.clone(),
+            client,
+            text: what.to_text(),
+        });
+    }
+    Ok(planned)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::config::Config;
 
     #[test]
     fn keys_are_the_workers_and_never_a_clients_for_the_rule() {
@@ -212,5 +278,41 @@ mod tests {
         assert_eq!(key_for(rule, &[]).unwrap(), "el:rule:api:o");
         assert_eq!(key_for(rule, &["k-1"]).unwrap(), "el:{k-1}:api:o");
         assert!(key_for(rule, &["a", "b"]).is_err());
+    }
+
+    #[test]
+    fn a_plan_reads_one_override_a_line_and_names_a_bad_one() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "api", "key": ["header:x-api-key"], "algorithm": "gcra", "rate": 10, "period": "1s", "overrides": true},
+            {"name": "plain", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s"}
+        ]}))
+        .unwrap();
+        let planned = plan(
+            &c,
+            "# a sale\n{\"rule\": \"api\", \"rate\": 20}\n\n{\"rule\": \"api\", \"client\": [\"k-1\"], \"block\": true}\n",
+        )
+        .unwrap();
+        assert_eq!(planned[0].client, None);
+        assert_eq!(planned[0].text, "v1 gcra 20 1000 10 50000");
+        assert_eq!(planned[1].client, Some(vec!["k-1".to_owned()]));
+        assert_eq!(planned[1].text, "v1 block");
+        for (bad, says) in [
+            (
+                "{\"rule\": \"nope\", \"rate\": 1}",
+                "line 1: no rule `nope`",
+            ),
+            (
+                "{\"rule\": \"plain\", \"rate\": 1}",
+                "line 1: rule `plain`: does not take overrides",
+            ),
+            (
+                "{\"rule\": \"api\", \"rate\": 0}",
+                "line 1: rate: must be at least 1",
+            ),
+            ("\n{\"rule\": \"api\", \"limits\": [1]}", "line 2: limit:"),
+        ] {
+            let err = plan(&c, bad).unwrap_err();
+            assert!(err.starts_with(says), "{bad}: {err}");
+        }
     }
 }

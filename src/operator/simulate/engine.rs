@@ -15,8 +15,9 @@ use serde_json::Value;
 
 use super::resp;
 use crate::decision::{
+    keys::redis_key,
     model::Model,
-    protocol::{Check, Reply, ScriptCall, LIMITER},
+    protocol::{override_key, Check, Reply, ScriptCall, LIMITER},
     verdict::Decision,
 };
 
@@ -26,6 +27,19 @@ pub struct Job<'a> {
     pub checks: Vec<(Check<'a>, Vec<&'a str>)>,
     /// The pinned clock, epoch milliseconds.
     pub now_ms: u64,
+}
+
+/// An override to replay a log under (`simulate --overrides`): a rule's,
+/// for one client (by its identifier's parts) or for every client, as
+/// the text Redis would hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Planned {
+    /// The rule's name.
+    pub rule: String,
+    /// The client's identifier parts; `None` for every client.
+    pub client: Option<Vec<String>>,
+    /// The override's text (`rules::overrides::Override::to_text`).
+    pub text: String,
 }
 
 /// Charges to give back, each with the refund mark its decision replied.
@@ -76,6 +90,9 @@ pub trait Engine {
     /// The decisions of the oldest batch sent and not yet received, one per job.
     fn receive(&mut self) -> Result<Vec<Decision>, EngineError>;
 
+    /// Puts `overrides` in force before the first request is sent.
+    fn set_overrides(&mut self, overrides: &[Planned]) -> Result<(), EngineError>;
+
     /// Decides `jobs` and waits for the decisions.
     fn decide(&mut self, jobs: &[Job<'_>]) -> Result<Vec<Decision>, EngineError> {
         self.send(jobs)?;
@@ -116,6 +133,19 @@ impl Engine for ModelEngine {
 
     fn refund(&mut self, refunds: &Refunds<'_>, now_ms: u64) -> Result<Vec<bool>, EngineError> {
         Ok(self.model.refund(refunds, now_ms))
+    }
+
+    fn set_overrides(&mut self, overrides: &[Planned]) -> Result<(), EngineError> {
+        for o in overrides {
+            match &o.client {
+                Some(id) => {
+                    let id: Vec<&str> = id.iter().map(String::as_str).collect();
+                    self.model.set_override(&o.rule, &id, Some(&o.text));
+                }
+                None => self.model.set_rule_wide(&o.rule, Some(&o.text)),
+            }
+        }
+        Ok(())
     }
 
     fn receive(&mut self) -> Result<Vec<Decision>, EngineError> {
@@ -242,6 +272,8 @@ pub struct RedisEngine {
     line: Vec<u8>,
     /// The calls of each batch sent, whose replies are still to be read.
     sent: VecDeque<Vec<ScriptCall>>,
+    /// Each rule's override for every client, passed with its decisions.
+    rule_wide: Vec<(String, String)>,
     // Last, so the connection closes before the server is killed.
     _redis: PrivateRedis,
 }
@@ -266,6 +298,7 @@ impl RedisEngine {
             out: Vec::with_capacity(1 << 20),
             line: Vec::new(),
             sent: VecDeque::new(),
+            rule_wide: Vec::new(),
             _redis: redis,
         })
     }
@@ -296,7 +329,18 @@ impl Engine for RedisEngine {
         self.out.clear();
         let calls: Vec<ScriptCall> = jobs
             .iter()
-            .map(|job| ScriptCall::decide(&job.checks, Some(job.now_ms)))
+            .map(|job| {
+                let mut call = ScriptCall::decide(&job.checks, Some(job.now_ms));
+                if let ScriptCall::Decide(g) = &mut call {
+                    for o in &mut g.overrides {
+                        let rule = &job.checks[o.rule].0.rule.name;
+                        if let Some((_, text)) = self.rule_wide.iter().find(|(r, _)| r == rule) {
+                            (o.wide, o.wide_ms) = (text.clone(), -1);
+                        }
+                    }
+                }
+                call
+            })
             .collect();
         for call in &calls {
             self.encode(call);
@@ -323,6 +367,22 @@ impl Engine for RedisEngine {
             Ok(other) => Err(EngineError::Reply(format!("{other:?} to a refund"))),
             Err(e) => Err(EngineError::Reply(e.to_string())),
         }
+    }
+
+    fn set_overrides(&mut self, overrides: &[Planned]) -> Result<(), EngineError> {
+        for o in overrides {
+            match &o.client {
+                Some(id) => {
+                    let id: Vec<&str> = id.iter().map(String::as_str).collect();
+                    let key = override_key(&redis_key(&o.rule, &id));
+                    let set = [b"SET".as_slice(), key.as_bytes(), o.text.as_bytes()];
+                    resp::call(&mut self.conn, &set)?
+                        .map_err(|e| EngineError::Reply(format!("SET {key}: {e}")))?;
+                }
+                None => self.rule_wide.push((o.rule.clone(), o.text.clone())),
+            }
+        }
+        Ok(())
     }
 
     fn receive(&mut self) -> Result<Vec<Decision>, EngineError> {

@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::{
     conform,
-    engine::{stock_redis_source, EngineError, PrivateRedis},
+    engine::{stock_redis_source, EngineError, Planned, PrivateRedis},
     log::Record,
     resp, Observer, Replayed,
 };
@@ -28,7 +28,7 @@ use crate::{
         keys::{redis_key, window_offset},
         leases::Leases,
         limiter::{select, Forward, Limiter, Outcome},
-        protocol::ScriptRunner,
+        protocol::{override_key, ScriptRunner},
         redis_rest::{RestError, Script},
         rule_wide::RuleWide,
     },
@@ -151,6 +151,31 @@ impl<'c> IsolatesReplay<'c> {
                 ..IsolatesReport::default()
             },
         })
+    }
+
+    /// Puts `overrides` in force: clients' in this replay's Redis, the
+    /// rules' in every isolate's copy, as if just read.
+    pub fn set_overrides(&mut self, overrides: &[Planned]) -> Result<(), EngineError> {
+        for o in overrides {
+            match &o.client {
+                Some(id) => {
+                    let id: Vec<&str> = id.iter().map(String::as_str).collect();
+                    let key = override_key(&redis_key(&o.rule, &id));
+                    let mut conn = self.runner.conn.borrow_mut();
+                    resp::call(
+                        &mut *conn,
+                        &[b"SET".as_slice(), key.as_bytes(), o.text.as_bytes()],
+                    )?
+                    .map_err(|e| EngineError::Reply(format!("SET {key}: {e}")))?;
+                }
+                None => {
+                    let mut wide = self.wide.borrow_mut();
+                    wide.start_read(&o.rule, 0);
+                    wide.keep(&o.rule, o.text.clone(), -1, u64::MAX / 2);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The isolate a request reaches: a location spreads requests over its
