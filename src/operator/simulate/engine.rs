@@ -278,20 +278,24 @@ pub struct RedisEngine {
     _redis: PrivateRedis,
 }
 
+/// A private redis-server with the limiter script loaded: the server, a
+/// connection to it, and the script's SHA1.
+pub fn loaded() -> Result<(PrivateRedis, BufReader<UnixStream>, String), EngineError> {
+    let redis = PrivateRedis::start()?;
+    let mut conn = redis.connect()?;
+    let source = stock_redis_source();
+    match resp::call(&mut conn, &[b"SCRIPT", b"LOAD", source.as_bytes()])? {
+        Ok(Value::String(sha1)) => Ok((redis, conn, sha1)),
+        other => Err(EngineError::Reply(format!(
+            "SCRIPT LOAD answered {other:?}"
+        ))),
+    }
+}
+
 impl RedisEngine {
     /// Starts the server and loads the script.
     pub fn start() -> Result<RedisEngine, EngineError> {
-        let redis = PrivateRedis::start()?;
-        let mut conn = redis.connect()?;
-        let source = stock_redis_source();
-        let sha1 = match resp::call(&mut conn, &[b"SCRIPT", b"LOAD", source.as_bytes()])? {
-            Ok(Value::String(sha1)) => sha1,
-            other => {
-                return Err(EngineError::Reply(format!(
-                    "SCRIPT LOAD answered {other:?}"
-                )))
-            }
-        };
+        let (redis, conn, sha1) = loaded()?;
         Ok(RedisEngine {
             conn,
             sha1,

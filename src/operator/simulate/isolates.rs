@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::{
     conform,
-    engine::{stock_redis_source, EngineError, Planned, PrivateRedis},
+    engine::{loaded, EngineError, Planned, PrivateRedis},
     log::Record,
     resp, Observer, Replayed,
 };
@@ -46,17 +46,7 @@ struct SocketRunner {
 
 impl SocketRunner {
     fn start() -> Result<SocketRunner, EngineError> {
-        let redis = PrivateRedis::start()?;
-        let mut conn = redis.connect()?;
-        let source = stock_redis_source();
-        let sha1 = match resp::call(&mut conn, &[b"SCRIPT", b"LOAD", source.as_bytes()])? {
-            Ok(Value::String(sha1)) => sha1,
-            other => {
-                return Err(EngineError::Reply(format!(
-                    "SCRIPT LOAD answered {other:?}"
-                )))
-            }
-        };
+        let (redis, conn, sha1) = loaded()?;
         Ok(SocketRunner {
             conn: RefCell::new(conn),
             sha1,
