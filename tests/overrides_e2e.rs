@@ -158,10 +158,16 @@ async fn a_rule_wide_override_reaches_every_client_and_ends_by_itself() {
     get(a, "warm-a").await;
     get(b, "warm-b").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let got = statuses(a, "c1", 5).await;
-    assert_eq!(got, [200; 5], "{}", a.log());
+    assert_eq!(statuses(a, "c1", 5).await, [200; 5]);
     assert_eq!(statuses(b, "c2", 6).await, [200, 200, 200, 200, 200, 429]);
     // A client's own override goes before the rule's: a block on both.
+    let got = limit(a, &["get", "api", "c1"]);
+    assert!(
+        got.starts_with(
+            "no override of its own; every client's holds: el:rule:api:o: gcra 1/60000ms burst 5"
+        ),
+        "{got}"
+    );
     limit(b, &["set", "api", "c3", "--block"]);
     assert_eq!(statuses(a, "c3", 1).await, [429]);
     assert_eq!(statuses(b, "c3", 1).await, [429]);
@@ -170,4 +176,39 @@ async fn a_rule_wide_override_reaches_every_client_and_ends_by_itself() {
     get(a, "warm-a").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(statuses(a, "c4", 3).await, [200, 200, 429]);
+}
+
+const LEASED: &str = r#"
+[vars.LIMITER]
+cache_hold = "1s"
+
+[[vars.LIMITER.rules]]
+name = "hot"
+key = ["header:x-api-key"]
+algorithm = "gcra"
+rate = 100
+period = "1s"
+burst = 300
+lease = 20
+lease_for = "2s"
+overrides = true
+"#;
+
+/// A block ends a client's leases on the isolate's next call: what it
+/// still holds is spent (it was charged), then every request is denied.
+#[tokio::test]
+async fn a_block_ends_the_clients_leases() {
+    let stack = Stack::start(LEASED);
+    let w = &stack.worker;
+    for _ in 0..30 {
+        assert_eq!(statuses(w, "busy", 1).await, [200]);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!events(w, "lease_grant").is_empty(), "leases were granted");
+    limit(w, &["set", "hot", "busy", "--block"]);
+    let after = statuses(w, "busy", 40).await;
+    let served = after.iter().take_while(|s| **s == 200).count();
+    assert!(served <= 30, "{after:?}");
+    assert!(after[served..].iter().all(|s| *s == 429), "{after:?}");
+    assert!(served < after.len(), "the block never took: {after:?}");
 }

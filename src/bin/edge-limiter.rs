@@ -483,9 +483,21 @@ mod cli {
                 .into_iter()
                 .collect(),
         };
+        // A client with none of its own is under the rule's, if any.
+        let rule_wide = match (&command, found.is_empty(), values.is_empty()) {
+            (LimitCommand::Get(_), true, false) => {
+                runtime.block_on(limits::get(&client, rule, &[]))?
+            }
+            _ => None,
+        };
         let text = if args.json {
             let all: Vec<serde_json::Value> = found.iter().map(limits::Stored::to_json).collect();
             format!("{}\n", serde_json::Value::Array(all))
+        } else if let Some(wide) = rule_wide {
+            format!(
+                "no override of its own; every client's holds: {}\n",
+                wide.render(&rule.policy)
+            )
         } else if found.is_empty() {
             format!(
                 "rule `{}`: no override; {} holds\n",

@@ -942,6 +942,45 @@ mod tests {
         assert_eq!(one(w, 2, 7), ["7", "1000", "10", "100", "2"]);
     }
 
+    /// The hash tag a key carries: what Redis Cluster hashes to its slot.
+    fn hash_tag(key: &str) -> &str {
+        let open = key.find('{').expect("a hash tag");
+        let close = open + key[open..].find('}').expect("a closed hash tag");
+        &key[open + 1..close]
+    }
+
+    #[test]
+    fn every_key_of_a_decision_lies_in_its_clients_slot() {
+        // Two rules on one identifier, with a penalty, overrides and a lease:
+        // one slot, as the README's cluster section says, so one call.
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "g", "key": ["header:x-api-key"], "algorithm": "gcra", "rate": 10, "period": "1s",
+             "burst": 20, "overrides": true, "penalty": "1m", "lease": 4},
+            {"name": "w", "key": ["header:x-api-key"], "algorithm": "windowed",
+             "windows": [["1s", 10, "100ms"]], "overrides": true}
+        ]}))
+        .unwrap();
+        for id in ["k-1", "a key with spaces and {braces}"] {
+            let checks: Vec<_> = c
+                .rules
+                .iter()
+                .map(|r| (Check { rule: r, cost: 1 }, vec![id]))
+                .collect();
+            let lease = LeaseAsk {
+                rule: 0,
+                units: 2,
+                for_ms: 100,
+            };
+            let call = ScriptCall::decide_leasing(&checks, vec![lease], None);
+            let keys = call.keys();
+            assert_eq!(keys.len(), 5, "{keys:?}");
+            assert!(
+                keys.iter().all(|k| hash_tag(k) == hash_tag(&keys[0])),
+                "{keys:?}"
+            );
+        }
+    }
+
     #[test]
     fn each_call_names_its_entry_and_the_signature_leaves_out_the_clock() {
         let c = Config::from_json(&json!({"rules": [
