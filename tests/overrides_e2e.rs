@@ -48,15 +48,21 @@ async fn statuses(worker: &Worker, key: &str, n: usize) -> Vec<u16> {
 /// `edge-limiter limit ARGS` in the worker's directory, as an operator
 /// beside its `wrangler.toml` and `.dev.vars`; its stdout.
 fn limit(worker: &Worker, args: &[&str]) -> String {
+    let mut all = vec!["limit"];
+    all.extend(args);
+    operator(worker, &all)
+}
+
+/// `edge-limiter ARGS` in the worker's directory; its stdout.
+fn operator(worker: &Worker, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_edge-limiter"))
-        .arg("limit")
         .args(args)
         .current_dir(&worker.dir)
         .env_remove("UPSTASH_REDIS_REST_URL")
         .env_remove("UPSTASH_REDIS_REST_TOKEN")
         .output()
         .expect("the command runs");
-    assert!(out.status.success(), "limit {args:?}: {out:?}");
+    assert!(out.status.success(), "{args:?}: {out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(!text.contains(support::TOKEN), "the token in {text}");
     text
@@ -91,6 +97,11 @@ async fn a_clients_override_and_block_reach_that_client_alone() {
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(header(&r, "RateLimit-Policy"), Some("\"api\";q=20;w=1200"));
     assert_eq!(statuses(w, "other", 1).await, [429]);
+    let shown = operator(w, &["inspect", "api", "partner"]);
+    assert!(
+        shown.contains("override: v1 gcra 1 60000 20 60000000 (the client's own)"),
+        "{shown}"
+    );
     let got = limit(w, &["get", "api", "partner", "--json"]);
     assert!(
         got.contains("\"override\":\"v1 gcra 1 60000 20 60000000\""),

@@ -10,6 +10,7 @@ use crate::{
     decision::{
         protocol::{penalty_key, run, Reply, ScriptCall, ScriptError},
         redis_rest::{RestClient, RestError},
+        verdict::OverrideSource,
     },
     rules::{
         canon,
@@ -280,6 +281,9 @@ pub struct ClientState {
     pub windows: Vec<WindowState>,
     /// Milliseconds left of a running penalty, if one runs.
     pub penalty_ms: Option<u64>,
+    /// The client's own override, as its key holds it, when the rule takes
+    /// overrides and the key holds one (or something that is none).
+    pub overridden: Option<String>,
 }
 
 impl ClientState {
@@ -308,6 +312,9 @@ impl ClientState {
             Some(ms) => format!("  penalty: {ms} ms left\n"),
             None => "  penalty: none\n".to_owned(),
         });
+        if let Some(o) = &self.overridden {
+            out.push_str(&format!("  override: {o}\n"));
+        }
         out
     }
 
@@ -324,6 +331,7 @@ impl ClientState {
                 "reset_after_ms": w.reset_after_ms,
             })).collect::<Vec<_>>(),
             "penalty_ms": self.penalty_ms,
+            "override": self.overridden,
         })
     }
 }
@@ -372,12 +380,19 @@ pub async fn inspect(
             .map(|ms| ms as u64),
         None => None,
     };
+    // The figures above are the override's where the client has one.
+    let overridden = decision.overrides.first().and_then(|o| match o.source {
+        OverrideSource::Client => Some(format!("{} (the client's own)", o.text)),
+        _ if o.ignored => Some("its key holds something that is no override (ignored)".into()),
+        _ => None,
+    });
     Ok(ClientState {
         rule: rule.name.clone(),
         client: id,
         key,
         windows,
         penalty_ms,
+        overridden,
     })
 }
 
