@@ -513,7 +513,7 @@ impl ScriptCall {
     pub fn args(&self) -> Vec<String> {
         match self {
             ScriptCall::OneRule(one) => one.rule.one_rule_args(),
-            ScriptCall::Decide(g) => g.args_without(g.now_ms, true),
+            ScriptCall::Decide(g) => g.args(g.now_ms, true),
             ScriptCall::Reset(_) => vec!["reset".to_owned()],
             ScriptCall::Read(_) => vec!["read".to_owned()],
             ScriptCall::Refund(r) => r.args(),
@@ -534,7 +534,7 @@ impl ScriptCall {
     /// argument but the clock. The block cache keys its denials on it.
     pub fn signature(&self) -> String {
         let args = match self {
-            ScriptCall::Decide(g) => g.args_without(None, false),
+            ScriptCall::Decide(g) => g.args(None, false),
             other => other.args(),
         };
         let mut s = self.keys().join("\n");
@@ -642,11 +642,12 @@ impl General {
     }
 
     /// `decide`, the clock (empty for Redis's), the mode letters, each
-    /// rule's arguments, then (with `leases`) `lease`, their count and
-    /// (1-based rule, units, ms) triples, then `override`, their count and
+    /// rule's arguments, then (when `leases` asks for them: a signature
+    /// leaves them out) `lease`, their count and (1-based rule, units, ms)
+    /// triples, then `override`, their count and
     /// (1-based rule, rule-wide text, its ms left) triples, then `penalty`
     /// and (1-based rule, ms) pairs.
-    fn args_without(&self, now_ms: Option<u64>, leases: bool) -> Vec<String> {
+    fn args(&self, now_ms: Option<u64>, leases: bool) -> Vec<String> {
         let modes: String = self.rules.iter().map(|(_, m)| m.letter()).collect();
         let clock = now_ms.map(|n| n.to_string()).unwrap_or_default();
         let mut args = vec!["decide".to_owned(), clock, modes];

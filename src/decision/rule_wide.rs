@@ -87,6 +87,19 @@ impl RuleWide {
         }
     }
 
+    /// Holds `text` as `rule`'s override for good, never read again: for a
+    /// replay, which has no operator to change it.
+    pub fn hold(&mut self, rule: &str, text: &str) {
+        self.held.retain(|h| h.rule != rule);
+        self.held.push(Held {
+            rule: rule.to_owned(),
+            text: text.to_owned(),
+            ends_ms: None,
+            read_ms: Some(u64::MAX),
+            reading: false,
+        });
+    }
+
     /// A read of `rule` failed: the copy stays as it was, due again.
     pub fn failed(&mut self, rule: &str) {
         if let Some(held) = self.held.iter_mut().find(|h| h.rule == rule) {
@@ -115,5 +128,11 @@ mod tests {
         assert!(w.start_read("api", 20_020));
         w.failed("api");
         assert!(w.start_read("api", 20_021));
+        w.hold("api", "v1 block");
+        assert_eq!(
+            w.in_force("api", u64::MAX - 1),
+            Some(("v1 block".into(), -1))
+        );
+        assert!(!w.start_read("api", u64::MAX - 1), "held for good");
     }
 }

@@ -17,13 +17,16 @@ pub enum Override {
 /// The text's version: a later format is read as no override.
 const VERSION: &str = "v1";
 
+/// The text of [`Override::Block`].
+pub const BLOCK_TEXT: &str = "v1 block";
+
 impl Override {
     /// The text stored in Redis: `v1 block`; `v1 gcra <rate> <period_ms>
     /// <burst> <interval_us>` (the script reads the last two); or `v1
     /// windows` and one limit per window, in the rule's order.
     pub fn to_text(&self) -> String {
         match self {
-            Override::Block => format!("{VERSION} block"),
+            Override::Block => BLOCK_TEXT.to_owned(),
             Override::Figures(Policy::Gcra(g)) => format!(
                 "{VERSION} gcra {} {} {} {}",
                 g.rate(),

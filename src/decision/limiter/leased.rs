@@ -5,7 +5,7 @@
 use super::*;
 use crate::{
     decision::keys::window_offset,
-    rules::{overrides::Override, policy::Policy},
+    rules::{overrides::BLOCK_TEXT, policy::Policy},
 };
 
 /// Leases to ask for after a response, one per key running low. Owned, so
@@ -196,7 +196,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         let keys = call.rule_keys();
         let mut leases = self.leases.borrow_mut();
         for o in &decision.overrides {
-            if o.text == Override::Block.to_text() {
+            if o.text == BLOCK_TEXT {
                 if let Some(key) = keys.get(o.rule) {
                     leases.clear(key);
                 }

@@ -18,6 +18,7 @@ use crate::decision::{
     keys::redis_key,
     model::Model,
     protocol::{override_key, Check, Reply, ScriptCall, LIMITER},
+    rule_wide::RuleWide,
     verdict::Decision,
 };
 
@@ -273,7 +274,7 @@ pub struct RedisEngine {
     /// The calls of each batch sent, whose replies are still to be read.
     sent: VecDeque<Vec<ScriptCall>>,
     /// Each rule's override for every client, passed with its decisions.
-    rule_wide: Vec<(String, String)>,
+    rule_wide: RuleWide,
     // Last, so the connection closes before the server is killed.
     _redis: PrivateRedis,
 }
@@ -302,7 +303,7 @@ impl RedisEngine {
             out: Vec::with_capacity(1 << 20),
             line: Vec::new(),
             sent: VecDeque::new(),
-            rule_wide: Vec::new(),
+            rule_wide: RuleWide::new(),
             _redis: redis,
         })
     }
@@ -311,19 +312,34 @@ impl RedisEngine {
 impl RedisEngine {
     /// Appends `call` as an `EVALSHA` command to the output buffer.
     fn encode(&mut self, call: &ScriptCall) {
-        let (keys, call_args) = (call.keys(), call.args());
-        let numkeys = keys.len().to_string();
-        let args = [
-            b"EVALSHA".as_slice(),
-            self.sha1.as_bytes(),
-            numkeys.as_bytes(),
-        ]
-        .into_iter()
-        .chain(keys.iter().map(String::as_bytes))
-        .chain(call_args.iter().map(String::as_bytes));
-        let args: Vec<&[u8]> = args.collect();
-        resp::encode(args.into_iter(), &mut self.out);
+        encode_evalsha(&self.sha1, &call.keys(), &call.args(), &mut self.out);
     }
+}
+
+/// Appends `EVALSHA sha1` of `keys` and `args` to `out`.
+pub fn encode_evalsha(sha1: &str, keys: &[String], args: &[String], out: &mut Vec<u8>) {
+    let numkeys = keys.len().to_string();
+    let head = [b"EVALSHA".as_slice(), sha1.as_bytes(), numkeys.as_bytes()];
+    let all: Vec<&[u8]> = head
+        .into_iter()
+        .chain(keys.iter().chain(args).map(String::as_bytes))
+        .collect();
+    resp::encode(all.into_iter(), out);
+}
+
+/// Writes `rule`'s override `text` for the client `id` into the private
+/// Redis behind `conn`.
+pub fn write_client_override(
+    conn: &mut BufReader<UnixStream>,
+    rule: &str,
+    id: &[String],
+    text: &str,
+) -> Result<(), EngineError> {
+    let id: Vec<&str> = id.iter().map(String::as_str).collect();
+    let key = override_key(&redis_key(rule, &id));
+    resp::call(conn, &[b"SET".as_slice(), key.as_bytes(), text.as_bytes()])?
+        .map_err(|e| EngineError::Reply(format!("SET {key}: {e}")))
+        .map(drop)
 }
 
 impl Engine for RedisEngine {
@@ -338,8 +354,8 @@ impl Engine for RedisEngine {
                 if let ScriptCall::Decide(g) = &mut call {
                     for o in &mut g.overrides {
                         let rule = &job.checks[o.rule].0.rule.name;
-                        if let Some((_, text)) = self.rule_wide.iter().find(|(r, _)| r == rule) {
-                            (o.wide, o.wide_ms) = (text.clone(), -1);
+                        if let Some(wide) = self.rule_wide.in_force(rule, job.now_ms) {
+                            (o.wide, o.wide_ms) = wide;
                         }
                     }
                 }
@@ -376,14 +392,8 @@ impl Engine for RedisEngine {
     fn set_overrides(&mut self, overrides: &[Planned]) -> Result<(), EngineError> {
         for o in overrides {
             match &o.client {
-                Some(id) => {
-                    let id: Vec<&str> = id.iter().map(String::as_str).collect();
-                    let key = override_key(&redis_key(&o.rule, &id));
-                    let set = [b"SET".as_slice(), key.as_bytes(), o.text.as_bytes()];
-                    resp::call(&mut self.conn, &set)?
-                        .map_err(|e| EngineError::Reply(format!("SET {key}: {e}")))?;
-                }
-                None => self.rule_wide.push((o.rule.clone(), o.text.clone())),
+                Some(id) => write_client_override(&mut self.conn, &o.rule, id, &o.text)?,
+                None => self.rule_wide.hold(&o.rule, &o.text),
             }
         }
         Ok(())

@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::{
     conform,
-    engine::{loaded, EngineError, Planned, PrivateRedis},
+    engine::{encode_evalsha, loaded, write_client_override, EngineError, Planned, PrivateRedis},
     log::Record,
     resp, Observer, Replayed,
 };
@@ -28,7 +28,7 @@ use crate::{
         keys::{redis_key, window_offset},
         leases::Leases,
         limiter::{select, Forward, Limiter, Outcome},
-        protocol::{override_key, ScriptRunner},
+        protocol::ScriptRunner,
         redis_rest::{RestError, Script},
         rule_wide::RuleWide,
     },
@@ -65,12 +65,9 @@ impl ScriptRunner for SocketRunner {
         _: Duration,
     ) -> Result<Value, RestError> {
         self.calls.set(self.calls.get() + 1);
-        let numkeys = keys.len().to_string();
-        let mut command: Vec<&[u8]> = vec![b"EVALSHA", self.sha1.as_bytes(), numkeys.as_bytes()];
-        command.extend(keys.iter().chain(args).map(String::as_bytes));
-        let mut conn = self.conn.borrow_mut();
         let mut out = Vec::new();
-        resp::encode(command.into_iter(), &mut out);
+        encode_evalsha(&self.sha1, keys, args, &mut out);
+        let mut conn = self.conn.borrow_mut();
         let reply = conn
             .get_mut()
             .write_all(&out)
@@ -149,20 +146,10 @@ impl<'c> IsolatesReplay<'c> {
         for o in overrides {
             match &o.client {
                 Some(id) => {
-                    let id: Vec<&str> = id.iter().map(String::as_str).collect();
-                    let key = override_key(&redis_key(&o.rule, &id));
                     let mut conn = self.runner.conn.borrow_mut();
-                    resp::call(
-                        &mut *conn,
-                        &[b"SET".as_slice(), key.as_bytes(), o.text.as_bytes()],
-                    )?
-                    .map_err(|e| EngineError::Reply(format!("SET {key}: {e}")))?;
+                    write_client_override(&mut conn, &o.rule, id, &o.text)?;
                 }
-                None => {
-                    let mut wide = self.wide.borrow_mut();
-                    wide.start_read(&o.rule, 0);
-                    wide.keep(&o.rule, o.text.clone(), -1, u64::MAX / 2);
-                }
+                None => self.wide.borrow_mut().hold(&o.rule, &o.text),
             }
         }
         Ok(())
