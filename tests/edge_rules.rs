@@ -46,22 +46,13 @@ async fn post(url: &str, ip: &str, content_type: &str, body: Vec<u8>) -> Respons
         .expect("the worker answers")
 }
 
-/// The worker's decision events so far: its log's JSON lines.
-fn events(worker: &Worker) -> Vec<Value> {
-    worker
-        .log()
-        .lines()
-        .filter_map(|l| l.find(r#"{"source":"edge-limiter""#).map(|at| &l[at..]))
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
 /// Events of `action` under `rule`, once there are at least `n` (wrangler
 /// prints asynchronously), or after 10 s.
 async fn wait_events(worker: &Worker, action: &str, rule: &str, n: usize) -> Vec<Value> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let found: Vec<Value> = events(worker)
+        let found: Vec<Value> = worker
+            .events()
             .into_iter()
             .filter(|e| e["action"] == action && e["rule"] == rule)
             .collect();
@@ -434,9 +425,11 @@ async fn a_shadow_penalty_reports_would_deny_for_its_length_and_blocks_nothing()
     assert_eq!(get(&url, ip).await.status(), StatusCode::OK);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let would_deny = |e: &Value| e["action"] == "would_deny" && e["rule"] == "shadow-penalty";
-    let after = events(&stack.worker).into_iter().filter(would_deny).count();
+    let after = stack.worker.events().into_iter().filter(would_deny).count();
     assert_eq!(after, 2, "admitted once the penalty ended");
-    assert!(events(&stack.worker)
+    assert!(stack
+        .worker
+        .events()
         .iter()
         .all(|e| e["action"] != "deny" && e["action"] != "penalty_start"));
 }
@@ -461,7 +454,9 @@ async fn sixty_four_at_once_start_exactly_one_penalty() {
     assert_eq!(admitted, 2, "the burst, and nothing more");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let starts = wait_events(&stack.worker, "penalty_start", "with-penalty", 1).await;
-    let denials = events(&stack.worker)
+    let denials = stack
+        .worker
+        .events()
         .into_iter()
         .filter(|e| e["action"] == "deny")
         .count();

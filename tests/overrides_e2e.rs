@@ -10,7 +10,6 @@ mod support;
 use std::{process::Command, time::Duration};
 
 use reqwest::StatusCode;
-use serde_json::Value;
 use support::{header, worker::Stack, worker::Worker};
 
 const RULES: &str = r#"
@@ -68,17 +67,6 @@ fn operator(worker: &Worker, args: &[&str]) -> String {
     text
 }
 
-/// The worker's decision events of `action`.
-fn events(worker: &Worker, action: &str) -> Vec<Value> {
-    worker
-        .log()
-        .lines()
-        .filter_map(|l| l.find(r#"{"source":"edge-limiter""#).map(|at| &l[at..]))
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|e| e["action"] == action)
-        .collect()
-}
-
 #[tokio::test]
 async fn a_clients_override_and_block_reach_that_client_alone() {
     let stack = Stack::start(RULES);
@@ -115,7 +103,7 @@ async fn a_clients_override_and_block_reach_that_client_alone() {
     let retry: u64 = header(&r, "Retry-After").unwrap().parse().unwrap();
     assert!((29..=30).contains(&retry), "Retry-After {retry}");
     assert_eq!(stack.origin.hits().await["total"].as_u64().unwrap(), hits);
-    let denied = events(w, "deny");
+    let denied = w.events_of("deny");
     assert!(
         denied.iter().any(|e| e["override"] == "client: v1 block"),
         "{denied:?}"
@@ -153,7 +141,7 @@ async fn garbage_in_an_override_key_counts_as_none() {
             .redis(&["SET", &format!("el:{{{client}}}:api:o"), junk]);
         assert_eq!(statuses(w, &client, 3).await, [200, 200, 429], "{junk}");
     }
-    let ignored = events(w, "override_ignored");
+    let ignored = w.events_of("override_ignored");
     assert!(!ignored.is_empty());
     assert_eq!(ignored[0]["key"], "el:{junk-0}:api:o");
 }
@@ -215,7 +203,10 @@ async fn a_block_ends_the_clients_leases() {
         assert_eq!(statuses(w, "busy", 1).await, [200]);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(!events(w, "lease_grant").is_empty(), "leases were granted");
+    assert!(
+        !w.events_of("lease_grant").is_empty(),
+        "leases were granted"
+    );
     limit(w, &["set", "hot", "busy", "--block"]);
     let after = statuses(w, "busy", 40).await;
     let served = after.iter().take_while(|s| **s == 200).count();

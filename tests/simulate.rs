@@ -588,32 +588,27 @@ fn a_plan_of_overrides_is_tried_on_a_log() {
         "{\"rule\": \"g\", \"burst\": 5}\n{\"rule\": \"g\", \"client\": [\"198.51.100.1\"], \"burst\": 8}\n",
     )
     .unwrap();
-    for engine in ["redis", "model"] {
-        let out = bin()
+    // `simulate` of the log under the plan, with `more` arguments.
+    let under_plan = |more: &[&str]| {
+        bin()
             .arg("simulate")
             .arg(&config)
             .arg("--log")
             .arg(&log)
             .arg("--overrides")
             .arg(&plan)
-            .args(["--engine", engine, "--json"])
+            .args(more)
             .output()
-            .unwrap();
+            .unwrap()
+    };
+    for engine in ["redis", "model"] {
+        let out = under_plan(&["--engine", engine, "--json"]);
         assert!(out.status.success(), "{out:?}");
         let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         // 8 for the first client, 5 for the other, instead of 3 and 3.
         assert_eq!(report["admitted"], json!(13), "{engine}: {report}");
     }
-    let out = bin()
-        .arg("simulate")
-        .arg(&config)
-        .arg("--log")
-        .arg(&log)
-        .arg("--overrides")
-        .arg(&plan)
-        .args(["--isolates", "2", "--json"])
-        .output()
-        .unwrap();
+    let out = under_plan(&["--isolates", "2", "--json"]);
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         report["isolates"]["denied_only_with_leases"],
@@ -626,15 +621,7 @@ fn a_plan_of_overrides_is_tried_on_a_log() {
         "{report}"
     );
     std::fs::write(&plan, "{\"rule\": \"g\", \"rate\": 0}\n").unwrap();
-    let out = bin()
-        .arg("simulate")
-        .arg(&config)
-        .arg("--log")
-        .arg(&log)
-        .arg("--overrides")
-        .arg(&plan)
-        .output()
-        .unwrap();
+    let out = under_plan(&[]);
     assert!(!out.status.success());
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("line 1: rate: must be at least 1"), "{err}");

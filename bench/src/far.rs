@@ -43,14 +43,18 @@ impl Situation {
     }
 }
 
-async fn timed(http: &reqwest::Client, url: &str, ip: &str) -> Result<(f64, u16), String> {
+/// One GET of `url` with these headers, timed: ms, and the status.
+pub async fn timed(
+    http: &reqwest::Client,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> Result<(f64, u16), String> {
     let start = Instant::now();
-    let response = http
-        .get(url)
-        .header("CF-Connecting-IP", ip)
-        .send()
-        .await
-        .map_err(|e| format!("{url}: {e}"))?;
+    let mut request = http.get(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.map_err(|e| format!("{url}: {e}"))?;
     let status = response.status().as_u16();
     response.bytes().await.map_err(|e| format!("{url}: {e}"))?;
     Ok((start.elapsed().as_secs_f64() * 1000.0, status))
@@ -74,8 +78,9 @@ pub async fn measure(
         for client in 0..clients {
             // A /64 of its own: ours counts an IPv6 client by its /64.
             let ip = format!("2001:db8:{salt:x}:{client:x}::1");
-            let (base, _) = timed(http, &format!("{}/rt/page", passthrough.url), &ip).await?;
-            let (ms, status) = timed(http, &format!("{}/rt/page", worker.url), &ip).await?;
+            let by_ip = [("CF-Connecting-IP", ip.as_str())];
+            let (base, _) = timed(http, &format!("{}/rt/page", passthrough.url), &by_ip).await?;
+            let (ms, status) = timed(http, &format!("{}/rt/page", worker.url), &by_ip).await?;
             s.passthrough_ms.push(base);
             s.worker_ms.push(ms);
             match s.statuses.iter_mut().find(|(st, _)| *st == status) {

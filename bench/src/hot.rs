@@ -6,12 +6,12 @@
 //! Then two of our workers sharing one Redis, both sending the same key
 //! above its limit.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use edge_limiter_local::fault_proxy::FaultProxy;
 
 use crate::{
-    cpu,
+    cpu, far,
     stack::{Origin, Worker},
     stats::percentile,
 };
@@ -82,17 +82,7 @@ async fn timed(http: &reqwest::Client, url: &str, key: &str) -> Result<(f64, u16
         (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
     });
     let ip = format!("2001:db8:{:x}:{:x}::1", net >> 16, net & 0xffff);
-    let start = Instant::now();
-    let response = http
-        .get(url)
-        .header("x-api-key", key)
-        .header("CF-Connecting-IP", ip)
-        .send()
-        .await
-        .map_err(|e| format!("{url}: {e}"))?;
-    let status = response.status().as_u16();
-    response.bytes().await.map_err(|e| format!("{url}: {e}"))?;
-    Ok((start.elapsed().as_secs_f64() * 1000.0, status))
+    far::timed(http, url, &[("x-api-key", key), ("CF-Connecting-IP", &ip)]).await
 }
 
 /// `worker`'s REST calls go through `proxy`; `key` is the hot client's

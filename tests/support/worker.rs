@@ -123,6 +123,22 @@ impl Worker {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("wrangler.log")).unwrap_or_default()
     }
+
+    /// The worker's decision events so far: its log's JSON lines.
+    pub fn events(&self) -> Vec<serde_json::Value> {
+        self.log()
+            .lines()
+            .filter_map(|l| l.find(r#"{"source":"edge-limiter""#).map(|at| &l[at..]))
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Its decision events of `action` so far.
+    pub fn events_of(&self, action: &str) -> Vec<serde_json::Value> {
+        let mut events = self.events();
+        events.retain(|e| e["action"] == action);
+        events
+    }
 }
 
 impl Drop for Worker {
