@@ -9,6 +9,10 @@
 --            nor 'read'
 --   #ARGV > 3, ARGV[1] not 'decide'  one windowed rule on Redis's clock
 --            'reset' nor 'refund'     (windowed.lua)
+--   either, with KEYS[2]             its rule takes overrides: KEYS[2] is
+--                                    the client's override key; when it
+--                                    holds one, ARGV is rewritten as the
+--                                    general decision's (common.lua)
 --   ARGV[1] == 'reset'               forget every key in KEYS (below)
 --   ARGV[1] == 'read'                each key's text ('' for none) and PTTL
 --   ARGV[1] == 'refund'              give back refundable charges (below)

@@ -603,6 +603,17 @@ burst = 1
         get(&url("/j"), "198.51.100.4").await.status(),
         StatusCode::TOO_MANY_REQUESTS
     );
+    // The AS number, a number in request.cf, keys as its digits.
+    let keys = stack.backend.redis(&["KEYS", "el:*:per-ja4"]);
+    let asn = keys
+        .trim()
+        .strip_suffix("}:per-ja4")
+        .and_then(|k| k.rsplit('|').next())
+        .unwrap_or_default();
+    assert!(
+        !asn.is_empty() && asn.bytes().all(|b| b.is_ascii_digit()),
+        "the AS number is the bucket's last part: {keys}"
+    );
     let keys = stack.backend.redis(&["KEYS", "el:*:per-country"]);
     let key = keys.lines().next().unwrap_or_default().to_owned();
     assert!(

@@ -269,39 +269,19 @@ fn run_case(
             continue;
         }
         let client = format!("client{}", s.client);
-        if matches!(s.kind, Kind::Override | Kind::Wide) {
-            let Some(i) = (0..rules.len()).find(|i| s.rules & (1 << i) != 0) else {
-                continue;
-            };
-            let (rule, text) = (&rules[i], override_text(&rules[i], s.cost));
-            if s.kind == Kind::Wide {
-                model.set_rule_wide(&rule.name, text.as_deref());
-                wide[i] = text;
-                continue;
-            }
-            let key = override_key(&redis_key(&rule.name, &[&client]));
-            match &text {
-                Some(text) => backend.redis(&["SET", &key, text]),
-                None => backend.redis(&["DEL", &key]),
-            };
-            model.set_override(&rule.name, &[&client], text.as_deref());
+        if write_override(backend, &mut model, &rules, &mut wide, s, &client) {
             continue;
         }
         let checks = checks_of(&rules, s, &client);
         if checks.is_empty() {
             continue;
         }
-        let mut call = ScriptCall::decide(&checks, Some(now));
-        if let ScriptCall::Decide(g) = &mut call {
-            for o in &mut g.overrides {
-                let i = rules
-                    .iter()
-                    .position(|r| r.name == checks[o.rule].0.rule.name);
-                if let Some(text) = i.and_then(|i| wide[i].clone()) {
-                    (o.wide, o.wide_ms) = (text, -1);
-                }
-            }
-        }
+        let call = with_wide(
+            ScriptCall::decide(&checks, Some(now)),
+            &checks,
+            &rules,
+            &wide,
+        );
         let reply = rt
             .block_on(
                 backend
@@ -320,6 +300,66 @@ fn run_case(
         }
     }
     Ok(())
+}
+
+/// For an override step, writes the client's override key (in Redis and
+/// the model) or the rule-wide override (in `wide` and the model), and
+/// says so; for any other step, does nothing.
+fn write_override(
+    backend: &Backend,
+    model: &mut Model,
+    rules: &[Rule],
+    wide: &mut [Option<String>],
+    s: &Step,
+    client: &str,
+) -> bool {
+    if !matches!(s.kind, Kind::Override | Kind::Wide) {
+        return false;
+    }
+    let Some(i) = (0..rules.len()).find(|i| s.rules & (1 << i) != 0) else {
+        return true;
+    };
+    let (rule, text) = (&rules[i], override_text(&rules[i], s.cost));
+    if s.kind == Kind::Wide {
+        model.set_rule_wide(&rule.name, text.as_deref());
+        wide[i] = text;
+        return true;
+    }
+    let key = override_key(&redis_key(&rule.name, &[client]));
+    match &text {
+        Some(text) => backend.redis(&["SET", &key, text]),
+        None => backend.redis(&["DEL", &key]),
+    };
+    model.set_override(&rule.name, &[client], text.as_deref());
+    true
+}
+
+/// `call` over `checks` carrying the rule-wide overrides in `wide` (by
+/// rule index), as an isolate passes them: a lone rule under one goes the
+/// general way.
+fn with_wide(
+    mut call: ScriptCall,
+    checks: &[(Check<'_>, Vec<&str>)],
+    rules: &[Rule],
+    wide: &[Option<String>],
+) -> ScriptCall {
+    let wide_of = |i: usize| {
+        let name = &checks.get(i)?.0.rule.name;
+        wide[rules.iter().position(|r| &r.name == name)?].clone()
+    };
+    if let ScriptCall::OneRule(one) = &call {
+        if one.override_key.is_some() && wide_of(0).is_some() {
+            call = ScriptCall::Decide(one.general());
+        }
+    }
+    if let ScriptCall::Decide(g) = &mut call {
+        for o in &mut g.overrides {
+            if let Some(text) = wide_of(o.rule) {
+                (o.wide, o.wide_ms) = (text, -1);
+            }
+        }
+    }
+    call
 }
 
 proptest! {
@@ -493,15 +533,21 @@ async fn run_on_redis_clock(
     let http = reqwest::Client::new();
     let url = backend.endpoint.url();
     let mut model = Model::new();
+    let mut wide: Vec<Option<String>> = vec![None; rules.len()];
     let mut tally = Tally::default();
     for (n, s) in steps.iter().enumerate() {
         tokio::time::sleep(Duration::from_millis(s.wait_ms)).await;
         let client = format!("client{}", s.client);
+        if write_override(backend, &mut model, &rules, &mut wide, s, &client) {
+            continue;
+        }
         let checks = checks_of(&rules, s, &client);
         if checks.is_empty() {
             continue;
         }
-        let call = ScriptCall::decide(&checks, None);
+        // A lone rule that takes overrides runs its one-rule path, which
+        // hands a call whose override key holds one to the general path.
+        let call = with_wide(ScriptCall::decide(&checks, None), &checks, &rules, &wide);
         let (before, reply, after) = bracketed(&http, &url, &call).await?;
         let mut real = call
             .decode(&reply)
@@ -544,7 +590,8 @@ async fn run_on_redis_clock(
         for (check, id) in &checks {
             model.reset(&check.rule.name, id);
         }
-        for key in &call.keys() {
+        // State and penalties only: the client's override stays, as in the model.
+        for key in call.keys().iter().filter(|k| !k.ends_with(":o")) {
             backend.redis(&["DEL", key]);
         }
         tally.straddled += 1;

@@ -8,10 +8,10 @@ mod support;
 
 use edge_limiter::{
     decision::{
-        protocol::{override_key, run, Check, Reply, ScriptCall},
+        protocol::{override_key, run, Check, Reply, ScriptCall, LIMITER},
         verdict::{Decision, OverrideSource, Retry},
     },
-    rules::{overrides::Override, rule::Rule},
+    rules::{overrides::Override, policy::Policy, rule::Rule},
 };
 use serde_json::json;
 use support::{rules, Backend, BUDGET};
@@ -173,4 +173,67 @@ async fn a_read_returns_each_keys_text_and_time_to_live() {
     assert_eq!(read[0].0, "v1 block");
     assert!((29_000..=30_000).contains(&read[0].1), "{read:?}");
     assert_eq!(read[1], (String::new(), -2));
+}
+
+/// A lone rule on Redis's clock keeps its one-rule path, one integer for
+/// GCRA, while its client has no override; with one, the same call answers
+/// as the general decision under it, and garbage counts as none.
+#[tokio::test]
+async fn a_lone_rule_reads_its_clients_override_on_its_own_path() {
+    let b = Backend::start();
+    let windows = rules(json!([{"name": "w", "key": ["ip"], "algorithm": "windowed",
+        "windows": [["1m", 2, "1s"]], "overrides": true}]))
+    .remove(0);
+    for rule in [gcra(), windows] {
+        let check = [(
+            Check {
+                rule: &rule,
+                cost: 1,
+            },
+            vec!["a"],
+        )];
+        let call = ScriptCall::decide(&check, None);
+        let ScriptCall::OneRule(one) = &call else {
+            panic!("{call:?} is no one-rule call");
+        };
+        assert_eq!(
+            call.keys(),
+            [one.rule.key.clone(), override_key(&one.rule.key)]
+        );
+        let raw = b
+            .client
+            .run_script(&LIMITER, &call.keys(), &call.args(), BUDGET)
+            .await
+            .unwrap();
+        assert!(raw.is_i64(), "{}: {raw}", rule.name);
+        let decide = || async {
+            run(&b.client, &call, BUDGET)
+                .await
+                .and_then(Reply::decision)
+                .unwrap()
+        };
+        let plain = decide().await;
+        assert_eq!(plain.overrides[0].source, OverrideSource::None);
+        assert_eq!(plain.rules[0].limit, 2);
+
+        let more = match &rule.policy {
+            Policy::Windowed(ws) => Override::windows(&rule.policy, &vec![5; ws.len()]),
+            Policy::Gcra(_) => Override::gcra(&rule.policy, None, None, Some(5)),
+        }
+        .unwrap();
+        b.redis(&["SET", &override_key(&one.rule.key), &more.to_text()]);
+        let raised = decide().await;
+        assert!(raised.admitted(), "{}: {raised:?}", rule.name);
+        assert_eq!(raised.rules[0].limit, 5);
+        assert_eq!(raised.overrides[0].source, OverrideSource::Client);
+        assert_eq!(raised.overrides[0].text, more.to_text());
+
+        b.redis(&["SET", &override_key(&one.rule.key), "v1 gcra 0"]);
+        let junk = decide().await;
+        assert!(!junk.admitted(), "{}: {junk:?}", rule.name);
+        assert_eq!(junk.rules[0].limit, 2);
+        assert!(junk.overrides[0].ignored);
+        b.redis(&["HSET", &override_key(&one.rule.key), "f", "1"]);
+        assert!(decide().await.overrides[0].ignored);
+    }
 }

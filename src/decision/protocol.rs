@@ -40,7 +40,9 @@ pub enum Entry {
     /// operation name (`lua/gcra.lua`).
     OneGcra,
     /// A windowed rule alone on Redis's clock: 4 or more arguments, the
-    /// first no operation name (`lua/windowed.lua`).
+    /// first no operation name (`lua/windowed.lua`). Either one-rule entry
+    /// with a second key reads it as the client's override, and becomes
+    /// [`Entry::Decide`] inside the script when it holds one.
     OneWindowed,
     /// Everything else: `ARGV[1] == 'decide'` (`lua/limiter.lua`).
     Decide,
@@ -197,6 +199,10 @@ pub struct OneRule {
     pub rule: RuleArgs,
     /// The rule's mode, for settling the reply.
     pub mode: Mode,
+    /// The client's override key ([`override_key`]) when the rule takes
+    /// overrides: sent as `KEYS[2]`, and when it holds one the script
+    /// decides the call as the general decision would ([`OneRule::general`]).
+    pub override_key: Option<String>,
 }
 
 /// A penalty the general decision may start.
@@ -434,10 +440,14 @@ impl ScriptCall {
             return None;
         };
         let rule = check.rule;
-        let plain = rule.count_status.is_empty() && rule.penalty_ms.is_none() && !rule.overrides;
-        plain.then(|| OneRule {
-            rule: RuleArgs::new(rule, check.cost, id),
-            mode: rule.mode,
+        let plain = rule.count_status.is_empty() && rule.penalty_ms.is_none();
+        plain.then(|| {
+            let rule_args = RuleArgs::new(rule, check.cost, id);
+            OneRule {
+                override_key: rule.overrides.then(|| override_key(&rule_args.key)),
+                rule: rule_args,
+                mode: rule.mode,
+            }
         })
     }
 
@@ -502,7 +512,10 @@ impl ScriptCall {
     /// The call's `KEYS`: one per rule, then one per penalty.
     pub fn keys(&self) -> Vec<String> {
         match self {
-            ScriptCall::OneRule(one) => vec![one.rule.key.clone()],
+            ScriptCall::OneRule(one) => {
+                let state = Some(one.rule.key.clone());
+                state.into_iter().chain(one.override_key.clone()).collect()
+            }
             ScriptCall::Decide(g) => g.keys(),
             ScriptCall::Reset(keys) | ScriptCall::Read(keys) => keys.clone(),
             ScriptCall::Refund(r) => r.rules.iter().map(|(a, _)| a.key.clone()).collect(),
@@ -757,19 +770,61 @@ impl Refund {
 }
 
 impl OneRule {
+    /// The same decision as a general call, reading the client's override
+    /// with no rule-wide one: what the script turns this call into when
+    /// the override key holds something.
+    pub fn general(&self) -> General {
+        General {
+            now_ms: None,
+            rules: vec![(self.rule.clone(), CallMode::of(self.mode, false))],
+            penalties: vec![],
+            leases: vec![],
+            overrides: self
+                .override_key
+                .iter()
+                .map(|key| OverrideAsk {
+                    rule: 0,
+                    key: key.clone(),
+                    wide: String::new(),
+                    wide_ms: -1,
+                })
+                .collect(),
+        }
+    }
+
     /// GCRA replies with one integer; one window admitted at a cost with
-    /// one integer; everything else with six fields.
+    /// one integer; a call whose override key held something with the
+    /// general reply; everything else with six fields.
     fn decode(&self, reply: &Value) -> Result<Decision, ScriptError> {
         let modes = [self.mode];
+        if self.override_key.is_some() && reply.as_array().is_some_and(|a| a.len() == PER_RULE + 3)
+        {
+            return self.general().decode(reply);
+        }
         let state = match (&self.rule.policy, reply.as_i64()) {
             (Policy::Gcra(gcra), Some(verdict)) => gcra_state(gcra, self.rule.cost, verdict)?,
             (Policy::Windowed(ws), Some(packed)) => match ws[..] {
                 [w] if self.rule.cost > 0 => window_state(&w, packed)?,
                 _ => return Err(malformed(reply, "is one integer for several windows")),
             },
-            _ => return decode_general(reply, &modes, false),
+            _ => return self.none_read(decode_general(reply, &modes, false)?),
         };
-        Ok(Decision::settle(vec![state], &modes))
+        self.none_read(Decision::settle(vec![state], &modes))
+    }
+
+    /// `decision` as its one-rule path made it: where the rule takes
+    /// overrides, its key held none.
+    fn none_read(&self, mut decision: Decision) -> Result<Decision, ScriptError> {
+        // Its one-rule path ran: the override key held nothing.
+        if self.override_key.is_some() {
+            decision.overrides.push(OverrideRead {
+                rule: 0,
+                source: OverrideSource::None,
+                text: String::new(),
+                ignored: false,
+            });
+        }
+        Ok(decision)
     }
 }
 

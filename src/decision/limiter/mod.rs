@@ -257,10 +257,20 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         checks: &[(Check<'c>, Vec<&str>)],
         now_ms: u64,
     ) {
+        let wide = self.wide.borrow();
+        // A lone rule under a rule-wide override goes the general way,
+        // which is where the script applies one.
+        if let ScriptCall::OneRule(one) = call {
+            let held = checks
+                .first()
+                .and_then(|(c, _)| wide.in_force(&c.rule.name, now_ms));
+            if one.override_key.is_some() && held.is_some() {
+                *call = ScriptCall::Decide(one.general());
+            }
+        }
         let ScriptCall::Decide(g) = call else {
             return;
         };
-        let wide = self.wide.borrow();
         for o in &mut g.overrides {
             if let Some((text, ms)) = checks
                 .get(o.rule)
