@@ -24,6 +24,14 @@ rate = 1
 period = "1m"
 burst = 2
 overrides = true
+
+[[vars.LIMITER.rules]]
+name = "pages"
+path_prefix = "/pages"
+key = ["header:x-api-key"]
+algorithm = "windowed"
+windows = [["1m", 4, "1s"], ["1h", 10, "1m"]]
+overrides = true
 "#;
 
 async fn get(worker: &Worker, key: &str) -> reqwest::Response {
@@ -127,6 +135,45 @@ async fn a_clients_override_and_block_reach_that_client_alone() {
     );
 }
 
+/// `inspect` shows a client under the figures in force, and whose they
+/// are: the rule's for every client, a client's own for each of several
+/// windows, and a block with its time left.
+#[tokio::test]
+async fn inspect_shows_the_override_in_force() {
+    let stack = Stack::start(RULES);
+    let w = &stack.worker;
+    limit(w, &["set", "api", "--burst", "5"]);
+    let shown = operator(w, &["inspect", "api", "anyone"]);
+    assert!(
+        shown.contains("gcra 1/60000ms burst 5: 5 of 5 left"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("override: v1 gcra 1 60000 5 60000000 (the rule's, for every client)"),
+        "{shown}"
+    );
+    limit(w, &["set", "pages", "k", "--limit", "7", "--limit", "70"]);
+    let shown = operator(w, &["inspect", "pages", "k"]);
+    for line in [
+        "window 60000ms by 1000ms: 7 of 7 left",
+        "window 3600000ms by 60000ms: 70 of 70 left",
+        "override: v1 windows 7 70 (the client's own)",
+    ] {
+        assert!(shown.contains(line), "{line} in {shown}");
+    }
+    limit(w, &["set", "pages", "k", "--block", "--for", "30s"]);
+    let shown = operator(w, &["inspect", "pages", "k"]);
+    let left = shown
+        .split("override: v1 block (the client's own), ")
+        .nth(1)
+        .and_then(|rest| rest.split(" ms left").next())
+        .and_then(|ms| ms.parse::<u64>().ok());
+    assert!(
+        left.is_some_and(|ms| ms > 29_000 && ms <= 30_000),
+        "{shown}"
+    );
+}
+
 #[tokio::test]
 async fn garbage_in_an_override_key_counts_as_none() {
     let stack = Stack::start(RULES);
@@ -213,4 +260,35 @@ async fn a_block_ends_the_clients_leases() {
     assert!(served <= 30, "{after:?}");
     assert!(after[served..].iter().all(|s| *s == 429), "{after:?}");
     assert!(served < after.len(), "the block never took: {after:?}");
+}
+
+/// Requests decided from leased units carry the figures the lease was
+/// granted under: the client's override, not the configured ones.
+#[tokio::test]
+async fn leased_requests_show_the_override_they_were_granted_under() {
+    let stack = Stack::start(LEASED);
+    let w = &stack.worker;
+    limit(w, &["set", "hot", "partner", "--burst", "250"]);
+    let before = stack.backend.script_calls();
+    let mut policies = vec![];
+    for _ in 0..30 {
+        let r = get(w, "partner").await;
+        assert_eq!(r.status(), StatusCode::OK);
+        policies.push(
+            header(&r, "RateLimit-Policy")
+                .unwrap_or_default()
+                .to_owned(),
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let calls = stack.backend.script_calls() - before;
+    assert!(
+        calls < 20,
+        "{calls} script calls: too few requests were leased"
+    );
+    // 250 units, one every 10 ms: all back in 2.5 s.
+    assert!(
+        policies.iter().all(|p| p == "\"hot\";q=250;w=3"),
+        "{policies:?}"
+    );
 }

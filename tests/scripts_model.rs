@@ -276,12 +276,8 @@ fn run_case(
         if checks.is_empty() {
             continue;
         }
-        let call = with_wide(
-            ScriptCall::decide(&checks, Some(now)),
-            &checks,
-            &rules,
-            &wide,
-        );
+        let call =
+            ScriptCall::decide(&checks, Some(now)).with_rule_wide(wide_of(&checks, &rules, &wide));
         let reply = rt
             .block_on(
                 backend
@@ -334,32 +330,18 @@ fn write_override(
     true
 }
 
-/// `call` over `checks` carrying the rule-wide overrides in `wide` (by
-/// rule index), as an isolate passes them: a lone rule under one goes the
-/// general way.
-fn with_wide(
-    mut call: ScriptCall,
-    checks: &[(Check<'_>, Vec<&str>)],
-    rules: &[Rule],
-    wide: &[Option<String>],
-) -> ScriptCall {
-    let wide_of = |i: usize| {
+/// The rule-wide override in `wide` (by rule index) of each rule of
+/// `checks`, as an isolate holds them: without end.
+fn wide_of<'a>(
+    checks: &'a [(Check<'_>, Vec<&str>)],
+    rules: &'a [Rule],
+    wide: &'a [Option<String>],
+) -> impl Fn(usize) -> Option<(String, i64)> + 'a {
+    move |i| {
         let name = &checks.get(i)?.0.rule.name;
-        wide[rules.iter().position(|r| &r.name == name)?].clone()
-    };
-    if let ScriptCall::OneRule(one) = &call {
-        if one.override_key.is_some() && wide_of(0).is_some() {
-            call = ScriptCall::Decide(one.general());
-        }
+        let text = wide[rules.iter().position(|r| &r.name == name)?].clone()?;
+        Some((text, -1))
     }
-    if let ScriptCall::Decide(g) = &mut call {
-        for o in &mut g.overrides {
-            if let Some(text) = wide_of(o.rule) {
-                (o.wide, o.wide_ms) = (text, -1);
-            }
-        }
-    }
-    call
 }
 
 proptest! {
@@ -547,7 +529,8 @@ async fn run_on_redis_clock(
         }
         // A lone rule that takes overrides runs its one-rule path, which
         // hands a call whose override key holds one to the general path.
-        let call = with_wide(ScriptCall::decide(&checks, None), &checks, &rules, &wide);
+        let call =
+            ScriptCall::decide(&checks, None).with_rule_wide(wide_of(&checks, &rules, &wide));
         let (before, reply, after) = bracketed(&http, &url, &call).await?;
         let mut real = call
             .decode(&reply)

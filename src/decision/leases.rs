@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use super::verdict::{RuleState, Verdict};
+use super::verdict::{OverrideRead, RuleState, Verdict};
 
 /// Keys an isolate tracks at most: a key beyond it gets no lease (exactly
 /// the behaviour without leases) until an idle one is forgotten.
@@ -27,6 +27,8 @@ struct KeyLeases {
     held: Vec<Held>,
     /// The rule's state as the last grant left it, for the headers.
     state: Option<(RuleState, u64)>,
+    /// The override that grant was made under, for the headers too.
+    overridden: Option<OverrideRead>,
     /// When the key was last asked for, and the smoothed gap between asks.
     last_ms: Option<u64>,
     gap_ms: Option<u64>,
@@ -124,8 +126,16 @@ impl Leases {
 
     /// Keeps `units` granted to `key` by a call sent at `sent_ms`, for
     /// `for_ms` from the script's now: the deadline counts from the
-    /// sending, never later, so it cannot outlast the script's.
-    pub fn grant(&mut self, key: &str, units: u64, for_ms: u64, sent_ms: u64, state: RuleState) {
+    /// sending, never later, so it cannot outlast the script's. `state`
+    /// and `overridden` are the rule's as that call decided it.
+    pub fn grant(
+        &mut self,
+        key: &str,
+        units: u64,
+        for_ms: u64,
+        sent_ms: u64,
+        (state, overridden): (RuleState, Option<OverrideRead>),
+    ) {
         if units == 0 || (!self.keys.contains_key(key) && !self.make_room(sent_ms)) {
             return;
         }
@@ -134,6 +144,12 @@ impl Leases {
         let at = entry.held.partition_point(|h| h.until_ms <= until_ms);
         entry.held.insert(at, Held { units, until_ms });
         entry.state = Some((state, sent_ms));
+        entry.overridden = overridden;
+    }
+
+    /// The override `key`'s last grant was made under, if any.
+    pub fn overridden(&self, key: &str) -> Option<&OverrideRead> {
+        self.keys.get(key)?.overridden.as_ref()
     }
 
     /// Units to ask for `key` in a call about to be sent, if no other ask
@@ -226,7 +242,7 @@ mod tests {
         // One ask per 100 ms: 10 within a second, capped at 8.
         assert_eq!(l.want("k", 8, 1000, 100), 8);
         assert_eq!(l.want("k", 8, 250, 100), 2);
-        l.grant("k", 2, 250, 100, state(5));
+        l.grant("k", 2, 250, 100, (state(5), None));
         assert_eq!(l.want("k", 8, 250, 100), 0);
     }
 
@@ -234,8 +250,8 @@ mod tests {
     fn units_are_spent_only_before_their_deadline_earliest_first() {
         let mut l = Leases::new();
         l.observe("k", 0);
-        l.grant("k", 2, 100, 0, state(5));
-        l.grant("k", 3, 50, 10, state(4));
+        l.grant("k", 2, 100, 0, (state(5), None));
+        l.grant("k", 3, 50, 10, (state(4), None));
         assert!(l.can_spend("k", 5, 20));
         let s = l.spend("k", 3, 20).unwrap();
         // 2 left (of the grant lasting to 100), on the last grant's view.
@@ -255,7 +271,7 @@ mod tests {
         // Demand: 8 within 800 ms.
         assert_eq!(l.begin_ask("k", 8, 800, 100), 8);
         assert_eq!(l.begin_ask("k", 8, 800, 100), 0, "one in flight");
-        l.grant("k", 5, 1000, 100, state(5));
+        l.grant("k", 5, 1000, 100, (state(5), None));
         l.answered("k");
         assert_eq!(l.begin_refresh("k", 8, 800, 100), 0, "5 of 8 is not low");
         l.spend("k", 1, 101);

@@ -451,6 +451,26 @@ impl ScriptCall {
         })
     }
 
+    /// This call carrying the rule-wide overrides the caller holds:
+    /// `wide(i)` is the one in force for the call's rule `i` (its text and
+    /// ms left, -1 for no end). A lone rule under one goes the general
+    /// way, where the script applies it.
+    pub fn with_rule_wide(mut self, wide: impl Fn(usize) -> Option<(String, i64)>) -> ScriptCall {
+        if let ScriptCall::OneRule(one) = &self {
+            if one.override_key.is_some() && wide(0).is_some() {
+                self = ScriptCall::Decide(one.general());
+            }
+        }
+        if let ScriptCall::Decide(g) = &mut self {
+            for o in &mut g.overrides {
+                if let Some((text, ms)) = wide(o.rule) {
+                    (o.wide, o.wide_ms) = (text, ms);
+                }
+            }
+        }
+        self
+    }
+
     /// A look at where one client stands on `rule`, consuming nothing:
     /// one state per window (a decision reports only the binding window),
     /// or the one GCRA state. Each window is peeked as a rule of its own

@@ -8,13 +8,15 @@ use serde_json::{json, Value};
 
 use crate::{
     decision::{
-        protocol::{penalty_key, run, Reply, ScriptCall, ScriptError},
+        keys::redis_key,
+        protocol::{penalty_key, rule_wide_key, run, Check, Reply, ScriptCall, ScriptError},
         redis_rest::{RestClient, RestError},
-        verdict::OverrideSource,
+        verdict::{OverrideRead, OverrideSource, Retry, RuleState, Verdict},
     },
     rules::{
         canon,
         config::Config,
+        overrides::{Override, BLOCK_TEXT},
         policy::Policy,
         request::RequestMeta,
         rule::{KeyPart, Rule},
@@ -337,7 +339,8 @@ impl ClientState {
 }
 
 /// Where the client with these key-part values stands on `rule`, read
-/// with a peek (cost 0) that consumes nothing.
+/// with a peek (cost 0) that consumes nothing, under the override the
+/// worker would apply (the client's own, else the rule's for every client).
 pub async fn inspect(
     client: &RestClient,
     rule: &Rule,
@@ -345,9 +348,36 @@ pub async fn inspect(
 ) -> Result<ClientState, InspectError> {
     let id = identifier(rule, values)?;
     let parts: Vec<&str> = id.iter().map(String::as_str).collect();
-    let call = ScriptCall::inspect(rule, &parts);
-    let decision = run(client, &call, BUDGET).await?.decision()?;
-    let labels: Vec<String> = match &rule.policy {
+    let split = matches!(&rule.policy, Policy::Windowed(ws) if ws.len() > 1);
+    let mut policy = rule.policy.clone();
+    let (mut decision, mut overridden) = (None, None);
+    if rule.overrides || !split {
+        let wide = rule_wide(client, rule).await?;
+        // The whole rule in one peek: the override is read where it applies.
+        let whole = [(Check { rule, cost: 0 }, parts.clone())];
+        let peek = ScriptCall::decide(&whole, None).with_rule_wide(|_| wide.clone());
+        let standing = run(client, &peek, BUDGET).await?.decision()?;
+        if let Some(read) = standing.overrides.first() {
+            if let Some(Override::Figures(figures)) = Override::parse(&read.text, &rule.policy) {
+                policy = figures;
+            }
+            overridden = override_line(read, standing.rules.first());
+        }
+        decision = Some(standing);
+    }
+    // Several windows are peeked one by one, at the figures in force.
+    let decision = match decision {
+        Some(d) if !split => d,
+        _ => {
+            let in_force = Rule {
+                policy: policy.clone(),
+                ..rule.clone()
+            };
+            let peek = ScriptCall::inspect(&in_force, &parts);
+            run(client, &peek, BUDGET).await?.decision()?
+        }
+    };
+    let labels: Vec<String> = match &policy {
         Policy::Gcra(g) => vec![format!(
             "gcra {}/{}ms burst {}",
             g.rate(),
@@ -369,7 +399,7 @@ pub async fn inspect(
             reset_after_ms: s.reset_after_ms,
         })
         .collect();
-    let key = call.keys().first().cloned().unwrap_or_default();
+    let key = redis_key(&rule.name, &parts);
     // A running penalty is its key's expiry, on Redis's clock as the worker reads it.
     let penalty_ms = match rule.penalty_ms {
         Some(_) => client
@@ -380,12 +410,6 @@ pub async fn inspect(
             .map(|ms| ms as u64),
         None => None,
     };
-    // The figures above are the override's where the client has one.
-    let overridden = decision.overrides.first().and_then(|o| match o.source {
-        OverrideSource::Client => Some(format!("{} (the client's own)", o.text)),
-        _ if o.ignored => Some("its key holds something that is no override (ignored)".into()),
-        _ => None,
-    });
     Ok(ClientState {
         rule: rule.name.clone(),
         client: id,
@@ -394,6 +418,51 @@ pub async fn inspect(
         penalty_ms,
         overridden,
     })
+}
+
+/// The rule-wide override in force for `rule`, when it takes overrides:
+/// its text and ms left (-1: no end).
+async fn rule_wide(
+    client: &RestClient,
+    rule: &Rule,
+) -> Result<Option<(String, i64)>, InspectError> {
+    if !rule.overrides {
+        return Ok(None);
+    }
+    let read = ScriptCall::Read(vec![rule_wide_key(&rule.name)]);
+    match run(client, &read, BUDGET).await? {
+        Reply::Read(found) => Ok(found
+            .into_iter()
+            .next()
+            .filter(|(text, _)| !text.is_empty())
+            .map(|(text, ms)| (text, ms.max(-1)))),
+        _ => Err(ScriptError::Reply("other than a read's".into()).into()),
+    }
+}
+
+/// What the override a decision read puts in force, for the standing's
+/// last line; a block with its time left (`state` is the rule's).
+fn override_line(read: &OverrideRead, state: Option<&RuleState>) -> Option<String> {
+    let whose = match read.source {
+        OverrideSource::Client => "the client's own",
+        OverrideSource::Rule => "the rule's, for every client",
+        OverrideSource::None if read.ignored => {
+            return Some("its key holds something that is no override (ignored)".into())
+        }
+        OverrideSource::None => return None,
+    };
+    let mut line = format!("{} ({whose}", read.text);
+    if read.ignored {
+        line.push_str("; the client's key holds something that is no override, ignored");
+    }
+    line.push(')');
+    if read.text == BLOCK_TEXT {
+        match state.map(|s| s.verdict) {
+            Some(Verdict::Denied(Retry::After { ms })) => line.push_str(&format!(", {ms} ms left")),
+            _ => line.push_str(", without end"),
+        }
+    }
+    Some(line)
 }
 
 /// What a reset removed.

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::{
-    decision::keys::window_offset,
+    decision::{keys::window_offset, verdict::OverrideRead},
     rules::{overrides::BLOCK_TEXT, policy::Policy},
 };
 
@@ -62,7 +62,22 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             .collect::<Option<Vec<_>>>()?;
         let rules: Vec<&'c Rule> = keyed.iter().map(|(c, _)| c.rule).collect();
         let modes: Vec<Mode> = rules.iter().map(|r| r.mode).collect();
-        let decision = Decision::settle(states, &modes);
+        // The headers show the figures the grants were made under.
+        let overrides = keyed
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (_, key))| {
+                let read = leases.overridden(key)?;
+                Some(OverrideRead {
+                    rule: i,
+                    ..read.clone()
+                })
+            })
+            .collect();
+        let decision = Decision {
+            overrides,
+            ..Decision::settle(states, &modes)
+        };
         let admitted = Forward::Admitted(Decided { rules, decision });
         Some(Handled::new(Outcome::Forward(admitted), vec![]))
     }
@@ -143,7 +158,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                 })
             })
             .collect();
-        let call = ScriptCall::decide_leasing(&checks, asks, self.clock(now_ms));
+        let call = self.call_for(&checks, asks, now_ms);
         let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
         let result = run(self.store, &call, budget)
             .await
@@ -179,7 +194,17 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             .iter()
             .filter_map(|g| {
                 let (key, state) = (keys.get(g.rule)?, decision.rules.get(g.rule)?);
-                leases.grant(key, g.units, g.for_ms, sent_ms, *state);
+                let overridden = decision
+                    .overrides
+                    .iter()
+                    .find(|o| o.rule == g.rule && o.source != OverrideSource::None);
+                leases.grant(
+                    key,
+                    g.units,
+                    g.for_ms,
+                    sent_ms,
+                    (*state, overridden.cloned()),
+                );
                 Some(Event {
                     key: Some((*key).to_owned()),
                     units: Some(g.units),

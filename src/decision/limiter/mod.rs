@@ -249,36 +249,17 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         }
     }
 
-    /// The rule-wide overrides this isolate holds, put in `call` for the
-    /// script to apply where a client has none of its own.
-    fn with_rule_wide(
+    /// The call deciding `checks` at `now_ms` and asking for `asks`, under
+    /// the rule-wide overrides this isolate holds.
+    fn call_for(
         &self,
-        call: &mut ScriptCall,
         checks: &[(Check<'c>, Vec<&str>)],
+        asks: Vec<LeaseAsk>,
         now_ms: u64,
-    ) {
+    ) -> ScriptCall {
         let wide = self.wide.borrow();
-        // A lone rule under a rule-wide override goes the general way,
-        // which is where the script applies one.
-        if let ScriptCall::OneRule(one) = call {
-            let held = checks
-                .first()
-                .and_then(|(c, _)| wide.in_force(&c.rule.name, now_ms));
-            if one.override_key.is_some() && held.is_some() {
-                *call = ScriptCall::Decide(one.general());
-            }
-        }
-        let ScriptCall::Decide(g) = call else {
-            return;
-        };
-        for o in &mut g.overrides {
-            if let Some((text, ms)) = checks
-                .get(o.rule)
-                .and_then(|(c, _)| wide.in_force(&c.rule.name, now_ms))
-            {
-                (o.wide, o.wide_ms) = (text, ms);
-            }
-        }
+        ScriptCall::decide_leasing(checks, asks, self.clock(now_ms))
+            .with_rule_wide(|i| wide.in_force(&checks.get(i)?.0.rule.name, now_ms))
     }
 
     /// The script's clock for a call at `now_ms`: Redis's own unless pinned.
@@ -320,8 +301,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         asks: Vec<LeaseAsk>,
         now_ms: u64,
     ) -> Handled<'c> {
-        let mut call = ScriptCall::decide_leasing(checks, asks, self.clock(now_ms));
-        self.with_rule_wide(&mut call, checks, now_ms);
+        let call = self.call_for(checks, asks, now_ms);
         let signature = call.signature();
         let cached = self.cache.borrow_mut().lookup(&signature, now_ms);
         if let Some(decision) = cached {
@@ -709,6 +689,38 @@ mod tests {
 
     const ADMIT_ONE: &str = "[1, 5, 4, 200, 0, 1]";
     const DENY_LOGIN: &str = "[1, 5, 4, 200, 0, 1, 0, 1, 0, 60000, 60000, 1]";
+
+    /// Lease refreshes, sent after responses, are decided under the
+    /// rule-wide override the isolate holds, as requests' own calls are.
+    #[test]
+    fn a_lease_refresh_carries_the_rule_wide_override() {
+        let store = fake(Ok(serde_json::from_str(ADMIT_ONE).unwrap()));
+        let c = Config::from_json(&json!({"rules": [{"name": "hot", "key": ["ip"],
+            "algorithm": "gcra", "rate": 100, "period": "1s", "burst": 300, "lease": 20,
+            "overrides": true}]}))
+        .unwrap();
+        let wide = RefCell::new(RuleWide::new());
+        let text = "v1 gcra 100 1000 30 10000";
+        assert!(wide.borrow_mut().start_read("hot", 0));
+        wide.borrow_mut().keep("hot", text.into(), -1, 0);
+        let limiter = Limiter {
+            config: &c,
+            store: &store,
+            cache: &RefCell::new(BlockCache::new(HOLD)),
+            leases: &RefCell::new(Leases::new()),
+            wide: &wide,
+            pinned: false,
+        };
+        let pending = LeaseRefresh {
+            rules: vec![(RuleId(0), vec!["192.0.2.1".into()], 5)],
+        };
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(limiter.refresh(&pending, 10));
+        let sent = last(&store);
+        assert!(sent.args.iter().any(|a| a == text), "{:?}", sent.args);
+    }
 
     #[test]
     fn only_matching_rules_are_sent() {

@@ -350,16 +350,10 @@ impl Engine for RedisEngine {
         let calls: Vec<ScriptCall> = jobs
             .iter()
             .map(|job| {
-                let mut call = ScriptCall::decide(&job.checks, Some(job.now_ms));
-                if let ScriptCall::Decide(g) = &mut call {
-                    for o in &mut g.overrides {
-                        let rule = &job.checks[o.rule].0.rule.name;
-                        if let Some(wide) = self.rule_wide.in_force(rule, job.now_ms) {
-                            (o.wide, o.wide_ms) = wide;
-                        }
-                    }
-                }
-                call
+                ScriptCall::decide(&job.checks, Some(job.now_ms)).with_rule_wide(|i| {
+                    let rule = &job.checks.get(i)?.0.rule.name;
+                    self.rule_wide.in_force(rule, job.now_ms)
+                })
             })
             .collect();
         for call in &calls {
