@@ -2,13 +2,16 @@
 //! run as an operator would, beside a worker in `wrangler dev`, reading the
 //! worker's own `wrangler.toml` and `.dev.vars`. A client's override, a
 //! block and its clearing, a rule-wide override and its expiry, garbage in
-//! an override key, and two instances seeing the same override.
+//! an override key, two instances seeing the same override, and a rule-wide
+//! block held through the REST endpoint failing.
 #![cfg(not(target_arch = "wasm32"))]
 
 mod support;
 
 use std::{process::Command, time::Duration};
 
+use edge_limiter::decision::rule_wide::REREAD_MS;
+use edge_limiter_local::fault_proxy::Fault;
 use reqwest::StatusCode;
 use support::{header, worker::Stack, worker::Worker};
 
@@ -222,6 +225,36 @@ async fn a_rule_wide_override_reaches_every_client_and_ends_by_itself() {
     get(a, "warm-a").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(statuses(a, "c4", 3).await, [200, 200, 429]);
+}
+
+/// A fault never opens the gate: a read of the rule-wide override that
+/// fails keeps the isolate's copy, so a rule-wide block holds through an
+/// outage (during which the rule fails closed) and after it.
+#[tokio::test]
+async fn a_failed_read_keeps_the_rule_wide_block() {
+    let stack = Stack::builder(RULES).through_fault_proxy().start();
+    let (w, proxy) = (&stack.worker, stack.proxy.as_ref().unwrap());
+    limit(w, &["set", "api", "--block"]);
+    get(w, "warm").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(statuses(w, "c1", 1).await, [429]);
+    // Once the copy is due a read, every read after a response fails.
+    tokio::time::sleep(Duration::from_millis(REREAD_MS + 200)).await;
+    proxy.set(Fault::Status {
+        status: 500,
+        body: "down".into(),
+    });
+    assert_eq!(statuses(w, "c2", 2).await, [503, 503]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.set(Fault::Pass);
+    assert_eq!(statuses(w, "c3", 1).await, [429]);
+    assert!(
+        w.events_of("deny")
+            .iter()
+            .any(|e| e["override"] == "rule: v1 block"),
+        "{:?}",
+        w.events_of("deny")
+    );
 }
 
 const LEASED: &str = r#"

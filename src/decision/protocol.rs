@@ -1048,12 +1048,17 @@ mod tests {
                 for_ms: 100,
             };
             let call = ScriptCall::decide_leasing(&checks, vec![lease], None);
-            let keys = call.keys();
-            assert_eq!(keys.len(), 5, "{keys:?}");
-            assert!(
-                keys.iter().all(|k| hash_tag(k) == hash_tag(&keys[0])),
-                "{keys:?}"
-            );
+            // A lone rule's call reads its override key too.
+            let lone = ScriptCall::decide(&checks[1..], None);
+            assert_eq!(lone.entry(), Entry::OneWindowed);
+            for (call, n) in [(call, 5), (lone, 2)] {
+                let keys = call.keys();
+                assert_eq!(keys.len(), n, "{keys:?}");
+                assert!(
+                    keys.iter().all(|k| hash_tag(k) == hash_tag(&keys[0])),
+                    "{keys:?}"
+                );
+            }
         }
     }
 
