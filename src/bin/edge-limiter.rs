@@ -78,6 +78,13 @@ mod cli {
         /// The client's key parts in the rule's order, as the client sends them; none for every client.
         #[arg(value_name = "VALUE")]
         values: Vec<String>,
+        #[command(flatten)]
+        from: Deployment,
+    }
+
+    /// Where the rules and the Redis settings are read, and how answers print.
+    #[derive(clap::Args)]
+    struct Deployment {
         /// The configuration holding the rule.
         #[arg(long, default_value = "wrangler.toml", value_name = "FILE")]
         config: PathBuf,
@@ -87,6 +94,13 @@ mod cli {
         /// Print the answer as JSON.
         #[arg(long)]
         json: bool,
+    }
+
+    impl Deployment {
+        /// The configuration's rules, as `--config` and `--env` name them.
+        fn rules(&self) -> Result<Config, Failure> {
+            load_config(&self.config, self.env.as_deref())
+        }
     }
 
     #[derive(clap::Args)]
@@ -176,15 +190,8 @@ mod cli {
         /// The client's key parts in the rule's order, as the client sends them (e.g. its IP).
         #[arg(required = true, value_name = "VALUE")]
         values: Vec<String>,
-        /// The configuration holding the rule.
-        #[arg(long, default_value = "wrangler.toml", value_name = "FILE")]
-        config: PathBuf,
-        /// Use the rules of `[env.NAME]` instead of the top level.
-        #[arg(long, value_name = "NAME")]
-        env: Option<String>,
-        /// Print the answer as JSON.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        from: Deployment,
     }
 
     /// A one-line error on stderr, and the exit status it calls for.
@@ -440,7 +447,7 @@ mod cli {
             LimitCommand::Set(set) => &set.target,
             LimitCommand::Get(a) | LimitCommand::Clear(a) | LimitCommand::List(a) => a,
         };
-        let config = load_config(&args.config, args.env.as_deref())?;
+        let config = args.from.rules()?;
         let rule = inspect::find_rule(&config, &args.rule)?;
         let values: Vec<&str> = args.values.iter().map(String::as_str).collect();
         // Wrong figures or values fail before any setting is needed.
@@ -469,7 +476,7 @@ mod cli {
             }
             (LimitCommand::Clear(_), _) => {
                 let removed = runtime.block_on(limits::clear(&client, rule, &values))?;
-                let text = match (args.json, removed) {
+                let text = match (args.from.json, removed) {
                     (true, _) => format!("{}\n", serde_json::json!({ "removed": removed })),
                     (false, true) => "removed; the configured figures hold again\n".to_owned(),
                     (false, false) => "there was no override\n".to_owned(),
@@ -490,7 +497,7 @@ mod cli {
             }
             _ => None,
         };
-        let text = if args.json {
+        let text = if args.from.json {
             let all: Vec<serde_json::Value> = found.iter().map(limits::Stored::to_json).collect();
             format!("{}\n", serde_json::Value::Array(all))
         } else if let Some(wide) = rule_wide {
@@ -546,7 +553,7 @@ mod cli {
     }
 
     fn client_command(args: ClientArgs, reset: bool) -> Result<(), Failure> {
-        let config = load_config(&args.config, args.env.as_deref())?;
+        let config = args.from.rules()?;
         let rule = inspect::find_rule(&config, &args.rule)?;
         let values: Vec<&str> = args.values.iter().map(String::as_str).collect();
         // Wrong values fail before any setting is needed.
@@ -559,14 +566,14 @@ mod cli {
             .build()?;
         let text = if reset {
             let removed = runtime.block_on(inspect::reset(&client, rule, &values))?;
-            if args.json {
+            if args.from.json {
                 format!("{}\n", removed.to_json())
             } else {
                 removed.render()
             }
         } else {
             let standing = runtime.block_on(inspect::inspect(&client, rule, &values))?;
-            if args.json {
+            if args.from.json {
                 format!("{}\n", standing.to_json())
             } else {
                 standing.render()
