@@ -529,7 +529,8 @@ impl ScriptCall {
         }
     }
 
-    /// The call's `KEYS`: one per rule, then one per penalty.
+    /// The call's `KEYS`: each rule's state key, then the client override
+    /// keys read, then the penalty keys.
     pub fn keys(&self) -> Vec<String> {
         match self {
             ScriptCall::OneRule(one) => {
@@ -835,7 +836,6 @@ impl OneRule {
     /// `decision` as its one-rule path made it: where the rule takes
     /// overrides, its key held none.
     fn none_read(&self, mut decision: Decision) -> Result<Decision, ScriptError> {
-        // Its one-rule path ran: the override key held nothing.
         if self.override_key.is_some() {
             decision.overrides.push(OverrideRead {
                 rule: 0,
