@@ -244,8 +244,18 @@ async fn a_failed_read_keeps_the_rule_wide_block() {
         status: 500,
         body: "down".into(),
     });
-    assert_eq!(statuses(w, "c2", 2).await, [503, 503]);
+    let before = proxy.exchanges().len();
+    assert_eq!(statuses(w, "c2", 5).await, [503; 5]);
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // A failed read is retried a second later, not after every response.
+    let reads = proxy.exchanges()[before..]
+        .iter()
+        .filter(|e| String::from_utf8_lossy(&e.request).contains("\"read\""))
+        .count();
+    assert_eq!(
+        reads, 1,
+        "reads of the rule-wide override during the outage"
+    );
     proxy.set(Fault::Pass);
     assert_eq!(statuses(w, "c3", 1).await, [429]);
     assert!(

@@ -38,7 +38,7 @@ pub enum Action {
     /// rule's other figures held (`key` names it).
     OverrideIgnored,
     /// Reading the rule-wide overrides after a response failed: the
-    /// isolate keeps its copy and reads again after the next response.
+    /// isolate keeps its copy and reads again a second later at the soonest.
     OverrideReadFailed,
 }
 

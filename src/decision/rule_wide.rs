@@ -7,6 +7,10 @@
 /// How old an isolate's copy may get before a response re-reads it.
 pub const REREAD_MS: u64 = 10_000;
 
+/// How long after a failed read the next may start: a REST endpoint in
+/// trouble gets one read a second from an isolate, not one per response.
+pub const RETRY_MS: u64 = 1_000;
+
 /// One rule's override as last read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Held {
@@ -15,8 +19,8 @@ struct Held {
     text: String,
     /// When it ends, on the isolate's clock; `None` for never.
     ends_ms: Option<u64>,
-    /// When it was read; `None` before the first read lands.
-    read_ms: Option<u64>,
+    /// When the next read may start; `None`: at once (never read yet).
+    due_ms: Option<u64>,
     /// Whether a read is in flight.
     reading: bool,
 }
@@ -48,8 +52,9 @@ impl RuleWide {
         }
     }
 
-    /// Whether `rule`'s copy is due a read at `now_ms` (never read, or
-    /// older than [`REREAD_MS`]) with none in flight: then one starts,
+    /// Whether `rule`'s copy is due a read at `now_ms` (never read, older
+    /// than [`REREAD_MS`], or [`RETRY_MS`] after a failed read) with none
+    /// in flight: then one starts,
     /// which [`RuleWide::keep`] or [`RuleWide::failed`] ends.
     pub fn start_read(&mut self, rule: &str, now_ms: u64) -> bool {
         let at = match self.held.iter().position(|h| h.rule == rule) {
@@ -59,17 +64,14 @@ impl RuleWide {
                     rule: rule.to_owned(),
                     text: String::new(),
                     ends_ms: None,
-                    read_ms: None,
+                    due_ms: None,
                     reading: false,
                 });
                 self.held.len() - 1
             }
         };
         let held = &mut self.held[at];
-        let stale = held
-            .read_ms
-            .is_none_or(|read| now_ms.saturating_sub(read) >= REREAD_MS);
-        if held.reading || !stale {
+        if held.reading || held.due_ms.is_some_and(|due| now_ms < due) {
             return false;
         }
         held.reading = true;
@@ -82,7 +84,7 @@ impl RuleWide {
         if let Some(held) = self.held.iter_mut().find(|h| h.rule == rule) {
             held.ends_ms = u64::try_from(pttl_ms).ok().map(|ms| read_ms + ms);
             held.text = text;
-            held.read_ms = Some(read_ms);
+            held.due_ms = Some(read_ms.saturating_add(REREAD_MS));
             held.reading = false;
         }
     }
@@ -95,15 +97,17 @@ impl RuleWide {
             rule: rule.to_owned(),
             text: text.to_owned(),
             ends_ms: None,
-            read_ms: Some(u64::MAX),
+            due_ms: Some(u64::MAX),
             reading: false,
         });
     }
 
-    /// A read of `rule` failed: the copy stays as it was, due again.
-    pub fn failed(&mut self, rule: &str) {
+    /// A read of `rule` sent at `sent_ms` failed: the copy stays as it
+    /// was, due again [`RETRY_MS`] later.
+    pub fn failed(&mut self, rule: &str, sent_ms: u64) {
         if let Some(held) = self.held.iter_mut().find(|h| h.rule == rule) {
             held.reading = false;
+            held.due_ms = Some(sent_ms.saturating_add(RETRY_MS));
         }
     }
 }
@@ -126,8 +130,9 @@ mod tests {
         w.keep("api", "v1 windows 5".into(), -1, 10_020);
         assert_eq!(w.in_force("api", 99_999), Some(("v1 windows 5".into(), -1)));
         assert!(w.start_read("api", 20_020));
-        w.failed("api");
-        assert!(w.start_read("api", 20_021));
+        w.failed("api", 20_020);
+        assert!(!w.start_read("api", 20_021), "a failed read waits");
+        assert!(w.start_read("api", 21_020));
         w.hold("api", "v1 block");
         assert_eq!(
             w.in_force("api", u64::MAX - 1),

@@ -216,7 +216,8 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
 
     /// Reads the rule-wide overrides of `rules` in one call, sent at
     /// `now_ms`, after the response has gone. A fault is only logged: the
-    /// isolate keeps its copy and reads again after the next response.
+    /// isolate keeps its copy and reads again after a response a second
+    /// later.
     pub async fn reread(&self, rules: &[String], now_ms: u64) -> Vec<Event> {
         let keys = rules.iter().map(|r| rule_wide_key(r)).collect();
         let call = ScriptCall::Read(keys);
@@ -237,7 +238,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                 rules
                     .iter()
                     .map(|rule| {
-                        wide.failed(rule);
+                        wide.failed(rule, now_ms);
                         Event {
                             key: Some(rule_wide_key(rule)),
                             error: Some(error.clone()),
