@@ -16,13 +16,15 @@ use std::{
 use edge_limiter::{
     decision::{
         keys::redis_key,
+        limiter::RefundRule,
         model::Model,
-        protocol::{override_key, run, Check, Reply, ScriptCall, LIMITER},
+        protocol::{override_key, run, Charge, Check, Reply, ScriptCall, LIMITER},
+        verdict::Decision,
     },
     rules::{
         overrides::Override,
         policy::{Gcra, Policy, Window, Windows},
-        rule::{Mode, Rule},
+        rule::{Mode, Rule, RuleId},
     },
 };
 use proptest::{prelude::*, test_runner::TestCaseError};
@@ -212,9 +214,10 @@ fn override_text(rule: &Rule, pick: u64) -> Option<String> {
     }
 }
 
-/// A refundable charge not given back yet: its step, and the script's and
-/// the model's marks (by the charged rule's place among the step's checks).
-type Refundable = (Step, Vec<(usize, u64)>, Vec<(usize, u64)>);
+/// A refundable charge not given back yet: its step, the script's
+/// decision (its marks, and the overrides it charged under) and the
+/// model's marks (by the charged rule's place among the step's checks).
+type Refundable = (Step, Decision, Vec<(usize, u64)>);
 
 static CASE: AtomicU64 = AtomicU64::new(0);
 
@@ -243,20 +246,30 @@ fn run_case(
         skew += s.wait_ms;
         let now = now_ms() + skew;
         if s.kind == Kind::Refund {
-            if let Some((charged, real_marks, model_marks)) = pending.pop_front() {
+            if let Some((charged, decided, model_marks)) = pending.pop_front() {
                 let client = format!("client{}", charged.client);
                 let checks = checks_of(&rules, &charged, &client);
-                let given = |marks: &[(usize, u64)]| -> Vec<(Check<'_>, Vec<&str>, u64)> {
+                // The real charges go back under the override each was
+                // made under, as the worker's do; the model keeps its own.
+                let unders: Vec<String> = (0..checks.len())
+                    .map(|i| RefundRule::of(&decided, i, 0, RuleId(i), vec![], 0).under)
+                    .collect();
+                let given = |marks: &[(usize, u64)], real: bool| -> Vec<Charge<'_>> {
                     marks
                         .iter()
-                        .map(|(i, mark)| (checks[*i].0, checks[*i].1.clone(), *mark))
+                        .map(|(i, mark)| Charge {
+                            check: checks[*i].0,
+                            id: checks[*i].1.clone(),
+                            mark: *mark,
+                            under: if real { &unders[*i] } else { "" },
+                        })
                         .collect()
                 };
-                let call = ScriptCall::refund(&given(&real_marks), Some(now));
+                let call = ScriptCall::refund(&given(&decided.refund_marks, true), Some(now));
                 let real = rt
                     .block_on(run(&backend.client, &call, BUDGET))
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                let expected = model.refund(&given(&model_marks), now);
+                let expected = model.refund(&given(&model_marks, false), now);
                 prop_assert_eq!(
                     real,
                     Reply::Refunded(expected),
@@ -292,7 +305,7 @@ fn run_case(
         let expected = model.decide(&checks, now);
         prop_assert_eq!(&real, &expected, "step {} ({:?}) at {}", n, s, now);
         if !real.refund_marks.is_empty() {
-            pending.push_back((s.clone(), real.refund_marks, expected.refund_marks));
+            pending.push_back((s.clone(), real.clone(), expected.refund_marks));
         }
     }
     Ok(())

@@ -9,13 +9,17 @@ mod support;
 
 use edge_limiter::{
     decision::{
-        protocol::{run, Check, Reply, ScriptCall},
+        model::Model,
+        protocol::{run, Charge, Check, Reply, ScriptCall},
         verdict::Decision,
     },
-    rules::rule::Rule,
+    rules::{overrides::Override, rule::Rule},
 };
 use serde_json::json;
 use support::{rules, Backend, BUDGET};
+
+/// A pinned clock, for the tests that compare with the model.
+const T0: u64 = 1_795_168_800_000;
 
 /// A decision charging `rule` now, with its refund mark, at `now_ms`.
 async fn charge(b: &Backend, rule: &Rule, id: &str, now_ms: Option<u64>) -> Decision {
@@ -37,7 +41,13 @@ fn mark(d: &Decision) -> u64 {
 
 /// Gives back the charge `mark` stands for; whether anything was.
 async fn refund(b: &Backend, rule: &Rule, id: &str, mark: u64, now_ms: Option<u64>) -> bool {
-    let call = ScriptCall::refund(&[(Check { rule, cost: 1 }, vec![id], mark)], now_ms);
+    let charge = Charge {
+        check: Check { rule, cost: 1 },
+        id: vec![id],
+        mark,
+        under: "",
+    };
+    let call = ScriptCall::refund(&[charge], now_ms);
     match run(&b.client, &call, BUDGET).await.expect("a refund") {
         Reply::Refunded(given) => given == [true],
         other => panic!("{other:?}"),
@@ -230,4 +240,65 @@ async fn refunds_write_no_key_that_is_gone() {
     b.redis(&["DEL", "el:{y}:g"]);
     assert!(!refund(&b, &g, "y", m, None).await);
     assert_eq!(b.redis(&["EXISTS", "el:{y}:g"]).trim(), "0");
+}
+
+/// A charge made under a client's override goes back at the override's
+/// interval: with the rate raised tenfold, a refund at the configured
+/// interval would erase the client's other charges (six here), a bypass of
+/// what the rule counts. The reference model agrees, from its own record.
+#[tokio::test]
+async fn a_charge_goes_back_at_the_interval_it_was_made_at() {
+    let b = Backend::start();
+    let rule = rules(json!([{"name": "login", "key": ["ip"], "algorithm": "gcra",
+        "rate": 1, "period": "1m", "burst": 10, "count_status": [401], "overrides": true}]))
+    .remove(0);
+    let faster = Override::gcra(&rule.policy, Some(10), None, None).unwrap();
+    b.redis(&["SET", "el:{a}:login:o", &faster.to_text()]);
+    let mut model = Model::new();
+    model.set_override("login", &["a"], Some(&faster.to_text()));
+    let check = [(
+        Check {
+            rule: &rule,
+            cost: 1,
+        },
+        vec!["a"],
+    )];
+    let (mut real, mut modelled) = (vec![], vec![]);
+    for _ in 0..6 {
+        real.push(charge(&b, &rule, "a", Some(T0)).await);
+        modelled.push(model.decide(&check, T0));
+    }
+    assert_eq!(real, modelled);
+    assert_eq!(real[5].rules[0].remaining, 4);
+    let last = &real[5];
+    let under = &last.overrides[0].text;
+    assert_eq!(under, &faster.to_text());
+    let given = |under| Charge {
+        check: check[0].0,
+        id: vec!["a"],
+        mark: mark(last),
+        under,
+    };
+    let call = ScriptCall::refund(&[given(under.as_str())], Some(T0));
+    let back = run(&b.client, &call, BUDGET).await.expect("a refund");
+    assert_eq!(back, Reply::Refunded(vec![true]));
+    assert_eq!(model.refund(&[given("")], T0), [true]);
+    // One unit back, not the six charged at a tenth of the configured interval.
+    assert_eq!(left(&b, &rule, "a", Some(T0)).await, 5);
+    assert_eq!(
+        model
+            .decide(
+                &[(
+                    Check {
+                        rule: &rule,
+                        cost: 0
+                    },
+                    vec!["a"]
+                )],
+                T0
+            )
+            .rules[0]
+            .remaining,
+        5
+    );
 }

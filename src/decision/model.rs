@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::{
     decision::{
-        protocol::Check,
+        protocol::{Charge, Check},
         verdict::{
             Decision, OverrideRead, OverrideSource, RequestVerdict, Retry, RuleState, Verdict,
         },
@@ -43,6 +43,9 @@ pub struct Model {
     overrides: HashMap<Client, String>,
     /// Each rule's override for every client, as the caller passes it.
     rule_wide: HashMap<String, String>,
+    /// The interval (us) each GCRA charge with a refund mark was made at,
+    /// by client and mark: a refund gives back that, whatever holds since.
+    charged_at_us: HashMap<(Client, u64), u64>,
 }
 
 /// What an override does, as the model reads its text: the README's
@@ -74,7 +77,7 @@ fn read_override(text: &str, rule: &Rule) -> Option<ModelOverride> {
     match (words[1], &rule.policy, numbers.as_slice()) {
         ("block", _, []) => Some(ModelOverride::Block),
         ("gcra", Policy::Gcra(_), &[rate, period_ms, burst, interval_us]) => {
-            let rounded = (period_ms * 1000 + rate / 2) / rate;
+            let rounded = emission_us(rate, period_ms);
             let fits = rate <= period_ms * 1000
                 && period_ms <= 366 * 86_400_000
                 && burst <= 1_000_000_000
@@ -91,6 +94,12 @@ fn read_override(text: &str, rule: &Rule) -> Option<ModelOverride> {
             .then(|| ModelOverride::Limits(limits.to_vec())),
         _ => None,
     }
+}
+
+/// The emission interval of `rate` per `period_ms`: period / rate, to the
+/// nearest microsecond.
+fn emission_us(rate: u64, period_ms: u64) -> u64 {
+    (period_ms * 1000 + rate / 2) / rate
 }
 
 /// One rule's standing as the model works it out, before it is written
@@ -280,17 +289,21 @@ impl Model {
     /// left), and a windowed charge's cost out of the bucket it was counted
     /// in, in each window that still counts that bucket. Whether anything
     /// was given back, per charge.
-    pub fn refund(&mut self, charges: &[(Check<'_>, Vec<&str>, u64)], now_ms: u64) -> Vec<bool> {
+    pub fn refund(&mut self, charges: &[Charge<'_>], now_ms: u64) -> Vec<bool> {
         charges
             .iter()
-            .map(|(c, id, mark)| {
+            .map(|charge| {
+                let (c, id, mark) = (&charge.check, &charge.id, &charge.mark);
                 let client: Client = (
                     c.rule.name.clone(),
                     id.iter().map(|p| p.to_string()).collect(),
                 );
                 match &c.rule.policy {
                     Policy::Gcra(g) => {
-                        let interval = (g.period_ms() * 1000 + g.rate() / 2) / g.rate();
+                        let charged = self.charged_at_us.get(&(client.clone(), *mark));
+                        let interval = charged
+                            .copied()
+                            .unwrap_or_else(|| emission_us(g.rate(), g.period_ms()));
                         let now = now_ms * 1000;
                         let Some(tat) = self.tats.get(&client).copied().filter(|t| *t > now) else {
                             return false;
@@ -393,7 +406,14 @@ impl Model {
                 let rule = checks[i].0.rule;
                 let mark = match (write, &rule.policy) {
                     _ if rule.count_status.is_empty() => None,
-                    (Some(Write::Tat(tat)), _) => Some(*tat),
+                    (Some(Write::Tat(tat)), _) => {
+                        if let Policy::Gcra(g) = &read[i].0.policy {
+                            let key = (clients[i].clone(), *tat);
+                            self.charged_at_us
+                                .insert(key, emission_us(g.rate(), g.period_ms()));
+                        }
+                        Some(*tat)
+                    }
                     (Some(Write::Buckets(_)), Policy::Windowed(ws)) => {
                         let longest = ws.iter().map(|w| w.duration_ms()).max().unwrap_or(1);
                         let key = documented_key(&clients[i].0, &clients[i].1);
@@ -500,7 +520,7 @@ impl Model {
         cost: u64,
         now_ms: u64,
     ) -> (ModelState, Option<Write>) {
-        let interval = (period_ms * 1000 + rate / 2) / rate;
+        let interval = emission_us(rate, period_ms);
         let tolerance = interval * burst;
         let now = now_ms * 1000;
         let tat = self.tats.get(client).copied().unwrap_or(0).max(now);

@@ -14,6 +14,7 @@ use super::{
     verdict::{Decision, Grant, OverrideRead, OverrideSource, Retry, RuleState, Verdict},
 };
 use crate::rules::{
+    overrides::Override,
     policy::{Gcra, Policy, Window, Windows},
     rule::{Mode, Rule},
 };
@@ -285,6 +286,24 @@ pub enum ScriptCall {
     Read(Vec<String>),
 }
 
+/// A charge to give back after a response: the rule and client it was
+/// made for and its units, the refund mark its decision replied with, and
+/// the override it was made under. A GCRA charge is given back at the
+/// interval it was made at, or a raised rate's refund would erase other
+/// requests' charges.
+#[derive(Debug, Clone)]
+pub struct Charge<'a> {
+    /// The rule and the units charged.
+    pub check: Check<'a>,
+    /// The client's identifier parts.
+    pub id: Vec<&'a str>,
+    /// The decision's refund mark for the rule.
+    pub mark: u64,
+    /// The text of the override the decision applied to the rule (see
+    /// `rules::overrides`); empty for none.
+    pub under: &'a str,
+}
+
 /// Refundable charges to give back, each rule with the mark its decision
 /// replied with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -423,12 +442,17 @@ impl ScriptCall {
         ScriptCall::Decide(General::new(checks, leases, now_ms))
     }
 
-    /// Gives back the charges of `checks`, each with the refund mark its
-    /// decision replied with.
-    pub fn refund(checks: &[(Check<'_>, Vec<&str>, u64)], now_ms: Option<u64>) -> ScriptCall {
-        let rules = checks
+    /// Gives back `charges`, each at the figures it was charged under.
+    pub fn refund(charges: &[Charge<'_>], now_ms: Option<u64>) -> ScriptCall {
+        let rules = charges
             .iter()
-            .map(|(c, id, mark)| (RuleArgs::new(c.rule, c.cost, id), *mark))
+            .map(|c| {
+                let mut args = RuleArgs::new(c.check.rule, c.check.cost, &c.id);
+                if let Some(Override::Figures(figures)) = Override::parse(c.under, &args.policy) {
+                    args.policy = figures;
+                }
+                (args, c.mark)
+            })
             .collect();
         ScriptCall::Refund(Refund { now_ms, rules })
     }
@@ -1149,10 +1173,13 @@ mod tests {
         )
         .is_err());
 
-        let refund = ScriptCall::refund(
-            &[(check(1).0, vec!["a"], 7), (check(0).0, vec!["a"], 9)],
-            None,
-        );
+        let charge = |i: usize, mark: u64| Charge {
+            check: check(i).0,
+            id: vec!["a"],
+            mark,
+            under: "",
+        };
+        let refund = ScriptCall::refund(&[charge(1, 7), charge(0, 9)], None);
         assert_eq!(refund.entry(), Entry::Refund);
         assert_eq!(refund.keys(), ["el:{a}:login", "el:{a}:ip"]);
         let offset = window_offset("el:{a}:login", 60_000).to_string();

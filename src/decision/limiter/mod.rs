@@ -14,7 +14,7 @@ use super::{
     keys::redis_key,
     leases::Leases,
     protocol::{
-        override_key, penalty_key, rule_wide_key, run, Check, LeaseAsk, Reply, ScriptCall,
+        override_key, penalty_key, rule_wide_key, run, Charge, Check, LeaseAsk, Reply, ScriptCall,
         ScriptError, ScriptRunner,
     },
     rule_wide::RuleWide,
@@ -114,24 +114,51 @@ pub struct RefundRule {
     pub cost: u64,
     /// What the decision replied for the charge (see `lua/limiter.lua`).
     pub mark: u64,
+    /// The override the charge was made under (its text; empty for none).
+    pub under: String,
+}
+
+impl RefundRule {
+    /// The charge `decision` replied `mark` for on its rule `i`: `rule`,
+    /// for client `id`, of `cost` units, under the override it read.
+    pub fn of(
+        decision: &Decision,
+        i: usize,
+        mark: u64,
+        rule: RuleId,
+        id: Vec<String>,
+        cost: u64,
+    ) -> RefundRule {
+        let under = decision
+            .overrides
+            .iter()
+            .find(|o| o.rule == i && o.source != OverrideSource::None)
+            .map(|o| o.text.clone())
+            .unwrap_or_default();
+        RefundRule {
+            rule,
+            id,
+            cost,
+            mark,
+            under,
+        }
+    }
 }
 
 impl PendingRefund {
     /// The charges to give back after an answer of `status`: those of rules
-    /// that do not count it, as script checks with their marks, ready for
-    /// [`ScriptCall::refund`]; rules `config` lacks are left out.
-    pub fn uncounted<'a>(
-        &'a self,
-        config: &'a Config,
-        status: u16,
-    ) -> Vec<(Check<'a>, Vec<&'a str>, u64)> {
+    /// that do not count it, ready for [`ScriptCall::refund`]; rules
+    /// `config` lacks are left out.
+    pub fn uncounted<'a>(&'a self, config: &'a Config, status: u16) -> Vec<Charge<'a>> {
         self.rules
             .iter()
             .filter_map(|r| {
                 let rule = config.rule(r.rule)?;
-                (!rule.count_status.contains(&status)).then(|| {
-                    let check = Check { rule, cost: r.cost };
-                    (check, r.id.iter().map(String::as_str).collect(), r.mark)
+                (!rule.count_status.contains(&status)).then(|| Charge {
+                    check: Check { rule, cost: r.cost },
+                    id: r.id.iter().map(String::as_str).collect(),
+                    mark: r.mark,
+                    under: &r.under,
                 })
             })
             .collect()
@@ -279,7 +306,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             return vec![];
         }
         let call = ScriptCall::refund(&charges, None);
-        let budget = budget_of(charges.iter().map(|(c, _, _)| c.rule));
+        let budget = budget_of(charges.iter().map(|c| c.check.rule));
         match run(self.store, &call, budget).await {
             Ok(Reply::Refunded(_)) => vec![],
             // A refund call's reply decodes as a refund's or fails; a
@@ -444,12 +471,9 @@ impl<'c> Selection<'c, '_> {
             .iter()
             .filter_map(|&(i, mark)| {
                 let (rule_id, rule, id) = self.rules.get(i)?;
-                Some(RefundRule {
-                    rule: *rule_id,
-                    id: id.iter().map(|p| p.to_string()).collect(),
-                    cost: rule.cost.for_methods(methods),
-                    mark,
-                })
+                let id = id.iter().map(|p| p.to_string()).collect();
+                let cost = rule.cost.for_methods(methods);
+                Some(RefundRule::of(decision, i, mark, *rule_id, id, cost))
             })
             .collect();
         (!rules.is_empty()).then_some(PendingRefund { rules })
@@ -494,7 +518,7 @@ fn budget_of<'a>(rules: impl Iterator<Item = &'a Rule>) -> Duration {
 
 /// One `refund_failed` event per charge a failed refund call kept.
 fn refund_failed(
-    charges: &[(Check<'_>, Vec<&str>, u64)],
+    charges: &[Charge<'_>],
     call: &ScriptCall,
     status: u16,
     error: &ScriptError,
@@ -502,11 +526,11 @@ fn refund_failed(
     charges
         .iter()
         .zip(call.rule_keys())
-        .map(|((check, _, _), key)| Event {
+        .map(|(charge, key)| Event {
             status: Some(status),
             key: Some(key.to_owned()),
             error: Some(error.to_string()),
-            ..Event::new(Action::RefundFailed, &check.rule.name)
+            ..Event::new(Action::RefundFailed, &charge.check.rule.name)
         })
         .collect()
 }
@@ -829,6 +853,38 @@ mod tests {
             .error
             .as_deref()
             .is_some_and(|e| e.contains("outside the protocol")));
+    }
+
+    /// A charge made under a client's override goes back at the override's
+    /// figures: the refund call carries its interval, not the rule's.
+    #[test]
+    fn a_refund_carries_the_figures_its_charge_was_made_under() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "login", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1m",
+             "burst": 10, "count_status": [401], "overrides": true}
+        ]}))
+        .unwrap();
+        let faster = "v1 gcra 10 60000 10 6000000";
+        // Six fields, the refund mark, then the override read: the client's.
+        let store = fake(Ok(json!([1, 10, 9, 6000, 0, 1, 12_345, 1, 0, faster])));
+        let out = once(&c, &store, "/");
+        let pending = out.refund.expect("a refund for after the response");
+        assert_eq!(pending.rules[0].under, faster);
+        let limiter = Limiter {
+            config: &c,
+            store: &store,
+            cache: &RefCell::new(BlockCache::new(HOLD)),
+            leases: &RefCell::new(Leases::new()),
+            wide: &RefCell::new(RuleWide::new()),
+            pinned: false,
+        };
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(limiter.refund(&pending, 200));
+        let sent = last(&store).args;
+        assert_eq!(sent[..4], ["refund", "", "gcra", "1"]);
+        assert_eq!(sent[4], "6000000", "{sent:?}");
     }
 
     #[test]

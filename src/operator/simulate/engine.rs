@@ -17,7 +17,7 @@ use super::resp;
 use crate::decision::{
     keys::redis_key,
     model::Model,
-    protocol::{override_key, Check, Reply, ScriptCall, LIMITER},
+    protocol::{override_key, Charge, Check, Reply, ScriptCall, LIMITER},
     rule_wide::RuleWide,
     verdict::Decision,
 };
@@ -44,7 +44,7 @@ pub struct Planned {
 }
 
 /// Charges to give back, each with the refund mark its decision replied.
-pub type Refunds<'a> = [(Check<'a>, Vec<&'a str>, u64)];
+pub type Refunds<'a> = [Charge<'a>];
 
 /// Why the engine could not decide.
 #[derive(Debug)]

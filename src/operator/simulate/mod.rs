@@ -433,12 +433,7 @@ fn finish_batch(
                 .iter()
                 .filter_map(|&(i, mark)| {
                     let (rule, id, cost) = rules.get(i)?.clone();
-                    Some(RefundRule {
-                        rule,
-                        id,
-                        cost,
-                        mark,
-                    })
+                    Some(RefundRule::of(&decision, i, mark, rule, id, cost))
                 })
                 .collect(),
         };
