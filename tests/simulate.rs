@@ -620,6 +620,8 @@ fn a_plan_of_overrides_is_tried_on_a_log() {
         json!(0),
         "{report}"
     );
+    // Checked against the figures in force: the plan's, not the rule's.
+    assert_eq!(report["isolates"]["over_limit"], json!(0), "{report}");
     std::fs::write(&plan, "{\"rule\": \"g\", \"rate\": 0}\n").unwrap();
     let out = under_plan(&[]);
     assert!(!out.status.success());

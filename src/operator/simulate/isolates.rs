@@ -32,7 +32,11 @@ use crate::{
         redis_rest::{RestError, Script},
         rule_wide::RuleWide,
     },
-    rules::{config::Config, rule::RuleId},
+    rules::{
+        config::Config,
+        overrides::Override,
+        rule::{Rule, RuleId},
+    },
 };
 
 /// The script on a private redis-server, one call at a time, counted.
@@ -107,8 +111,10 @@ pub struct IsolatesReplay<'c> {
     runner: SocketRunner,
     caches: Vec<RefCell<BlockCache>>,
     leases: Vec<RefCell<Leases>>,
-    /// No rule-wide overrides: a replay has no operator.
+    /// The plan's rule-wide overrides, held for the whole replay.
     wide: RefCell<RuleWide>,
+    /// The plan's overrides, whose figures the charges are checked against.
+    planned: Vec<Planned>,
     runtime: tokio::runtime::Runtime,
     /// What each rule charged each client: (time, cost), in time order.
     charged: HashMap<(RuleId, String), Vec<(u64, u64)>>,
@@ -131,6 +137,7 @@ impl<'c> IsolatesReplay<'c> {
                 .collect(),
             leases: (0..isolates).map(|_| RefCell::new(Leases::new())).collect(),
             wide: RefCell::new(RuleWide::new()),
+            planned: vec![],
             runtime,
             charged: HashMap::new(),
             report: IsolatesReport {
@@ -143,6 +150,7 @@ impl<'c> IsolatesReplay<'c> {
     /// Puts `overrides` in force: clients' in this replay's Redis, the
     /// rules' in every isolate's copy, as if just read.
     pub fn set_overrides(&mut self, overrides: &[Planned]) -> Result<(), EngineError> {
+        self.planned.extend_from_slice(overrides);
         for o in overrides {
             match &o.client {
                 Some(id) => {
@@ -222,15 +230,38 @@ impl<'c> IsolatesReplay<'c> {
     }
 
     /// The report, once every record was replayed: each client's charges
-    /// checked against its rule.
+    /// checked against the figures in force for it.
     pub fn finish(mut self) -> IsolatesReport {
         for ((rule_id, key), charged) in &self.charged {
-            if let Some(rule) = self.config.rule(*rule_id) {
-                let offset = window_offset(key, rule.policy.longest_ms());
-                self.report.over_limit += conform::over_limit(&rule.policy, offset, charged);
-            }
+            let Some(rule) = self.config.rule(*rule_id) else {
+                continue;
+            };
+            let offset = window_offset(key, rule.policy.longest_ms());
+            self.report.over_limit += match self.in_force(rule, key) {
+                Some(Override::Figures(figures)) => conform::over_limit(&figures, offset, charged),
+                // A blocked client may be charged nothing.
+                Some(Override::Block) => charged.len() as u64,
+                None => conform::over_limit(&rule.policy, offset, charged),
+            };
         }
         self.report
+    }
+
+    /// The plan's override for the client of state key `key` on `rule`:
+    /// its own, else the rule's for every client.
+    fn in_force(&self, rule: &Rule, key: &str) -> Option<Override> {
+        let of = |o: &&Planned| match &o.client {
+            Some(id) => {
+                let parts: Vec<&str> = id.iter().map(String::as_str).collect();
+                redis_key(&rule.name, &parts) == key
+            }
+            None => false,
+        };
+        let mine = self.planned.iter().filter(|o| o.rule == rule.name);
+        let own = mine.clone().find(of);
+        let wide = mine.clone().find(|o| o.client.is_none());
+        own.or(wide)
+            .and_then(|o| Override::parse(&o.text, &rule.policy))
     }
 }
 
