@@ -25,12 +25,14 @@ pub struct RedisServer {
     child: Option<Child>,
     /// A durable server's data directory, removed on drop.
     dir: Option<PathBuf>,
+    /// A cluster node's directory (its nodes.conf), removed on drop.
+    cluster: Option<PathBuf>,
 }
 
 impl RedisServer {
     /// Starts a server and waits until it answers.
     pub fn start() -> RedisServer {
-        RedisServer::start_with(false)
+        RedisServer::start_with(false, false)
     }
 
     /// Starts a server with an append-only file synced on every write, in a
@@ -39,26 +41,49 @@ impl RedisServer {
     /// [`RedisServer::restart`], so that a test can tell a count the
     /// limiter lost from one Redis forgot.
     pub fn start_durable() -> RedisServer {
-        RedisServer::start_with(true)
+        RedisServer::start_with(true, false)
     }
 
-    fn start_with(durable: bool) -> RedisServer {
+    /// Starts a one-node Redis Cluster that holds every slot, and waits
+    /// until it serves commands: like any cluster it refuses a command, or
+    /// a script, whose keys lie in more than one slot (`CROSSSLOT`).
+    pub fn start_cluster() -> RedisServer {
+        let server = RedisServer::start_with(false, true);
+        let addr = server.addr();
+        redis_call(&addr, &["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        while !redis_call(&addr, &["CLUSTER", "INFO"])
+            .to_string()
+            .contains("cluster_state:ok")
+        {
+            assert!(Instant::now() < deadline, "the cluster did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    fn start_with(durable: bool, cluster: bool) -> RedisServer {
         let mut last_error = String::new();
         // Another process may take the port between our probe and Redis's bind.
         for _ in 0..5 {
             let port = free_port();
-            let dir = durable.then(|| {
-                let dir = std::env::temp_dir()
-                    .join(format!("edge-limiter-redis-{}-{port}", std::process::id()));
+            let dir_of = |kind: &str| {
+                let dir = std::env::temp_dir().join(format!(
+                    "edge-limiter-redis-{kind}-{}-{port}",
+                    std::process::id()
+                ));
                 std::fs::create_dir_all(&dir).expect("redis data directory");
                 dir
-            });
-            match spawn_redis(port, dir.as_deref()) {
+            };
+            let dir = durable.then(|| dir_of("data"));
+            let cluster = cluster.then(|| dir_of("cluster"));
+            match spawn_redis(port, dir.as_deref(), cluster.as_deref()) {
                 Ok(child) => {
                     return RedisServer {
                         port,
                         child: Some(child),
                         dir,
+                        cluster,
                     }
                 }
                 Err(e) => last_error = e,
@@ -109,7 +134,7 @@ impl RedisServer {
         self.stop();
         let mut last_error = String::new();
         for _ in 0..20 {
-            match spawn_redis(self.port, self.dir.as_deref()) {
+            match spawn_redis(self.port, self.dir.as_deref(), self.cluster.as_deref()) {
                 Ok(child) => {
                     self.child = Some(child);
                     return;
@@ -128,7 +153,7 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
-        if let Some(dir) = &self.dir {
+        for dir in self.dir.iter().chain(&self.cluster) {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
@@ -281,8 +306,9 @@ pub fn wrangler_dev(dir: &Path, port: u16, log_level: &str) -> Command {
 }
 
 /// Starts redis-server on `port`, keeping an append-only file (synced on
-/// every write) in `dir` if given, and waits until it serves commands.
-fn spawn_redis(port: u16, dir: Option<&Path>) -> Result<Child, String> {
+/// every write) in `dir` if given, as a cluster node keeping its
+/// nodes.conf in `cluster` if given, and waits until it serves commands.
+fn spawn_redis(port: u16, dir: Option<&Path>, cluster: Option<&Path>) -> Result<Child, String> {
     let bin = std::env::var_os("REDIS_SERVER_BIN").unwrap_or_else(|| "redis-server".into());
     let mut cmd = Command::new(&bin);
     cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
@@ -293,6 +319,10 @@ fn spawn_redis(port: u16, dir: Option<&Path>) -> Result<Child, String> {
             .arg(dir),
         None => cmd.args(["--appendonly", "no"]),
     };
+    if let Some(cluster) = cluster {
+        cmd.args(["--cluster-enabled", "yes", "--cluster-config-file"])
+            .arg(cluster.join("nodes.conf"));
+    }
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -41,6 +41,11 @@ impl Backend {
         Backend::on(RedisServer::start_durable())
     }
 
+    /// On a one-node Redis Cluster, which refuses keys of several slots.
+    pub fn start_cluster() -> Backend {
+        Backend::on(RedisServer::start_cluster())
+    }
+
     fn on(redis: RedisServer) -> Backend {
         let endpoint = Endpoint::start(&redis.addr(), TOKEN);
         let client = RestClient::new(&endpoint.url(), TOKEN).unwrap();

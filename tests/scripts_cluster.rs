@@ -1,0 +1,95 @@
+//! The script on Redis Cluster (issue 25: overrides read in the decision's
+//! own call keep a cluster working). A one-node cluster holding every slot
+//! refuses, as any cluster does, a script whose keys lie in more than one
+//! slot. Every call the worker makes for one client runs there: its rules
+//! keyed on the same identifier, with a penalty, a lease, a refund and its
+//! override keys, a lone rule with its override key, the rule-wide read and
+//! a reset. Rules keyed on different identifiers do not, as the README's
+//! cluster section says: the check is real.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod support;
+
+use edge_limiter::{
+    decision::{
+        keys::redis_key,
+        protocol::{override_key, rule_wide_key, run, Charge, Check, LeaseAsk, Reply, ScriptCall},
+    },
+    rules::{overrides::Override, rule::Rule},
+};
+use serde_json::json;
+use support::{rules, Backend, BUDGET};
+
+async fn answered(b: &Backend, call: &ScriptCall) -> Reply {
+    run(&b.client, call, BUDGET)
+        .await
+        .unwrap_or_else(|e| panic!("{call:?}: {e}"))
+}
+
+fn unit<'a>(rule: &'a Rule, id: &'a str) -> (Check<'a>, Vec<&'a str>) {
+    (Check { rule, cost: 1 }, vec![id])
+}
+
+#[tokio::test]
+async fn every_call_for_one_client_runs_on_a_cluster() {
+    let b = Backend::start_cluster();
+    let r = rules(json!([
+        {"name": "g", "key": ["header:x-api-key"], "algorithm": "gcra", "rate": 10,
+         "period": "1s", "burst": 20, "overrides": true, "penalty": "1m", "lease": 4},
+        {"name": "w", "key": ["header:x-api-key"], "algorithm": "windowed",
+         "windows": [["1s", 10, "100ms"], ["1m", 100, "1s"]], "overrides": true,
+         "count_status": [401]},
+        {"name": "per-ip", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1s"},
+        {"name": "lone", "key": ["header:x-api-key"], "algorithm": "gcra", "rate": 1,
+         "period": "1s", "overrides": true}
+    ]));
+    let raised = Override::windows(&r[1].policy, &[20, 200]).unwrap();
+    b.redis(&[
+        "SET",
+        &override_key(&redis_key("w", &["k-1"])),
+        &raised.to_text(),
+    ]);
+
+    // Both rules of the client, a lease asked for, the override keys read.
+    let both = [unit(&r[0], "k-1"), unit(&r[1], "k-1")];
+    let lease = LeaseAsk {
+        rule: 0,
+        units: 2,
+        for_ms: 100,
+    };
+    let call = ScriptCall::decide_leasing(&both, vec![lease], None);
+    let decision = answered(&b, &call).await.decision().unwrap();
+    assert!(decision.admitted(), "{decision:?}");
+    assert_eq!(decision.rules[1].limit, 20, "the client's override applied");
+    // Its refund, under the override it was charged under.
+    let [(1, mark)] = decision.refund_marks[..] else {
+        panic!("one refund mark: {decision:?}");
+    };
+    let text = raised.to_text();
+    let charge = Charge {
+        check: both[1].0,
+        id: vec!["k-1"],
+        mark,
+        under: &text,
+    };
+    let refund = ScriptCall::refund(&[charge], None);
+    assert_eq!(answered(&b, &refund).await, Reply::Refunded(vec![true]));
+    // A lone rule with its override key; the rule-wide read; a reset.
+    let lone = ScriptCall::decide(&[unit(&r[3], "k-1")], None);
+    assert!(matches!(&lone, ScriptCall::OneRule(o) if o.override_key.is_some()));
+    assert!(answered(&b, &lone).await.decision().unwrap().admitted());
+    b.redis(&[
+        "SET",
+        &override_key(&redis_key("lone", &["k-1"])),
+        "v1 block",
+    ]);
+    assert!(!answered(&b, &lone).await.decision().unwrap().admitted());
+    answered(&b, &ScriptCall::Read(vec![rule_wide_key("g")])).await;
+    let reset = ScriptCall::reset(&[(&r[0], vec!["k-1"]), (&r[1], vec!["k-1"])]);
+    assert!(matches!(answered(&b, &reset).await, Reply::Removed(n) if n >= 2));
+
+    // Keyed on two identifiers: two slots, which the cluster refuses.
+    let two = ScriptCall::decide(&[unit(&r[0], "k-1"), unit(&r[2], "198.51.100.7")], None);
+    let refused = run(&b.client, &two, BUDGET).await.unwrap_err().to_string();
+    assert!(refused.contains("CROSSSLOT"), "{refused}");
+}
