@@ -25,20 +25,24 @@
 -- function is built and read ARGV and redis.call through these aliases; no
 -- function uses them, so no closure captures them.
 local argv, call, args = ARGV, redis.call, #ARGV
+-- A lone windowed rule's ARGV (more than 3): its offset, n x (duration,
+-- limit, precision), then its cost when it is not 1. Its n, and its cost
+-- as text.
+local lone_n, lone_cost = 0, '1'
+if args > 3 then
+  lone_n = (args - 1 - (args - 1) % 3) / 3
+  if (args - 1) % 3 == 1 then
+    lone_cost = argv[args]
+  end
+end
 
 -- A lone rule that takes overrides sends its override key as KEYS[2].
 -- With none stored its one-rule path decides it; with one, ARGV becomes
 -- the general decision's with an override read, which applies it.
 if #KEYS == 2 and tonumber(argv[1]) and call('EXISTS', KEYS[2]) == 1 then
-  local rule, extra = nil, (args - 1) % 3
-  if args <= 3 then
-    rule = { 'gcra', argv[3] or '1', argv[1], argv[2] }
-  else
-    local cost = '1'
-    if extra == 1 then
-      cost = argv[args]
-    end
-    rule = { 'window', cost, argv[1], tostring((args - 1 - extra) / 3), unpack(argv, 2, args - extra) }
+  local rule = { 'gcra', argv[3] or '1', argv[1], argv[2] }
+  if args > 3 then
+    rule = { 'window', lone_cost, argv[1], tostring(lone_n), unpack(argv, 2, 1 + 3 * lone_n) }
   end
   local general = { 'decide', '', 'e', unpack(rule) }
   for _, word in ipairs({ 'override', '1', '1', '', '-1' }) do

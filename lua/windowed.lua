@@ -55,10 +55,7 @@
 local one_rule = args > 3 and argv[1] ~= 'decide' and argv[1] ~= 'reset' and argv[1] ~= 'refund'
 if one_rule then
   -- The windows' figures stay text: they are joined into field names.
-  local key, cost = KEYS[1], '1'
-  if args % 3 == 2 then
-    cost = argv[args]
-  end
+  local key, cost = KEYS[1], lone_cost
   local pttl = call('PTTL', key)
   if pttl > 0 and cost ~= '0' then
     -- A value that is no integer (not ours) makes HINCRBY fail: pcall.
@@ -80,7 +77,7 @@ if one_rule then
         call('HINCRBY', key, 'u', -cost)
       end
     else
-      local state = call('HMGET', key, table.concat(argv, '/', 2, args - (args - 1) % 3), 'e', 'b')
+      local state = call('HMGET', key, table.concat(argv, '/', 2, 1 + 3 * lone_n), 'e', 'b')
       local v, e, b = tonumber(state[1]), tonumber(state[2]), tonumber(state[3])
       local u = v and e and b and pttl > v and redis.pcall('HINCRBY', key, 'u', cost)
       if type(u) == 'number' then
@@ -408,11 +405,7 @@ end
 
 -- A lone rule that the path at the top of this file did not decide.
 if one_rule then
-  local extra = (args - 1) % 3
-  local windows, offset_ms, cost = (args - 1 - extra) / 3, ARGV[1] + 0, 1
-  if extra == 1 then
-    cost = ARGV[args] + 0
-  end
+  local windows, offset_ms, cost = lone_n, ARGV[1] + 0, lone_cost + 0
   local allowed, limit, remaining, reset_after_ms, retry_after_ms, binding, write =
     windowed_check(KEYS[1], nil, cost, offset_ms, 2, windows)
   if write then
