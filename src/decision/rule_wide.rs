@@ -54,8 +54,8 @@ impl RuleWide {
 
     /// Whether `rule`'s copy is due a read at `now_ms` (never read, older
     /// than [`REREAD_MS`], or [`RETRY_MS`] after a failed read) with none
-    /// in flight: then one starts,
-    /// which [`RuleWide::keep`] or [`RuleWide::failed`] ends.
+    /// in flight: then one starts, which [`RuleWide::keep`] or
+    /// [`RuleWide::failed`] ends.
     pub fn start_read(&mut self, rule: &str, now_ms: u64) -> bool {
         let at = match self.held.iter().position(|h| h.rule == rule) {
             Some(at) => at,
