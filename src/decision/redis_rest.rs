@@ -205,7 +205,7 @@ impl RestClient {
 
 impl RestError {
     /// The error with `secret` blanked out of every text it carries, each
-    /// text then cut to [`BODY_EXCERPT`] characters: an endpoint or proxy
+    /// text then cut to 200 characters (`BODY_EXCERPT`): an endpoint or proxy
     /// that echoes the request (Authorization header included) in its error
     /// must not get the token, or unbounded text, into the log.
     pub fn redacted(self, secret: &str) -> RestError {

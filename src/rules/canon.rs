@@ -80,7 +80,7 @@ fn has_escape(input: &[u8]) -> bool {
     })
 }
 
-/// Percent-escapes decoded, up to [`DECODE_PASSES`] times, as bytes, and
+/// Percent-escapes decoded, up to 3 times (`DECODE_PASSES`), as bytes, and
 /// cut at the first NUL byte (see [`before_nul_bytes`]).
 pub fn percent_decoded(raw: &str) -> Cow<'_, [u8]> {
     let mut bytes = Cow::Borrowed(raw.as_bytes());
