@@ -302,3 +302,63 @@ async fn a_charge_goes_back_at_the_interval_it_was_made_at() {
         5
     );
 }
+
+/// The same for windows: a charge made under a client's raised limits
+/// goes back into the windows it was counted in, and the client then
+/// stands where the model says, on Redis's clock as on a pinned one.
+#[tokio::test]
+async fn a_window_charge_goes_back_under_its_override() {
+    let b = Backend::start();
+    let rule = rules(
+        json!([{"name": "pages", "key": ["ip"], "algorithm": "windowed",
+        "windows": [["1m", 4, "1s"], ["1h", 40, "1m"]], "count_status": [401],
+        "overrides": true}]),
+    )
+    .remove(0);
+    let raised = Override::windows(&rule.policy, &[8, 80]).unwrap();
+    let text = raised.to_text();
+    for (id, now_ms) in [("pinned", Some(T0)), ("live", None)] {
+        b.redis(&["SET", &format!("el:{{{id}}}:pages:o"), &text]);
+        let mut model = Model::new();
+        model.set_override("pages", &[id], Some(&text));
+        let check = [(
+            Check {
+                rule: &rule,
+                cost: 1,
+            },
+            vec![id],
+        )];
+        let mut last = None;
+        for _ in 0..6 {
+            let d = charge(&b, &rule, id, now_ms).await;
+            assert!(d.admitted(), "{id}: under the raised limit of 8: {d:?}");
+            if now_ms.is_some() {
+                assert_eq!(d, model.decide(&check, T0));
+            }
+            last = Some(d);
+        }
+        let last = last.unwrap();
+        let given = Charge {
+            check: check[0].0,
+            id: vec![id],
+            mark: mark(&last),
+            under: &text,
+        };
+        let call = ScriptCall::refund(&[given.clone()], now_ms);
+        let back = run(&b.client, &call, BUDGET).await.expect("a refund");
+        assert_eq!(back, Reply::Refunded(vec![true]), "{id}");
+        // Six charged, one given back: 3 of 8 left in the minute.
+        assert_eq!(left(&b, &rule, id, now_ms).await, 3, "{id}");
+        if now_ms.is_some() {
+            assert_eq!(model.refund(&[given], T0), [true]);
+            let peek = [(
+                Check {
+                    rule: &rule,
+                    cost: 0,
+                },
+                vec![id],
+            )];
+            assert_eq!(model.decide(&peek, T0).rules[0].remaining, 3);
+        }
+    }
+}
