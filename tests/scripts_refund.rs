@@ -344,7 +344,7 @@ async fn a_window_charge_goes_back_under_its_override() {
             mark: mark(&last),
             under: &text,
         };
-        let call = ScriptCall::refund(&[given.clone()], now_ms);
+        let call = ScriptCall::refund(std::slice::from_ref(&given), now_ms);
         let back = run(&b.client, &call, BUDGET).await.expect("a refund");
         assert_eq!(back, Reply::Refunded(vec![true]), "{id}");
         // Six charged, one given back: 3 of 8 left in the minute.
