@@ -335,3 +335,35 @@ async fn leased_requests_show_the_override_they_were_granted_under() {
         "{policies:?}"
     );
 }
+
+const WINDOWED: &str = r#"
+[vars.LIMITER]
+cache_hold = "1s"
+
+[[vars.LIMITER.rules]]
+name = "pages"
+key = ["header:x-api-key"]
+algorithm = "windowed"
+windows = [["1m", 2, "1s"]]
+overrides = true
+"#;
+
+/// A lone windowed rule reads its client's override on its one-rule path:
+/// the client's raised limit holds from its next request, in its headers
+/// too, and no other client's.
+#[tokio::test]
+async fn a_lone_windowed_rule_takes_its_clients_override() {
+    let stack = Stack::start(WINDOWED);
+    let w = &stack.worker;
+    limit(w, &["set", "pages", "partner", "--limit", "5"]);
+    assert_eq!(
+        statuses(w, "partner", 6).await,
+        [200, 200, 200, 200, 200, 429]
+    );
+    assert_eq!(statuses(w, "other", 3).await, [200, 200, 429]);
+    let r = get(w, "fresh").await;
+    assert_eq!(header(&r, "RateLimit-Policy"), Some("\"pages\";q=2;w=60"));
+    limit(w, &["set", "pages", "fresh", "--limit", "5"]);
+    let r = get(w, "fresh").await;
+    assert_eq!(header(&r, "RateLimit-Policy"), Some("\"pages\";q=5;w=60"));
+}
