@@ -464,12 +464,7 @@ mod cli {
                 .transpose()?,
             _ => None,
         };
-        let dev_vars = std::fs::read_to_string(".dev.vars").ok();
-        let (url, token) = inspect::settings(|k| std::env::var(k).ok(), dev_vars.as_deref())?;
-        let client = RestClient::new(&url, &token)?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
+        let (client, runtime) = connect()?;
         let found: Vec<limits::Stored> = match (&command, what) {
             (LimitCommand::Set(_), Some(what)) => {
                 vec![runtime.block_on(limits::set(&client, rule, &values, &what, lasting))?]
@@ -552,18 +547,25 @@ mod cli {
         Override::gcra(&rule.policy, set.rate, period, set.burst).map_err(refuse)
     }
 
-    fn client_command(args: ClientArgs, reset: bool) -> Result<(), Failure> {
-        let config = args.from.rules()?;
-        let rule = inspect::find_rule(&config, &args.rule)?;
-        let values: Vec<&str> = args.values.iter().map(String::as_str).collect();
-        // Wrong values fail before any setting is needed.
-        inspect::identifier(rule, &values)?;
+    /// A client for the REST endpoint the environment (or `.dev.vars` here)
+    /// names, and a runtime to run its calls on.
+    fn connect() -> Result<(RestClient, tokio::runtime::Runtime), Failure> {
         let dev_vars = std::fs::read_to_string(".dev.vars").ok();
         let (url, token) = inspect::settings(|k| std::env::var(k).ok(), dev_vars.as_deref())?;
         let client = RestClient::new(&url, &token)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        Ok((client, runtime))
+    }
+
+    fn client_command(args: ClientArgs, reset: bool) -> Result<(), Failure> {
+        let config = args.from.rules()?;
+        let rule = inspect::find_rule(&config, &args.rule)?;
+        let values: Vec<&str> = args.values.iter().map(String::as_str).collect();
+        // Wrong values fail before any setting is needed.
+        inspect::identifier(rule, &values)?;
+        let (client, runtime) = connect()?;
         let text = if reset {
             let removed = runtime.block_on(inspect::reset(&client, rule, &values))?;
             if args.from.json {

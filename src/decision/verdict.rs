@@ -186,6 +186,14 @@ pub struct Grant {
 }
 
 impl Decision {
+    /// The override rule `i` was decided under, if one held (its text is
+    /// then the figures in force, or a block).
+    pub fn override_of(&self, i: usize) -> Option<&OverrideRead> {
+        self.overrides
+            .iter()
+            .find(|o| o.rule == i && o.source != OverrideSource::None)
+    }
+
     /// The verdict over every rule's state, `modes[i]` being rule i's mode:
     /// admitted when no enforced rule denies. The binding rule is, when
     /// denied, the first enforced denying rule that frees up last; when

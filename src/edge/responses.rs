@@ -225,7 +225,7 @@ pub fn for_decision(
 /// refill time, or each window's limit. The script checked the text; only
 /// its numbers are read here, which keeps the checks out of the wasm.
 fn overridden(rule: &Rule, decision: &Decision, i: usize) -> Option<Vec<(u64, u64)>> {
-    let read = decision.overrides.iter().find(|o| o.rule == i)?;
+    let read = decision.override_of(i)?;
     let mut words = read.text.split(' ').skip(1);
     let kind = words.next()?;
     let n: Vec<u64> = words.filter_map(|w| w.parse().ok()).collect();

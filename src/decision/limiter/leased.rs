@@ -194,17 +194,8 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             .iter()
             .filter_map(|g| {
                 let (key, state) = (keys.get(g.rule)?, decision.rules.get(g.rule)?);
-                let overridden = decision
-                    .overrides
-                    .iter()
-                    .find(|o| o.rule == g.rule && o.source != OverrideSource::None);
-                leases.grant(
-                    key,
-                    g.units,
-                    g.for_ms,
-                    sent_ms,
-                    (*state, overridden.cloned()),
-                );
+                let overridden = decision.override_of(g.rule).cloned();
+                leases.grant(key, g.units, g.for_ms, sent_ms, (*state, overridden));
                 Some(Event {
                     key: Some((*key).to_owned()),
                     units: Some(g.units),

@@ -130,9 +130,7 @@ impl RefundRule {
         cost: u64,
     ) -> RefundRule {
         let under = decision
-            .overrides
-            .iter()
-            .find(|o| o.rule == i && o.source != OverrideSource::None)
+            .override_of(i)
             .map(|o| o.text.clone())
             .unwrap_or_default();
         RefundRule {
@@ -399,7 +397,7 @@ fn decided<'c>(
 /// Whose override rule `i` of `decision` was decided under, and what it
 /// held, for the log: `client: v1 block`.
 fn override_named(decision: &Decision, i: usize) -> Option<String> {
-    let read = decision.overrides.iter().find(|o| o.rule == i)?;
+    let read = decision.override_of(i)?;
     let whose = match read.source {
         OverrideSource::None => return None,
         OverrideSource::Client => "client",
