@@ -43,9 +43,11 @@ pub struct Model {
     overrides: HashMap<Client, String>,
     /// Each rule's override for every client, as the caller passes it.
     rule_wide: HashMap<String, String>,
-    /// The interval (us) each GCRA charge with a refund mark was made at,
-    /// by client and mark: a refund gives back that, whatever holds since.
-    charged_at_us: HashMap<(Client, u64), u64>,
+    /// Per client, each GCRA charge with a refund mark still ahead of now:
+    /// its mark and the interval (us) it was made at, which a refund gives
+    /// back whatever holds since. A mark now past has nothing to give back,
+    /// so it is dropped with the client's next charge.
+    charged_at_us: HashMap<Client, Vec<(u64, u64)>>,
 }
 
 /// What an override does, as the model reads its text: the README's
@@ -300,10 +302,11 @@ impl Model {
                 );
                 match &c.rule.policy {
                     Policy::Gcra(g) => {
-                        let charged = self.charged_at_us.get(&(client.clone(), *mark));
-                        let interval = charged
-                            .copied()
-                            .unwrap_or_else(|| emission_us(g.rate(), g.period_ms()));
+                        let charged = self.charged_at_us.get(&client).and_then(|marks| {
+                            marks.iter().find(|(m, _)| m == mark).map(|(_, us)| *us)
+                        });
+                        let interval =
+                            charged.unwrap_or_else(|| emission_us(g.rate(), g.period_ms()));
                         let now = now_ms * 1000;
                         let Some(tat) = self.tats.get(&client).copied().filter(|t| *t > now) else {
                             return false;
@@ -408,9 +411,9 @@ impl Model {
                     _ if rule.count_status.is_empty() => None,
                     (Some(Write::Tat(tat)), _) => {
                         if let Policy::Gcra(g) = &read[i].0.policy {
-                            let key = (clients[i].clone(), *tat);
-                            self.charged_at_us
-                                .insert(key, emission_us(g.rate(), g.period_ms()));
+                            let marks = self.charged_at_us.entry(clients[i].clone()).or_default();
+                            marks.retain(|(m, _)| *m > now_ms * 1000);
+                            marks.push((*tat, emission_us(g.rate(), g.period_ms())));
                         }
                         Some(*tat)
                     }
