@@ -7,11 +7,12 @@
 mod support;
 
 use std::{
-    path::PathBuf,
+    path::Path,
     process::Command,
     time::{Duration, Instant},
 };
 
+use edge_limiter_local::testenv::Scratch;
 use reqwest::StatusCode;
 use serde_json::Value;
 use support::{worker::Stack, TOKEN};
@@ -40,20 +41,15 @@ windows = [["1m", 4, "1s"], ["1h", 10, "1m"]]
 
 /// A directory holding the same rules as a wrangler.toml, where the
 /// command runs.
-fn workdir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "edge-limiter-inspect-{}-{}",
-        std::process::id(),
-        edge_limiter_local::testenv::free_port()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+fn workdir() -> Scratch {
+    let dir = Scratch::new("inspect-test");
     std::fs::write(dir.join("wrangler.toml"), RULES).unwrap();
     dir
 }
 
 /// Runs the command in `dir` with these REST settings in the environment
 /// (none: only what `.dev.vars` there says).
-fn command(dir: &PathBuf, settings: Option<(&str, &str)>, args: &[&str]) -> (i32, String, String) {
+fn command(dir: &Path, settings: Option<(&str, &str)>, args: &[&str]) -> (i32, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_edge-limiter"));
     cmd.args(args)
         .current_dir(dir)
@@ -261,7 +257,6 @@ async fn a_client_exhausted_through_the_worker_is_inspected_reset_and_admitted_a
         err,
         "edge-limiter: UPSTASH_REDIS_REST_URL is not set: set it in the environment or in .dev.vars in this directory\n"
     );
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A rule with a penalty, and a short block-cache hold.
@@ -323,5 +318,4 @@ async fn a_running_penalty_is_inspected_and_reset_with_the_rule() {
         "{}",
         stack.worker.log()
     );
-    let _ = std::fs::remove_dir_all(dir);
 }

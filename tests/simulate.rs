@@ -14,6 +14,7 @@ use edge_limiter::{
     },
     rules::config::Config,
 };
+use edge_limiter_local::testenv::Scratch;
 use serde_json::json;
 
 /// 2026-11-20T10:00:00Z, epoch milliseconds.
@@ -264,13 +265,8 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_edge-limiter"))
 }
 
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "edge-limiter-simulate-test-{}-{name}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn temp_dir(name: &str) -> Scratch {
+    Scratch::new(&format!("simulate-test-{name}"))
 }
 
 const TOML_RULES: &str = r#"
@@ -410,7 +406,6 @@ fn the_command_prints_tables_json_and_clear_errors() {
             .unwrap()
             .contains("Usage: edge-limiter"));
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]

@@ -9,6 +9,8 @@ use std::{
     time::Duration,
 };
 
+use edge_limiter_local::testenv::Scratch;
+
 /// The plot's colours, as `edge_limiter::operator::simulate::plot` draws them.
 const ADMITTED: [u8; 3] = [0x2c, 0xa0, 0x2c];
 const DENIED: [u8; 3] = [0xd6, 0x27, 0x28];
@@ -31,12 +33,6 @@ algorithm = "windowed"
 windows = [["10s", 5, "1s"]]
 mode = "shadow"
 "#;
-
-fn temp_dir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("edge-limiter-plot-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// Two minutes of one client asking 5 times a second: 2 a second go through.
 fn write_inputs(dir: &Path) -> (PathBuf, PathBuf) {
@@ -72,8 +68,7 @@ fn hex(rgb: [u8; 3]) -> String {
 
 #[test]
 fn the_svg_is_well_formed_with_both_lines_per_rule() {
-    let dir = temp_dir().join("svg");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("plot-test-svg");
     let (config, log) = write_inputs(&dir);
     let svg_path = dir.join("plot.svg");
     simulate_plot(&config, &log, &svg_path);
@@ -122,7 +117,6 @@ fn the_svg_is_well_formed_with_both_lines_per_rule() {
         "{texts:?}"
     );
     assert!(texts.contains(&"would deny"), "{texts:?}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A brute-force minute: every request matches the generous per-IP rule
@@ -130,8 +124,7 @@ fn the_svg_is_well_formed_with_both_lines_per_rule() {
 /// those as denied by other rules, and its lines add up to its title.
 #[test]
 fn requests_another_rule_denied_are_a_line_of_their_own() {
-    let dir = temp_dir().join("others");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("plot-test-others");
     let config = dir.join("wrangler.toml");
     std::fs::write(
         &config,
@@ -198,13 +191,11 @@ burst = 2
     let others = heights(DENIED_BY_OTHERS);
     assert_eq!(others.len(), 2, "{others:?}");
     assert!(others.iter().any(|line| line.len() == 60), "{others:?}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
 fn the_html_page_renders_the_plot_in_headless_chromium() {
-    let dir = temp_dir().join("html");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("plot-test-html");
     let (config, log) = write_inputs(&dir);
     let page = dir.join("plot.html");
     simulate_plot(&config, &log, &page);
@@ -264,9 +255,5 @@ fn the_html_page_renders_the_plot_in_headless_chromium() {
     assert!(admitted > 1000, "admitted line: {admitted} pixels");
     assert!(denied > 1000, "denied line: {denied} pixels");
     assert!(ink > 20_000, "the page looks blank: {ink} dark pixels");
-    eprintln!(
-        "chromium screenshot {}: {admitted} green, {denied} red, {ink} dark pixels",
-        png.display()
-    );
-    let _ = std::fs::remove_dir_all(profile);
+    eprintln!("chromium screenshot: {admitted} green, {denied} red, {ink} dark pixels");
 }

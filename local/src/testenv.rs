@@ -8,7 +8,7 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -229,6 +229,51 @@ impl Drop for ProcessGroup {
     }
 }
 
+/// A scratch directory of one test under the system's temporary one,
+/// removed when dropped; kept, and named on stderr, when the test fails, so
+/// that the logs in it can be read.
+pub struct Scratch {
+    path: PathBuf,
+}
+
+impl Scratch {
+    /// A new empty directory named for `what` and unique to this process.
+    pub fn new(what: &str) -> Scratch {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "edge-limiter-{what}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&path).expect("a scratch directory");
+        Scratch { path }
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept for the failing test: {}", self.path.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
 /// The repository the tests run in: its scripts, node_modules and worker.
 ///
 /// Found at run time, from the working directory up (cargo runs tests in
@@ -288,6 +333,10 @@ pub fn wrangler_dev(dir: &Path, port: u16, log_level: &str) -> Command {
         // Best effort: without the link, wrangler writes a real file there.
         let _ = std::os::unix::fs::symlink("/dev/null", &debug_log);
     }
+    // Wrangler's own temporary files (a miniflare-* directory per start,
+    // left behind when the group is killed) go with `dir`.
+    let tmp = dir.join("tmp");
+    let _ = std::fs::create_dir_all(&tmp);
     let mut cmd = Command::new(repo().join("node_modules/.bin/wrangler"));
     cmd.args(["dev", "--ip", "127.0.0.1", "--port", &port.to_string()])
         .args(["--inspector-port", &free_port().to_string()])
@@ -301,6 +350,7 @@ pub fn wrangler_dev(dir: &Path, port: u16, log_level: &str) -> Command {
         .env("WRANGLER_SEND_ERROR_REPORTS", "false")
         .env("CLOUDFLARE_CF_FETCH_ENABLED", "false")
         .env("WRANGLER_LOG_PATH", &debug_log)
+        .env("TMPDIR", &tmp)
         .stdin(Stdio::null());
     cmd
 }

@@ -1,14 +1,11 @@
 //! The built worker in real workerd (`wrangler dev`), the demo origin, and
 //! the backend, started for one test and torn down when it ends.
 
-use std::{
-    path::{Path, PathBuf},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use edge_limiter_local::{
     fault_proxy::FaultProxy,
-    testenv::{free_port, repo, wrangler_dev, DemoOrigin, ProcessGroup},
+    testenv::{free_port, repo, wrangler_dev, DemoOrigin, ProcessGroup, Scratch},
 };
 
 use super::{Backend, TOKEN};
@@ -44,8 +41,9 @@ impl Origin {
 /// state directory.
 pub struct Worker {
     pub url: String,
-    pub dir: PathBuf,
+    // Killed before its directory goes: fields drop in this order.
     _process: ProcessGroup,
+    pub dir: Scratch,
 }
 
 impl Worker {
@@ -67,12 +65,7 @@ impl Worker {
             "no built worker at {}: run scripts/build-worker (scripts/test does)",
             shim.display()
         );
-        let dir = std::env::temp_dir().join(format!(
-            "edge-limiter-e2e-{}-{}",
-            std::process::id(),
-            free_port()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = Scratch::new("e2e");
         let config = format!(
             "name = \"edge-limiter-e2e\"\nmain = \"{}\"\ncompatibility_date = \"2026-04-01\"\n\n{rules_toml}\n",
             shim.display(),
@@ -138,12 +131,6 @@ impl Worker {
         let mut events = self.events();
         events.retain(|e| e["action"] == action);
         events
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(Path::new(&self.dir).join(".wrangler"));
     }
 }
 
