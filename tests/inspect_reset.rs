@@ -15,7 +15,7 @@ use std::{
 use edge_limiter_local::testenv::Scratch;
 use reqwest::StatusCode;
 use serde_json::Value;
-use support::{worker::Stack, TOKEN};
+use support::{tls::TlsFront, worker::Stack, Backend, TOKEN};
 
 /// The block cache holds a denial 2 s at a time, so that the test can see
 /// a reset reach the worker.
@@ -50,6 +50,11 @@ fn workdir() -> Scratch {
 /// Runs the command in `dir` with these REST settings in the environment
 /// (none: only what `.dev.vars` there says).
 fn command(dir: &Path, settings: Option<(&str, &str)>, args: &[&str]) -> (i32, String, String) {
+    output(cli(dir, settings, args))
+}
+
+/// The command, to run in `dir` with these REST settings.
+fn cli(dir: &Path, settings: Option<(&str, &str)>, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_edge-limiter"));
     cmd.args(args)
         .current_dir(dir)
@@ -59,6 +64,11 @@ fn command(dir: &Path, settings: Option<(&str, &str)>, args: &[&str]) -> (i32, S
         cmd.env("UPSTASH_REDIS_REST_URL", url)
             .env("UPSTASH_REDIS_REST_TOKEN", token);
     }
+    cmd
+}
+
+/// Exit code, stdout and stderr.
+fn output(mut cmd: Command) -> (i32, String, String) {
     let out = cmd.output().unwrap();
     (
         out.status.code().unwrap_or(-1),
@@ -317,5 +327,43 @@ async fn a_running_penalty_is_inspected_and_reset_with_the_rule() {
         StatusCode::OK,
         "{}",
         stack.worker.log()
+    );
+}
+
+/// The commands reach the REST endpoint over https, as hosted Upstash
+/// serves it, and check its certificate: one they cannot trust fails the
+/// command with the reason, not a bare "error sending request".
+#[test]
+fn the_commands_speak_https_and_name_a_certificate_they_cannot_trust() {
+    let backend = Backend::start();
+    let plain = backend.endpoint.url();
+    let front = TlsFront::start(plain.trim_start_matches("http://"));
+    let dir = workdir();
+    let args = ["inspect", "login", "203.0.113.9", "--json"];
+
+    let (code, over_http, err) = command(&dir, Some((&plain, TOKEN)), &args);
+    assert_eq!(code, 0, "{err}");
+    let mut trusting = cli(&dir, Some((&front.url, TOKEN)), &args);
+    trusting.env("SSL_CERT_FILE", &front.cert);
+    let (code, over_https, err) = output(trusting);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&over_https), json(&over_http));
+    let mut reset = cli(
+        &dir,
+        Some((&front.url, TOKEN)),
+        &["reset", "login", "203.0.113.9"],
+    );
+    reset.env("SSL_CERT_FILE", &front.cert);
+    let (code, _, err) = output(reset);
+    assert_eq!(code, 0, "{err}");
+
+    let mut doubting = cli(&dir, Some((&front.url, TOKEN)), &args);
+    doubting.env_remove("SSL_CERT_FILE");
+    let (code, out, err) = output(doubting);
+    assert_eq!((code, out.as_str()), (1, ""), "{err}");
+    assert!(
+        err.contains("could not reach the Redis REST endpoint")
+            && err.contains("certificate verify failed"),
+        "{err}"
     );
 }

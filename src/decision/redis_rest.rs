@@ -185,7 +185,7 @@ impl RestClient {
             if e.is_timeout() || spent_ms + 1.0 >= budget.as_millis() as f64 {
                 timed_out(budget)
             } else {
-                RestError::Transport(e.without_url().to_string())
+                RestError::Transport(with_causes(&e.without_url()))
             }
         };
         let response = self
@@ -228,6 +228,24 @@ impl RestError {
             other => other,
         }
     }
+}
+
+/// `error` and what caused it, outermost first: reqwest's own text ("error
+/// sending request") does not say whether DNS, the connection or the
+/// certificate failed, which is what the user has to fix.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        // Layers often repeat the text of the one they wrap.
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// Time allowed for a plain [`RestClient::command`].
@@ -401,5 +419,35 @@ mod tests {
         let shown = format!("{c:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("http://127.0.0.1:1"), "{shown}");
+    }
+
+    /// An error wrapping another, for the chain of causes.
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    #[test]
+    fn a_transport_error_names_its_causes_once_each() {
+        let tls = Layer("certificate verify failed (self-signed certificate)", None);
+        let repeated = Layer("certificate verify failed", Some(Box::new(tls)));
+        let connect = Layer("client error (Connect)", Some(Box::new(repeated)));
+        let top = Layer("error sending request", Some(Box::new(connect)));
+        assert_eq!(
+            with_causes(&top),
+            "error sending request: client error (Connect): certificate verify failed: \
+             certificate verify failed (self-signed certificate)"
+        );
+        assert_eq!(with_causes(&Layer("alone", None)), "alone");
     }
 }

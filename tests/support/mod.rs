@@ -2,6 +2,7 @@
 //! local REST endpoint, and helpers to run the limiter script through it.
 #![allow(dead_code)] // Each test binary uses its own subset.
 
+pub mod tls;
 pub mod worker;
 
 use std::time::Duration;
