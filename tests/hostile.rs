@@ -1211,6 +1211,58 @@ async fn method_spellings_stay_under_their_rule() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// Paths a framework routes to a limited one (a PHP front controller, a
+/// Rails format suffix, a number with leading zeros, escapes an origin
+/// decodes fewer times than the limiter), and a method named in a field
+/// whose name PHP or Rack mangle, stay under their rule.
+#[tokio::test]
+async fn routes_and_mangled_names_an_origin_takes_stay_under_their_rule() {
+    let stack = Stack::start(PATH_RULES);
+    let rows = check_paths(
+        &stack.worker.url,
+        "203.0.113.94",
+        &[
+            ("/admin", "200 admin"),
+            ("/index.php/admin", "429 admin"),
+            ("/public/index.php/admin/", "429 admin"),
+            ("/admin.json", "429 admin"),
+            ("/p/7", "200 by-path"),
+            ("/p/007", "429 by-path"),
+            // Decoded three times the `..` leaves /p; once, it stays below.
+            ("/p/a%252F..%252F..", "200 by-path"),
+            ("/p/b%252F..%252F..", "429 by-path"),
+        ],
+    );
+    let mut failures = path_table(
+        "Paths: front controllers, formats, numbers, fewer decodings",
+        "hostile-routes",
+        &rows,
+    );
+    let http = reqwest::Client::new();
+    for (method, body, expected) in [
+        ("DELETE", "", "200 delete"),
+        ("POST", "+_method=DELETE", "429 delete"),
+        ("POST", "_method]=DELETE", "429 delete"),
+    ] {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");
+        let reply = http
+            .request(method.clone(), format!("{}/m", stack.worker.url))
+            .header("cf-connecting-ip", "203.0.113.94")
+            .header("content-type", "application/x-www-form-urlencoded,")
+            .body(body)
+            .send()
+            .await
+            .expect("the worker answers");
+        let got = rule_verdict(&reply);
+        if got != expected {
+            failures.push(format!(
+                "{method} /m ({body}): expected {expected}, got {got}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 /// Another spelling of a limited path must land under the same rule and,
 /// for a `path` key, in the same bucket, as the origin would read it once
 /// decoded: percent-escapes (`%2F` and IIS's `%u0061` included), empty

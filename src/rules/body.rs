@@ -202,9 +202,12 @@ pub fn is_json(content_type: &str) -> bool {
     lower.contains("/json") || lower.contains("+json")
 }
 
+/// The media type of a content type, cut where PHP cuts it (at `;`, `,`
+/// or a space): `application/x-www-form-urlencoded,` is a form to PHP.
 fn media_type(content_type: &str) -> String {
     content_type
-        .split(';')
+        .trim_start()
+        .split([';', ',', ' '])
         .next()
         .unwrap_or_default()
         .trim()
@@ -349,5 +352,23 @@ mod tests {
         assert!(form_values(body, "multipart/form-data", "user").is_empty());
         assert!(form_values(b"user=alice", "text/plain", "user").is_empty());
         assert!(form_values(b"--XyZ\r\ngarbage", multipart, "user").is_empty());
+    }
+
+    #[test]
+    fn a_form_is_read_where_php_reads_one() {
+        let body = b"username=rnd&+username=alice";
+        for content_type in [
+            "application/x-www-form-urlencoded",
+            "application/x-www-form-urlencoded,",
+            "Application/X-WWW-Form-Urlencoded charset=utf-8",
+            " application/x-www-form-urlencoded;charset=utf-8",
+        ] {
+            assert_eq!(
+                form_values(body, content_type, "username"),
+                ["rnd", "alice"],
+                "{content_type}"
+            );
+            assert!(is_form(content_type), "{content_type}");
+        }
     }
 }

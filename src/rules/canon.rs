@@ -83,8 +83,13 @@ fn has_escape(input: &[u8]) -> bool {
 /// Percent-escapes decoded, up to 3 times (`DECODE_PASSES`), as bytes, and
 /// cut at the first NUL byte (see [`before_nul_bytes`]).
 pub fn percent_decoded(raw: &str) -> Cow<'_, [u8]> {
+    decoded_times(raw, DECODE_PASSES)
+}
+
+/// Percent-escapes decoded up to `passes` times, cut at the first NUL.
+fn decoded_times(raw: &str, passes: usize) -> Cow<'_, [u8]> {
     let mut bytes = Cow::Borrowed(raw.as_bytes());
-    for _ in 0..DECODE_PASSES {
+    for _ in 0..passes {
         if !has_escape(&bytes) {
             break;
         }
@@ -116,6 +121,13 @@ pub fn before_nul(text: &str) -> &str {
 /// ends with, so that IIS serves `/admin.` and `/admin%20` as `/admin`.
 pub fn windows_segment(segment: &str) -> &str {
     segment.trim_end_matches(['.', ' '])
+}
+
+/// A path segment as origins resolve it: as Windows names it
+/// ([`windows_segment`]), and as a number when it is digits alone
+/// ([`digits`]: `/items/0042` is item 42 to a route taking an integer).
+pub fn path_segment(segment: &str) -> Cow<'_, str> {
+    digits(Cow::Borrowed(windows_segment(segment)))
 }
 
 /// Bytes as text; bytes that are no UTF-8 become U+FFFD (which merges some
@@ -178,11 +190,15 @@ pub fn folded(value: &str) -> String {
 
 /// A parameter or cookie name as compared with a rule's: decoded as a form
 /// value, case folded (ASP.NET and others ignore the case of names, see
-/// [`fold_char`]), and `.`, ` ` and `[` read as `_`, as PHP rewrites them
-/// in names.
+/// [`fold_char`]), spaces and brackets that start it dropped (PHP drops the
+/// spaces, Rack the brackets: ` user` and `[user` are `user` to them), every
+/// `]` dropped (Rack reads `user]` as `user`), and `.`, ` ` and `[` read as
+/// `_`, as PHP rewrites them in names.
 pub fn name(raw: &str) -> String {
     form_value(raw)
+        .trim_start_matches([' ', '[', ']'])
         .chars()
+        .filter(|&c| c != ']')
         .map(|c| match c {
             '.' | ' ' | '[' => '_',
             c => fold_char(c),
@@ -262,6 +278,53 @@ pub fn last_forwarded(list: &str) -> &str {
     list.rsplit(',').next().unwrap_or(list).trim()
 }
 
+/// The client of an `X-Forwarded-For` list as [`ip`] counts it: the last
+/// address, without the port some proxies append (`1.2.3.4:56789`,
+/// `[2001:db8::1]:443`), so that neither a new port nor another address
+/// in the client's /64 is a new bucket.
+pub fn forwarded_client(list: &str) -> Cow<'_, str> {
+    let last = last_forwarded(list);
+    let host = match last.strip_prefix('[').and_then(|v| v.split_once(']')) {
+        Some((v6, _)) => v6,
+        None => match last.split_once(':') {
+            Some((v4, port)) if !port.contains(':') => v4,
+            _ => last,
+        },
+    };
+    ip(host)
+}
+
+/// An `Authorization` value as servers read it: the scheme in any case
+/// and any run of spaces or tabs after it (Spring Security, ASP.NET Core
+/// and Passport all accept `bearer` and extra spaces), as `scheme token`.
+pub fn credentials(value: &str) -> Cow<'_, str> {
+    let value = value.trim();
+    match value.split_once([' ', '\t']) {
+        Some((scheme, rest)) => Cow::Owned(format!(
+            "{} {}",
+            scheme.to_ascii_lowercase(),
+            rest.trim_start_matches([' ', '\t'])
+        )),
+        None => Cow::Borrowed(value),
+    }
+}
+
+/// A value of digits alone without its leading zeros (`0123` is `123`,
+/// `000` is `0`): an origin that takes it as a number (`<int:pk>`, a
+/// `long` parameter, a cast in SQL) reads every such spelling as one id.
+pub fn digits(value: Cow<'_, str>) -> Cow<'_, str> {
+    let padded =
+        value.len() > 1 && value.starts_with('0') && value.bytes().all(|b| b.is_ascii_digit());
+    if !padded {
+        return value;
+    }
+    let kept = match value.trim_start_matches('0') {
+        "" => "0",
+        rest => rest,
+    };
+    Cow::Owned(kept.to_owned())
+}
+
 /// The path as origins most likely resolve it, so that no other spelling
 /// of a limited path escapes its rule or its key: percent-escapes decoded
 /// (`%2F` included, and twice-encoded ones), `\` read as `/`, `.` and `..`
@@ -272,9 +335,13 @@ pub fn last_forwarded(list: &str) -> &str {
 /// ([`fold`]), since many origins route without regard to case.
 /// Bytes that are not UTF-8 after decoding become U+FFFD.
 pub fn normalize_path(raw: &str) -> String {
-    let decoded = percent_decoded(raw);
-    let text = String::from_utf8_lossy(&decoded).replace('\\', "/");
-    let mut segments: Vec<&str> = Vec::new();
+    resolved(&percent_decoded(raw))
+}
+
+/// A decoded path with its segments resolved, as [`normalize_path`] says.
+fn resolved(decoded: &[u8]) -> String {
+    let text = String::from_utf8_lossy(decoded).replace('\\', "/");
+    let mut segments: Vec<Cow<'_, str>> = Vec::new();
     for seg in text.split('/') {
         let seg = seg.split(';').next().unwrap_or_default();
         match seg {
@@ -282,13 +349,74 @@ pub fn normalize_path(raw: &str) -> String {
             ".." => {
                 segments.pop();
             }
-            s => match windows_segment(s) {
-                "" => {}
+            s => match path_segment(s) {
+                s if s.is_empty() => {}
                 s => segments.push(s),
             },
         }
     }
     fold(&format!("/{}", segments.join("/")))
+}
+
+/// Other paths than `canonical` (what [`normalize_path`] gives for `raw`)
+/// that an origin may route the request to, for rules to match any of:
+/// the path decoded fewer times (an origin that decodes once routes
+/// `/search/x%252F..` below `/search`, which more passes resolve above
+/// it), each also after a PHP front controller (`/index.php/login` is
+/// `/login` to Laravel and Symfony) and without a format suffix
+/// (`/login.json` is `/login` to Rails). Keys use the canonical path alone.
+pub fn alternate_paths(raw: &str, canonical: &str) -> Vec<String> {
+    let mut bases = vec![canonical.to_owned()];
+    if has_escape(raw.as_bytes()) {
+        for passes in [0, 1] {
+            let path = resolved(&decoded_times(raw, passes));
+            if !bases.contains(&path) {
+                bases.push(path);
+            }
+        }
+    }
+    let mut out: Vec<String> = Vec::new();
+    for base in bases {
+        let routed = after_front_controller(&base);
+        let formats = [Some(&base), routed.as_ref()].map(|p| p.and_then(|p| without_format(p)));
+        for path in [Some(base.clone()), routed.clone()]
+            .into_iter()
+            .chain(formats)
+            .flatten()
+        {
+            if path != canonical && !out.contains(&path) {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+/// What follows the first `.php` segment of a path, which a PHP front
+/// controller routes on (`/index.php/login` is `/login`).
+fn after_front_controller(path: &str) -> Option<String> {
+    let mut end = 0;
+    for segment in path.split('/') {
+        end += segment.len();
+        if segment.ends_with(".php") {
+            return Some(match &path[end..] {
+                "" => "/".to_owned(),
+                rest => rest.to_owned(),
+            });
+        }
+        end += 1;
+    }
+    None
+}
+
+/// The path without the format its last segment ends with, from its first
+/// dot (`/login.json` and `/login.tar.gz` are `/login` to Rails routes).
+fn without_format(path: &str) -> Option<String> {
+    let (dir, last) = path.rsplit_once('/')?;
+    match last.find('.') {
+        Some(dot) if dot > 0 => Some(format!("{dir}/{}", &last[..dot])),
+        _ => None,
+    }
 }
 
 /// A request's host as rules match it: lower case, and without the
@@ -358,6 +486,66 @@ mod tests {
         assert_eq!(name("u\u{17F}er"), "user");
         assert_eq!(name("%E2%84%AAey"), "key");
         assert_eq!(name("\u{130}d"), "id");
+        // PHP drops the spaces a name starts with; Rack the brackets around it.
+        for spelling in ["+user", "%20user", "user]", "[user", "]]user]"] {
+            assert_eq!(name(spelling), "user", "{spelling}");
+        }
+        assert_eq!(name("user[email]]"), name("user[email]"));
+    }
+
+    #[test]
+    fn a_forwarded_client_is_an_address_without_its_port() {
+        assert_eq!(
+            forwarded_client("spoofed, 203.0.113.1:56789"),
+            "203.0.113.1"
+        );
+        assert_eq!(forwarded_client("203.0.113.1"), "203.0.113.1");
+        assert_eq!(forwarded_client("[2001:db8::1]:443"), "2001:db8::/64");
+        assert_eq!(forwarded_client("2001:db8::9"), "2001:db8::/64");
+        assert_eq!(forwarded_client("not an address"), "not an address");
+    }
+
+    #[test]
+    fn credentials_ignore_the_schemes_case_and_the_space_after_it() {
+        for spelling in ["Bearer abc", "bearer abc", "BEARER \t  abc", " Bearer abc "] {
+            assert_eq!(credentials(spelling), "bearer abc", "{spelling:?}");
+        }
+        // The token itself keeps its case.
+        assert_eq!(credentials("Bearer ABC"), "bearer ABC");
+        assert_eq!(credentials("abc"), "abc");
+    }
+
+    #[test]
+    fn numbers_lose_their_leading_zeros() {
+        let d = |v: &str| digits(Cow::Borrowed(v)).into_owned();
+        assert_eq!(d("0123"), "123");
+        assert_eq!(d("000"), "0");
+        assert_eq!(d("0"), "0");
+        assert_eq!(d("123"), "123");
+        assert_eq!(d("0x1"), "0x1");
+        assert_eq!(d("01a"), "01a");
+        assert_eq!(d(""), "");
+        assert_eq!(normalize_path("/items/0042/"), "/items/42");
+    }
+
+    #[test]
+    fn other_routes_of_a_path_are_listed() {
+        let routes = |raw: &str| alternate_paths(raw, &normalize_path(raw));
+        assert_eq!(routes("/login"), Vec::<String>::new());
+        assert_eq!(routes("/index.php/login"), ["/login"]);
+        assert_eq!(routes("/login.json"), ["/login"]);
+        assert_eq!(
+            routes("/INDEX.PHP/login.json"),
+            ["/login.json", "/index.php/login", "/login"]
+        );
+        assert_eq!(routes("/index.php"), ["/", "/index"]);
+        assert_eq!(routes("/index.phpx/login"), Vec::<String>::new());
+        // Decoded three times the `..` climbs above /api/search; decoded
+        // once or not at all, it stays below.
+        assert_eq!(normalize_path("/api/search/x%252F..%252F.."), "/api");
+        assert!(routes("/api/search/x%252F..%252F..")
+            .iter()
+            .all(|r| r.starts_with("/api/search/")));
     }
 
     #[test]

@@ -388,24 +388,25 @@ fn host_pattern(h: String) -> Result<String, FieldError> {
     let ok = !bare.is_empty()
         && bare
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b':');
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
     if !ok {
+        // A port never matches: requests are compared by host name alone.
         return Err(field_error(
             "host",
-            format!("`{h}` is not a host name (use example.com or *.example.com)"),
+            format!("`{h}` is not a host name without a port (use example.com or *.example.com)"),
         ));
     }
     Ok(canon::normalize_host(&h))
 }
 
-/// A path prefix or pattern, case folded and each segment without the dots
-/// and spaces that end it: paths are compared after
+/// A path prefix or pattern, case folded and each segment as
+/// [`canon::path_segment`] reads it: paths are compared after
 /// [`canon::normalize_path`], which does the same to them.
 fn path_pattern(field: &str, p: String) -> Result<String, FieldError> {
     if !p.starts_with('/') {
         return Err(field_error(field, format!("`{p}` must start with /")));
     }
-    let segments: Vec<&str> = p.split('/').map(canon::windows_segment).collect();
+    let segments: Vec<_> = p.split('/').map(canon::path_segment).collect();
     Ok(canon::fold(&segments.join("/")))
 }
 
@@ -810,6 +811,8 @@ mod tests {
             ("cost", json!({"G E T": 1})),
             ("mode", json!("dry-run")),
             ("host", json!("exa mple.com")),
+            // Requests are compared by host name alone: a port never matches.
+            ("host", json!("example.com:8443")),
             ("path", json!("api/*")),
             ("with_headers", json!(["bad header"])),
             ("deny_content_type", json!("text/plain")),

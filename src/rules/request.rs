@@ -14,6 +14,9 @@ pub struct RequestMeta {
     pub host: String,
     /// The path as [`canon::normalize_path`] gives it, without the query.
     pub path: String,
+    /// Other paths an origin may route it to ([`canon::alternate_paths`]):
+    /// a rule for any of them applies.
+    pub routes: Vec<String>,
     /// Query string without the `?`, if any.
     pub query: Option<String>,
     /// Headers with lower-case names, in arrival order.
@@ -39,10 +42,12 @@ impl RequestMeta {
         query: Option<&str>,
         headers: impl IntoIterator<Item = (String, String)>,
     ) -> RequestMeta {
+        let canonical = canon::normalize_path(path);
         RequestMeta {
             method: method.to_ascii_uppercase(),
             host: canon::normalize_host(host),
-            path: canon::normalize_path(path),
+            routes: canon::alternate_paths(path, &canonical),
+            path: canonical,
             query: query.map(str::to_owned),
             headers: headers
                 .into_iter()

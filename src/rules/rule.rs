@@ -323,27 +323,29 @@ impl Rule {
     }
 
     fn matches_all_but_method(&self, req: &RequestMeta) -> bool {
-        let prefix = self.path_prefix.trim_end_matches('/');
-        let below_prefix = prefix.is_empty()
-            || req
-                .path
-                .strip_prefix(prefix)
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
-        below_prefix
+        std::iter::once(&req.path)
+            .chain(&req.routes)
+            .any(|path| self.matches_path(path))
             && self
                 .host
                 .as_deref()
                 .is_none_or(|h| host_matches(h, &req.host))
-            && self
-                .path
-                .as_deref()
-                .is_none_or(|p| path_matches(p, &req.path))
             && self.with_headers.iter().all(|h| req.header(h).is_some())
             && !self.without_headers.iter().any(|h| req.header(h).is_some())
             && !self.exempts(req)
     }
 
     /// Whether the client's address lies in one of `except_ips`.
+    /// Whether a (canonical) path lies below the prefix and fits the pattern.
+    fn matches_path(&self, path: &str) -> bool {
+        let prefix = self.path_prefix.trim_end_matches('/');
+        let below_prefix = prefix.is_empty()
+            || path
+                .strip_prefix(prefix)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+        below_prefix && self.path.as_deref().is_none_or(|p| path_matches(p, path))
+    }
+
     fn exempts(&self, req: &RequestMeta) -> bool {
         !self.except_ips.is_empty()
             && req
@@ -386,35 +388,47 @@ impl KeyPart {
             KeyPart::Ip => Ok(canon::ip(
                 req.header("cf-connecting-ip").unwrap_or_default(),
             )),
-            KeyPart::Header(name) if name == "x-forwarded-for" => Ok(Cow::Borrowed(
-                canon::last_forwarded(req.header(name).unwrap_or_default()),
+            KeyPart::Header(name) if name == "x-forwarded-for" => Ok(canon::forwarded_client(
+                req.header(name).unwrap_or_default(),
             )),
             // Commas are part of real User-Agent strings, which a client
             // picks freely anyway.
             KeyPart::Header(name) if name == "user-agent" => Ok(header(name)),
-            KeyPart::Header(name) => single(req.header_values(name)),
-            KeyPart::Cookie(name) => single(req.cookie_values(name)),
-            KeyPart::Query(name) => single(req.query_values(name)),
+            KeyPart::Header(name) if name == "authorization" || name == "proxy-authorization" => {
+                single(canon::distinct(
+                    req.header_values(name)
+                        .into_iter()
+                        .map(|v| Cow::Owned(canon::credentials(&v).into_owned())),
+                ))
+            }
+            KeyPart::Header(name) => single(numbers(req.header_values(name))),
+            KeyPart::Cookie(name) => single(numbers(req.cookie_values(name))),
+            KeyPart::Query(name) => single(numbers(req.query_values(name))),
             KeyPart::Path => Ok(Cow::Borrowed(req.path.as_str())),
             KeyPart::UserAgent => Ok(header("user-agent")),
             KeyPart::Cf(field) => Ok(Cow::Borrowed(req.cf(*field).unwrap_or_default())),
             KeyPart::Json(pointer) => match req.json().map(|doc| body::json_value(doc, pointer)) {
                 Some(Err(body::Repeated)) => Err(Ambiguous { part: self.clone() }),
-                Some(Ok(value)) => Ok(value.unwrap_or_default()),
+                Some(Ok(value)) => Ok(canon::digits(value.unwrap_or_default())),
                 None => Ok(Cow::Borrowed("")),
             },
-            KeyPart::Form(name) => single(match &req.body {
+            KeyPart::Form(name) => single(numbers(match &req.body {
                 Some(b) => {
                     body::form_values(b, req.header("content-type").unwrap_or_default(), name)
                 }
                 None => vec![],
-            }),
+            })),
             KeyPart::Folded(inner) => match inner.value(req) {
                 Err(Ambiguous { .. }) => Err(Ambiguous { part: self.clone() }),
                 Ok(v) => Ok(Cow::Owned(canon::folded(&v))),
             },
         }
     }
+}
+
+/// Each value as [`canon::digits`] reads it, once.
+fn numbers(values: Vec<Cow<'_, str>>) -> Vec<Cow<'_, str>> {
+    canon::distinct(values.into_iter().map(canon::digits))
 }
 
 /// A request that names one key part more than once with different values.
@@ -789,5 +803,85 @@ mod tests {
             &[("x-forwarded-for", "10.0.0.1"), ("x-real-ip", "10.0.0.2")],
         );
         assert_eq!(ids(&r, &q).unwrap(), [""]);
+    }
+
+    /// The request as the worker builds it, other routes included.
+    fn built(
+        method: &str,
+        path: &str,
+        query: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> RequestMeta {
+        let headers = headers.iter().map(|(n, v)| (n.to_string(), v.to_string()));
+        RequestMeta::new(method, "example.com", path, query, headers)
+    }
+
+    #[test]
+    fn a_rule_takes_every_path_an_origin_may_route_to_it() {
+        let login = rule(json!({"path_prefix": "/login"}));
+        for path in [
+            "/login",
+            "/index.php/login",
+            "/public/index.php/login/",
+            "/login.json",
+            "/LOGIN.xml",
+            "/index.php/login.json",
+        ] {
+            assert!(login.matches(&built("POST", path, None, &[])), "{path}");
+        }
+        for path in ["/loginx", "/loginx.json", "/index.phpx/login", "/a/login"] {
+            assert!(!login.matches(&built("POST", path, None, &[])), "{path}");
+        }
+        // An origin that decodes once routes this below /api/search.
+        let search = rule(json!({"path_prefix": "/api/search"}));
+        let climbing = built("GET", "/api/search/x%252F..%252F..", None, &[]);
+        assert_eq!(climbing.path, "/api");
+        assert!(search.matches(&climbing));
+        let exact = rule(json!({"path": "/items/7"}));
+        assert!(exact.matches(&built("GET", "/items/007", None, &[])));
+    }
+
+    #[test]
+    fn spellings_an_origin_reads_as_one_client_share_a_bucket() {
+        let key = |k: &str| rule(json!({"key": [k]}));
+        let one = |r: &Rule, query: Option<&str>, headers: &[(&str, &str)]| {
+            ids(r, &built("GET", "/", query, headers))
+        };
+        let xff = key("header:x-forwarded-for");
+        for list in ["203.0.113.1", "x, 203.0.113.1:50000", "203.0.113.1:1"] {
+            assert_eq!(
+                one(&xff, None, &[("x-forwarded-for", list)]).unwrap(),
+                ["203.0.113.1"]
+            );
+        }
+        let auth = key("header:authorization");
+        for value in [
+            "Bearer t0k",
+            "bearer t0k",
+            "BEARER   t0k",
+            "Bearer t0k, bearer  t0k",
+        ] {
+            assert_eq!(
+                one(&auth, None, &[("authorization", value)]).unwrap(),
+                ["bearer t0k"]
+            );
+        }
+        let id = key("query:id");
+        for query in ["id=42", "id=0042", "id=42&id=042", "+id=42", "id]=042"] {
+            assert_eq!(one(&id, Some(query), &[]).unwrap(), ["42"], "{query}");
+        }
+        // PHP reads the last of `id` and ` id`: two values, so no bucket.
+        assert!(one(&id, Some("id=1&+id=2"), &[]).is_err());
+    }
+
+    #[test]
+    fn a_method_named_with_a_mangled_field_name_still_counts() {
+        let deletes = rule(json!({"methods": ["DELETE"]}));
+        for query in ["+_method=DELETE", "_method]=DELETE", "%20_method=delete"] {
+            assert!(
+                deletes.matches(&built("POST", "/x", Some(query), &[])),
+                "{query}"
+            );
+        }
     }
 }

@@ -101,7 +101,11 @@ impl Worker {
         // A few seconds when the machine is idle; generous for a loaded one.
         let deadline = Instant::now() + Duration::from_secs(120);
         while Instant::now() < deadline {
-            if std::net::TcpStream::connect(self.url.trim_start_matches("http://")).is_ok() {
+            // Wrangler says so once the worker is loaded; a port that
+            // accepts may be its proxy, before then.
+            if self.log().contains("Ready on")
+                && std::net::TcpStream::connect(self.url.trim_start_matches("http://")).is_ok()
+            {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
