@@ -182,10 +182,72 @@ pub fn distinct<'a>(values: impl Iterator<Item = Cow<'a, str>>) -> Vec<Cow<'a, s
 }
 
 /// A value the origin compares without regard to case or surrounding
-/// space (an account name, an e-mail address): trimmed, folded as
+/// space (an account name, an e-mail address): trimmed, its compatibility
+/// spellings and accents read as [`plain_letters`] reads them, folded as
 /// [`fold_char`] does, then lower-cased.
 pub fn folded(value: &str) -> String {
-    fold(value.trim()).to_lowercase()
+    fold(&plain_letters(value.trim())).to_lowercase()
+}
+
+/// The base letter of each of U+00C0..=U+017F: `-` keeps the character,
+/// `*` stands for two letters ([`two_letters`]).
+const LATIN_BASES: &str = concat!(
+    "aaaaaa*ceeeeiiiidnooooo-ouuuuy-*",
+    "aaaaaa*ceeeeiiiidnooooo-ouuuuy-y",
+    "aaaaaaccccccccddddeeeeeeeeeegggggggghhhhiiiiiiiiii**jjkkkllllllllll",
+    "nnnnnnnnnoooooo**rrrrrrssssssssttttttuuuuuuuuuuuuwwyyyzzzzzzs",
+);
+
+/// The two letters of the characters [`LATIN_BASES`] marks with `*`.
+fn two_letters(c: char) -> &'static str {
+    match c {
+        '\u{c6}' | '\u{e6}' => "ae",
+        '\u{df}' => "ss",
+        '\u{132}' | '\u{133}' => "ij",
+        _ => "oe",
+    }
+}
+
+/// Text with the spellings that NFKC (Django's usernames) or an accent-
+/// and width-insensitive collation (MySQL's defaults) read as plain
+/// letters and digits written as them: full-width forms, mathematical
+/// and circled letters, ligatures, super- and subscript digits, Latin
+/// letters without their accents, and combining marks dropped. Each of
+/// them would otherwise be a fresh bucket for one account.
+pub fn plain_letters(text: &str) -> Cow<'_, str> {
+    if text.is_ascii() {
+        return Cow::Borrowed(text);
+    }
+    let offset = |c: char, from: u32| c as u32 - from;
+    let letter = |n: u32| char::from(b'a' + (n % 26) as u8);
+    let digit = |n: u32| char::from(b'0' + (n % 10) as u8);
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c as u32 {
+            0x300..=0x36F => {}
+            0xB2 | 0xB3 => out.push(digit(offset(c, 0xB0))),
+            0xB9 => out.push('1'),
+            0xC0..=0x17F => match LATIN_BASES.as_bytes()[offset(c, 0xC0) as usize] {
+                b'-' => out.push(c),
+                b'*' => out.push_str(two_letters(c)),
+                base => out.push(char::from(base)),
+            },
+            0x2070 | 0x2074..=0x2079 => out.push(digit(offset(c, 0x2070))),
+            0x2080..=0x2089 => out.push(digit(offset(c, 0x2080))),
+            0x24B6..=0x24E9 => out.push(letter(offset(c, 0x24B6))),
+            0xFB00 => out.push_str("ff"),
+            0xFB01 => out.push_str("fi"),
+            0xFB02 => out.push_str("fl"),
+            0xFB03 => out.push_str("ffi"),
+            0xFB04 => out.push_str("ffl"),
+            0xFB05 | 0xFB06 => out.push_str("st"),
+            0xFF01..=0xFF5E => out.extend(char::from_u32(offset(c, 0xFEE0))),
+            0x1D400..=0x1D6A3 => out.push(letter(offset(c, 0x1D400) % 52)),
+            0x1D7CE..=0x1D7FF => out.push(digit(offset(c, 0x1D7CE))),
+            _ => out.push(c),
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// A parameter or cookie name as compared with a rule's: decoded as a form
@@ -553,7 +615,35 @@ mod tests {
         for spelling in [" Alice@X.com", "AL\u{130}CE@x.com", "al\u{131}ce@x.com"] {
             assert_eq!(folded(spelling), "alice@x.com", "{spelling}");
         }
-        assert_eq!(folded("\u{c9}MILE"), "\u{e9}mile");
+        assert_eq!(folded("\u{c9}MILE"), "emile");
+    }
+
+    #[test]
+    fn compatibility_spellings_and_accents_are_plain_letters() {
+        // Full-width, circled, bold, fraktur, double-struck; accents, and a
+        // combining accent (NFD); a ligature; superscript digits.
+        for spelling in [
+            "\u{ff21}lice",
+            "\u{24d0}lice",
+            "\u{24b6}lice",
+            "\u{1d41a}lice",
+            "\u{1d51e}lice",
+            "\u{1d552}lice",
+            "\u{e1}lic\u{e9}",
+            "a\u{301}lice\u{300}",
+            "\u{100}LICE",
+        ] {
+            assert_eq!(folded(spelling), "alice", "{spelling}");
+        }
+        assert_eq!(folded("\u{fb01}ona"), "fiona");
+        assert_eq!(folded("user\u{b9}\u{b2}\u{b3}"), "user123");
+        assert_eq!(folded("\u{1d7ce}7"), "07");
+        assert_eq!(folded("stra\u{df}e"), "strasse");
+        assert_eq!(folded("\u{152}uvre"), "oeuvre");
+        assert_eq!(folded("\u{17f}ki"), "ski");
+        // What has no plain spelling stays as it is.
+        assert_eq!(folded("\u{444}\u{d7}"), "\u{444}\u{d7}");
+        assert_eq!(LATIN_BASES.len(), 0x180 - 0xC0);
     }
 
     #[test]
