@@ -268,18 +268,26 @@ pub fn name(raw: &str) -> String {
         .collect()
 }
 
-/// A character as an origin that ignores case compares it: ASCII in lower
-/// case, and the four letters outside ASCII whose other case is an ASCII
-/// letter taken as that letter. .NET's `OrdinalIgnoreCase` (ASP.NET Core's
-/// routing) equates `ı` with `i` and `ſ` with `s`; Java's
-/// `equalsIgnoreCase` also `İ` with `i` and the Kelvin sign with `k`. So
-/// `/admın` cannot slip past a rule for `/admin`.
+/// A character as an origin that ignores case compares it: in lower case
+/// (where that is one character: `É` is `é`, as ASP.NET Core's routing and
+/// IIS compare them), and the four letters outside ASCII whose other case
+/// is an ASCII letter taken as that letter. .NET's `OrdinalIgnoreCase`
+/// equates `ı` with `i` and `ſ` with `s`; Java's `equalsIgnoreCase` also
+/// `İ` with `i` and the Kelvin sign with `k`. So `/admın` cannot slip past
+/// a rule for `/admin`.
 pub fn fold_char(c: char) -> char {
     match c {
         '\u{130}' | '\u{131}' => 'i',
         '\u{17F}' => 's',
         '\u{212A}' => 'k',
-        c => c.to_ascii_lowercase(),
+        c if c.is_ascii() => c.to_ascii_lowercase(),
+        c => {
+            let mut lower = c.to_lowercase();
+            match (lower.next(), lower.next()) {
+                (Some(one), None) => one,
+                _ => c,
+            }
+        }
     }
 }
 
