@@ -88,6 +88,7 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
     let mut meta = request_meta(&req, &url);
     if isolate.config.needs_body(&meta) {
         meta.body = body_prefix(&req).await;
+        meta.body_cut = meta.body.is_none();
     }
     if isolate.config.needs_cf(&meta) {
         meta.cf = cf_facts(&req);
@@ -181,11 +182,15 @@ fn cf_facts(req: &web_sys::Request) -> Vec<(CfField, String)> {
 }
 
 /// At most [`MAX_BODY_BYTES`] of the body, read from a copy so the origin
-/// still gets it whole; `None` when there is none, it is larger, or reading
-/// fails. Reading stops at the limit, so a large body is never buffered.
+/// still gets it whole (empty when there is none); `None` when it is
+/// larger, or reading fails. Reading stops at the limit, so a large body
+/// is never buffered.
 async fn body_prefix(req: &web_sys::Request) -> Option<Vec<u8>> {
     let copy = req.clone().ok()?;
-    let reader: web_sys::ReadableStreamDefaultReader = copy.body()?.get_reader().unchecked_into();
+    let Some(stream) = copy.body() else {
+        return Some(Vec::new());
+    };
+    let reader: web_sys::ReadableStreamDefaultReader = stream.get_reader().unchecked_into();
     let mut bytes = Vec::new();
     loop {
         let chunk = JsFuture::from(reader.read()).await.ok()?;

@@ -174,9 +174,14 @@ impl<'de> Visitor<'de> for Member<'_> {
 /// multipart. Any other type has no fields.
 pub fn form_values<'a>(body: &'a [u8], content_type: &str, name: &str) -> Vec<Cow<'a, str>> {
     match media_type(content_type).as_str() {
-        "application/x-www-form-urlencoded" => match std::str::from_utf8(body) {
-            Ok(text) => canon::form_field_values(text, name),
-            Err(_) => vec![],
+        // PHP reads fields of a body that is not UTF-8 too: its bytes that
+        // are not become U+FFFD here.
+        "application/x-www-form-urlencoded" => match String::from_utf8_lossy(body) {
+            Cow::Borrowed(text) => canon::form_field_values(text, name),
+            Cow::Owned(text) => canon::form_field_values(&text, name)
+                .into_iter()
+                .map(|v| Cow::Owned(v.into_owned()))
+                .collect(),
         },
         "multipart/form-data" => match boundary(content_type) {
             Some(b) => multipart_values(body, &b, name),
@@ -214,9 +219,10 @@ fn media_type(content_type: &str) -> String {
         .to_ascii_lowercase()
 }
 
-/// The `boundary` parameter of a multipart content type, unquoted.
+/// The `boundary` parameter of a multipart content type, unquoted; PHP
+/// finds it after a `,` as after a `;`.
 fn boundary(content_type: &str) -> Option<String> {
-    content_type.split(';').skip(1).find_map(|param| {
+    content_type.split([';', ',']).skip(1).find_map(|param| {
         let (k, v) = param.split_once('=')?;
         (k.trim().eq_ignore_ascii_case("boundary"))
             .then(|| v.trim().trim_matches('"').to_owned())
@@ -234,29 +240,93 @@ fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
         .map(|p| p + from)
 }
 
+/// A delimiter line of a multipart body.
+enum Delimiter {
+    /// Another part follows: the previous one's content ends at `end`, the
+    /// new one's head starts at `head`.
+    Part { end: usize, head: usize },
+    /// The closing delimiter: the previous part's content ends at `end`.
+    Close { end: usize },
+}
+
+/// The next delimiter at or after `from`. As every origin's parser reads
+/// it, `--boundary` counts only where it starts the body or a line, and
+/// only followed by `--` or by the end of its line (RFC 2046): a
+/// `x--boundary` or `--boundaryx` in a preamble or a value is content.
+fn next_delimiter(body: &[u8], delimiter: &[u8], from: usize) -> Option<Delimiter> {
+    let line_start = [b"\r\n".as_slice(), delimiter].concat();
+    let mut search = from;
+    loop {
+        let (end, after) = if search == 0 && body.starts_with(delimiter) {
+            (0, delimiter.len())
+        } else {
+            let at = find(body, &line_start, search)?;
+            (at, at + line_start.len())
+        };
+        let rest = &body[after..];
+        if rest.starts_with(b"--") {
+            return Some(Delimiter::Close { end });
+        }
+        let pad = rest
+            .iter()
+            .take_while(|&&b| b == b' ' || b == b'\t')
+            .count();
+        if rest[pad..].starts_with(b"\r\n") {
+            return Some(Delimiter::Part {
+                end,
+                head: after + pad + 2,
+            });
+        }
+        search = end + 1;
+    }
+}
+
+/// One part of a multipart body: its head (the header lines) and content.
+type Part<'a> = (&'a [u8], &'a [u8]);
+
+/// The parts of a `multipart/form-data` body, and whether the body ends
+/// with its closing delimiter.
+fn multipart_parts<'a>(body: &'a [u8], boundary: &str) -> (Vec<Part<'a>>, bool) {
+    let delimiter = format!("--{boundary}");
+    let mut parts = Vec::new();
+    let mut next = next_delimiter(body, delimiter.as_bytes(), 0);
+    // PHP starts at the first `--boundary` line, past a closing one before it.
+    let mut closed_early = false;
+    while let Some(Delimiter::Close { end }) = next {
+        closed_early = true;
+        next = next_delimiter(body, delimiter.as_bytes(), end + 1);
+    }
+    while let Some(Delimiter::Part { head, .. }) = next {
+        let (head_end, content) = if body[head..].starts_with(b"\r\n") {
+            (head, head + 2)
+        } else {
+            match find(body, b"\r\n\r\n", head) {
+                Some(e) => (e, e + 4),
+                None => return (parts, false),
+            }
+        };
+        next = next_delimiter(body, delimiter.as_bytes(), content);
+        match next {
+            Some(Delimiter::Part { end, .. } | Delimiter::Close { end }) if end >= content => {
+                parts.push((&body[head..head_end], &body[content..end]));
+            }
+            _ => return (parts, false),
+        }
+    }
+    // A form with no field at all is its closing delimiter alone.
+    let closed = matches!(next, Some(Delimiter::Close { .. }))
+        || (next.is_none() && closed_early && parts.is_empty());
+    (parts, closed)
+}
+
 /// Fields of a `multipart/form-data` body (RFC 7578): each part's
 /// `Content-Disposition: form-data; name="..."` names it, and its content
 /// runs to the line break before the next delimiter (or to a NUL in it, as
 /// for every other value: [`canon::before_nul_bytes`]).
 fn multipart_values<'a>(body: &'a [u8], boundary: &str, name: &str) -> Vec<Cow<'a, str>> {
-    let delimiter = format!("--{boundary}");
-    let mut values: Vec<Cow<'a, str>> = Vec::new();
-    let mut at = match find(body, delimiter.as_bytes(), 0) {
-        Some(p) => p + delimiter.len(),
-        None => return values,
-    };
-    loop {
-        // `--` after a delimiter ends the body.
-        if body[at..].starts_with(b"--") {
-            break;
-        }
-        let Some(head_end) = find(body, b"\r\n\r\n", at) else {
-            break;
-        };
-        let Some(next) = find(body, format!("\r\n{delimiter}").as_bytes(), head_end) else {
-            break;
-        };
-        let head = String::from_utf8_lossy(&body[at..head_end]);
+    let (parts, _) = multipart_parts(body, boundary);
+    let values = parts.into_iter().filter_map(|(head, content)| {
+        let head = String::from_utf8_lossy(head);
         let named = head.lines().any(|line| {
             let Some((field, value)) = line.split_once(':') else {
                 return false;
@@ -269,13 +339,21 @@ fn multipart_values<'a>(body: &'a [u8], boundary: &str, name: &str) -> Vec<Cow<'
                     })
                 })
         });
-        if named {
-            let content = canon::before_nul_bytes(&body[head_end + 4..next]);
-            values.push(String::from_utf8_lossy(content));
+        named.then(|| String::from_utf8_lossy(canon::before_nul_bytes(content)))
+    });
+    canon::distinct(values)
+}
+
+/// Whether every field of a form body of this content type can be read:
+/// not a multipart body without its closing delimiter (or boundary), which
+/// an origin's more lenient parser may still read fields from.
+pub fn fields_readable(body: &[u8], content_type: &str) -> bool {
+    match media_type(content_type).as_str() {
+        "multipart/form-data" => {
+            boundary(content_type).is_some_and(|b| multipart_parts(body, &b).1)
         }
-        at = next + 2 + delimiter.len();
+        _ => true,
     }
-    canon::distinct(values.into_iter())
 }
 
 #[cfg(test)]
@@ -370,5 +448,49 @@ mod tests {
             );
             assert!(is_form(content_type), "{content_type}");
         }
+    }
+
+    #[test]
+    fn a_multipart_delimiter_starts_a_line_and_ends_it() {
+        let multipart = "multipart/form-data; boundary=B";
+        let part = |name: &str, value: &str| {
+            format!("Content-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n")
+        };
+        // A preamble holding what looks like a delimiter, then the parts
+        // every origin reads.
+        let body = format!(
+            "x--B\r\n{}--B--\r\n--B\r\n{}--B \r\n{}--B--\r\n",
+            part("username", "r4nd0m"),
+            part("username", "victim"),
+            part("password", "guess")
+        );
+        assert_eq!(
+            form_values(body.as_bytes(), multipart, "username"),
+            ["victim"]
+        );
+        assert_eq!(
+            form_values(body.as_bytes(), multipart, "password"),
+            ["guess"]
+        );
+        assert!(fields_readable(body.as_bytes(), multipart));
+        // PHP finds the boundary after a comma too.
+        let comma = "multipart/form-data, boundary=B";
+        assert_eq!(form_values(body.as_bytes(), comma, "username"), ["victim"]);
+        // A body without its closing delimiter cannot be read whole.
+        let open = format!("--B\r\n{}", part("username", "victim"));
+        assert!(!fields_readable(open.as_bytes(), multipart));
+        assert!(!fields_readable(body.as_bytes(), "multipart/form-data"));
+        assert!(fields_readable(b"a=1", "application/x-www-form-urlencoded"));
+        assert!(fields_readable(b"--B--\r\n", multipart));
+    }
+
+    #[test]
+    fn a_urlencoded_body_that_is_not_utf8_is_still_read() {
+        let url = "application/x-www-form-urlencoded";
+        assert_eq!(
+            form_values(b"a=\xff&_method=DELETE", url, "_method"),
+            ["DELETE"]
+        );
+        assert_eq!(form_values(b"a=\xff&b=\xfe", url, "a"), ["\u{fffd}"]);
     }
 }

@@ -26,6 +26,9 @@ pub struct RequestMeta {
     /// The body, when a matching rule keys on it and it fit in
     /// [`body::MAX_BODY_BYTES`]; `None` otherwise.
     pub body: Option<Vec<u8>>,
+    /// Whether the body was wanted but not read: longer than
+    /// [`body::MAX_BODY_BYTES`], or its stream failed.
+    pub body_cut: bool,
     /// The body parsed as JSON, filled in on first use.
     pub json: std::cell::OnceCell<Option<body::Json>>,
 }
@@ -83,10 +86,19 @@ impl RequestMeta {
                     .filter(|_| body::is_json(content_type))
                     .and_then(|_| self.json())
                     .and_then(|doc| body::json_last_value(doc, JSON_METHOD_FIELD));
+                // A form or JSON body that could not be read whole may name
+                // any method in a field: it counts as every method.
+                let unread = (body::is_form(content_type) || body::is_json(content_type))
+                    && (self.body_cut
+                        || self
+                            .body
+                            .as_ref()
+                            .is_some_and(|b| !body::fields_readable(b, content_type)));
                 headers
                     .chain(query)
                     .chain(form)
                     .chain(json)
+                    .chain(unread.then_some(Cow::Borrowed(ANY_METHOD)))
                     .map(|m| m.trim().to_ascii_uppercase())
                     .collect()
             }
@@ -170,6 +182,10 @@ impl RequestMeta {
 /// The query or form field through which a POST may ask the origin to
 /// treat it as another method.
 const METHOD_FIELD: &str = "_method";
+
+/// In [`RequestMeta::methods`], a method the limiter cannot know: every
+/// rule's `methods` take it, and it costs the most any method does.
+pub const ANY_METHOD: &str = "*";
 
 /// [`METHOD_FIELD`] as a member of a JSON body's top-level object.
 const JSON_METHOD_FIELD: &str = "/_method";

@@ -8,7 +8,7 @@ use super::{
     cidr::Cidr,
     lease::Lease,
     policy::Policy,
-    request::{CfField, RequestMeta},
+    request::{CfField, RequestMeta, ANY_METHOD},
 };
 
 /// Time budget for the Redis call when a rule gives none, ms.
@@ -158,6 +158,9 @@ impl Cost {
     /// Units a request with this (upper-case) method costs; 0 means it is
     /// reported on but never consumes or is denied.
     pub fn for_method(&self, method: &str) -> u64 {
+        if method == ANY_METHOD {
+            return self.max();
+        }
         self.per_method
             .iter()
             .find(|(m, _)| m == method)
@@ -304,17 +307,22 @@ fn host_matches(pattern: &str, host: &str) -> bool {
 impl Rule {
     /// Whether this rule applies to the request.
     pub fn matches(&self, req: &RequestMeta) -> bool {
-        (self.methods.is_empty() || req.methods().iter().any(|m| self.methods.contains(m)))
+        (self.methods.is_empty()
+            || req
+                .methods()
+                .iter()
+                .any(|m| m == ANY_METHOD || self.methods.contains(m)))
             && self.matches_all_but_method(req)
     }
 
     /// Whether deciding this rule needs the request's body: a matching rule
-    /// keyed on it, or a rule for methods other than POST that a form or
-    /// JSON POST may name in its `_method` field.
+    /// keyed on it, or one that a form or JSON POST's `_method` field could
+    /// make apply (a rule for other methods) or cost more.
     pub fn needs_body(&self, req: &RequestMeta) -> bool {
+        let other_methods = !self.methods.is_empty() && !self.methods.iter().any(|m| m == "POST");
+        let dearer = self.cost.max() > self.cost.for_method("POST");
         let overridable = req.method == "POST"
-            && !self.methods.is_empty()
-            && !self.methods.iter().any(|m| m == "POST")
+            && (other_methods || dearer)
             && req
                 .header("content-type")
                 .is_some_and(|t| body::is_form(t) || body::is_json(t))
@@ -733,7 +741,10 @@ mod tests {
             ("/adm%C4%B0n", "/admin"),
             ("/\u{17F}ite/\u{212A}ey", "/site/key"),
             ("/caf\u{c9}", "/caf\u{e9}"),
-            ("/\u{412}\u{425}\u{41e}\u{414}", "/\u{432}\u{445}\u{43e}\u{434}"),
+            (
+                "/\u{412}\u{425}\u{41e}\u{414}",
+                "/\u{432}\u{445}\u{43e}\u{434}",
+            ),
             ("/%2561pi/x", "/api/x"),
             ("/login;jsessionid=1", "/login"),
             ("/api;x/y;z", "/api/y"),
@@ -884,5 +895,25 @@ mod tests {
                 "{query}"
             );
         }
+    }
+
+    #[test]
+    fn a_body_that_cannot_be_read_whole_counts_as_every_method() {
+        let deletes = rule(json!({"methods": ["DELETE"]}));
+        let form = [("content-type", "application/x-www-form-urlencoded")];
+        let mut cut = built("POST", "/x", None, &form);
+        assert!(!deletes.matches(&cut));
+        // Longer than the limiter reads: a `_method` may lie beyond.
+        cut.body_cut = true;
+        assert!(deletes.matches(&cut));
+        let multipart = [("content-type", "multipart/form-data; boundary=B")];
+        let mut open = built("POST", "/x", None, &multipart);
+        open.body = Some(b"--B\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\n1".to_vec());
+        assert!(deletes.matches(&open));
+        let costs = rule(json!({"cost": {"default": 1, "DELETE": 10}, "burst": 10}));
+        assert_eq!(costs.cost.for_methods(&cut.methods()), 10);
+        // Such a rule reads the body, so that `_method=DELETE` costs 10.
+        assert!(costs.needs_body(&built("POST", "/x", None, &form)));
+        assert!(!rule(json!({})).needs_body(&built("POST", "/x", None, &form)));
     }
 }

@@ -166,7 +166,11 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         self.answered(&call);
         let keys = call.rule_keys();
         match result {
-            Ok(decision) => self.keep_grants(&checks, &keys, &decision, now_ms),
+            Ok(decision) => {
+                // A refresh is a call too: a block it reads ends the leases.
+                self.end_blocked_leases(&call, &decision);
+                self.keep_grants(&checks, &keys, &decision, now_ms)
+            }
             Err(error) => checks
                 .iter()
                 .zip(&keys)

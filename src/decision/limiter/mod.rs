@@ -745,6 +745,47 @@ mod tests {
         assert!(sent.args.iter().any(|a| a == text), "{:?}", sent.args);
     }
 
+    /// A refresh is a call: a block it reads ends the client's leases there
+    /// and then, not only at the next request's own call.
+    #[test]
+    fn a_lease_refresh_that_reads_a_block_ends_the_leases() {
+        let block = crate::rules::overrides::BLOCK_TEXT;
+        // Denied without end, no lease granted, the client's override: a block.
+        let store = fake(Ok(json!([0, 300, 0, 0, -1, 1, 0, 0, 1, 0, block])));
+        let c = Config::from_json(&json!({"rules": [{"name": "hot", "key": ["ip"],
+            "algorithm": "gcra", "rate": 100, "period": "1s", "burst": 300, "lease": 20,
+            "overrides": true}]}))
+        .unwrap();
+        let leases = RefCell::new(Leases::new());
+        let key = redis_key("hot", &["192.0.2.1"]);
+        let held = crate::decision::verdict::RuleState {
+            verdict: crate::decision::verdict::Verdict::Admitted,
+            limit: 300,
+            remaining: 200,
+            reset_after_ms: 0,
+            window: 1,
+        };
+        leases.borrow_mut().grant(&key, 20, 2_000, 0, (held, None));
+        assert!(leases.borrow_mut().can_spend(&key, 1, 10));
+        let limiter = Limiter {
+            config: &c,
+            store: &store,
+            cache: &RefCell::new(BlockCache::new(HOLD)),
+            leases: &leases,
+            wide: &RefCell::new(RuleWide::new()),
+            pinned: false,
+        };
+        let pending = LeaseRefresh {
+            rules: vec![(RuleId(0), vec!["192.0.2.1".into()], 5)],
+        };
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(limiter.refresh(&pending, 10));
+        assert_eq!(store.calls.get(), 1);
+        assert!(!leases.borrow_mut().can_spend(&key, 1, 20));
+    }
+
     #[test]
     fn only_matching_rules_are_sent() {
         let store = fake(Ok(serde_json::from_str(ADMIT_ONE).unwrap()));
