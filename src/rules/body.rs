@@ -219,16 +219,22 @@ fn media_type(content_type: &str) -> String {
         .to_ascii_lowercase()
 }
 
-/// The `boundary` parameter of a multipart content type, unquoted; PHP
-/// finds it after a `,` as after a `;`.
+/// The `boundary` parameter of a multipart content type, as PHP finds it:
+/// after `boundary=` anywhere, to its closing quote when quoted, else to a
+/// `,` or `;`. Longer than RFC 2046's 70 characters (with room to spare)
+/// is no boundary: searching for one would cost its length per byte.
 fn boundary(content_type: &str) -> Option<String> {
-    content_type.split([';', ',']).skip(1).find_map(|param| {
-        let (k, v) = param.split_once('=')?;
-        (k.trim().eq_ignore_ascii_case("boundary"))
-            .then(|| v.trim().trim_matches('"').to_owned())
-            .filter(|b| !b.is_empty())
-    })
+    let at = content_type.to_ascii_lowercase().find("boundary=")? + "boundary=".len();
+    let value = &content_type[at..];
+    let value = match value.strip_prefix('"') {
+        Some(quoted) => quoted.split('"').next().unwrap_or_default(),
+        None => value.split([',', ';']).next().unwrap_or_default().trim(),
+    };
+    (!value.is_empty() && value.len() <= MAX_BOUNDARY).then(|| value.to_owned())
 }
+
+/// The longest boundary read: RFC 2046 allows 70 characters.
+const MAX_BOUNDARY: usize = 200;
 
 fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
     if needle.is_empty() || from > haystack.len() {
@@ -240,82 +246,61 @@ fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
         .map(|p| p + from)
 }
 
-/// A delimiter line of a multipart body.
-enum Delimiter {
-    /// Another part follows: the previous one's content ends at `end`, the
-    /// new one's head starts at `head`.
-    Part { end: usize, head: usize },
-    /// The closing delimiter: the previous part's content ends at `end`.
-    Close { end: usize },
-}
-
-/// The next delimiter at or after `from`. As every origin's parser reads
-/// it, `--boundary` counts only where it starts the body or a line, and
-/// only followed by `--` or by the end of its line (RFC 2046): a
-/// `x--boundary` or `--boundaryx` in a preamble or a value is content.
-fn next_delimiter(body: &[u8], delimiter: &[u8], from: usize) -> Option<Delimiter> {
-    let line_start = [b"\r\n".as_slice(), delimiter].concat();
-    let mut search = from;
-    loop {
-        let (end, after) = if search == 0 && body.starts_with(delimiter) {
-            (0, delimiter.len())
-        } else {
-            let at = find(body, &line_start, search)?;
-            (at, at + line_start.len())
-        };
-        let rest = &body[after..];
-        if rest.starts_with(b"--") {
-            return Some(Delimiter::Close { end });
-        }
-        let pad = rest
-            .iter()
-            .take_while(|&&b| b == b' ' || b == b'\t')
-            .count();
-        if rest[pad..].starts_with(b"\r\n") {
-            return Some(Delimiter::Part {
-                end,
-                head: after + pad + 2,
-            });
-        }
-        search = end + 1;
-    }
-}
-
 /// One part of a multipart body: its head (the header lines) and content.
 type Part<'a> = (&'a [u8], &'a [u8]);
 
-/// The parts of a `multipart/form-data` body, and whether the body ends
-/// with its closing delimiter.
+/// A line of `body` from `at`: its text without the line break and the
+/// spaces, tabs and carriage return before it, and where the next starts.
+fn line_at(body: &[u8], at: usize) -> (&[u8], usize) {
+    let end = find(body, b"\n", at).unwrap_or(body.len());
+    let mut text = &body[at..end];
+    while let [rest @ .., b' ' | b'\t' | b'\r'] = text {
+        text = rest;
+    }
+    (text, (end + 1).min(body.len()))
+}
+
+/// The parts of a `multipart/form-data` body, and whether it has a closing
+/// delimiter. Parsers differ on malformed bodies, so every part any of them
+/// reads is read: a part starts at every line that is `--boundary` (after
+/// a closing one too, as PHP goes on reading), its head ends at the first
+/// empty line, and its content at the next `--boundary` that starts a line,
+/// whatever follows it (PHP and busboy end a value there; a bare line feed
+/// ends lines as in PHP). Values read differently then count as repeated.
 fn multipart_parts<'a>(body: &'a [u8], boundary: &str) -> (Vec<Part<'a>>, bool) {
     let delimiter = format!("--{boundary}");
-    let mut parts = Vec::new();
-    let mut next = next_delimiter(body, delimiter.as_bytes(), 0);
-    // PHP starts at the first `--boundary` line, past a closing one before it.
-    let mut closed_early = false;
-    while let Some(Delimiter::Close { end }) = next {
-        closed_early = true;
-        next = next_delimiter(body, delimiter.as_bytes(), end + 1);
-    }
-    while let Some(Delimiter::Part { head, .. }) = next {
-        let (head_end, content) = if body[head..].starts_with(b"\r\n") {
-            (head, head + 2)
-        } else {
-            match find(body, b"\r\n\r\n", head) {
-                Some(e) => (e, e + 4),
-                None => return (parts, false),
-            }
-        };
-        next = next_delimiter(body, delimiter.as_bytes(), content);
-        match next {
-            Some(Delimiter::Part { end, .. } | Delimiter::Close { end }) if end >= content => {
-                parts.push((&body[head..head_end], &body[content..end]));
-            }
-            _ => return (parts, false),
+    let close = format!("{delimiter}--");
+    let value_end = format!("\n{delimiter}");
+    let (mut parts, mut closed, mut at) = (Vec::new(), false, 0);
+    while at < body.len() {
+        let (line, next) = line_at(body, at);
+        at = next;
+        if line == close.as_bytes() {
+            closed = true;
+            continue;
         }
+        if line != delimiter.as_bytes() {
+            continue;
+        }
+        let head = at;
+        let content = loop {
+            let (header, after) = line_at(body, at);
+            if header.is_empty() || after == at {
+                break after;
+            }
+            at = after;
+        };
+        // The value ends at the line break before the next delimiter.
+        let Some(end) = find(body, value_end.as_bytes(), content.saturating_sub(1)) else {
+            break;
+        };
+        let mut value = &body[content..end.max(content)];
+        if let [rest @ .., b'\r'] = value {
+            value = rest;
+        }
+        parts.push((&body[head..at.max(head)], value));
+        at = end + 1;
     }
-    // A form with no field at all is its closing delimiter alone.
-    let closed = matches!(next, Some(Delimiter::Close { .. }))
-        || (next.is_none() && closed_early && parts.is_empty());
     (parts, closed)
 }
 
@@ -456,6 +441,12 @@ mod tests {
         let part = |name: &str, value: &str| {
             format!("Content-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n")
         };
+        let values = |body: &str, content_type: &str, name: &str| {
+            form_values(body.as_bytes(), content_type, name)
+                .into_iter()
+                .map(|v| v.into_owned())
+                .collect::<Vec<_>>()
+        };
         // A preamble holding what looks like a delimiter, then the parts
         // every origin reads.
         let body = format!(
@@ -464,22 +455,41 @@ mod tests {
             part("username", "victim"),
             part("password", "guess")
         );
+        assert_eq!(values(&body, multipart, "username"), ["victim"]);
+        assert_eq!(values(&body, multipart, "password"), ["guess"]);
+        assert!(fields_readable(body.as_bytes(), multipart));
+        // A value ends at the next delimiter whatever follows it, as PHP
+        // and busboy end it.
+        let tail = format!("--B\r\n{}--Bx4711\r\n--B--\r\n", part("username", "victim"));
+        assert_eq!(values(&tail, multipart, "username"), ["victim"]);
+        // PHP reads on after a closing delimiter: both values, so no bucket.
+        let after = format!(
+            "--B\r\n{}--B--\r\n--B\r\n{}--B--\r\n",
+            part("username", "r4nd"),
+            part("username", "victim")
+        );
+        assert_eq!(values(&after, multipart, "username"), ["r4nd", "victim"]);
+        // A quoted boundary keeps its commas; a bare one ends at `,` or `;`.
+        let quoted = format!(
+            "--x\r\n{}--x--\r\n--x,y\r\n{}--x,y--\r\n",
+            part("username", "r4nd"),
+            part("username", "victim")
+        );
+        let comma = "multipart/form-data; boundary=\"x,y\"";
+        assert_eq!(values(&quoted, comma, "username"), ["victim"]);
         assert_eq!(
-            form_values(body.as_bytes(), multipart, "username"),
+            values(&body, "multipart/form-data, boundary=B", "username"),
             ["victim"]
         );
-        assert_eq!(
-            form_values(body.as_bytes(), multipart, "password"),
-            ["guess"]
-        );
-        assert!(fields_readable(body.as_bytes(), multipart));
-        // PHP finds the boundary after a comma too.
-        let comma = "multipart/form-data, boundary=B";
-        assert_eq!(form_values(body.as_bytes(), comma, "username"), ["victim"]);
+        // Line feeds alone end lines, as in PHP.
+        let lf = "--B\nContent-Disposition: form-data; name=\"username\"\n\nalice\n--B--\n";
+        assert_eq!(values(lf, multipart, "username"), ["alice"]);
         // A body without its closing delimiter cannot be read whole.
         let open = format!("--B\r\n{}", part("username", "victim"));
         assert!(!fields_readable(open.as_bytes(), multipart));
         assert!(!fields_readable(body.as_bytes(), "multipart/form-data"));
+        let long = format!("multipart/form-data; boundary={}", "b".repeat(201));
+        assert!(!fields_readable(body.as_bytes(), &long));
         assert!(fields_readable(b"a=1", "application/x-www-form-urlencoded"));
         assert!(fields_readable(b"--B--\r\n", multipart));
     }

@@ -343,7 +343,6 @@ impl Rule {
             && !self.exempts(req)
     }
 
-    /// Whether the client's address lies in one of `except_ips`.
     /// Whether a (canonical) path lies below the prefix and fits the pattern.
     fn matches_path(&self, path: &str) -> bool {
         let prefix = self.path_prefix.trim_end_matches('/');
@@ -354,6 +353,7 @@ impl Rule {
         below_prefix && self.path.as_deref().is_none_or(|p| path_matches(p, path))
     }
 
+    /// Whether the client's address lies in one of `except_ips`.
     fn exempts(&self, req: &RequestMeta) -> bool {
         !self.except_ips.is_empty()
             && req
@@ -851,6 +851,9 @@ mod tests {
         assert!(search.matches(&climbing));
         let exact = rule(json!({"path": "/items/7"}));
         assert!(exact.matches(&built("GET", "/items/007", None, &[])));
+        // A pattern about how a number is written still sees it so.
+        let padded = rule(json!({"path": "/v/0*"}));
+        assert!(padded.matches(&built("GET", "/v/012", None, &[])));
     }
 
     #[test]
