@@ -99,21 +99,16 @@ fn pipe(mut tls: TlsStream<TcpStream>, mut plain: TcpStream) {
         return;
     }
     let mut buf = [0u8; 16 * 1024];
-    loop {
-        match tls.read(&mut buf) {
-            Ok(0) => return,
-            Ok(n) if plain.write_all(&buf[..n]).is_err() => return,
-            Ok(_) => {}
-            Err(e) if waited(e.kind()) => {}
-            Err(_) => return,
-        }
-        match plain.read(&mut buf) {
-            Ok(0) => return,
-            Ok(n) if tls.write_all(&buf[..n]).is_err() => return,
-            Ok(_) => {}
-            Err(e) if waited(e.kind()) => {}
-            Err(_) => return,
-        }
+    while relay(&mut tls, &mut plain, &mut buf) && relay(&mut plain, &mut tls, &mut buf) {}
+}
+
+/// Copies what `from` gives within its turn to `to`; false once either
+/// side is done.
+fn relay(from: &mut impl Read, to: &mut impl Write, buf: &mut [u8]) -> bool {
+    match from.read(buf) {
+        Ok(0) => false,
+        Ok(n) => to.write_all(&buf[..n]).is_ok(),
+        Err(e) => waited(e.kind()),
     }
 }
 

@@ -713,15 +713,31 @@ mod tests {
     const ADMIT_ONE: &str = "[1, 5, 4, 200, 0, 1]";
     const DENY_LOGIN: &str = "[1, 5, 4, 200, 0, 1, 0, 1, 0, 60000, 60000, 1]";
 
+    /// A GCRA rule that leases and takes overrides.
+    fn leasing_with_overrides() -> Config {
+        Config::from_json(&json!({"rules": [{"name": "hot", "key": ["ip"],
+            "algorithm": "gcra", "rate": 100, "period": "1s", "burst": 300, "lease": 20,
+            "overrides": true}]}))
+        .unwrap()
+    }
+
+    /// Asks, at 10 ms, for 5 units of rule 0 for client 192.0.2.1.
+    fn refresh_one(limiter: &Limiter<'_, '_, Fake>) {
+        let pending = LeaseRefresh {
+            rules: vec![(RuleId(0), vec!["192.0.2.1".into()], 5)],
+        };
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(limiter.refresh(&pending, 10));
+    }
+
     /// Lease refreshes, sent after responses, are decided under the
     /// rule-wide override the isolate holds, as requests' own calls are.
     #[test]
     fn a_lease_refresh_carries_the_rule_wide_override() {
         let store = fake(Ok(serde_json::from_str(ADMIT_ONE).unwrap()));
-        let c = Config::from_json(&json!({"rules": [{"name": "hot", "key": ["ip"],
-            "algorithm": "gcra", "rate": 100, "period": "1s", "burst": 300, "lease": 20,
-            "overrides": true}]}))
-        .unwrap();
+        let c = leasing_with_overrides();
         let wide = RefCell::new(RuleWide::new());
         let text = "v1 gcra 100 1000 30 10000";
         assert!(wide.borrow_mut().start_read("hot", 0));
@@ -734,13 +750,7 @@ mod tests {
             wide: &wide,
             pinned: false,
         };
-        let pending = LeaseRefresh {
-            rules: vec![(RuleId(0), vec!["192.0.2.1".into()], 5)],
-        };
-        tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap()
-            .block_on(limiter.refresh(&pending, 10));
+        refresh_one(&limiter);
         let sent = last(&store);
         assert!(sent.args.iter().any(|a| a == text), "{:?}", sent.args);
     }
@@ -752,10 +762,7 @@ mod tests {
         let block = crate::rules::overrides::BLOCK_TEXT;
         // Denied without end, no lease granted, the client's override: a block.
         let store = fake(Ok(json!([0, 300, 0, 0, -1, 1, 0, 0, 1, 0, block])));
-        let c = Config::from_json(&json!({"rules": [{"name": "hot", "key": ["ip"],
-            "algorithm": "gcra", "rate": 100, "period": "1s", "burst": 300, "lease": 20,
-            "overrides": true}]}))
-        .unwrap();
+        let c = leasing_with_overrides();
         let leases = RefCell::new(Leases::new());
         let key = redis_key("hot", &["192.0.2.1"]);
         let held = crate::decision::verdict::RuleState {
@@ -775,13 +782,7 @@ mod tests {
             wide: &RefCell::new(RuleWide::new()),
             pinned: false,
         };
-        let pending = LeaseRefresh {
-            rules: vec![(RuleId(0), vec!["192.0.2.1".into()], 5)],
-        };
-        tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap()
-            .block_on(limiter.refresh(&pending, 10));
+        refresh_one(&limiter);
         assert_eq!(store.calls.get(), 1);
         assert!(!leases.borrow_mut().can_spend(&key, 1, 20));
     }
