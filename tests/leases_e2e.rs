@@ -131,8 +131,11 @@ async fn leased_units_outlive_an_unreachable_redis_until_their_deadline() {
         body: "down".into(),
     });
     let faulted = Instant::now();
+    // More than an isolate may hold: a refresh tops up a lease once half
+    // of it is left, so 1.5 x `lease` at most (README, Quota leases).
+    let (sent, most) = (40, 30);
     let mut during = vec![];
-    for _ in 0..30 {
+    for _ in 0..sent {
         during.push(get(&url, "198.51.100.9").await.status());
     }
     let within = faulted.elapsed();
@@ -141,9 +144,9 @@ async fn leased_units_outlive_an_unreachable_redis_until_their_deadline() {
     let after = get(&url, "198.51.100.9").await.status();
     proxy.set(Fault::Pass);
     let served = during.iter().filter(|s| **s == StatusCode::OK).count();
-    eprintln!("{served} of 30 served from the lease in {within:?}, then {after}");
+    eprintln!("{served} of {sent} served from the lease in {within:?}, then {after}");
     assert!(served >= 1, "no leased unit was spent: {during:?}");
-    assert!(served <= 20, "more than a lease holds: {during:?}");
+    assert!(served <= most, "more than an isolate holds: {during:?}");
     // Served first, then the fail mode: never a unit after the fail mode.
     assert!(
         during[..served].iter().all(|s| *s == StatusCode::OK),
