@@ -763,6 +763,22 @@ async fn json_and_form_fields_key_clients_folded_when_asked() {
         let r = post(&url("/exact"), "198.51.100.16", ct, twice.into()).await;
         assert_eq!(r.status(), expected, "{twice}");
     }
+
+    // A number id is one client however it is written, and the same as
+    // its digits sent as a string: JavaScript and Python compare them so.
+    let r = post(
+        &url("/exact"),
+        "198.51.100.17",
+        ct,
+        br#"{"username": 1e18}"#.into(),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    for spelling in ["1000000000000000000", "1.0e18", r#""1000000000000000000""#] {
+        let body = format!(r#"{{"username": {spelling}}}"#);
+        let r = post(&url("/exact"), "198.51.100.18", ct, body.into()).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{spelling}");
+    }
 }
 
 #[tokio::test]

@@ -15,21 +15,36 @@ use crate::rules::canon;
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// The text a JSON value counts as: a string as itself up to any NUL
-/// ([`canon::before_nul`]), a number or a boolean as written canonically
-/// (`1.0` and `1e0` as `1`, so an origin comparing numbers sees one
-/// value), an object or array as compact JSON.
+/// ([`canon::before_nul`]), a number as [`number_text`], a boolean, object
+/// or array as compact JSON.
 /// `null` and a missing value count as missing (`None`).
 fn json_text(value: &Value) -> Option<Cow<'_, str>> {
     match value {
         Value::Null => None,
         Value::String(s) => Some(Cow::Borrowed(canon::before_nul(s))),
-        Value::Number(n) => Some(Cow::Owned(match n.as_f64() {
-            Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9.007_199_254_740_992e15 => {
-                format!("{}", f as i64)
-            }
-            _ => n.to_string(),
-        })),
+        Value::Number(n) => Some(Cow::Owned(number_text(n))),
         other => Some(Cow::Owned(other.to_string())),
+    }
+}
+
+/// A number that equals an integer as that integer's digits, however it
+/// is written (`1.0`, `1e0` and `1` as `1`; `1e18` as the digits `1` and
+/// `1000000000000000000` are written with), since JavaScript and Python
+/// both take them as one value; any other as serde_json writes it.
+fn number_text(n: &serde_json::Number) -> String {
+    // Integers beyond 2^64 parse as doubles too, so they and their float
+    // spellings meet in serde_json's shortest form.
+    const TWO_TO_64: f64 = 18_446_744_073_709_551_616.0;
+    match n.as_f64() {
+        Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < TWO_TO_64 => {
+            let digits = (f.abs() as u64).to_string();
+            if f < 0.0 {
+                format!("-{digits}")
+            } else {
+                digits
+            }
+        }
+        _ => n.to_string(),
     }
 }
 
@@ -362,6 +377,24 @@ mod tests {
         assert_eq!(value(&doc, "/a~1b").as_deref(), Some("slash"));
         let nul = parse_json(br#"{"u": "alice\u0000x"}"#).unwrap();
         assert_eq!(value(&nul, "/u").as_deref(), Some("alice"));
+    }
+
+    #[test]
+    fn numbers_equal_to_an_integer_count_as_its_digits() {
+        let doc = parse_json(
+            br#"{"int": 1000000000000000000, "exp": 1e18, "float": 1000000000000000000.0,
+                "text": "1000000000000000000", "neg": -12e0, "zero": -0.0, "half": 1.5,
+                "huge": 18446744073709551616, "huge_exp": 1.8446744073709552e19}"#,
+        )
+        .unwrap();
+        for pointer in ["/int", "/exp", "/float", "/text"] {
+            let text = value(&doc, pointer);
+            assert_eq!(text.as_deref(), Some("1000000000000000000"), "{pointer}");
+        }
+        assert_eq!(value(&doc, "/neg").as_deref(), Some("-12"));
+        assert_eq!(value(&doc, "/zero").as_deref(), Some("0"));
+        assert_eq!(value(&doc, "/half").as_deref(), Some("1.5"));
+        assert_eq!(value(&doc, "/huge"), value(&doc, "/huge_exp"));
     }
 
     #[test]
