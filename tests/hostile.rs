@@ -1229,6 +1229,7 @@ async fn routes_and_mangled_names_an_origin_takes_stay_under_their_rule() {
             ("/admin.json", "429 admin"),
             ("/p/7", "200 by-path"),
             ("/p/007", "429 by-path"),
+            ("/p/+7", "429 by-path"),
             // Decoded three times the `..` leaves /p; once, it stays below.
             ("/p/a%252F..%252F..", "200 by-path"),
             ("/p/b%252F..%252F..", "429 by-path"),

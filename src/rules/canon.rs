@@ -384,22 +384,30 @@ pub fn credentials(value: &str) -> Cow<'_, str> {
     }
 }
 
-/// A value of digits alone without its leading zeros (`0123` is `123`,
-/// `000` is `0`): an origin that takes it as a number (`<int:pk>`, a
-/// `long` parameter, a cast in SQL) reads every such spelling as one id.
+/// A value of digits alone, signed or not, as the integer's shortest
+/// digits (`0123`, `+123` and ` 123` are `123`; `-0` is `0`): an origin that
+/// takes it as a number (`<int:pk>`, a `long` parameter, `int()`, a cast in
+/// SQL) reads every such spelling as one id.
 pub fn digits(value: Cow<'_, str>) -> Cow<'_, str> {
     // Trimmed first, as an origin that trims (Django's forms) reads ` 0042`.
     let number = value.trim();
-    let padded =
-        number.len() > 1 && number.starts_with('0') && number.bytes().all(|b| b.is_ascii_digit());
-    if !padded {
+    let (minus, unsigned) = match number.as_bytes().first() {
+        Some(b'-') => (true, &number[1..]),
+        Some(b'+') => (false, &number[1..]),
+        _ => (false, number),
+    };
+    if unsigned.is_empty() || !unsigned.bytes().all(|b| b.is_ascii_digit()) {
         return value;
     }
-    let kept = match number.trim_start_matches('0') {
+    let kept = match unsigned.trim_start_matches('0') {
         "" => "0",
         rest => rest,
     };
-    Cow::Owned(kept.to_owned())
+    match (minus && kept != "0", kept.len() == value.len()) {
+        (false, true) => value,
+        (false, false) => Cow::Owned(kept.to_owned()),
+        (true, _) => Cow::Owned(format!("-{kept}")),
+    }
 }
 
 /// The path as origins most likely resolve it, so that no other spelling
@@ -601,10 +609,18 @@ mod tests {
         assert_eq!(d("000"), "0");
         assert_eq!(d("0"), "0");
         assert_eq!(d("123"), "123");
+        assert_eq!(d(" 42"), "42");
+        assert_eq!(d("+0042"), "42");
+        assert_eq!(d("-0042"), "-42");
+        assert_eq!(d("-000"), "0");
+        assert_eq!(d("+"), "+");
+        assert_eq!(d("--1"), "--1");
+        assert_eq!(d("1-"), "1-");
         assert_eq!(d("0x1"), "0x1");
         assert_eq!(d("01a"), "01a");
         assert_eq!(d(""), "");
         assert_eq!(normalize_path("/items/0042/"), "/items/42");
+        assert_eq!(normalize_path("/items/+42"), "/items/42");
     }
 
     #[test]
