@@ -1,8 +1,10 @@
 // Drops the wasm "name" custom section that worker-build keeps (function
 // names for stack traces): it is about a sixth of the gzipped bundle, which
-// has a size budget. Usage: node scripts/strip-names.mjs FILE.wasm
+// has a size budget. The toolchain's producers and target features records
+// go too: no runtime reads them. Usage: node scripts/strip-names.mjs FILE.wasm
 import { readFileSync, writeFileSync } from "node:fs";
 
+const DROPPED = ["name", "producers", "target_features"];
 const file = process.argv[2];
 const wasm = readFileSync(file);
 
@@ -28,7 +30,7 @@ while (at < wasm.length) {
   let drop = false;
   if (id === 0) {
     const [nameLength, name] = leb(body);
-    drop = wasm.subarray(name, name + nameLength).toString() === "name";
+    drop = DROPPED.includes(wasm.subarray(name, name + nameLength).toString());
   }
   if (!drop) kept.push(wasm.subarray(at, end));
   at = end;
