@@ -779,6 +779,35 @@ async fn json_and_form_fields_key_clients_folded_when_asked() {
         let r = post(&url("/exact"), "198.51.100.18", ct, body.into()).await;
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{spelling}");
     }
+
+    // `Username` is `username` to Go and ASP.NET Core, and an array is any
+    // of its elements to Laravel and Rails: `erin` spent, each spelling
+    // finds her bucket or is refused.
+    let r = post(&url("/exact"), "198.51.100.19", ct, json("erin")).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    for (body, expected) in [
+        (r#"{"Username": "erin"}"#, StatusCode::TOO_MANY_REQUESTS),
+        (r#"{"username": ["erin"]}"#, StatusCode::TOO_MANY_REQUESTS),
+        (
+            r#"{"username": "fresh12", "Username": "erin"}"#,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            r#"{"username": ["fresh13", "erin"]}"#,
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let r = post(&url("/exact"), "198.51.100.19", ct, body.into()).await;
+        assert_eq!(r.status(), expected, "{body}");
+    }
+    // `user[]` is the field `user` as an array (PHP, Rack, Express).
+    for (body, expected) in [
+        ("user[]=carol", StatusCode::TOO_MANY_REQUESTS),
+        ("user=fresh14&user[]=carol", StatusCode::BAD_REQUEST),
+    ] {
+        let r = post(&url("/form"), "198.51.100.19", urlencoded, body.into()).await;
+        assert_eq!(r.status(), expected, "{body}");
+    }
 }
 
 #[tokio::test]

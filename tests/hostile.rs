@@ -755,10 +755,25 @@ fn spellings_share_one_bucket(base: &str) -> (Vec<String>, u64) {
                 .to_vec(),
         ),
         (
+            "query value, a number however written",
+            [
+                "k=42",
+                "k=0042",
+                "k=%2B42",
+                "k=42.0",
+                "k=4_2",
+                "k=%D9%A4%D9%A2",
+            ]
+            .map(query)
+            .to_vec(),
+        ),
+        (
             "cookie, quoted and escaped",
             [
                 "sid=c1",
                 "sid=\"c1\"",
+                "sid=\"\\143\\061\"",
+                "sid=\"c\\1\"",
                 "sid=%63%31",
                 "sid=\"%63%31\"",
                 "sid=%22c1%22",

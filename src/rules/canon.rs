@@ -258,11 +258,20 @@ pub fn plain_letters(text: &str) -> Cow<'_, str> {
 /// [`fold_char`]), spaces and brackets that start it dropped (PHP drops the
 /// spaces, Rack the brackets: ` user` and `[user` are `user` to them), every
 /// `]` dropped (Rack reads `user]` as `user`), and `.`, ` ` and `[` read as
-/// `_`, as PHP rewrites them in names.
+/// `_`, as PHP rewrites them in names. Array brackets that end it (`[]`,
+/// `[0]`) are dropped: PHP, Rack and Express read `user[]` as `user` (an
+/// array, which Laravel's and Rails' lookups match by any element).
 pub fn name(raw: &str) -> String {
-    form_value(raw)
-        .trim_start_matches([' ', '[', ']'])
-        .chars()
+    let decoded = form_value(raw);
+    let mut base = decoded.trim_start_matches([' ', '[', ']']);
+    while let Some(open) = base.strip_suffix(']').and_then(|b| b.rfind('[')) {
+        let index = &base[open + 1..base.len() - 1];
+        if open == 0 || !index.bytes().all(|b| b.is_ascii_digit()) {
+            break;
+        }
+        base = &base[..open];
+    }
+    base.chars()
         .filter(|&c| c != ']')
         .map(|c| match c {
             '.' | ' ' | '[' => '_',
@@ -313,12 +322,53 @@ fn unquoted(value: &str) -> &str {
 /// A cookie value: surrounding spaces and one pair of double quotes
 /// stripped, then decoded as a form value (PHP and Express percent-decode
 /// cookies), then quotes stripped once more (a quoted value sent escaped).
+/// A quoted value loses its backslash escapes too, as Python's cookie
+/// parser (Django, Werkzeug) reads `"\163\063"` and `"s\3"` as `s3`.
 pub fn cookie_value(raw: &str) -> Cow<'_, str> {
-    let value = unquoted(raw.trim());
-    match form_value(value) {
+    let trimmed = raw.trim();
+    let value = unquoted(trimmed);
+    let decoded = form_value(value);
+    let inner = unquoted(&decoded);
+    let quoted = value.len() < trimmed.len() || inner.len() < decoded.len();
+    if quoted && inner.contains('\\') {
+        return Cow::Owned(before_nul(&backslash_unescaped(inner)).to_owned());
+    }
+    match decoded {
         Cow::Borrowed(v) => Cow::Borrowed(unquoted(v)),
         Cow::Owned(v) => Cow::Owned(unquoted(&v).to_owned()),
     }
+}
+
+/// Text with Python's cookie escapes read: `\ooo` (three octal digits, the
+/// first at most 3) as that byte's character, `\c` as `c`.
+fn backslash_unescaped(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some((before, after)) = rest.split_once('\\') {
+        out.push_str(before);
+        let octal = match after.as_bytes() {
+            [a @ b'0'..=b'3', b @ b'0'..=b'7', c @ b'0'..=b'7', ..] => {
+                Some((a - b'0') * 64 + (b - b'0') * 8 + (c - b'0'))
+            }
+            _ => None,
+        };
+        rest = match (octal, after.chars().next()) {
+            (Some(byte), _) => {
+                out.push(char::from(byte));
+                &after[3..]
+            }
+            (None, Some(c)) => {
+                out.push(c);
+                &after[c.len_utf8()..]
+            }
+            (None, None) => {
+                out.push('\\');
+                ""
+            }
+        };
+    }
+    out.push_str(rest);
+    out
 }
 
 /// A client address as a bucket: an IPv4 address as written canonically,
@@ -384,10 +434,10 @@ pub fn credentials(value: &str) -> Cow<'_, str> {
     }
 }
 
-/// A value of digits alone, signed or not, as the integer's shortest
-/// digits (`0123`, `+123` and ` 123` are `123`; `-0` is `0`): an origin that
-/// takes it as a number (`<int:pk>`, a `long` parameter, `int()`, a cast in
-/// SQL) reads every such spelling as one id.
+/// A value of digits alone, signed or not, as the integer's shortest ASCII
+/// digits (`0123`, `+123`, ` 123`, `123.0`, `1_23` and `١٢٣` are `123`; `-0`
+/// is `0`): an origin that takes it as a number (`<int:pk>`, a `long`
+/// parameter, `int()`, a cast in SQL) reads every such spelling as one id.
 pub fn digits(value: Cow<'_, str>) -> Cow<'_, str> {
     // Trimmed first, as an origin that trims (Django's forms) reads ` 0042`.
     let number = value.trim();
@@ -396,18 +446,57 @@ pub fn digits(value: Cow<'_, str>) -> Cow<'_, str> {
         Some(b'+') => (false, &number[1..]),
         _ => (false, number),
     };
-    if unsigned.is_empty() || !unsigned.bytes().all(|b| b.is_ascii_digit()) {
+    // Django's IntegerField drops a `.0` that ends the value; JS `Number()`
+    // reads `42.` and `42.0` as 42.
+    let whole = match unsigned.split_once('.') {
+        Some((whole, zeros)) if zeros.bytes().all(|b| b == b'0') => whole,
+        _ => unsigned,
+    };
+    // Python's `int()` takes `_` between digits, and digits of any script.
+    if whole.starts_with('_') || whole.ends_with('_') {
         return value;
     }
-    let kept = match unsigned.trim_start_matches('0') {
+    let mut ascii = String::with_capacity(whole.len());
+    for c in whole.chars().filter(|&c| c != '_') {
+        match decimal_digit(c) {
+            Some(d) => ascii.push(char::from(b'0' + d)),
+            None => return value,
+        }
+    }
+    let kept = match ascii.trim_start_matches('0') {
+        "" if ascii.is_empty() => return value,
         "" => "0",
         rest => rest,
     };
-    match (minus && kept != "0", kept.len() == value.len()) {
+    match (minus && kept != "0", kept == &*value) {
         (false, true) => value,
         (false, false) => Cow::Owned(kept.to_owned()),
         (true, _) => Cow::Owned(format!("-{kept}")),
     }
+}
+
+/// The zero of every run of ten decimal digits Unicode has (category Nd),
+/// through Unicode 15.
+const DIGIT_ZEROS: [u32; 68] = [
+    0x30, 0x660, 0x6F0, 0x7C0, 0x966, 0x9E6, 0xA66, 0xAE6, 0xB66, 0xBE6, 0xC66, 0xCE6, 0xD66,
+    0xDE6, 0xE50, 0xED0, 0xF20, 0x1040, 0x1090, 0x17E0, 0x1810, 0x1946, 0x19D0, 0x1A80, 0x1A90,
+    0x1B50, 0x1BB0, 0x1C40, 0x1C50, 0xA620, 0xA8D0, 0xA900, 0xA9D0, 0xA9F0, 0xAA50, 0xABF0, 0xFF10,
+    0x104A0, 0x10D30, 0x11066, 0x110F0, 0x11136, 0x111D0, 0x112F0, 0x11450, 0x114D0, 0x11650,
+    0x116C0, 0x11730, 0x118E0, 0x11950, 0x11C50, 0x11D50, 0x11DA0, 0x11F50, 0x16A60, 0x16AC0,
+    0x16B50, 0x1D7CE, 0x1D7D8, 0x1D7E2, 0x1D7EC, 0x1D7F6, 0x1E140, 0x1E2F0, 0x1E4F0, 0x1E950,
+    0x1FBF0,
+];
+
+/// The value of a decimal digit of any script, as Python's `int()` and
+/// Java's `Character.digit` read it.
+fn decimal_digit(c: char) -> Option<u8> {
+    let c = u32::from(c);
+    let at = DIGIT_ZEROS
+        .partition_point(|&zero| zero <= c)
+        .checked_sub(1)?;
+    let d = c - DIGIT_ZEROS[at];
+    // Below 10, so the cast keeps it whole.
+    (d < 10).then_some(d as u8)
 }
 
 /// The path as origins most likely resolve it, so that no other spelling
@@ -577,6 +666,12 @@ mod tests {
             assert_eq!(name(spelling), "user", "{spelling}");
         }
         assert_eq!(name("user[email]]"), name("user[email]"));
+        // An array of a name is that name, nested names stay apart.
+        for spelling in ["user[]", "user[0]", "user[][]", "USER%5B%5D"] {
+            assert_eq!(name(spelling), "user", "{spelling}");
+        }
+        assert_eq!(name("user[email]"), "user_email");
+        assert_eq!(name("user[email][]"), "user_email");
     }
 
     #[test]
@@ -616,6 +711,18 @@ mod tests {
         assert_eq!(d("+"), "+");
         assert_eq!(d("--1"), "--1");
         assert_eq!(d("1-"), "1-");
+        assert_eq!(d("42."), "42");
+        assert_eq!(d("042.000"), "42");
+        assert_eq!(d("4_2"), "42");
+        assert_eq!(d("\u{664}\u{662}"), "42");
+        assert_eq!(d("\u{FF14}\u{FF12}"), "42");
+        assert_eq!(d("\u{1D7DC}2"), "42");
+        assert_eq!(d("42.5"), "42.5");
+        assert_eq!(d("_42"), "_42");
+        assert_eq!(d("42_"), "42_");
+        assert_eq!(d("."), ".");
+        assert_eq!(d("-."), "-.");
+        assert_eq!(d("\u{669}\u{66A}"), "\u{669}\u{66A}");
         assert_eq!(d("0x1"), "0x1");
         assert_eq!(d("01a"), "01a");
         assert_eq!(d(""), "");
@@ -698,6 +805,13 @@ mod tests {
             ("a+b", "a b"),
             ("s3%00x", "s3"),
             ("\"s3%00\"", "s3"),
+            // Python's cookie escapes, in a quoted value only.
+            (r#""\163\063""#, "s3"),
+            (r#""s\3""#, "s3"),
+            (r#"%22s\3%22"#, "s3"),
+            (r#""\477s\""#, "477s\\"),
+            (r#"s\3"#, r#"s\3"#),
+            (r#""s3\000x""#, "s3"),
         ] {
             assert_eq!(cookie_value(raw), canonical, "{raw}");
         }
