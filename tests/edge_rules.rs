@@ -808,6 +808,35 @@ async fn json_and_form_fields_key_clients_folded_when_asked() {
         let r = post(&url("/form"), "198.51.100.19", urlencoded, body.into()).await;
         assert_eq!(r.status(), expected, "{body}");
     }
+    // Part headers as PHP and Go read them: folded, single-quoted, RFC
+    // 2231; a value Go would decode from quoted-printable is refused.
+    for (head, value, expected) in [
+        (
+            "form-data;\r\n name=\"user\"",
+            "carol",
+            StatusCode::TOO_MANY_REQUESTS,
+        ),
+        (
+            "form-data; name='user'",
+            "carol",
+            StatusCode::TOO_MANY_REQUESTS,
+        ),
+        (
+            "form-data; name=\"x\"; name*=UTF-8''user",
+            "carol",
+            StatusCode::TOO_MANY_REQUESTS,
+        ),
+        (
+            "form-data; name=\"user\"\r\nContent-Transfer-Encoding: quoted-printable",
+            "=63arol",
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let body = format!("--B1\r\nContent-Disposition: {head}\r\n\r\n{value}\r\n--B1--\r\n");
+        let ct = "multipart/form-data; boundary=B1";
+        let r = post(&url("/form"), "198.51.100.19", ct, body.into()).await;
+        assert_eq!(r.status(), expected, "{head}");
+    }
 }
 
 #[tokio::test]

@@ -366,25 +366,64 @@ fn multipart_parts<'a>(body: &'a [u8], boundary: &str) -> (Vec<Part<'a>>, bool) 
 /// `Content-Disposition: form-data; name="..."` names it, and its content
 /// runs to the line break before the next delimiter (or to a NUL in it, as
 /// for every other value: [`canon::before_nul_bytes`]).
+/// The part headers are read as leniently as any origin reads them: a line
+/// starting with a blank or without a `:` continues the one before (PHP,
+/// Go), a name may be in single quotes (PHP) or given as `name*` (RFC 2231,
+/// which Go prefers).
 fn multipart_values<'a>(body: &'a [u8], boundary: &str, name: &str) -> Vec<Cow<'a, str>> {
     let (parts, _) = multipart_parts(body, boundary);
-    let values = parts.into_iter().filter_map(|(head, content)| {
-        let head = String::from_utf8_lossy(head);
-        let named = head.lines().any(|line| {
-            let Some((field, value)) = line.split_once(':') else {
-                return false;
-            };
-            field.trim().eq_ignore_ascii_case("content-disposition")
-                && value.split(';').skip(1).any(|p| {
-                    p.split_once('=').is_some_and(|(k, v)| {
-                        k.trim().eq_ignore_ascii_case("name")
-                            && canon::name(v.trim().trim_matches('"')) == name
-                    })
-                })
-        });
-        named.then(|| String::from_utf8_lossy(canon::before_nul_bytes(content)))
-    });
-    canon::distinct(values)
+    let mut values = Vec::new();
+    for (head, content) in parts {
+        let head = unfolded(&String::from_utf8_lossy(head)).to_ascii_lowercase();
+        let field = |wanted: &str| {
+            head.lines().find_map(|line| {
+                let (field, value) = line.split_once(':')?;
+                (field.trim() == wanted).then(|| value.trim())
+            })
+        };
+        if !field("content-disposition").is_some_and(|d| names(d, name)) {
+            continue;
+        }
+        values.push(String::from_utf8_lossy(canon::before_nul_bytes(content)));
+        // Go decodes quoted-printable, Django base64: an encoded value is
+        // read as two (a NUL no other value holds), which refuses it.
+        let encoding = field("content-transfer-encoding");
+        if encoding.is_some_and(|e| !matches!(e, "7bit" | "8bit" | "binary")) {
+            values.push(Cow::Borrowed("\0"));
+        }
+    }
+    canon::distinct(values.into_iter())
+}
+
+/// A part's header lines, each continuation line joined to the one it
+/// continues.
+fn unfolded(head: &str) -> String {
+    let mut out = String::new();
+    for line in head.lines() {
+        let continues = line.starts_with([' ', '\t']) || !line.contains(':');
+        if out.is_empty() || !continues {
+            out.push('\n');
+        }
+        out.push_str(line);
+    }
+    out
+}
+
+/// Whether a `Content-Disposition` value (lower case) names the field
+/// `name` (canonical), by `name=` or by `name*=`.
+fn names(disposition: &str, name: &str) -> bool {
+    disposition.split(';').skip(1).any(|p| {
+        let Some((key, value)) = p.split_once('=') else {
+            return false;
+        };
+        let value = match key.trim() {
+            "name" => value.trim().trim_matches(['"', '\'']),
+            // `charset'language'name`, percent-encoded.
+            "name*" => value.rsplit_once('\'').map_or("", |(_, n)| n),
+            _ => return false,
+        };
+        canon::name(value) == name
+    })
 }
 
 /// Whether every field of a form body of this content type can be read:
@@ -522,6 +561,33 @@ mod tests {
         assert!(form_values(body, "multipart/form-data", "user").is_empty());
         assert!(form_values(b"user=alice", "text/plain", "user").is_empty());
         assert!(form_values(b"--XyZ\r\ngarbage", multipart, "user").is_empty());
+    }
+
+    #[test]
+    fn multipart_part_headers_are_read_as_leniently_as_origins_read_them() {
+        let multipart = "multipart/form-data; boundary=B";
+        let values = |head: &str| {
+            let body = format!("--B\r\n{head}\r\n\r\nvictim\r\n--B--\r\n");
+            form_values(body.as_bytes(), multipart, "username")
+                .into_iter()
+                .map(|v| v.into_owned())
+                .collect::<Vec<_>>()
+        };
+        for head in [
+            "Content-Disposition: form-data;\r\n name=\"username\"",
+            "Content-Disposition: form-data;\r\nname=\"username\"",
+            "Content-Disposition: form-data; name='username'",
+            "Content-Disposition: form-data; name=\"x\"; name*=UTF-8''user%6Eame",
+            "content-disposition: FORM-DATA; NAME=\"Username\"",
+            "Content-Disposition: form-data; name=\"username\"\r\nContent-Transfer-Encoding: 8bit",
+        ] {
+            assert_eq!(values(head), ["victim"], "{head}");
+        }
+        // An encoded value is refused: it reads as two.
+        let encoded = "Content-Disposition: form-data; name=\"username\"\r\n\
+                       Content-Transfer-Encoding: quoted-printable";
+        assert_eq!(values(encoded).len(), 2);
+        assert!(values("Content-Disposition: form-data; name=\"usernames\"").is_empty());
     }
 
     #[test]
