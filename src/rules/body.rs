@@ -28,9 +28,9 @@ fn json_text(value: &Value) -> Option<Cow<'_, str>> {
 }
 
 /// A number that equals an integer as that integer's digits, however it
-/// is written (`1.0`, `1e0` and `1` as `1`; `1e18` as the digits `1` and
-/// `1000000000000000000` are written with), since JavaScript and Python
-/// both take them as one value; any other as serde_json writes it.
+/// is written (`1.0`, `1e0` and `1` as `1`; `1e18` as
+/// `1000000000000000000`), since JavaScript and Python both take them as
+/// one value; any other as serde_json writes it.
 fn number_text(n: &serde_json::Number) -> String {
     // Integers beyond 2^64 parse as doubles too, so they and their float
     // spellings meet in serde_json's shortest form.
