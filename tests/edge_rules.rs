@@ -796,6 +796,11 @@ async fn json_and_form_fields_key_clients_folded_when_asked() {
             r#"{"username": ["fresh13", "erin"]}"#,
             StatusCode::BAD_REQUEST,
         ),
+        (r#"{"username": [["erin"]]}"#, StatusCode::TOO_MANY_REQUESTS),
+        (
+            r#"{"username": {"$ne": "fresh15"}}"#,
+            StatusCode::BAD_REQUEST,
+        ),
     ] {
         let r = post(&url("/exact"), "198.51.100.19", ct, body.into()).await;
         assert_eq!(r.status(), expected, "{body}");
@@ -908,4 +913,53 @@ async fn large_and_hostile_bodies_are_forwarded_intact_as_missing_parts() {
 
 fn sha1_hex(bytes: &[u8]) -> String {
     sha1_smol::Sha1::from(bytes).digest().to_string()
+}
+
+// -------------------------------------------------------- traffic classes
+
+const CLASSES: &str = r#"
+[[vars.LIMITER.rules]]
+name = "keyed"
+with_headers = ["x-api-key"]
+key = ["header:x-api-key"]
+algorithm = "gcra"
+rate = 100
+period = "1s"
+burst = 100
+
+[[vars.LIMITER.rules]]
+name = "anonymous"
+without_headers = ["x-api-key"]
+key = ["ip"]
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 1
+"#;
+
+/// A key header sent empty is no key, as Go's `Header.Get` and Node code
+/// read it: such a request is anonymous, not a client of an empty key.
+#[tokio::test]
+async fn an_empty_key_header_is_anonymous() {
+    let stack = Stack::start(CLASSES);
+    let url = format!("{}/x", stack.worker.url);
+    assert_eq!(get(&url, "198.51.100.30").await.status(), StatusCode::OK);
+    for empty in ["", " ", ","] {
+        let r = client()
+            .get(&url)
+            .header("CF-Connecting-IP", "198.51.100.30")
+            .header("x-api-key", empty)
+            .send()
+            .await
+            .expect("the worker answers");
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{empty:?}");
+    }
+    let keyed = client()
+        .get(&url)
+        .header("CF-Connecting-IP", "198.51.100.30")
+        .header("x-api-key", "k1")
+        .send()
+        .await
+        .expect("the worker answers");
+    assert_eq!(keyed.status(), StatusCode::OK);
 }

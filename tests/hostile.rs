@@ -763,6 +763,19 @@ fn spellings_share_one_bucket(base: &str) -> (Vec<String>, u64) {
                 "k=42.0",
                 "k=4_2",
                 "k=%D9%A4%D9%A2",
+                "k=4.2e1",
+                "k=0x2a",
+            ]
+            .map(query)
+            .to_vec(),
+        ),
+        (
+            "query value, a UUID however written",
+            [
+                "k=550e8400-e29b-41d4-a716-446655440000",
+                "k=550E8400E29B41D4A716446655440000",
+                "k=%7B550e8400-e29b-41d4-a716-446655440000%7D",
+                "k=urn:uuid:550e8400-e29b-41d4-a716-446655440000",
             ]
             .map(query)
             .to_vec(),
@@ -995,6 +1008,15 @@ rate = 1
 period = "1h"
 burst = 1
 path_prefix = "/p"
+
+[[vars.LIMITER.rules]]
+name = "script"
+key = ["ip"]
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 1
+path = "/wp-login.php"
 
 [[vars.LIMITER.rules]]
 name = "site"
@@ -1245,6 +1267,10 @@ async fn routes_and_mangled_names_an_origin_takes_stay_under_their_rule() {
             ("/p/7", "200 by-path"),
             ("/p/007", "429 by-path"),
             ("/p/+7", "429 by-path"),
+            // PATH_INFO: Apache and nginx run the script for what follows.
+            ("/wp-login.php", "200 script"),
+            ("/wp-login.php/x", "429 script"),
+            ("/wp-login.php/x.json", "429 script"),
             // Decoded three times the `..` leaves /p; once, it stays below.
             ("/p/a%252F..%252F..", "200 by-path"),
             ("/p/b%252F..%252F..", "429 by-path"),

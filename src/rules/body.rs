@@ -80,9 +80,10 @@ pub fn parse_json(body: &[u8]) -> Option<Json> {
 
 /// The value at `pointer` in a parsed JSON body, as text; `Err` when a
 /// member named twice lies on the way there or inside it, or when it is an
-/// array of several distinct values. An array of scalars counts as its
-/// elements, since Laravel's and Rails' lookups by a field take an array
-/// as any of its elements (`{"email": ["victim", "x"]}` finds `victim`).
+/// object or an array of several distinct values. An array counts as its
+/// plain values, since Laravel's and Rails' lookups by a field take an
+/// array as any of its elements (`{"email": ["victim", "x"]}` finds
+/// `victim`).
 pub fn json_value<'a>(json: &'a Json, pointer: &str) -> Result<Option<Cow<'a, str>>, Repeated> {
     let within = |outer: &str, inner: &str| {
         inner
@@ -97,14 +98,30 @@ pub fn json_value<'a>(json: &'a Json, pointer: &str) -> Result<Option<Cow<'a, st
         return Err(Repeated);
     }
     match lookup(&json.doc, pointer)? {
-        Some(Value::Array(items)) if items.iter().all(|i| !i.is_array() && !i.is_object()) => {
-            let texts = canon::distinct(items.iter().filter_map(json_text));
+        Some(found @ (Value::Array(_) | Value::Object(_))) => {
+            let mut scalars = Vec::new();
+            leaves(found, &mut scalars)?;
+            let texts = canon::distinct(scalars.into_iter().filter_map(json_text));
             match texts.as_slice() {
                 [_, _, ..] => Err(Repeated),
                 _ => Ok(texts.into_iter().next()),
             }
         }
         found => Ok(found.and_then(json_text)),
+    }
+}
+
+/// The plain values of an array, nested arrays flattened (Laravel's
+/// `where` flattens them); an object has several meanings to origins
+/// (Laravel takes its first value, MongoDB an operator), so it has none.
+fn leaves<'a>(value: &'a Value, out: &mut Vec<&'a Value>) -> Result<(), Repeated> {
+    match value {
+        Value::Array(items) => items.iter().try_for_each(|i| leaves(i, out)),
+        Value::Object(_) => Err(Repeated),
+        scalar => {
+            out.push(scalar);
+            Ok(())
+        }
     }
 }
 
@@ -505,9 +522,15 @@ mod tests {
         assert_eq!(json_value(&doc, "/two"), Err(Repeated));
         assert_eq!(value(&doc, "/none"), None);
         assert_eq!(value(&doc, "/nulls"), None);
-        assert_eq!(value(&doc, "/nested").as_deref(), Some(r#"[["v"]]"#));
+        assert_eq!(value(&doc, "/nested").as_deref(), Some("v"));
         assert_eq!(value(&doc, "/numbers").as_deref(), Some("1"));
         assert_eq!(value(&doc, "/two/1").as_deref(), Some("x"));
+        let doc = parse_json(br#"{"o": {"$eq": "v"}, "in": [["v"], "x"], "deep": [{"a": 1}]}"#);
+        let doc = doc.unwrap();
+        for pointer in ["/o", "/in", "/deep", ""] {
+            assert_eq!(json_value(&doc, pointer), Err(Repeated), "{pointer}");
+        }
+        assert_eq!(value(&doc, "/o/$eq").as_deref(), Some("v"));
     }
 
     #[test]

@@ -125,9 +125,10 @@ pub fn windows_segment(segment: &str) -> &str {
 
 /// A path segment as origins resolve it: as Windows names it
 /// ([`windows_segment`]), and as a number when it is digits alone
-/// ([`digits`]: `/items/0042` is item 42 to a route taking an integer).
+/// ([`number_or_uuid`]: `/items/0042` is item 42 to a route taking an
+/// integer).
 pub fn path_segment(segment: &str) -> Cow<'_, str> {
-    digits(Cow::Borrowed(windows_segment(segment)))
+    number_or_uuid(Cow::Borrowed(windows_segment(segment)))
 }
 
 /// Bytes as text; bytes that are no UTF-8 become U+FFFD (which merges some
@@ -434,45 +435,121 @@ pub fn credentials(value: &str) -> Cow<'_, str> {
     }
 }
 
-/// A value of digits alone, signed or not, as the integer's shortest ASCII
-/// digits (`0123`, `+123`, ` 123`, `123.0`, `1_23` and `١٢٣` are `123`; `-0`
-/// is `0`): an origin that takes it as a number (`<int:pk>`, a `long`
-/// parameter, `int()`, a cast in SQL) reads every such spelling as one id.
-pub fn digits(value: Cow<'_, str>) -> Cow<'_, str> {
+/// A value as an origin that parses it reads it: an integer, however
+/// written, as its shortest ASCII digits ([`integer`]: `0123`, `+123`,
+/// ` 123`, `123.0`, `1.23e2`, `0x7b`, `1_23` and `١٢٣` are `123`; `-0` is
+/// `0`), a UUID as its lower-case hyphenated form ([`uuid`]); any other
+/// value as it is. An origin taking the value as a number (`<int:pk>`, a
+/// `long` parameter, `int()`, `Number()`, a cast in SQL) or a UUID reads
+/// every such spelling as one id.
+pub fn number_or_uuid(value: Cow<'_, str>) -> Cow<'_, str> {
     // Trimmed first, as an origin that trims (Django's forms) reads ` 0042`.
-    let number = value.trim();
-    let (minus, unsigned) = match number.as_bytes().first() {
-        Some(b'-') => (true, &number[1..]),
-        Some(b'+') => (false, &number[1..]),
-        _ => (false, number),
+    let text = value.trim();
+    let (minus, unsigned) = match text.as_bytes().first() {
+        Some(b'-') => (true, &text[1..]),
+        Some(b'+') => (false, &text[1..]),
+        _ => (false, text),
     };
-    // Django's IntegerField drops a `.0` that ends the value; JS `Number()`
-    // reads `42.` and `42.0` as 42.
-    let whole = match unsigned.split_once('.') {
-        Some((whole, zeros)) if zeros.bytes().all(|b| b == b'0') => whole,
-        _ => unsigned,
-    };
-    // Python's `int()` takes `_` between digits, and digits of any script.
-    if whole.starts_with('_') || whole.ends_with('_') {
-        return value;
-    }
-    let mut ascii = String::with_capacity(whole.len());
-    for c in whole.chars().filter(|&c| c != '_') {
-        match decimal_digit(c) {
-            Some(d) => ascii.push(char::from(b'0' + d)),
+    let canonical = match integer(unsigned) {
+        Some(n) if minus && n != "0" => format!("-{n}"),
+        Some(n) => n,
+        None => match uuid(text) {
+            Some(u) => u,
             None => return value,
+        },
+    };
+    if canonical == *value {
+        value
+    } else {
+        Cow::Owned(canonical)
+    }
+}
+
+/// The shortest decimal digits of the unsigned integer `text` writes, if
+/// it writes one: in decimal with digits of any script and `_` between
+/// them (Python's `int()`), a fraction of zeros (Django's IntegerField,
+/// JS `Number()`) or an exponent (JS, PHP's `(int)`, MySQL's casts), or
+/// with `0x`, `0o` or `0b` (JS `Number()`). At most 40 digits.
+fn integer(text: &str) -> Option<String> {
+    const MOST: usize = 40;
+    let radix = match text.as_bytes() {
+        [b'0', b'x' | b'X', ..] => 16,
+        [b'0', b'o' | b'O', ..] => 8,
+        [b'0', b'b' | b'B', ..] => 2,
+        _ => 10,
+    };
+    if radix != 10 {
+        let rest = &text[2..];
+        if rest.is_empty() || !rest.chars().all(|c| c.is_digit(radix)) {
+            return None;
+        }
+        return u64::from_str_radix(rest, radix).ok().map(|n| n.to_string());
+    }
+    let (mantissa, exponent) = match text.find(['e', 'E']) {
+        Some(at) => (&text[..at], text[at + 1..].parse::<i32>().ok()?),
+        None => (text, 0),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let mut digits = String::new();
+    for part in [whole, fraction] {
+        if part.starts_with('_') || part.ends_with('_') {
+            return None;
+        }
+        for c in part.chars().filter(|&c| c != '_') {
+            digits.push(char::from(b'0' + decimal_digit(c)?));
         }
     }
-    let kept = match ascii.trim_start_matches('0') {
-        "" if ascii.is_empty() => return value,
-        "" => "0",
-        rest => rest,
-    };
-    match (minus && kept != "0", kept == &*value) {
-        (false, true) => value,
-        (false, false) => Cow::Owned(kept.to_owned()),
-        (true, _) => Cow::Owned(format!("-{kept}")),
+    if digits.is_empty() || exponent.unsigned_abs() as usize > MOST {
+        return None;
     }
+    // The value is `digits` x 10^shift: whole when the digits shifted out
+    // are zeros.
+    let shift = exponent - fraction.chars().filter(|&c| c != '_').count() as i32;
+    let kept = digits.trim_start_matches('0');
+    let integer = match usize::try_from(-shift) {
+        Ok(cut) if cut >= kept.len() => kept.bytes().all(|b| b == b'0').then(String::new)?,
+        Ok(cut) => {
+            let (head, tail) = kept.split_at(kept.len() - cut);
+            tail.bytes().all(|b| b == b'0').then(|| head.to_owned())?
+        }
+        Err(_) => kept.to_owned() + &"0".repeat(shift as usize),
+    };
+    match integer.trim_start_matches('0') {
+        "" => Some("0".to_owned()),
+        n if n.len() <= MOST => Some(n.to_owned()),
+        _ => None,
+    }
+}
+
+/// A UUID as its lower-case hyphenated form, however Python's `uuid.UUID`,
+/// .NET's `Guid.Parse` or Postgres write it: any case, hyphens anywhere or
+/// none, in braces or parentheses, after `urn:uuid:`.
+fn uuid(text: &str) -> Option<String> {
+    let bare = match text.get(..9) {
+        Some(urn) if urn.eq_ignore_ascii_case("urn:uuid:") => &text[9..],
+        _ => text,
+    };
+    let bare = [('{', '}'), ('(', ')')]
+        .into_iter()
+        .find_map(|(open, close)| bare.strip_prefix(open)?.strip_suffix(close))
+        .unwrap_or(bare);
+    // 32 digits and their hyphens; nothing else needs reading.
+    if !(32..=64).contains(&bare.len()) {
+        return None;
+    }
+    let hex: String = bare.chars().filter(|&c| c != '-').collect();
+    if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let h = hex.to_ascii_lowercase();
+    Some(format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    ))
 }
 
 /// The zero of every run of ten decimal digits Unicode has (category Nd),
@@ -552,9 +629,12 @@ pub fn alternate_paths(raw: &str, canonical: &str) -> Vec<String> {
     bases.dedup();
     let mut out: Vec<String> = Vec::new();
     for base in bases {
-        let routed = after_front_controller(&base);
+        let (script, routed) = match php_script(&base) {
+            Some((script, routed)) => (Some(script.to_owned()), Some(routed)),
+            None => (None, None),
+        };
         let formats = [Some(&base), routed.as_ref()].map(|p| p.and_then(|p| without_format(p)));
-        for path in [Some(base.clone()), routed.clone()]
+        for path in [Some(base.clone()), routed.clone(), script]
             .into_iter()
             .chain(formats)
             .flatten()
@@ -567,17 +647,20 @@ pub fn alternate_paths(raw: &str, canonical: &str) -> Vec<String> {
     out
 }
 
-/// What follows the first `.php` segment of a path, which a PHP front
-/// controller routes on (`/index.php/login` is `/login`).
-fn after_front_controller(path: &str) -> Option<String> {
+/// The first `.php` segment of a path and what follows it: the script
+/// that runs (Apache and nginx run `/wp-login.php/x` as `/wp-login.php`)
+/// and the path a front controller routes on (`/index.php/login` is
+/// `/login`).
+fn php_script(path: &str) -> Option<(&str, String)> {
     let mut end = 0;
     for segment in path.split('/') {
         end += segment.len();
         if segment.ends_with(".php") {
-            return Some(match &path[end..] {
+            let rest = match &path[end..] {
                 "" => "/".to_owned(),
                 rest => rest.to_owned(),
-            });
+            };
+            return Some((&path[..end], rest));
         }
         end += 1;
     }
@@ -698,7 +781,7 @@ mod tests {
 
     #[test]
     fn numbers_lose_their_leading_zeros() {
-        let d = |v: &str| digits(Cow::Borrowed(v)).into_owned();
+        let d = |v: &str| number_or_uuid(Cow::Borrowed(v)).into_owned();
         assert_eq!(d("0123"), "123");
         assert_eq!(d(" 0042 "), "42");
         assert_eq!(d("000"), "0");
@@ -723,7 +806,24 @@ mod tests {
         assert_eq!(d("."), ".");
         assert_eq!(d("-."), "-.");
         assert_eq!(d("\u{669}\u{66A}"), "\u{669}\u{66A}");
-        assert_eq!(d("0x1"), "0x1");
+        assert_eq!(d("0x1"), "1");
+        assert_eq!(d("0X2a"), "42");
+        assert_eq!(d("0o52"), "42");
+        assert_eq!(d("0b101010"), "42");
+        assert_eq!(d("0xg"), "0xg");
+        assert_eq!(d("0x"), "0x");
+        assert_eq!(d("4.2e1"), "42");
+        assert_eq!(d("420E-1"), "42");
+        assert_eq!(d("42e0"), "42");
+        assert_eq!(d("-4.2e+1"), "-42");
+        assert_eq!(d("1e3"), "1000");
+        assert_eq!(d("4.25e1"), "4.25e1");
+        assert_eq!(d("5e-1"), "5e-1");
+        assert_eq!(d("1e41"), "1e41");
+        assert_eq!(d("1e99999999999"), "1e99999999999");
+        assert_eq!(d("0.0"), "0");
+        assert_eq!(d("e5"), "e5");
+        assert_eq!(d("1e"), "1e");
         assert_eq!(d("01a"), "01a");
         assert_eq!(d(""), "");
         assert_eq!(normalize_path("/items/0042/"), "/items/42");
@@ -731,15 +831,48 @@ mod tests {
     }
 
     #[test]
+    fn uuids_are_lower_case_and_hyphenated() {
+        let canonical = "550e8400-e29b-41d4-a716-446655440000";
+        for spelling in [
+            canonical,
+            "550E8400-E29B-41D4-A716-446655440000",
+            "550e8400e29b41d4a716446655440000",
+            "{550e8400-e29b-41d4-a716-446655440000}",
+            "(550e8400-e29b-41d4-a716-446655440000)",
+            "urn:uuid:550e8400-e29b-41d4-a716-446655440000",
+            "550e-8400-e29b-41d4-a716-4466-5544-0000",
+            " 550e8400-e29b-41d4-a716-446655440000 ",
+        ] {
+            assert_eq!(
+                number_or_uuid(Cow::Borrowed(spelling)),
+                canonical,
+                "{spelling}"
+            );
+        }
+        for other in [
+            "550e8400-e29b-41d4-a716-44665544000",
+            "550e8400-e29b-41d4-a716-44665544000g",
+        ] {
+            assert_eq!(number_or_uuid(Cow::Borrowed(other)), other);
+        }
+        assert_eq!(
+            normalize_path("/u/{550E8400E29B41D4A716446655440000}"),
+            format!("/u/{canonical}")
+        );
+    }
+
+    #[test]
     fn other_routes_of_a_path_are_listed() {
         let routes = |raw: &str| alternate_paths(raw, &normalize_path(raw));
         assert_eq!(routes("/login"), Vec::<String>::new());
-        assert_eq!(routes("/index.php/login"), ["/login"]);
+        assert_eq!(routes("/index.php/login"), ["/login", "/index.php"]);
         assert_eq!(routes("/login.json"), ["/login"]);
         assert_eq!(
             routes("/INDEX.PHP/login.json"),
-            ["/login.json", "/index.php/login", "/login"]
+            ["/login.json", "/index.php", "/index.php/login", "/login"]
         );
+        // PATH_INFO: the script runs whatever follows it.
+        assert_eq!(routes("/wp-login.php/x"), ["/x", "/wp-login.php"]);
         assert_eq!(routes("/index.php"), ["/", "/index"]);
         assert_eq!(routes("/index.phpx/login"), Vec::<String>::new());
         // Decoded three times the `..` climbs above /api/search; decoded

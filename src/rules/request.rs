@@ -121,6 +121,13 @@ impl RequestMeta {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Whether the request carries a header with a value: sent empty (or
+    /// as commas alone), it is absent to Go's `Header.Get` and to Node code
+    /// testing it, and so to the rules too.
+    pub fn has_header(&self, name: &str) -> bool {
+        !self.header_values(name).is_empty()
+    }
+
     /// The distinct values of a header, read as comma-separated pieces: the
     /// runtime hands a header sent twice over as one value, joined with
     /// `, `, and origins disagree on which they read (Go's `Header.Get` and

@@ -338,8 +338,8 @@ impl Rule {
                 .host
                 .as_deref()
                 .is_none_or(|h| host_matches(h, &req.host))
-            && self.with_headers.iter().all(|h| req.header(h).is_some())
-            && !self.without_headers.iter().any(|h| req.header(h).is_some())
+            && self.with_headers.iter().all(|h| req.has_header(h))
+            && !self.without_headers.iter().any(|h| req.has_header(h))
             && !self.exempts(req)
     }
 
@@ -417,7 +417,7 @@ impl KeyPart {
             KeyPart::Cf(field) => Ok(Cow::Borrowed(req.cf(*field).unwrap_or_default())),
             KeyPart::Json(pointer) => match req.json().map(|doc| body::json_value(doc, pointer)) {
                 Some(Err(body::Repeated)) => Err(Ambiguous { part: self.clone() }),
-                Some(Ok(value)) => Ok(canon::digits(value.unwrap_or_default())),
+                Some(Ok(value)) => Ok(canon::number_or_uuid(value.unwrap_or_default())),
                 None => Ok(Cow::Borrowed("")),
             },
             KeyPart::Form(name) => single(numbers(match &req.body {
@@ -434,9 +434,9 @@ impl KeyPart {
     }
 }
 
-/// Each value as [`canon::digits`] reads it, once.
+/// Each value as [`canon::number_or_uuid`] reads it, once.
 fn numbers(values: Vec<Cow<'_, str>>) -> Vec<Cow<'_, str>> {
-    canon::distinct(values.into_iter().map(canon::digits))
+    canon::distinct(values.into_iter().map(canon::number_or_uuid))
 }
 
 /// A request that names one key part more than once with different values.
@@ -719,6 +719,12 @@ mod tests {
         let anonymous = req("GET", "/", None, &[]);
         assert!(rule(json!({"without_headers": ["x-api-key"]})).matches(&anonymous));
         assert!(!rule(json!({"with_headers": ["x-api-key"]})).matches(&anonymous));
+        // Sent empty, a header is absent, as Go and Node code reads it.
+        for empty in ["", " ", " , "] {
+            let empty = req("GET", "/", None, &[("x-api-key", empty)]);
+            assert!(rule(json!({"without_headers": ["x-api-key"]})).matches(&empty));
+            assert!(!rule(json!({"with_headers": ["x-api-key"]})).matches(&empty));
+        }
     }
 
     #[test]
