@@ -460,6 +460,13 @@ key = ["header:x-key"]
 algorithm = "windowed"
 windows = [["1h", 1, "1h"]]
 path_prefix = "/header"
+
+[[vars.LIMITER.rules]]
+name = "auth"
+key = ["header:authorization"]
+algorithm = "windowed"
+windows = [["1h", 1, "1h"]]
+path_prefix = "/auth"
 "#;
 
 /// Sends the same request twice: a distinct identifier is admitted once
@@ -795,6 +802,17 @@ fn spellings_share_one_bucket(base: &str) -> (Vec<String>, u64) {
                 "sid=c1%00x",
             ]
             .map(cookie)
+            .to_vec(),
+        ),
+        (
+            "Authorization, scheme case and base64 as decoders read it",
+            [
+                "Basic a2V5MTo=",
+                "basic a2V5MTo",
+                "BASIC  a2V5MTp=",
+                "Basic a2V5!MTo=",
+            ]
+            .map(|a| ("/auth".to_owned(), vec![("authorization", a.to_owned())]))
             .to_vec(),
         ),
         (

@@ -422,17 +422,58 @@ pub fn forwarded_client(list: &str) -> Cow<'_, str> {
 
 /// An `Authorization` value as servers read it: the scheme in any case
 /// and any run of spaces or tabs after it (Spring Security, ASP.NET Core
-/// and Passport all accept `bearer` and extra spaces), as `scheme token`.
+/// and Passport all accept `bearer` and extra spaces), as `scheme token`;
+/// `basic` credentials as [`base64_bytes`] reads them.
 pub fn credentials(value: &str) -> Cow<'_, str> {
     let value = value.trim();
     match value.split_once([' ', '\t']) {
-        Some((scheme, rest)) => Cow::Owned(format!(
-            "{} {}",
-            scheme.to_ascii_lowercase(),
-            rest.trim_start_matches([' ', '\t'])
-        )),
+        Some((scheme, rest)) => {
+            let scheme = scheme.to_ascii_lowercase();
+            let token = rest.trim_start_matches([' ', '\t']);
+            Cow::Owned(match scheme.as_str() {
+                "basic" => format!("basic {}", base64_bytes(token)),
+                _ => format!("{scheme} {token}"),
+            })
+        }
         None => Cow::Borrowed(value),
     }
+}
+
+/// The bytes base64 `text` holds, written as canonical base64: what is not
+/// base64 skipped (Python's `b64decode`, which Werkzeug and DRF use), a
+/// missing `=` and stray low bits accepted (Node's `Buffer`, Java's
+/// decoder), so that every spelling of one credential is one.
+fn base64_bytes(text: &str) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let sextets: Vec<u32> = text
+        .bytes()
+        .filter_map(|b| ALPHABET.iter().position(|&a| a == b))
+        .map(|s| s as u32)
+        .collect();
+    let mut bytes = Vec::with_capacity(sextets.len() * 3 / 4);
+    for group in sextets.chunks(4) {
+        let n = group
+            .iter()
+            .enumerate()
+            .fold(0, |n, (i, s)| n | s << (18 - 6 * i));
+        // Four sextets hold three bytes, three two, two one, one none.
+        bytes.extend_from_slice(&n.to_be_bytes()[1..group.len() * 6 / 8 + 1]);
+    }
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for group in bytes.chunks(3) {
+        let n = group
+            .iter()
+            .enumerate()
+            .fold(0, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= group.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 /// A value as an origin that parses it reads it: an integer, however
@@ -777,6 +818,22 @@ mod tests {
         // The token itself keeps its case.
         assert_eq!(credentials("Bearer ABC"), "bearer ABC");
         assert_eq!(credentials("abc"), "abc");
+        // Basic credentials as the bytes they hold: `key1:` however written.
+        for spelling in [
+            "Basic a2V5MTo=",
+            "basic a2V5MTo",
+            "Basic a2V5MTp=",
+            "Basic a2V5!MTo=",
+            "Basic a2V5.M~To=",
+            "BASIC  a2V5 MTo=",
+        ] {
+            assert_eq!(credentials(spelling), "basic a2V5MTo=", "{spelling}");
+        }
+        assert_eq!(credentials("Basic YQ"), "basic YQ==");
+        assert_eq!(credentials("Basic YWI"), "basic YWI=");
+        assert_eq!(credentials("Basic YWJj"), "basic YWJj");
+        assert_eq!(credentials("Basic Y"), "basic ");
+        assert_eq!(credentials("Basic "), "Basic");
     }
 
     #[test]
