@@ -15,36 +15,17 @@ use crate::rules::canon;
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// The text a JSON value counts as: a string as itself up to any NUL
-/// ([`canon::before_nul`]), a number as [`number_text`], a boolean, object
-/// or array as compact JSON.
+/// ([`canon::before_nul`]), a number as the integer it equals where it
+/// equals one ([`canon::number_or_uuid`]: `1.0`, `1e0` and `1` are `1`,
+/// as JavaScript and Python compare them), a boolean, object or array as
+/// compact JSON.
 /// `null` and a missing value count as missing (`None`).
 fn json_text(value: &Value) -> Option<Cow<'_, str>> {
     match value {
         Value::Null => None,
         Value::String(s) => Some(Cow::Borrowed(canon::before_nul(s))),
-        Value::Number(n) => Some(Cow::Owned(number_text(n))),
+        Value::Number(n) => Some(canon::number_or_uuid(Cow::Owned(n.to_string()))),
         other => Some(Cow::Owned(other.to_string())),
-    }
-}
-
-/// A number that equals an integer as that integer's digits, however it
-/// is written (`1.0`, `1e0` and `1` as `1`; `1e18` as
-/// `1000000000000000000`), since JavaScript and Python both take them as
-/// one value; any other as serde_json writes it.
-fn number_text(n: &serde_json::Number) -> String {
-    // Integers beyond 2^64 parse as doubles too, so they and their float
-    // spellings meet in serde_json's shortest form.
-    const TWO_TO_64: f64 = 18_446_744_073_709_551_616.0;
-    match n.as_f64() {
-        Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < TWO_TO_64 => {
-            let digits = (f.abs() as u64).to_string();
-            if f < 0.0 {
-                format!("-{digits}")
-            } else {
-                digits
-            }
-        }
-        _ => n.to_string(),
     }
 }
 

@@ -531,21 +531,14 @@ fn integer(text: &str) -> Option<String> {
         None => (text, 0),
     };
     let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    let mut digits = String::new();
-    for part in [whole, fraction] {
-        if part.starts_with('_') || part.ends_with('_') {
-            return None;
-        }
-        for c in part.chars().filter(|&c| c != '_') {
-            digits.push(char::from(b'0' + decimal_digit(c)?));
-        }
-    }
+    let fraction = ascii_digits(fraction)?;
+    let digits = ascii_digits(whole)? + &fraction;
     if digits.is_empty() || exponent.unsigned_abs() as usize > MOST {
         return None;
     }
     // The value is `digits` x 10^shift: whole when the digits shifted out
     // are zeros.
-    let shift = exponent - fraction.chars().filter(|&c| c != '_').count() as i32;
+    let shift = exponent - fraction.len() as i32;
     let kept = digits.trim_start_matches('0');
     let integer = match usize::try_from(-shift) {
         Ok(cut) if cut >= kept.len() => kept.bytes().all(|b| b == b'0').then(String::new)?,
@@ -560,6 +553,18 @@ fn integer(text: &str) -> Option<String> {
         n if n.len() <= MOST => Some(n.to_owned()),
         _ => None,
     }
+}
+
+/// Decimal digits of any script, with `_` between them (Python's `int()`),
+/// as ASCII digits; `None` for anything else.
+fn ascii_digits(part: &str) -> Option<String> {
+    if part.starts_with('_') || part.ends_with('_') {
+        return None;
+    }
+    part.chars()
+        .filter(|&c| c != '_')
+        .map(|c| Some(char::from(b'0' + decimal_digit(c)?)))
+        .collect()
 }
 
 /// A UUID as its lower-case hyphenated form, however Python's `uuid.UUID`,
@@ -578,11 +583,14 @@ fn uuid(text: &str) -> Option<String> {
     if !(32..=64).contains(&bare.len()) {
         return None;
     }
-    let hex: String = bare.chars().filter(|&c| c != '-').collect();
-    if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+    let h: String = bare
+        .chars()
+        .filter(|&c| c != '-')
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    if h.len() != 32 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
-    let h = hex.to_ascii_lowercase();
     Some(format!(
         "{}-{}-{}-{}-{}",
         &h[..8],
@@ -670,10 +678,9 @@ pub fn alternate_paths(raw: &str, canonical: &str) -> Vec<String> {
     bases.dedup();
     let mut out: Vec<String> = Vec::new();
     for base in bases {
-        let (script, routed) = match php_script(&base) {
-            Some((script, routed)) => (Some(script.to_owned()), Some(routed)),
-            None => (None, None),
-        };
+        let (script, routed) = php_script(&base)
+            .map(|(script, routed)| (script.to_owned(), routed))
+            .unzip();
         let formats = [Some(&base), routed.as_ref()].map(|p| p.and_then(|p| without_format(p)));
         for path in [Some(base.clone()), routed.clone(), script]
             .into_iter()
