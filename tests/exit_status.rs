@@ -1,6 +1,6 @@
 //! The command's exit statuses, one rule for every subcommand: 2 when the
 //! command line is wrong in itself (clap's usage errors, and option values
-//! refused the same way), 1 for every other error, each a single line on
+//! refused the same way), 1 for every other error, in a single line on
 //! stderr; and `--help` says so. Every case fails before any Redis call, or
 //! at the first one, so no Redis is needed.
 #![cfg(not(target_arch = "wasm32"))]

@@ -61,19 +61,19 @@ impl Stack {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
+    /// Sends signal `name` to the script's process group; whether it went.
+    fn signal(&self, name: &str) -> bool {
+        Command::new("kill")
             .args([&format!("-{name}"), "--", &format!("-{}", self.child.id())])
             .status()
-            .unwrap();
-        assert!(status.success(), "kill -{name}: {status}");
+            .is_ok_and(|s| s.success())
     }
 
     /// The script's exit status, once it has ended (within `limit`).
     fn wait(&mut self, limit: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + limit;
         while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().unwrap() {
+            if let Ok(Some(status)) = self.child.try_wait() {
                 return Some(status);
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -87,12 +87,10 @@ impl Drop for Stack {
     /// its children lead process groups of their own, which only the
     /// script's own stop reaches.
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            self.signal("TERM");
-            if self.wait(Duration::from_secs(30)).is_none() {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-            }
+        let running = matches!(self.child.try_wait(), Ok(None));
+        if running && (!self.signal("TERM") || self.wait(Duration::from_secs(30)).is_none()) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
     }
 }
@@ -151,7 +149,7 @@ fn ctrl_c_stops_the_stack_and_says_what_it_stopped() {
         );
     }
 
-    stack.signal("INT");
+    assert!(stack.signal("INT"), "the stack's group is gone");
     let status = stack
         .wait(Duration::from_secs(60))
         .unwrap_or_else(|| panic!("the stack did not stop:\n{}", stack.output()));
