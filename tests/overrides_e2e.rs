@@ -138,6 +138,50 @@ async fn a_clients_override_and_block_reach_that_client_alone() {
     );
 }
 
+/// A blocked client is told so, and nothing it gets says it has quota
+/// left: 0 remaining in every header, a reset at the block's end (none for
+/// a block without end), and a detail that names an operator's block; the
+/// same when the isolate answers it again from its block cache.
+#[tokio::test]
+async fn a_blocked_client_is_told_it_has_nothing_left_and_why() {
+    let stack = Stack::start(RULES);
+    let w = &stack.worker;
+    // Fresh clients: their buckets hold the whole burst of 2.
+    limit(w, &["set", "api", "held", "--block", "--for", "90s"]);
+    for _ in 0..2 {
+        let r = get(w, "held").await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        let retry = header(&r, "Retry-After").unwrap().to_owned();
+        assert!(
+            (89..=90).contains(&retry.parse::<u64>().unwrap()),
+            "{retry}"
+        );
+        assert_eq!(header(&r, "X-RateLimit-Remaining"), Some("0"));
+        assert_eq!(header(&r, "X-RateLimit-Reset"), Some(retry.as_str()));
+        assert_eq!(
+            header(&r, "RateLimit").map(str::to_owned),
+            Some(format!("\"api\";r=0;t={retry}"))
+        );
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(
+            body["detail"],
+            format!("An operator blocked this client on `api`; retry in {retry} s.")
+        );
+    }
+    limit(w, &["set", "api", "stopped", "--block"]);
+    let r = get(w, "stopped").await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&r, "RateLimit"), Some("\"api\";r=0"));
+    assert_eq!(header(&r, "X-RateLimit-Remaining"), Some("0"));
+    assert_eq!(header(&r, "X-RateLimit-Reset"), None);
+    assert_eq!(header(&r, "Retry-After"), None);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        body["detail"],
+        "An operator blocked this client on `api` until the block is lifted."
+    );
+}
+
 /// `inspect` shows a client under the figures in force, and whose they
 /// are: the rule's for every client, a client's own for each of several
 /// windows, and a block with its time left.

@@ -376,7 +376,7 @@ fn the_command_prints_tables_json_and_clear_errors() {
         ),
         (
             &["simulate", "nowhere.toml", "--log", "x"],
-            2,
+            1,
             "nowhere.toml: ",
         ),
     ];

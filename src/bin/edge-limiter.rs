@@ -33,7 +33,7 @@ mod cli {
 
     /// Rate-limit rules for the edge-limiter worker: check, simulate, inspect, reset.
     #[derive(Parser)]
-    #[command(name = "edge-limiter", version, about)]
+    #[command(name = "edge-limiter", version, about, after_help = EXIT_STATUS)]
     struct Cli {
         #[command(subcommand)]
         command: Command,
@@ -42,19 +42,23 @@ mod cli {
     #[derive(Subcommand)]
     enum Command {
         /// Validate every environment's rules in a wrangler.toml before deploying.
+        #[command(after_help = EXIT_STATUS)]
         Check {
             /// The configuration.
             #[arg(default_value = "wrangler.toml")]
             config: PathBuf,
         },
         /// Replay a request log through the rules and report what the worker would have decided.
+        #[command(after_help = EXIT_STATUS)]
         Simulate(SimulateArgs),
         /// Show where one client stands on one rule, consuming nothing.
+        #[command(after_help = EXIT_STATUS)]
         Inspect(ClientArgs),
         /// Forget one client's state on one rule.
+        #[command(after_help = EXIT_STATUS)]
         Reset(ClientArgs),
         /// Change a rule's limits without a redeploy, for every client or one.
-        #[command(subcommand)]
+        #[command(subcommand, after_help = EXIT_STATUS)]
         Limit(LimitCommand),
     }
 
@@ -62,12 +66,16 @@ mod cli {
     enum LimitCommand {
         /// Put figures, or a block, in place of the rule's: for the client the
         /// values name, or for every client when none are given.
+        #[command(after_help = EXIT_STATUS)]
         Set(LimitSetArgs),
         /// Show the override for the client the values name (every client: none).
+        #[command(after_help = EXIT_STATUS)]
         Get(LimitArgs),
         /// Remove it: the configured figures hold again.
+        #[command(after_help = EXIT_STATUS)]
         Clear(LimitArgs),
         /// Every override of the rule in force, with what it replaced and when it ends.
+        #[command(after_help = EXIT_STATUS)]
         List(LimitArgs),
     }
 
@@ -194,8 +202,26 @@ mod cli {
         from: Deployment,
     }
 
-    /// A one-line error on stderr, and the exit status it calls for.
+    /// What `--help` says of exit statuses; the README says the same.
+    const EXIT_STATUS: &str =
+        "Exit status: 0 on success; 2 when the command line is wrong in itself \
+(what clap reports: an argument missing or unknown, a value it cannot read; and option values \
+refused the same way: a duration that cannot be read, figures a rule cannot take such as \
+--rate 0); 1 for every other error (a file that cannot be read, a configuration with errors, \
+an unknown rule or environment, values that do not fit the rule's key, the Redis endpoint \
+refusing or out of reach, a log line --strict stops at).";
+
+    /// A one-line error on stderr, and the exit status it calls for
+    /// ([`EXIT_STATUS`]): 1 unless made with [`Failure::usage`].
     struct Failure(String, u8);
+
+    impl Failure {
+        /// A command line wrong in itself: exit status 2, as clap's own
+        /// usage errors.
+        fn usage(message: String) -> Failure {
+            Failure(message, 2)
+        }
+    }
 
     impl<E: std::fmt::Display> From<E> for Failure {
         fn from(e: E) -> Failure {
@@ -227,7 +253,7 @@ mod cli {
             Ok(t) => t,
             Err(e) => {
                 eprintln!("{shown}: {e}");
-                return ExitCode::from(2);
+                return ExitCode::FAILURE;
             }
         };
         let verdicts = match check_wrangler_toml(&text) {
@@ -262,27 +288,21 @@ mod cli {
     /// The configuration of one environment (`None`: the top level).
     fn load_config(path: &Path, env: Option<&str>) -> Result<Config, Failure> {
         let shown = path.display();
-        let text =
-            std::fs::read_to_string(path).map_err(|e| Failure(format!("{shown}: {e}"), 2))?;
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?;
         let verdicts = check_wrangler_toml(&text).map_err(|e| format!("{shown}: {e}"))?;
         let wanted = env.map_or("(top level)".to_owned(), |e| format!("env.{e}"));
         let envs: Vec<String> = verdicts.iter().map(|(name, _)| name.clone()).collect();
         let (_, verdict) = verdicts
             .into_iter()
             .find(|(name, _)| *name == wanted)
-            .ok_or_else(|| {
-                Failure(
-                    format!("{shown} has no [{wanted}]; it has {}", envs.join(", ")),
-                    2,
-                )
-            })?;
-        verdict.map_err(|e| Failure(format!("{shown} [{wanted}]: {e}"), 1))
+            .ok_or_else(|| format!("{shown} has no [{wanted}]; it has {}", envs.join(", ")))?;
+        verdict.map_err(|e| Failure::from(format!("{shown} [{wanted}]: {e}")))
     }
 
     fn simulate(args: SimulateArgs) -> Result<(), Failure> {
         let config = load_config(&args.config, args.env.as_deref())?;
         let shown = args.log.display().to_string();
-        let file = File::open(&args.log).map_err(|e| Failure(format!("{shown}: {e}"), 2))?;
+        let file = File::open(&args.log).map_err(|e| format!("{shown}: {e}"))?;
         let size = file.metadata().map(|m| m.len()).unwrap_or(0);
         let options = simulate::Options {
             format: args.format.map(|f| match f {
@@ -296,9 +316,8 @@ mod cli {
         let planned = match &args.overrides {
             Some(path) => {
                 let shown = path.display();
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| Failure(format!("{shown}: {e}"), 2))?;
-                limits::plan(&config, &text).map_err(|e| Failure(format!("{shown}: {e}"), 2))?
+                let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?;
+                limits::plan(&config, &text).map_err(|e| format!("{shown}: {e}"))?
             }
             None => vec![],
         };
@@ -433,12 +452,9 @@ mod cli {
             .or_else(|| edge_limiter::rules::config::duration_text(text))
             .filter(|ms| *ms > 0)
             .ok_or_else(|| {
-                Failure(
-                    format!(
-                        "{option}: `{text}` is not a duration; write e.g. 500ms, 30s, 2h or 1d"
-                    ),
-                    2,
-                )
+                Failure::usage(format!(
+                    "{option}: `{text}` is not a duration; write e.g. 500ms, 30s, 2h or 1d"
+                ))
             })
     }
 
@@ -522,10 +538,10 @@ mod cli {
         set: &LimitSetArgs,
     ) -> Result<Override, Failure> {
         let refuse = |e: edge_limiter::rules::policy::PolicyError| {
-            Failure(
-                format!("rule `{}`, field `{}`: {}", rule.name, e.field, e.problem),
-                2,
-            )
+            Failure::usage(format!(
+                "rule `{}`, field `{}`: {}",
+                rule.name, e.field, e.problem
+            ))
         };
         if set.block {
             return Ok(Override::Block);
@@ -534,9 +550,8 @@ mod cli {
             return Override::windows(&rule.policy, &set.limits).map_err(refuse);
         }
         if set.rate.is_none() && set.period.is_none() && set.burst.is_none() {
-            return Err(Failure(
+            return Err(Failure::usage(
                 "give the figures: --rate, --period, --burst (GCRA), --limit per window, or --block".into(),
-                2,
             ));
         }
         let period = set

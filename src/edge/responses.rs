@@ -9,10 +9,11 @@ use serde_json::json;
 use crate::{
     decision::{
         limiter::{retry_seconds, Decided, Forward, Outcome, UNAVAILABLE_RETRY_S},
-        verdict::Decision,
+        verdict::{Decision, Retry, RuleState},
     },
     rules::{
         config::Config,
+        overrides::BLOCK_TEXT,
         policy::Policy,
         rule::{Ambiguous, Rule},
     },
@@ -192,13 +193,14 @@ pub fn for_decision(
     let current: Vec<String> = rules
         .iter()
         .zip(&decision.rules)
-        .map(|(r, s)| {
-            format!(
-                "\"{}\";r={};t={}",
-                item_name(r, s.window),
-                s.remaining,
-                seconds_up(s.reset_after_ms)
-            )
+        .enumerate()
+        .map(|(i, (r, s))| {
+            let (remaining, reset) = shown(s, blocked(decision, i));
+            let name = item_name(r, s.window);
+            match reset {
+                Some(t) => format!("\"{name}\";r={remaining};t={t}"),
+                None => format!("\"{name}\";r={remaining}"),
+            }
         })
         .collect();
     let mut headers = vec![
@@ -206,18 +208,40 @@ pub fn for_decision(
         ("RateLimit".to_owned(), current.join(", ")),
     ];
     if style.x_ratelimit {
-        let b = &decision.rules[decision.binding()];
+        let i = decision.binding();
+        let b = &decision.rules[i];
+        let (remaining, reset) = shown(b, blocked(decision, i));
         headers.push(("X-RateLimit-Limit".to_owned(), b.limit.to_string()));
-        headers.push(("X-RateLimit-Remaining".to_owned(), b.remaining.to_string()));
-        headers.push((
-            "X-RateLimit-Reset".to_owned(),
-            seconds_up(b.reset_after_ms).to_string(),
-        ));
+        headers.push(("X-RateLimit-Remaining".to_owned(), remaining.to_string()));
+        if let Some(t) = reset {
+            headers.push(("X-RateLimit-Reset".to_owned(), t.to_string()));
+        }
     }
     if let Some(s) = decision.retry().and_then(retry_seconds) {
         headers.push(("Retry-After".to_owned(), s.to_string()));
     }
     headers
+}
+
+/// A rule's units left and seconds to its reset as the headers give them.
+/// A rule that denies the request has none left for it, whatever its
+/// count says (a running penalty or a block denies with units in the
+/// bucket; a request that costs more than is left sees none either), and a
+/// block without end never resets: no reset at all, rather than a time
+/// after which the client would still be refused.
+fn shown(state: &RuleState, blocked: bool) -> (u64, Option<u64>) {
+    match state.retry() {
+        None => (state.remaining, Some(seconds_up(state.reset_after_ms))),
+        Some(Retry::Never) if blocked => (0, None),
+        Some(_) => (0, Some(seconds_up(state.reset_after_ms))),
+    }
+}
+
+/// Whether rule `i` was decided under a block an operator set.
+fn blocked(decision: &Decision, i: usize) -> bool {
+    decision
+        .override_of(i)
+        .is_some_and(|o| o.text == BLOCK_TEXT)
 }
 
 /// The quota of each of rule `i`'s items under an override the script
@@ -244,15 +268,22 @@ fn overridden(rule: &Rule, decision: &Decision, i: usize) -> Option<Vec<(u64, u6
     }
 }
 
-/// An RFC 9457 problem document for a denied request.
+/// An RFC 9457 problem document for a denied request; `rule` is the
+/// binding one.
 pub fn problem_body(rule: &Rule, decision: &Decision) -> String {
     let retry = decision.retry().and_then(retry_seconds);
-    let detail = match retry {
-        Some(s) => format!("Rate limit `{}` exceeded; retry in {s} s.", rule.name),
-        None => format!(
-            "Rate limit `{}` exceeded; this request costs more than the limit allows.",
-            rule.name
-        ),
+    let name = &rule.name;
+    let detail = match (blocked(decision, decision.binding()), retry) {
+        (true, Some(s)) => {
+            format!("An operator blocked this client on `{name}`; retry in {s} s.")
+        }
+        (true, None) => {
+            format!("An operator blocked this client on `{name}` until the block is lifted.")
+        }
+        (false, Some(s)) => format!("Rate limit `{name}` exceeded; retry in {s} s."),
+        (false, None) => {
+            format!("Rate limit `{name}` exceeded; this request costs more than the limit allows.")
+        }
     };
     json!({
         "type": "about:blank",
@@ -268,16 +299,19 @@ pub fn problem_body(rule: &Rule, decision: &Decision) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::verdict::{RequestVerdict, Retry, RuleState, Verdict};
+    use crate::decision::verdict::{OverrideRead, OverrideSource, RequestVerdict, Verdict};
     use serde_json::json;
 
-    fn rules() -> Vec<Rule> {
+    fn config() -> Config {
         Config::from_json(&json!({"rules": [
             {"name": "burst", "key": ["ip"], "algorithm": "gcra", "rate": 100, "period": "1m"},
             {"name": "api", "key": ["ip"], "algorithm": "windowed", "windows": [["1s", 10, "100ms"], ["1h", 1000, "1m"]]}
         ]}))
         .unwrap()
-        .rules
+    }
+
+    fn rules() -> Vec<Rule> {
+        config().rules
     }
 
     fn state(verdict: Verdict, limit: u64, remaining: u64, reset_after_ms: u64) -> RuleState {
@@ -391,6 +425,111 @@ mod tests {
         let soon = denied(0, 1, d.rules.clone());
         assert!(for_decision(&[&rs[0]], &soon, HeaderStyle::default())
             .contains(&("Retry-After".into(), "1".into())));
+    }
+
+    /// The 429 for one rule denied with `state`, under an operator's block
+    /// when `block`: its headers and its problem document.
+    fn answered(state: RuleState, block: bool) -> (Vec<(String, String)>, serde_json::Value) {
+        let config = config();
+        let retry = state.retry().expect("a denied rule");
+        let mut decision = denied(0, 0, vec![state]);
+        decision.verdict = RequestVerdict::Denied { binding: 0, retry };
+        if block {
+            decision.overrides.push(OverrideRead {
+                rule: 0,
+                source: OverrideSource::Client,
+                text: BLOCK_TEXT.to_owned(),
+                ignored: false,
+            });
+        }
+        let decided = Decided {
+            rules: vec![&config.rules[0]],
+            decision,
+        };
+        match render(&Outcome::Deny(decided), &config) {
+            Response::Answer {
+                status: 429,
+                body,
+                headers,
+                ..
+            } => (headers, serde_json::from_str(&body).unwrap()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
+        headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn a_refused_request_is_never_told_it_has_units_left() {
+        // A running penalty denies with the bucket full (20 of 100 here);
+        // a request that costs more than is left is refused with 3 left.
+        for (state, retry_s) in [
+            (state(after(90_000), 100, 20, 90_000), "90"),
+            (state(after(1_000), 100, 3, 58_800), "1"),
+        ] {
+            let (h, body) = answered(state, false);
+            let reset = seconds_up(state.reset_after_ms).to_string();
+            assert_eq!(
+                header(&h, "RateLimit"),
+                Some(format!("\"burst\";r=0;t={reset}").as_str())
+            );
+            assert_eq!(header(&h, "X-RateLimit-Remaining"), Some("0"));
+            assert_eq!(header(&h, "X-RateLimit-Reset"), Some(reset.as_str()));
+            assert_eq!(header(&h, "Retry-After"), Some(retry_s));
+            assert!(
+                body["detail"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("Rate limit `burst` exceeded"),
+                "{body}"
+            );
+        }
+        // Beside a denying rule, an admitting one still tells its own count.
+        let rs = rules();
+        let d = denied(
+            0,
+            5_000,
+            vec![
+                state(after(5_000), 100, 7, 5_000),
+                state(ADMITTED, 10, 4, 900),
+            ],
+        );
+        let h = for_decision(&[&rs[0], &rs[1]], &d, HeaderStyle::default());
+        assert_eq!(
+            header(&h, "RateLimit"),
+            Some("\"burst\";r=0;t=5, \"api.1\";r=4;t=1")
+        );
+    }
+
+    #[test]
+    fn a_block_says_who_blocked_and_an_endless_one_never_resets() {
+        // A block for 90 s over a bucket with 20 units in it.
+        let (h, body) = answered(state(after(90_000), 100, 20, 90_000), true);
+        assert_eq!(header(&h, "RateLimit"), Some("\"burst\";r=0;t=90"));
+        assert_eq!(header(&h, "X-RateLimit-Remaining"), Some("0"));
+        assert_eq!(header(&h, "X-RateLimit-Reset"), Some("90"));
+        assert_eq!(header(&h, "Retry-After"), Some("90"));
+        assert_eq!(
+            body["detail"],
+            "An operator blocked this client on `burst`; retry in 90 s."
+        );
+        assert_eq!(body["retry_after"], 90);
+        // Without end: no reset and no Retry-After, which would promise one.
+        let (h, body) = answered(state(Verdict::Denied(Retry::Never), 100, 0, 0), true);
+        assert_eq!(header(&h, "RateLimit"), Some("\"burst\";r=0"));
+        assert_eq!(header(&h, "X-RateLimit-Remaining"), Some("0"));
+        assert_eq!(header(&h, "X-RateLimit-Reset"), None);
+        assert_eq!(header(&h, "Retry-After"), None);
+        assert_eq!(
+            body["detail"],
+            "An operator blocked this client on `burst` until the block is lifted."
+        );
+        assert_eq!(body["retry_after"], serde_json::Value::Null);
     }
 
     #[test]

@@ -1,0 +1,177 @@
+//! `scripts/stack` as a user runs it: started on free ports, left until it
+//! says it is running, then stopped with Ctrl-C, which a terminal sends as
+//! SIGINT to the script's process group. It must say what it stopped, stop
+//! it all, and exit 0.
+//!
+//! The stack runs in a tree of links to the working tree's files, so that
+//! the repository's own `.dev.vars`, `.stack/` and `build/` (which other
+//! tests' workers serve) are left alone, while cargo sees the same sources
+//! with the same times: the builds the stack makes there are the working
+//! tree's, fresh when those are. (A copy would not do: cargo keys a
+//! workspace's artifacts by their path within it, so a copy's build would
+//! pass for the working tree's, made from the copy's files.)
+#![cfg(not(target_arch = "wasm32"))]
+
+use std::{
+    fs,
+    net::TcpStream,
+    os::unix::{fs::symlink, process::CommandExt},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+use edge_limiter_local::testenv::{free_port, repo};
+
+/// The whole working tree as git sees it (tracked and new files, nothing
+/// ignored), each file a link at its place under `to`, and the
+/// repository's `node_modules` linked in. Kept from run to run, so that
+/// the build records that name these links stay true.
+fn link_tree(to: &Path) {
+    let from = repo();
+    let _ = fs::remove_dir_all(to);
+    let listed = Command::new("git")
+        .args(["ls-files", "-co", "--exclude-standard", "-z"])
+        .current_dir(&from)
+        .output()
+        .expect("git lists the working tree");
+    assert!(listed.status.success(), "{listed:?}");
+    for name in listed.stdout.split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let name = std::str::from_utf8(name).expect("a UTF-8 file name");
+        let (src, dst) = (from.join(name), to.join(name));
+        // Deleted from the working tree but not yet from the index.
+        if !src.exists() {
+            continue;
+        }
+        fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        symlink(&src, &dst).unwrap();
+    }
+    symlink(from.join("node_modules"), to.join("node_modules")).unwrap();
+}
+
+/// The stack's script, leading its own process group as a shell's
+/// foreground job does, with its output in `log`.
+struct Stack {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Stack {
+    fn output(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends signal `name` to the script's process group; whether it went.
+    fn signal(&self, name: &str) -> bool {
+        Command::new("kill")
+            .args([&format!("-{name}"), "--", &format!("-{}", self.child.id())])
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// The script's exit status, once it has ended (within `limit`).
+    fn wait(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
+    }
+}
+
+impl Drop for Stack {
+    /// A test that failed half way still stops what the stack started:
+    /// its children lead process groups of their own, which only the
+    /// script's own stop reaches.
+    fn drop(&mut self) {
+        let running = matches!(self.child.try_wait(), Ok(None));
+        if running && (!self.signal("TERM") || self.wait(Duration::from_secs(30)).is_none()) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[test]
+fn ctrl_c_stops_the_stack_and_says_what_it_stopped() {
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let tree = tmp.join("stack-tree");
+    link_tree(&tree);
+    let ports = [
+        ("REDIS_PORT", free_port()),
+        ("REST_PORT", free_port()),
+        ("ORIGIN_PORT", free_port()),
+        ("WORKER_PORT", free_port()),
+    ];
+    let log = tmp.join("stack-test.log");
+    let out = fs::File::create(&log).unwrap();
+    let mut cmd = Command::new("bash");
+    cmd.arg("scripts/stack")
+        .current_dir(&tree)
+        // The tests' own build directory, where the working tree builds.
+        .env("CARGO_TARGET_DIR", tmp.parent().unwrap())
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .process_group(0);
+    for (name, port) in ports {
+        cmd.env(name, port.to_string());
+    }
+    let mut stack = Stack {
+        child: cmd.spawn().expect("scripts/stack starts"),
+        log,
+    };
+
+    // It builds the worker, and on a first run the REST endpoint.
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while !stack.output().contains("Ctrl-C stops everything.") {
+        if let Some(status) = stack.child.try_wait().unwrap() {
+            panic!(
+                "the stack ended ({status}) before it ran:\n{}",
+                stack.output()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stack did not come up:\n{}",
+            stack.output()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let running = stack.output();
+    for (name, port) in ports {
+        assert!(
+            running.contains(&format!("127.0.0.1:{port}")),
+            "{name} {port} not shown:\n{running}"
+        );
+    }
+
+    assert!(stack.signal("INT"), "the stack's group is gone");
+    let status = stack
+        .wait(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("the stack did not stop:\n{}", stack.output()));
+    let said = stack.output();
+    let stopping = &said[running.len()..];
+    assert_eq!(status.code(), Some(0), "{stopping}");
+    assert_eq!(
+        stopping.lines().collect::<Vec<_>>(),
+        [
+            "[stack] stopping",
+            "[stack] stopped worker",
+            "[stack] stopped origin",
+            "[stack] stopped rest",
+            "[stack] stopped redis",
+            "[stack] every log is in .stack/",
+        ],
+        "{said}"
+    );
+    for (name, port) in ports {
+        assert!(
+            TcpStream::connect(("127.0.0.1", port)).is_err(),
+            "{name} {port} still answers after the stop"
+        );
+    }
+}
