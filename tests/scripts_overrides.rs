@@ -233,7 +233,13 @@ async fn a_lone_rule_reads_its_clients_override_on_its_own_path() {
         assert!(!junk.admitted(), "{}: {junk:?}", rule.name);
         assert_eq!(junk.rules[0].limit, 2);
         assert!(junk.overrides[0].ignored);
+        // A hash where text was expected: none, noted, on this path too.
+        b.redis(&["DEL", &override_key(&one.rule.key), &one.rule.key]);
         b.redis(&["HSET", &override_key(&one.rule.key), "f", "1"]);
-        assert!(decide().await.overrides[0].ignored);
+        let hash = decide().await;
+        assert!(hash.admitted(), "{}: {hash:?}", rule.name);
+        assert_eq!(hash.rules[0].limit, 2);
+        assert_eq!(hash.overrides[0].source, OverrideSource::None);
+        assert!(hash.overrides[0].ignored);
     }
 }
