@@ -38,8 +38,12 @@ overrides = true
 "#;
 
 async fn get(worker: &Worker, key: &str) -> reqwest::Response {
+    get_at(worker, "/api", key).await
+}
+
+async fn get_at(worker: &Worker, path: &str, key: &str) -> reqwest::Response {
     reqwest::Client::new()
-        .get(format!("{}/api", worker.url))
+        .get(format!("{}{path}", worker.url))
         .header("x-api-key", key)
         .header("CF-Connecting-IP", "198.51.100.25")
         .send()
@@ -48,9 +52,13 @@ async fn get(worker: &Worker, key: &str) -> reqwest::Response {
 }
 
 async fn statuses(worker: &Worker, key: &str, n: usize) -> Vec<u16> {
+    statuses_at(worker, "/api", key, n).await
+}
+
+async fn statuses_at(worker: &Worker, path: &str, key: &str, n: usize) -> Vec<u16> {
     let mut out = vec![];
     for _ in 0..n {
-        out.push(get(worker, key).await.status().as_u16());
+        out.push(get_at(worker, path, key).await.status().as_u16());
     }
     out
 }
@@ -194,6 +202,75 @@ async fn garbage_in_an_override_key_counts_as_none() {
     let ignored = w.events_of("override_ignored");
     assert!(!ignored.is_empty());
     assert_eq!(ignored[0]["key"], "el:{junk-0}:api:o");
+}
+
+/// One rule of each fail mode, both taking overrides.
+const FAIL_MODES: &str = r#"
+[vars.LIMITER]
+cache_hold = "1s"
+
+[[vars.LIMITER.rules]]
+name = "shut"
+path_prefix = "/shut"
+key = ["header:x-api-key"]
+algorithm = "gcra"
+rate = 1
+period = "1m"
+burst = 2
+overrides = true
+
+[[vars.LIMITER.rules]]
+name = "open"
+path_prefix = "/open"
+key = ["header:x-api-key"]
+algorithm = "gcra"
+rate = 1
+period = "1m"
+burst = 2
+overrides = true
+fail = "open"
+"#;
+
+/// No stored value sends a rule to its fail mode (issue 31): `v1 block`
+/// and 8 000 numbers, in a client's key or in the rule-wide key, counts as
+/// none under either fail mode, never a 503 nor unlimited, and is logged.
+#[tokio::test]
+async fn an_override_of_any_length_counts_as_none_under_either_fail_mode() {
+    let stack = Stack::start(FAIL_MODES);
+    let w = &stack.worker;
+    let huge = format!("v1 block{}", " 1".repeat(8000));
+    for rule in ["shut", "open"] {
+        let path = format!("/{rule}");
+        // Both keys before the isolate's first read of the rule-wide one,
+        // which starts after its first response under the rule.
+        for key in [format!("el:{{junk}}:{rule}:o"), format!("el:rule:{rule}:o")] {
+            stack.backend.redis(&["SET", &key, &huge]);
+        }
+        assert_eq!(
+            statuses_at(w, &path, "junk", 3).await,
+            [200, 200, 429],
+            "{rule}: a client's key"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            statuses_at(w, &path, "fresh", 3).await,
+            [200, 200, 429],
+            "{rule}: the rule-wide key"
+        );
+    }
+    let ignored: Vec<String> = w
+        .events_of("override_ignored")
+        .iter()
+        .filter_map(|e| e["key"].as_str().map(str::to_owned))
+        .collect();
+    for key in [
+        "el:{junk}:shut:o",
+        "el:rule:shut:o",
+        "el:{junk}:open:o",
+        "el:rule:open:o",
+    ] {
+        assert!(ignored.iter().any(|k| k == key), "{key} in {ignored:?}");
+    }
 }
 
 #[tokio::test]

@@ -11,24 +11,29 @@ use edge_limiter::{
         protocol::{override_key, run, Check, Reply, ScriptCall, LIMITER},
         verdict::{Decision, OverrideSource, Retry},
     },
-    rules::{overrides::Override, policy::Policy, rule::Rule},
+    rules::{
+        overrides::{Override, BLOCK_TEXT},
+        policy::Policy,
+        rule::Rule,
+    },
 };
 use serde_json::json;
 use support::{rules, Backend, BUDGET};
 
 const T0: u64 = 1_795_168_800_000;
 
-/// One unit for `id` at `now_ms`, with `wide` as the rule-wide override.
+/// One unit for `id` at `now_ms`, with `wide` as the rule-wide override's
+/// text and ms left.
 async fn decide(
     b: &Backend,
     rule: &Rule,
     id: &str,
-    wide: Option<(&Override, i64)>,
+    wide: Option<(&str, i64)>,
     now_ms: u64,
 ) -> Decision {
     let mut call = ScriptCall::decide(&[(Check { rule, cost: 1 }, vec![id])], Some(now_ms));
-    if let (ScriptCall::Decide(g), Some((o, ms))) = (&mut call, wide) {
-        g.overrides[0].wide = o.to_text();
+    if let (ScriptCall::Decide(g), Some((text, ms))) = (&mut call, wide) {
+        g.overrides[0].wide = text.to_owned();
         g.overrides[0].wide_ms = ms;
     }
     run(&b.client, &call, BUDGET)
@@ -54,7 +59,7 @@ async fn run_of(
     rule: &Rule,
     id: &str,
     n: usize,
-    wide: Option<(&Override, i64)>,
+    wide: Option<(&str, i64)>,
 ) -> Vec<Decision> {
     let mut out = vec![];
     for _ in 0..n {
@@ -101,7 +106,9 @@ async fn a_block_denies_for_its_time_left_or_for_ever() {
 async fn the_rule_wide_override_holds_where_a_client_has_none() {
     let b = Backend::start();
     let rule = gcra();
-    let wide = Override::gcra(&rule.policy, None, None, Some(3)).unwrap();
+    let wide = Override::gcra(&rule.policy, None, None, Some(3))
+        .unwrap()
+        .to_text();
     let a = run_of(&b, &rule, "a", 4, Some((&wide, -1))).await;
     assert_eq!(admitted(&a), [true, true, true, false]);
     assert_eq!(a[0].overrides[0].source, OverrideSource::Rule);
@@ -111,7 +118,7 @@ async fn the_rule_wide_override_holds_where_a_client_has_none() {
     assert!(!c.admitted());
     assert_eq!(c.overrides[0].source, OverrideSource::Client);
     // A rule-wide block for 5 s.
-    let d = decide(&b, &rule, "d", Some((&Override::Block, 5000)), T0).await;
+    let d = decide(&b, &rule, "d", Some((BLOCK_TEXT, 5000)), T0).await;
     assert_eq!(d.retry(), Some(Retry::After { ms: 5000 }));
 }
 
@@ -160,6 +167,33 @@ async fn anything_else_in_an_override_key_is_no_override() {
         "a wrong type counts as none"
     );
     assert!(h[0].overrides[0].ignored);
+}
+
+/// No stored value makes the script fail (issue 31): `v1 block` and 8 000
+/// numbers, more results than Lua's `unpack` returns, counts as none in a
+/// client's key, on the general path and the lone rule's, and as the
+/// rule-wide text, where the configured figures then hold.
+#[tokio::test]
+async fn an_override_of_any_length_counts_as_none() {
+    let b = Backend::start();
+    let rule = gcra();
+    let huge = format!("{BLOCK_TEXT}{}", " 1".repeat(8000));
+    b.redis(&["SET", "el:{big}:g:o", &huge]);
+    let general = run_of(&b, &rule, "big", 3, None).await;
+    assert_eq!(admitted(&general), [true, true, false]);
+    assert_eq!(general[0].overrides[0].source, OverrideSource::None);
+    assert!(general[0].overrides[0].ignored);
+    b.redis(&["DEL", "el:{big}:g"]);
+    let mut lone = vec![];
+    for _ in 0..3 {
+        lone.push(b.decide(&[&rule], "big", 1, None).await);
+    }
+    assert_eq!(admitted(&lone), [true, true, false]);
+    assert!(lone[0].overrides[0].ignored);
+    let wide = run_of(&b, &rule, "w", 3, Some((&huge, -1))).await;
+    assert_eq!(admitted(&wide), [true, true, false]);
+    assert_eq!(wide[0].overrides[0].source, OverrideSource::None);
+    assert_eq!(wide[0].rules[0].limit, 2);
 }
 
 #[tokio::test]

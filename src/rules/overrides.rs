@@ -20,6 +20,11 @@ const VERSION: &str = "v1";
 /// The text of [`Override::Block`].
 pub const BLOCK_TEXT: &str = "v1 block";
 
+/// The longest text an override may have: every one this release writes
+/// is shorter (eight windows take under 200 bytes), so a reader need never
+/// take in more than this to know a value is none.
+pub const MAX_TEXT_BYTES: usize = 256;
+
 impl Override {
     /// The text stored in Redis: `v1 block`; `v1 gcra <rate> <period_ms>
     /// <burst> <interval_us>` (the script reads the last two); or `v1
@@ -45,6 +50,9 @@ impl Override {
     /// not one this release wrote for such a rule (a stray write, another
     /// format, figures of the other algorithm or another window count).
     pub fn parse(text: &str, policy: &Policy) -> Option<Override> {
+        if text.len() > MAX_TEXT_BYTES {
+            return None;
+        }
         let mut words = text.split(' ');
         if words.next() != Some(VERSION) {
             return None;
@@ -128,6 +136,7 @@ fn limited(ws: &Windows, limits: &[u64]) -> Result<Policy, PolicyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rules::policy::{MAX_DURATION_MS, MAX_UNITS, MAX_WINDOWS};
 
     fn gcra(rate: u64, period_ms: u64, burst: u64) -> Policy {
         Policy::Gcra(Gcra::new(rate, period_ms, burst).unwrap())
@@ -167,8 +176,28 @@ mod tests {
             "v1 windows 20",
             "v1  gcra 100 1000 200 10000",
             "{\"rate\": 100}",
+            format!("v1 block{}", " 1".repeat(8000)).as_str(),
         ] {
             assert_eq!(Override::parse(text, &g), None, "{text:?}");
+        }
+    }
+
+    /// The longest overrides this release writes stay within the bound
+    /// past which any text is none.
+    #[test]
+    fn every_override_fits_the_longest_text() {
+        let g = gcra(31_622_400_000_000, MAX_DURATION_MS, 1);
+        let most = Override::gcra(&g, None, None, None).unwrap();
+        let windows: Vec<Window> = (0..MAX_WINDOWS as u64)
+            .map(|i| MAX_DURATION_MS - i * 1000)
+            .map(|d| Window::new(d, MAX_UNITS, d).unwrap())
+            .collect();
+        let ws = Policy::Windowed(Windows::new(windows).unwrap());
+        let limits = Override::windows(&ws, &[MAX_UNITS; MAX_WINDOWS]).unwrap();
+        for (o, policy) in [(most, g), (limits, ws)] {
+            let text = o.to_text();
+            assert!(text.len() <= MAX_TEXT_BYTES, "{} bytes: {text}", text.len());
+            assert_eq!(Override::parse(&text, &policy), Some(o));
         }
     }
 

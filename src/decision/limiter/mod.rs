@@ -22,6 +22,7 @@ use super::{
 };
 use crate::rules::{
     config::Config,
+    overrides::Override,
     request::RequestMeta,
     rule::{Ambiguous, FailMode, Mode, Rule, RuleId, DEFAULT_BUDGET_MS},
 };
@@ -250,10 +251,18 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         let mut wide = self.wide.borrow_mut();
         match result {
             Ok(Reply::Read(read)) if read.len() == rules.len() => {
-                for (rule, (text, pttl)) in rules.iter().zip(read) {
+                let mut events = vec![];
+                for (rule, (mut text, pttl)) in rules.iter().zip(read) {
+                    if !self.none_or_override(rule, &text) {
+                        text.clear();
+                        events.push(Event {
+                            key: Some(rule_wide_key(rule)),
+                            ..Event::new(Action::OverrideIgnored, rule)
+                        });
+                    }
                     wide.keep(rule, text, pttl, now_ms);
                 }
-                vec![]
+                events
             }
             other => {
                 let error = match other {
@@ -273,6 +282,14 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                     .collect()
             }
         }
+    }
+
+    /// Whether `text`, read from rule `name`'s rule-wide key, is empty or
+    /// an override of the rule's figures. Anything else counts as none and
+    /// is never passed on: every decision would carry it, of any size.
+    fn none_or_override(&self, name: &str, text: &str) -> bool {
+        let rule = self.config.rules.iter().find(|r| r.name == name);
+        text.is_empty() || rule.is_some_and(|r| Override::parse(text, &r.policy).is_some())
     }
 
     /// The call deciding `checks` at `now_ms` and asking for `asks`, under
@@ -1082,5 +1099,41 @@ mod tests {
         let out = once(&c, &store, "/");
         assert_eq!(out.outcome, Outcome::Forward(Forward::Unlimited));
         assert_eq!(store.calls.get(), 0);
+    }
+
+    /// A rule-wide key holding no override of its rule (here `v1 block`
+    /// and 8 000 numbers) counts as none in the isolate, logged at each
+    /// read, and is never passed to the script; an override is kept.
+    #[test]
+    fn a_rule_wide_value_that_is_no_override_is_held_as_none() {
+        let c = leasing_with_overrides();
+        let huge = format!("v1 block{}", " 1".repeat(8000));
+        for (text, kept) in [(huge.as_str(), false), ("v1 block", true)] {
+            let store = fake(Ok(json!([text, -1])));
+            let wide = RefCell::new(RuleWide::new());
+            let limiter = Limiter {
+                config: &c,
+                store: &store,
+                cache: &RefCell::new(BlockCache::new(HOLD)),
+                leases: &RefCell::new(Leases::new()),
+                wide: &wide,
+                pinned: false,
+            };
+            assert!(wide.borrow_mut().start_read("hot", 0));
+            let events = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap()
+                .block_on(limiter.reread(&["hot".to_owned()], 0));
+            let held = wide.borrow().in_force("hot", 1);
+            if kept {
+                assert_eq!(held, Some((text.to_owned(), -1)));
+                assert_eq!(events, []);
+            } else {
+                assert_eq!(held, None);
+                assert_eq!(events.len(), 1, "{events:?}");
+                assert_eq!(events[0].action, Action::OverrideIgnored);
+                assert_eq!(events[0].key.as_deref(), Some("el:rule:hot:o"));
+            }
+        }
     }
 }
