@@ -55,9 +55,10 @@
 -- held (0: none, 1: the client's, 2: the rule's), 1 if the client's key
 -- held something that is no override, and the text in force ('' for none).
 -- An override (src/rules/overrides.rs writes them) is 'v1 block',
--- 'v1 gcra <rate> <period ms> <burst> <interval us>' or 'v1 windows' and a
--- limit per window; a block denies like a running penalty, for the
--- override key's time left (no Retry-After when it has no end).
+-- 'v1 gcra <rate> <period ms> <burst> <interval us>' or 'v1 windows' and
+-- '<duration ms>:<limit>' per window; a block denies like a running
+-- penalty, for the override key's time left (no Retry-After when it has
+-- no end).
 --
 -- A lease is charged with the request, only when it is admitted, and
 -- takes at most half of what the rule has left after it. GCRA accounts
@@ -192,15 +193,17 @@ if overrides then
       end
       return false
     end
-    -- 'v1 windows' and one limit per window, in the rule's order: no more
-    -- fields are read than the rule has windows.
+    -- 'v1 windows' and '<duration ms>:<limit>' per window, in the rule's
+    -- order: written from the rule's own durations, the text must come out
+    -- the same, so an override naming windows the rule no longer has is
+    -- none. No more fields are read than the rule has windows.
     local n, limits, written = ARGV[at + 3] + 0, {}, 'v1 windows'
-    for limit in string.gmatch(text, ' ([1-9]%d*)') do
+    for limit in string.gmatch(text, ':([1-9]%d*)') do
       if #limits == n or limit + 0 > 1000000000 then
         return false
       end
       limits[#limits + 1] = limit
-      written = written .. ' ' .. limit
+      written = written .. ' ' .. ARGV[at + 1 + 3 * #limits] .. ':' .. limit
     end
     if #limits ~= n or text ~= written then
       return false

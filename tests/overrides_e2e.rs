@@ -168,7 +168,7 @@ async fn inspect_shows_the_override_in_force() {
     for line in [
         "window 60000ms by 1000ms: 7 of 7 left",
         "window 3600000ms by 60000ms: 70 of 70 left",
-        "override: v1 windows 7 70 (the client's own)",
+        "override: v1 windows 60000:7 3600000:70 (the client's own)",
     ] {
         assert!(shown.contains(line), "{line} in {shown}");
     }

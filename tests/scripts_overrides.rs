@@ -17,7 +17,7 @@ use edge_limiter::{
         rule::Rule,
     },
 };
-use serde_json::json;
+use serde_json::{json, Value};
 use support::{rules, Backend, BUDGET};
 
 const T0: u64 = 1_795_168_800_000;
@@ -135,6 +135,37 @@ async fn a_window_rules_override_sets_each_limit() {
     // Removed, the configured limit of 2 holds at once: 4 already counted.
     b.redis(&["DEL", "el:{a}:w:o"]);
     assert!(!decide(&b, &rule, "a", None, T0).await.admitted());
+}
+
+/// A windowed override names its windows (issue 31): after a redeploy
+/// that changes a duration but not the number of windows, an override
+/// written for the old windows is none, noted, in a client's key and as
+/// the rule-wide text, and never sets limits on other windows.
+#[tokio::test]
+async fn a_window_override_holds_only_for_the_windows_it_names() {
+    let b = Backend::start();
+    let windowed = |windows: Value| {
+        rules(json!([{"name": "w", "key": ["ip"], "algorithm": "windowed",
+            "windows": windows, "overrides": true}]))
+        .remove(0)
+    };
+    let before = windowed(json!([["1m", 2, "1m"], ["1h", 100, "1h"]]));
+    let after = windowed(json!([["1m", 2, "1m"], ["1d", 100, "1h"]]));
+    let raised = Override::windows(&before.policy, &[4, 100])
+        .unwrap()
+        .to_text();
+    // Under the windows it names, it holds.
+    b.redis(&["SET", "el:{a}:w:o", &raised]);
+    let a = run_of(&b, &before, "a", 5, None).await;
+    assert_eq!(admitted(&a), [true, true, true, true, false]);
+    // Under the redeployed rule, the configured limit of 2.
+    b.redis(&["SET", "el:{c}:w:o", &raised]);
+    let client = run_of(&b, &after, "c", 3, None).await;
+    assert_eq!(admitted(&client), [true, true, false]);
+    assert!(client[0].overrides[0].ignored);
+    let wide = run_of(&b, &after, "d", 3, Some((&raised, -1))).await;
+    assert_eq!(admitted(&wide), [true, true, false]);
+    assert_eq!(wide[0].overrides[0].source, OverrideSource::None);
 }
 
 #[tokio::test]

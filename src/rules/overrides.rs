@@ -28,7 +28,9 @@ pub const MAX_TEXT_BYTES: usize = 256;
 impl Override {
     /// The text stored in Redis: `v1 block`; `v1 gcra <rate> <period_ms>
     /// <burst> <interval_us>` (the script reads the last two); or `v1
-    /// windows` and one limit per window, in the rule's order.
+    /// windows` and `<duration_ms>:<limit>` per window, in the rule's
+    /// order: each limit names its window, so that a rule redeployed with
+    /// other durations finds its override none, not set on other windows.
     pub fn to_text(&self) -> String {
         match self {
             Override::Block => BLOCK_TEXT.to_owned(),
@@ -40,7 +42,10 @@ impl Override {
                 g.interval_us()
             ),
             Override::Figures(Policy::Windowed(ws)) => {
-                let limits: Vec<String> = ws.iter().map(|w| w.limit().to_string()).collect();
+                let limits: Vec<String> = ws
+                    .iter()
+                    .map(|w| format!("{}:{}", w.duration_ms(), w.limit()))
+                    .collect();
                 format!("{VERSION} windows {}", limits.join(" "))
             }
         }
@@ -48,7 +53,8 @@ impl Override {
 
     /// The override `text` holds for a rule of `policy`; `None` when it is
     /// not one this release wrote for such a rule (a stray write, another
-    /// format, figures of the other algorithm or another window count).
+    /// format, figures of the other algorithm, windows the rule does not
+    /// have in that order, or an earlier release's limits by position).
     pub fn parse(text: &str, policy: &Policy) -> Option<Override> {
         if text.len() > MAX_TEXT_BYTES {
             return None;
@@ -58,18 +64,25 @@ impl Override {
             return None;
         }
         let kind = words.next()?;
-        let numbers: Vec<u64> = words
-            // As the script reads them: digits, no sign, no leading zero.
-            .map(|w| w.parse().ok().filter(|n: &u64| n.to_string() == w))
-            .collect::<Option<_>>()?;
-        match (kind, policy, numbers.as_slice()) {
+        let words: Vec<&str> = words.collect();
+        match (kind, policy, words.as_slice()) {
             ("block", _, []) => Some(Override::Block),
             ("gcra", Policy::Gcra(_), &[rate, period_ms, burst, interval_us]) => {
-                let g = Gcra::new(rate, period_ms, burst).ok()?;
-                (g.interval_us() == interval_us).then_some(Override::Figures(Policy::Gcra(g)))
+                let g = Gcra::new(number(rate)?, number(period_ms)?, number(burst)?).ok()?;
+                (g.interval_us() == number(interval_us)?)
+                    .then_some(Override::Figures(Policy::Gcra(g)))
             }
-            ("windows", Policy::Windowed(ws), limits) if limits.len() == ws.len() => {
-                limited(ws, limits).ok().map(Override::Figures)
+            ("windows", Policy::Windowed(ws), windows) if windows.len() == ws.len() => {
+                let limits = ws
+                    .iter()
+                    .zip(windows)
+                    .map(|(w, named)| {
+                        let (duration_ms, limit) = named.split_once(':')?;
+                        number(duration_ms).filter(|d| *d == w.duration_ms())?;
+                        number(limit)
+                    })
+                    .collect::<Option<Vec<u64>>>()?;
+                limited(ws, &limits).ok().map(Override::Figures)
             }
             _ => None,
         }
@@ -118,6 +131,11 @@ impl Override {
     }
 }
 
+/// A number as the script reads one: digits, no sign, no leading zero.
+fn number(word: &str) -> Option<u64> {
+    word.parse().ok().filter(|n: &u64| n.to_string() == word)
+}
+
 fn limited(ws: &Windows, limits: &[u64]) -> Result<Policy, PolicyError> {
     let windows = ws
         .iter()
@@ -156,9 +174,36 @@ mod tests {
         assert_eq!(more.to_text(), "v1 gcra 100 1000 200 10000");
         assert_eq!(Override::parse(&more.to_text(), &g), Some(more));
         let w = Override::windows(&windows, &[20, 200]).unwrap();
-        assert_eq!(w.to_text(), "v1 windows 20 200");
+        assert_eq!(w.to_text(), "v1 windows 1000:20 60000:200");
         assert_eq!(Override::parse(&w.to_text(), &windows), Some(w));
         assert_eq!(Override::parse("v1 block", &g), Some(Override::Block));
+    }
+
+    /// A windowed override names its windows: after a redeploy that keeps
+    /// their number but changes a duration, or their order, it is none, as
+    /// an earlier release's limits by position are.
+    #[test]
+    fn a_windowed_override_holds_only_for_the_windows_it_names() {
+        let rule = |durations: [u64; 2]| {
+            let ws = durations.map(|d| Window::new(d, 10, d).unwrap()).to_vec();
+            Policy::Windowed(Windows::new(ws).unwrap())
+        };
+        let before = rule([1000, 60_000]);
+        let text = Override::windows(&before, &[20, 200]).unwrap().to_text();
+        assert!(Override::parse(&text, &before).is_some());
+        for after in [rule([1000, 3_600_000]), rule([60_000, 1000])] {
+            assert_eq!(Override::parse(&text, &after), None, "{after:?}");
+        }
+        for text in [
+            "v1 windows 20 200",
+            "v1 windows 1000:20",
+            "v1 windows 1000:20 60000:200 60000:200",
+            "v1 windows 1000:20 060000:200",
+            "v1 windows 1000:20 60000:0",
+            "v1 windows 1000:20 60000",
+        ] {
+            assert_eq!(Override::parse(text, &before), None, "{text:?}");
+        }
     }
 
     #[test]
