@@ -6,7 +6,6 @@
 -- same); the two one-rule paths carry no operation name, the cheapest
 -- encoding measured:
 --   #ARGV <= 3, ARGV[1] not 'reset'  one GCRA rule on Redis's clock (gcra.lua)
---            nor 'read'
 --   #ARGV > 3, ARGV[1] not 'decide'  one windowed rule on Redis's clock
 --            'reset' nor 'refund'     (windowed.lua)
 --   either, with KEYS[2]             its rule takes overrides: KEYS[2] is
@@ -14,7 +13,6 @@
 --                                    holds one, ARGV is rewritten as the
 --                                    general decision's (common.lua)
 --   ARGV[1] == 'reset'               forget every key in KEYS (below)
---   ARGV[1] == 'read'                each key's text ('' for none) and PTTL
 --   ARGV[1] == 'refund'              give back refundable charges (below)
 --   ARGV[1] == 'decide'              the general decision (below)
 --
@@ -79,14 +77,6 @@
 
 if ARGV[1] == 'reset' then
   return redis.call('DEL', unpack(KEYS))
-end
-
-if ARGV[1] == 'read' then
-  local out = {}
-  for i = 1, #KEYS do
-    out[2 * i - 1], out[2 * i] = redis.call('GET', KEYS[i]) or '', redis.call('PTTL', KEYS[i])
-  end
-  return out
 end
 
 if ARGV[1] == 'refund' then

@@ -8,11 +8,13 @@ mod support;
 
 use edge_limiter::{
     decision::{
-        protocol::{override_key, run, Check, Reply, ScriptCall, LIMITER},
+        protocol::{
+            override_key, read_rule_wide, run, Check, Reply, ScriptCall, WideRead, LIMITER,
+        },
         verdict::{Decision, OverrideSource, Retry},
     },
     rules::{
-        overrides::{Override, BLOCK_TEXT},
+        overrides::{Override, BLOCK_TEXT, MAX_TEXT_BYTES},
         policy::Policy,
         rule::Rule,
     },
@@ -227,17 +229,28 @@ async fn an_override_of_any_length_counts_as_none() {
     assert_eq!(wide[0].rules[0].limit, 2);
 }
 
+/// The rule-wide read: each key's text and time to live, none for a
+/// missing key, a hash as no text, and no more of a long value than it
+/// takes to know it is no override.
 #[tokio::test]
-async fn a_read_returns_each_keys_text_and_time_to_live() {
+async fn a_rule_wide_read_returns_each_keys_text_and_time_to_live() {
     let b = Backend::start();
     b.redis(&["SET", "el:rule:g:o", "v1 block", "PX", "30000"]);
-    let call = ScriptCall::Read(vec!["el:rule:g:o".into(), "el:rule:none:o".into()]);
-    let Ok(Reply::Read(read)) = run(&b.client, &call, BUDGET).await else {
-        panic!("a read's reply")
+    b.redis(&["HSET", "el:rule:h:o", "x", "1"]);
+    b.redis(&["SET", "el:rule:long:o", &"v1 block".repeat(1000)]);
+    let keys = ["g", "none", "h", "long"].map(|r| format!("el:rule:{r}:o"));
+    let read = read_rule_wide(&b.client, &keys, BUDGET).await.unwrap();
+    let WideRead::Text(text, ms) = &read[0] else {
+        panic!("{read:?}")
     };
-    assert_eq!(read[0].0, "v1 block");
-    assert!((29_000..=30_000).contains(&read[0].1), "{read:?}");
-    assert_eq!(read[1], (String::new(), -2));
+    assert_eq!(text, "v1 block");
+    assert!((29_000..=30_000).contains(ms), "{read:?}");
+    assert_eq!(read[1], WideRead::Text(String::new(), -1));
+    assert_eq!(read[2], WideRead::NotText);
+    let WideRead::Text(long, -1) = &read[3] else {
+        panic!("{read:?}")
+    };
+    assert_eq!(long.len(), MAX_TEXT_BYTES + 1);
 }
 
 /// A lone rule on Redis's clock keeps its one-rule path, one integer for

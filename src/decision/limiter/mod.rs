@@ -14,8 +14,8 @@ use super::{
     keys::redis_key,
     leases::Leases,
     protocol::{
-        override_key, penalty_key, rule_wide_key, run, Charge, Check, LeaseAsk, Reply, ScriptCall,
-        ScriptError, ScriptRunner,
+        override_key, penalty_key, read_rule_wide, rule_wide_key, run, Charge, Check, LeaseAsk,
+        Reply, ScriptCall, ScriptError, ScriptRunner, WideRead,
     },
     rule_wide::RuleWide,
     verdict::{Decision, OverrideSource, Retry},
@@ -240,48 +240,44 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             .collect()
     }
 
-    /// Reads the rule-wide overrides of `rules` in one call, sent at
-    /// `now_ms`, after the response has gone. A fault is only logged: the
-    /// isolate keeps its copy and reads again after a response a second
+    /// Reads the rule-wide overrides of `rules` in one request, sent at
+    /// `now_ms`, after the response has gone. A key that holds no override
+    /// of its rule is none, logged; a fault is only logged: the isolate
+    /// keeps that rule's copy and reads it again after a response a second
     /// later.
     pub async fn reread(&self, rules: &[String], now_ms: u64) -> Vec<Event> {
-        let keys = rules.iter().map(|r| rule_wide_key(r)).collect();
-        let call = ScriptCall::Read(keys);
-        let result = run(self.store, &call, Duration::from_millis(DEFAULT_BUDGET_MS)).await;
+        let keys: Vec<String> = rules.iter().map(|r| rule_wide_key(r)).collect();
+        let budget = Duration::from_millis(DEFAULT_BUDGET_MS);
+        let read = match read_rule_wide(self.store, &keys, budget).await {
+            Ok(read) => read,
+            Err(e) => vec![WideRead::Failed(e); rules.len()],
+        };
         let mut wide = self.wide.borrow_mut();
-        match result {
-            Ok(Reply::Read(read)) if read.len() == rules.len() => {
-                let mut events = vec![];
-                for (rule, (mut text, pttl)) in rules.iter().zip(read) {
-                    if !self.none_or_override(rule, &text) {
-                        text.clear();
-                        events.push(Event {
-                            key: Some(rule_wide_key(rule)),
-                            ..Event::new(Action::OverrideIgnored, rule)
-                        });
-                    }
+        let mut events = vec![];
+        for ((rule, key), read) in rules.iter().zip(keys).zip(read) {
+            let action = match read {
+                WideRead::Text(text, pttl) if self.none_or_override(rule, &text) => {
                     wide.keep(rule, text, pttl, now_ms);
+                    continue;
                 }
-                events
-            }
-            other => {
-                let error = match other {
-                    Err(e) => e.to_string(),
-                    Ok(_) => "a reply other than a read's".to_owned(),
-                };
-                rules
-                    .iter()
-                    .map(|rule| {
-                        wide.failed(rule, now_ms);
-                        Event {
-                            key: Some(rule_wide_key(rule)),
-                            error: Some(error.clone()),
-                            ..Event::new(Action::OverrideReadFailed, rule)
-                        }
-                    })
-                    .collect()
-            }
+                WideRead::Text(..) | WideRead::NotText => {
+                    wide.keep(rule, String::new(), -1, now_ms);
+                    Event::new(Action::OverrideIgnored, rule)
+                }
+                WideRead::Failed(error) => {
+                    wide.failed(rule, now_ms);
+                    Event {
+                        error: Some(error.to_string()),
+                        ..Event::new(Action::OverrideReadFailed, rule)
+                    }
+                }
+            };
+            events.push(Event {
+                key: Some(key),
+                ..action
+            });
         }
+        events
     }
 
     /// Whether `text`, read from rule `name`'s rule-wide key, is empty or
@@ -670,6 +666,23 @@ mod tests {
                 budget,
             });
             self.reply.clone()
+        }
+
+        /// The reply's items, as one result each.
+        async fn commands(
+            &self,
+            _: &[Vec<String>],
+            _: Duration,
+        ) -> Result<Vec<Result<Value, RestError>>, RestError> {
+            self.calls.set(self.calls.get() + 1);
+            let items = self.reply.clone()?;
+            Ok(items
+                .as_array()
+                .into_iter()
+                .flatten()
+                .cloned()
+                .map(Ok)
+                .collect())
         }
     }
 
