@@ -14,7 +14,7 @@ use std::{
 };
 
 use edge_limiter::decision::rule_wide::REREAD_MS;
-use edge_limiter_local::fault_proxy::Fault;
+use edge_limiter_local::{fault_proxy::Fault, testenv::Scratch};
 use reqwest::StatusCode;
 use support::{header, worker::Stack, worker::Worker};
 
@@ -100,6 +100,76 @@ fn operator(worker: &Worker, args: &[&str]) -> String {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(!text.contains(support::TOKEN), "the token in {text}");
     text
+}
+
+/// `limit set` checks the whole rule as `wrangler.toml`'s checks do
+/// (issue 31), before it needs any setting: a cost the new figures can
+/// never admit, a lease they cannot grant, and a `--for` without its unit
+/// or over 366 days are refused, naming the field or option.
+#[test]
+fn limit_set_checks_the_whole_rule() {
+    let dir = Scratch::new("limit-set");
+    let rules = r#"
+[[vars.LIMITER.rules]]
+name = "api"
+key = ["header:x-api-key"]
+algorithm = "gcra"
+rate = 10
+period = "1s"
+burst = 20
+cost = { POST = 5 }
+overrides = true
+
+[[vars.LIMITER.rules]]
+name = "hot"
+key = ["header:x-api-key"]
+algorithm = "gcra"
+rate = 100
+period = "1s"
+burst = 300
+lease = 20
+lease_for = "2s"
+overrides = true
+"#;
+    std::fs::write(dir.join("wrangler.toml"), rules).unwrap();
+    let set = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_edge-limiter"))
+            .args(["limit", "set"])
+            .args(args)
+            .current_dir(&dir)
+            .env_remove("UPSTASH_REDIS_REST_URL")
+            .env_remove("UPSTASH_REDIS_REST_TOKEN")
+            .output()
+            .expect("the command runs");
+        assert!(!out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8(out.stderr).unwrap()
+    };
+    for (args, says) in [
+        (
+            &["api", "--burst", "1"][..],
+            "rule `api`, field `cost`: 5 exceeds",
+        ),
+        (&["hot", "--burst", "100"], "rule `hot`, field `lease_for`"),
+        (
+            &["hot", "k-1", "--burst", "30"],
+            "rule `hot`, field `lease`",
+        ),
+        (&["api", "--block", "--for", "3600"], "--for: `3600`"),
+        (&["api", "--block", "--for", "367d"], "--for: `367d`"),
+        (&["api", "--period", "60", "--rate", "1"], "--period: `60`"),
+    ] {
+        let err = set(args);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    // Figures the whole rule takes pass, and only then is a setting read.
+    for args in [
+        &["api", "--burst", "5"][..],
+        &["hot", "--burst", "250", "--for", "3600s"],
+        &["api", "--block", "--for", "366d"],
+    ] {
+        let err = set(args);
+        assert!(err.contains("UPSTASH_REDIS_REST_URL"), "{args:?}: {err}");
+    }
 }
 
 #[tokio::test]

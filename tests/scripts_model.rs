@@ -207,14 +207,14 @@ fn override_text(rule: &Rule, pick: u64) -> Option<String> {
         let made = match &rule.policy {
             Policy::Gcra(g) => {
                 let burst = if more { g.burst() + 2 } else { 1 };
-                Override::gcra(&rule.policy, Some(g.rate() + 1), None, Some(burst))
+                Override::gcra(rule, Some(g.rate() + 1), None, Some(burst))
             }
             Policy::Windowed(ws) => {
                 let limits: Vec<u64> = ws
                     .iter()
                     .map(|w| if more { w.limit() + 2 } else { 1 })
                     .collect();
-                Override::windows(&rule.policy, &limits)
+                Override::windows(rule, &limits)
             }
         };
         made.expect("figures the rule can take").to_text()

@@ -3,7 +3,10 @@
 //! text (`lua/limiter.lua`); anything else in an override key counts as
 //! no override.
 
-use super::policy::{Gcra, Policy, PolicyError, Window, Windows};
+use super::{
+    policy::{Gcra, Policy, PolicyError, Window, Windows},
+    rule::Rule,
+};
 
 /// What an override does to its rule, for every client or for one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,37 +91,46 @@ impl Override {
         }
     }
 
-    /// The rule's figures with these `limits` per window (`--limit`): the
-    /// error names `windows[i].limit`, as the configuration's would.
-    pub fn windows(policy: &Policy, limits: &[u64]) -> Result<Override, PolicyError> {
-        match policy {
-            Policy::Windowed(ws) if ws.len() == limits.len() => {
-                limited(ws, limits).map(Override::Figures)
+    /// `rule`'s figures with these `limits` per window (`--limit`), checked
+    /// as the configuration checks the rule: the error names
+    /// `windows[i].limit`, or the rule's field they do not fit (`cost`,
+    /// `lease`).
+    pub fn windows(rule: &Rule, limits: &[u64]) -> Result<Override, PolicyError> {
+        let figures = match &rule.policy {
+            Policy::Windowed(ws) if ws.len() == limits.len() => limited(ws, limits)?,
+            Policy::Windowed(ws) => {
+                return Err(PolicyError {
+                    field: "limit".into(),
+                    problem: format!(
+                        "give one limit per window: the rule has {} (in its order)",
+                        ws.len()
+                    ),
+                })
             }
-            Policy::Windowed(ws) => Err(PolicyError {
-                field: "limit".into(),
-                problem: format!(
-                    "give one limit per window: the rule has {} (in its order)",
-                    ws.len()
-                ),
-            }),
-            Policy::Gcra(_) => Err(PolicyError {
-                field: "limit".into(),
-                problem: "is for windowed rules; a GCRA rule takes --rate, --period and --burst"
-                    .into(),
-            }),
-        }
+            Policy::Gcra(_) => {
+                return Err(PolicyError {
+                    field: "limit".into(),
+                    problem:
+                        "is for windowed rules; a GCRA rule takes --rate, --period and --burst"
+                            .into(),
+                })
+            }
+        };
+        rule.fits(&figures)?;
+        Ok(Override::Figures(figures))
     }
 
     /// A GCRA rule's override (`--rate`, `--period`, `--burst`), each
-    /// figure left out keeping the rule's own: the error names the field.
+    /// figure left out keeping the rule's own, checked as the configuration
+    /// checks the rule: the error names the field, or the rule's field the
+    /// figures do not fit (`cost`, `lease`, `lease_for`).
     pub fn gcra(
-        policy: &Policy,
+        rule: &Rule,
         rate: Option<u64>,
         period_ms: Option<u64>,
         burst: Option<u64>,
     ) -> Result<Override, PolicyError> {
-        let Policy::Gcra(g) = policy else {
+        let Policy::Gcra(g) = &rule.policy else {
             return Err(PolicyError {
                 field: "rate".into(),
                 problem: "is for GCRA rules; a windowed rule takes --limit per window".into(),
@@ -126,8 +138,9 @@ impl Override {
         };
         let rate = rate.unwrap_or(g.rate());
         let period_ms = period_ms.unwrap_or(g.period_ms());
-        let g = Gcra::new(rate, period_ms, burst.unwrap_or(g.burst()))?;
-        Ok(Override::Figures(Policy::Gcra(g)))
+        let figures = Policy::Gcra(Gcra::new(rate, period_ms, burst.unwrap_or(g.burst()))?);
+        rule.fits(&figures)?;
+        Ok(Override::Figures(figures))
     }
 }
 
@@ -154,10 +167,19 @@ fn limited(ws: &Windows, limits: &[u64]) -> Result<Policy, PolicyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::policy::{MAX_DURATION_MS, MAX_UNITS, MAX_WINDOWS};
+    use crate::rules::{
+        lease::Lease,
+        policy::{MAX_DURATION_MS, MAX_UNITS, MAX_WINDOWS},
+        rule::Cost,
+    };
 
     fn gcra(rate: u64, period_ms: u64, burst: u64) -> Policy {
         Policy::Gcra(Gcra::new(rate, period_ms, burst).unwrap())
+    }
+
+    /// A rule of `policy`, every other field at its default.
+    fn rule(policy: &Policy) -> Rule {
+        Rule::with_policy("r", policy.clone())
     }
 
     #[test]
@@ -170,10 +192,10 @@ mod tests {
             ])
             .unwrap(),
         );
-        let more = Override::gcra(&g, Some(100), None, Some(200)).unwrap();
+        let more = Override::gcra(&rule(&g), Some(100), None, Some(200)).unwrap();
         assert_eq!(more.to_text(), "v1 gcra 100 1000 200 10000");
         assert_eq!(Override::parse(&more.to_text(), &g), Some(more));
-        let w = Override::windows(&windows, &[20, 200]).unwrap();
+        let w = Override::windows(&rule(&windows), &[20, 200]).unwrap();
         assert_eq!(w.to_text(), "v1 windows 1000:20 60000:200");
         assert_eq!(Override::parse(&w.to_text(), &windows), Some(w));
         assert_eq!(Override::parse("v1 block", &g), Some(Override::Block));
@@ -184,14 +206,16 @@ mod tests {
     /// an earlier release's limits by position are.
     #[test]
     fn a_windowed_override_holds_only_for_the_windows_it_names() {
-        let rule = |durations: [u64; 2]| {
+        let windows = |durations: [u64; 2]| {
             let ws = durations.map(|d| Window::new(d, 10, d).unwrap()).to_vec();
             Policy::Windowed(Windows::new(ws).unwrap())
         };
-        let before = rule([1000, 60_000]);
-        let text = Override::windows(&before, &[20, 200]).unwrap().to_text();
+        let before = windows([1000, 60_000]);
+        let text = Override::windows(&rule(&before), &[20, 200])
+            .unwrap()
+            .to_text();
         assert!(Override::parse(&text, &before).is_some());
-        for after in [rule([1000, 3_600_000]), rule([60_000, 1000])] {
+        for after in [windows([1000, 3_600_000]), windows([60_000, 1000])] {
             assert_eq!(Override::parse(&text, &after), None, "{after:?}");
         }
         for text in [
@@ -232,13 +256,13 @@ mod tests {
     #[test]
     fn every_override_fits_the_longest_text() {
         let g = gcra(31_622_400_000_000, MAX_DURATION_MS, 1);
-        let most = Override::gcra(&g, None, None, None).unwrap();
+        let most = Override::gcra(&rule(&g), None, None, None).unwrap();
         let windows: Vec<Window> = (0..MAX_WINDOWS as u64)
             .map(|i| MAX_DURATION_MS - i * 1000)
             .map(|d| Window::new(d, MAX_UNITS, d).unwrap())
             .collect();
         let ws = Policy::Windowed(Windows::new(windows).unwrap());
-        let limits = Override::windows(&ws, &[MAX_UNITS; MAX_WINDOWS]).unwrap();
+        let limits = Override::windows(&rule(&ws), &[MAX_UNITS; MAX_WINDOWS]).unwrap();
         for (o, policy) in [(most, g), (limits, ws)] {
             let text = o.to_text();
             assert!(text.len() <= MAX_TEXT_BYTES, "{} bytes: {text}", text.len());
@@ -248,7 +272,7 @@ mod tests {
 
     #[test]
     fn figures_are_checked_as_the_configuration_checks_them() {
-        let g = gcra(10, 1000, 20);
+        let g = rule(&gcra(10, 1000, 20));
         assert_eq!(
             Override::gcra(&g, Some(0), None, None).unwrap_err().field,
             "rate"
@@ -259,12 +283,59 @@ mod tests {
                 .field,
             "period"
         );
-        let w = Policy::Windowed(Windows::new(vec![Window::new(1000, 10, 100).unwrap()]).unwrap());
+        let w = rule(&Policy::Windowed(
+            Windows::new(vec![Window::new(1000, 10, 100).unwrap()]).unwrap(),
+        ));
         assert_eq!(
             Override::windows(&w, &[0]).unwrap_err().field,
             "windows[0].limit"
         );
         assert_eq!(Override::windows(&w, &[1, 2]).unwrap_err().field, "limit");
         assert_eq!(Override::windows(&g, &[1]).unwrap_err().field, "limit");
+    }
+
+    /// Figures are checked against the whole rule, as the configuration
+    /// checks it: a cost the new figures can never admit, a lease they
+    /// cannot grant.
+    #[test]
+    fn figures_are_checked_against_the_whole_rule() {
+        let costly = Rule {
+            cost: Cost {
+                default: 1,
+                per_method: vec![("POST".into(), 5)],
+            },
+            ..rule(&gcra(10, 1000, 20))
+        };
+        assert_eq!(
+            Override::gcra(&costly, None, None, Some(1))
+                .unwrap_err()
+                .field,
+            "cost"
+        );
+        assert!(Override::gcra(&costly, None, None, Some(5)).is_ok());
+        let g = gcra(100, 1000, 300);
+        let leasing = Rule {
+            lease: Some(Lease::new(&g, 20, Some(2000)).unwrap()),
+            ..rule(&g)
+        };
+        for burst in [30, 100] {
+            let e = Override::gcra(&leasing, None, None, Some(burst)).unwrap_err();
+            assert!(e.field.starts_with("lease"), "{burst}: {e:?}");
+        }
+        assert!(Override::gcra(&leasing, None, None, Some(250)).is_ok());
+        let w = Policy::Windowed(Windows::new(vec![Window::new(1000, 21, 100).unwrap()]).unwrap());
+        let leasing = Rule {
+            lease: Some(Lease::new(&w, 10, None).unwrap()),
+            ..rule(&w)
+        };
+        assert_eq!(
+            Override::windows(&leasing, &[20]).unwrap_err().field,
+            "lease"
+        );
+        assert_eq!(
+            Override::windows(&leasing, &[5]).unwrap_err().field,
+            "lease"
+        );
+        assert!(Override::windows(&leasing, &[21]).is_ok());
     }
 }
