@@ -6,7 +6,6 @@
 -- same); the two one-rule paths carry no operation name, the cheapest
 -- encoding measured:
 --   #ARGV <= 3, ARGV[1] not 'reset'  one GCRA rule on Redis's clock (gcra.lua)
---            nor 'read'
 --   #ARGV > 3, ARGV[1] not 'decide'  one windowed rule on Redis's clock
 --            'reset' nor 'refund'     (windowed.lua)
 --   either, with KEYS[2]             its rule takes overrides: KEYS[2] is
@@ -14,7 +13,6 @@
 --                                    holds one, ARGV is rewritten as the
 --                                    general decision's (common.lua)
 --   ARGV[1] == 'reset'               forget every key in KEYS (below)
---   ARGV[1] == 'read'                each key's text ('' for none) and PTTL
 --   ARGV[1] == 'refund'              give back refundable charges (below)
 --   ARGV[1] == 'decide'              the general decision (below)
 --
@@ -55,9 +53,10 @@
 -- held (0: none, 1: the client's, 2: the rule's), 1 if the client's key
 -- held something that is no override, and the text in force ('' for none).
 -- An override (src/rules/overrides.rs writes them) is 'v1 block',
--- 'v1 gcra <rate> <period ms> <burst> <interval us>' or 'v1 windows' and a
--- limit per window; a block denies like a running penalty, for the
--- override key's time left (no Retry-After when it has no end).
+-- 'v1 gcra <rate> <period ms> <burst> <interval us>' or 'v1 windows' and
+-- '<duration ms>:<limit>' per window; a block denies like a running
+-- penalty, for the override key's time left (no Retry-After when it has
+-- no end).
 --
 -- A lease is charged with the request, only when it is admitted, and
 -- takes at most half of what the rule has left after it. GCRA accounts
@@ -78,14 +77,6 @@
 
 if ARGV[1] == 'reset' then
   return redis.call('DEL', unpack(KEYS))
-end
-
-if ARGV[1] == 'read' then
-  local out = {}
-  for i = 1, #KEYS do
-    out[2 * i - 1], out[2 * i] = redis.call('GET', KEYS[i]) or '', redis.call('PTTL', KEYS[i])
-  end
-  return out
 end
 
 if ARGV[1] == 'refund' then
@@ -166,43 +157,51 @@ end
 -- that is not an override of this release for this rule is none.
 local blocked, override_reply = {}, {}
 if overrides then
-  -- Whether `text` is an override of rule i; if so, applied. The figures
-  -- stay text, as ARGV holds them: windowed.lua joins them into names.
+  -- Whether `text` is an override of rule i; if so, applied. Only the
+  -- forms this release writes are read, a bounded number of fields each,
+  -- so that no stored value, of any length, can fail the call. The
+  -- figures stay text, as ARGV holds them: windowed.lua joins them into names.
   local function apply(i, text, left_ms)
-    local at, kind = first[i], string.match(text, '^v1 (%l+)')
-    local n = {}
-    for word in string.gmatch(text, ' ([1-9]%d*)') do
-      n[#n + 1] = word
-    end
-    -- Exactly as written by this release, or not ours.
-    if not kind or text ~= table.concat({ 'v1', kind, unpack(n) }, ' ') then
-      return false
-    end
-    if kind == 'block' and #n == 0 then
+    local at = first[i]
+    if text == 'v1 block' then
       blocked[i] = left_ms
       return true
     end
-    if kind == 'gcra' and #n == 4 and ARGV[at] == 'gcra' then
+    if ARGV[at] == 'gcra' then
+      local rate, period_ms, burst, interval_us =
+        string.match(text, '^v1 gcra ([1-9]%d*) ([1-9]%d*) ([1-9]%d*) ([1-9]%d*)$')
+      if not rate then
+        return false
+      end
       -- Checked as the configuration checks them (src/rules/policy.rs).
-      local rate, period_ms, burst, interval_us = n[1] + 0, n[2] + 0, n[3] + 0, n[4] + 0
-      local exact = interval_us == math.floor((period_ms * 1000 + math.floor(rate / 2)) / rate)
-      if exact and rate <= period_ms * 1000 and period_ms <= 31622400000 and burst <= 1000000000
+      rate, period_ms = rate + 0, period_ms + 0
+      local exact = interval_us + 0 == math.floor((period_ms * 1000 + math.floor(rate / 2)) / rate)
+      if exact and rate <= period_ms * 1000 and period_ms <= 31622400000 and burst + 0 <= 1000000000
         and interval_us * burst <= 2251799813685248 then
-        ARGV[at + 2], ARGV[at + 3] = n[4], n[3]
+        ARGV[at + 2], ARGV[at + 3] = interval_us, burst
         return true
       end
-    elseif kind == 'windows' and ARGV[at] == 'window' and #n == ARGV[at + 3] + 0 then
-      for w = 1, #n do
-        if n[w] + 0 > 1000000000 then
-          return false
-        end
-      end
-      for w = 1, #n do
-        ARGV[at + 3 + 3 * w - 1] = n[w]
-      end
-      return true
+      return false
     end
-    return false
+    -- 'v1 windows' and '<duration ms>:<limit>' per window, in the rule's
+    -- order: written from the rule's own durations, the text must come out
+    -- the same, so an override naming windows the rule no longer has is
+    -- none. No more fields are read than the rule has windows.
+    local n, limits, written = ARGV[at + 3] + 0, {}, 'v1 windows'
+    for limit in string.gmatch(text, ':([1-9]%d*)') do
+      if #limits == n or limit + 0 > 1000000000 then
+        return false
+      end
+      limits[#limits + 1] = limit
+      written = written .. ' ' .. ARGV[at + 1 + 3 * #limits] .. ':' .. limit
+    end
+    if #limits ~= n or text ~= written then
+      return false
+    end
+    for w = 1, n do
+      ARGV[at + 3 + 3 * w - 1] = limits[w]
+    end
+    return true
   end
   for j, o in ipairs(overrides) do
     -- A key of another type (a stray write) errs on GET: none, noted.

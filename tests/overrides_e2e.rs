@@ -8,10 +8,13 @@
 
 mod support;
 
-use std::{process::Command, time::Duration};
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
 
 use edge_limiter::decision::rule_wide::REREAD_MS;
-use edge_limiter_local::fault_proxy::Fault;
+use edge_limiter_local::{fault_proxy::Fault, testenv::Scratch};
 use reqwest::StatusCode;
 use support::{header, worker::Stack, worker::Worker};
 
@@ -38,8 +41,12 @@ overrides = true
 "#;
 
 async fn get(worker: &Worker, key: &str) -> reqwest::Response {
+    get_at(worker, "/api", key).await
+}
+
+async fn get_at(worker: &Worker, path: &str, key: &str) -> reqwest::Response {
     reqwest::Client::new()
-        .get(format!("{}/api", worker.url))
+        .get(format!("{}{path}", worker.url))
         .header("x-api-key", key)
         .header("CF-Connecting-IP", "198.51.100.25")
         .send()
@@ -48,11 +55,28 @@ async fn get(worker: &Worker, key: &str) -> reqwest::Response {
 }
 
 async fn statuses(worker: &Worker, key: &str, n: usize) -> Vec<u16> {
+    statuses_at(worker, "/api", key, n).await
+}
+
+async fn statuses_at(worker: &Worker, path: &str, key: &str, n: usize) -> Vec<u16> {
     let mut out = vec![];
     for _ in 0..n {
-        out.push(get(worker, key).await.status().as_u16());
+        out.push(get_at(worker, path, key).await.status().as_u16());
     }
     out
+}
+
+/// The worker's events of `action` from the `from`th on, once there is
+/// one (wrangler prints asynchronously), or after 10 s.
+async fn events_from(worker: &Worker, action: &str, from: usize) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let events = worker.events_of(action);
+        if events.len() > from || Instant::now() > deadline {
+            return events.into_iter().skip(from).collect();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// `edge-limiter limit ARGS` in the worker's directory, as an operator
@@ -76,6 +100,76 @@ fn operator(worker: &Worker, args: &[&str]) -> String {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(!text.contains(support::TOKEN), "the token in {text}");
     text
+}
+
+/// `limit set` checks the whole rule as `wrangler.toml`'s checks do
+/// (issue 31), before it needs any setting: a cost the new figures can
+/// never admit, a lease they cannot grant, and a `--for` without its unit
+/// or over 366 days are refused, naming the field or option.
+#[test]
+fn limit_set_checks_the_whole_rule() {
+    let dir = Scratch::new("limit-set");
+    let rules = r#"
+[[vars.LIMITER.rules]]
+name = "api"
+key = ["header:x-api-key"]
+algorithm = "gcra"
+rate = 10
+period = "1s"
+burst = 20
+cost = { POST = 5 }
+overrides = true
+
+[[vars.LIMITER.rules]]
+name = "hot"
+key = ["header:x-api-key"]
+algorithm = "gcra"
+rate = 100
+period = "1s"
+burst = 300
+lease = 20
+lease_for = "2s"
+overrides = true
+"#;
+    std::fs::write(dir.join("wrangler.toml"), rules).unwrap();
+    let set = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_edge-limiter"))
+            .args(["limit", "set"])
+            .args(args)
+            .current_dir(&dir)
+            .env_remove("UPSTASH_REDIS_REST_URL")
+            .env_remove("UPSTASH_REDIS_REST_TOKEN")
+            .output()
+            .expect("the command runs");
+        assert!(!out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8(out.stderr).unwrap()
+    };
+    for (args, says) in [
+        (
+            &["api", "--burst", "1"][..],
+            "rule `api`, field `cost`: 5 exceeds",
+        ),
+        (&["hot", "--burst", "100"], "rule `hot`, field `lease_for`"),
+        (
+            &["hot", "k-1", "--burst", "30"],
+            "rule `hot`, field `lease`",
+        ),
+        (&["api", "--block", "--for", "3600"], "--for: `3600`"),
+        (&["api", "--block", "--for", "367d"], "--for: `367d`"),
+        (&["api", "--period", "60", "--rate", "1"], "--period: `60`"),
+    ] {
+        let err = set(args);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    // Figures the whole rule takes pass, and only then is a setting read.
+    for args in [
+        &["api", "--burst", "5"][..],
+        &["hot", "--burst", "250", "--for", "3600s"],
+        &["api", "--block", "--for", "366d"],
+    ] {
+        let err = set(args);
+        assert!(err.contains("UPSTASH_REDIS_REST_URL"), "{args:?}: {err}");
+    }
 }
 
 #[tokio::test]
@@ -204,7 +298,7 @@ async fn inspect_shows_the_override_in_force() {
     for line in [
         "window 60000ms by 1000ms: 7 of 7 left",
         "window 3600000ms by 60000ms: 70 of 70 left",
-        "override: v1 windows 7 70 (the client's own)",
+        "override: v1 windows 60000:7 3600000:70 (the client's own)",
     ] {
         assert!(shown.contains(line), "{line} in {shown}");
     }
@@ -238,6 +332,75 @@ async fn garbage_in_an_override_key_counts_as_none() {
     let ignored = w.events_of("override_ignored");
     assert!(!ignored.is_empty());
     assert_eq!(ignored[0]["key"], "el:{junk-0}:api:o");
+}
+
+/// One rule of each fail mode, both taking overrides.
+const FAIL_MODES: &str = r#"
+[vars.LIMITER]
+cache_hold = "1s"
+
+[[vars.LIMITER.rules]]
+name = "shut"
+path_prefix = "/shut"
+key = ["header:x-api-key"]
+algorithm = "gcra"
+rate = 1
+period = "1m"
+burst = 2
+overrides = true
+
+[[vars.LIMITER.rules]]
+name = "open"
+path_prefix = "/open"
+key = ["header:x-api-key"]
+algorithm = "gcra"
+rate = 1
+period = "1m"
+burst = 2
+overrides = true
+fail = "open"
+"#;
+
+/// No stored value sends a rule to its fail mode (issue 31): `v1 block`
+/// and 8 000 numbers, in a client's key or in the rule-wide key, counts as
+/// none under either fail mode, never a 503 nor unlimited, and is logged.
+#[tokio::test]
+async fn an_override_of_any_length_counts_as_none_under_either_fail_mode() {
+    let stack = Stack::start(FAIL_MODES);
+    let w = &stack.worker;
+    let huge = format!("v1 block{}", " 1".repeat(8000));
+    for rule in ["shut", "open"] {
+        let path = format!("/{rule}");
+        // Both keys before the isolate's first read of the rule-wide one,
+        // which starts after its first response under the rule.
+        for key in [format!("el:{{junk}}:{rule}:o"), format!("el:rule:{rule}:o")] {
+            stack.backend.redis(&["SET", &key, &huge]);
+        }
+        assert_eq!(
+            statuses_at(w, &path, "junk", 3).await,
+            [200, 200, 429],
+            "{rule}: a client's key"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            statuses_at(w, &path, "fresh", 3).await,
+            [200, 200, 429],
+            "{rule}: the rule-wide key"
+        );
+    }
+    let ignored: Vec<String> = w
+        .events_of("override_ignored")
+        .iter()
+        .filter_map(|e| e["key"].as_str().map(str::to_owned))
+        .collect();
+    for key in [
+        "el:{junk}:shut:o",
+        "el:rule:shut:o",
+        "el:{junk}:open:o",
+        "el:rule:open:o",
+    ] {
+        assert!(ignored.iter().any(|k| k == key), "{key} in {ignored:?}");
+    }
 }
 
 #[tokio::test]
@@ -294,21 +457,36 @@ async fn a_failed_read_keeps_the_rule_wide_block() {
     // A failed read is retried a second later, not after every response.
     let reads = proxy.exchanges()[before..]
         .iter()
-        .filter(|e| String::from_utf8_lossy(&e.request).contains("\"read\""))
+        .filter(|e| String::from_utf8_lossy(&e.request).contains("el:rule:api:o"))
         .count();
     assert_eq!(
         reads, 1,
         "reads of the rule-wide override during the outage"
     );
     proxy.set(Fault::Pass);
+    let denied_before = w.events_of("deny").len();
     assert_eq!(statuses(w, "c3", 1).await, [429]);
+    let denied = events_from(w, "deny", denied_before).await;
     assert!(
-        w.events_of("deny")
-            .iter()
-            .any(|e| e["override"] == "rule: v1 block"),
-        "{:?}",
-        w.events_of("deny")
+        denied.iter().any(|e| e["override"] == "rule: v1 block"),
+        "{denied:?}"
     );
+}
+
+/// A new isolate decides under the configured figures (and each client's
+/// own override) until its first read of the rule-wide override, which
+/// starts after its first response under the rule: it never waits for it
+/// on a request's path.
+#[tokio::test]
+async fn a_new_isolate_holds_no_rule_wide_override_until_its_first_read() {
+    let stack = Stack::start(RULES);
+    let w = &stack.worker;
+    stack.backend.redis(&["SET", "el:rule:api:o", "v1 block"]);
+    let r = get(w, "first").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, "RateLimit-Policy"), Some("\"api\";q=2;w=120"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(statuses(w, "second", 1).await, [429]);
 }
 
 const LEASED: &str = r#"

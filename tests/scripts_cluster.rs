@@ -3,19 +3,27 @@
 //! refuses, as any cluster does, a script whose keys lie in more than one
 //! slot. Every call the worker makes for one client runs there: its rules
 //! keyed on the same identifier, with a penalty, a lease, a refund and its
-//! override keys, a lone rule with its override key, the rule-wide read and
-//! a reset. Rules keyed on different identifiers do not, as the README's
-//! cluster section says: the check is real.
+//! override keys, a lone rule with its override key, and a reset. Rules
+//! keyed on different identifiers do not, as the README's cluster section
+//! says: the check is real. The rule-wide overrides, one key per rule in
+//! no client's slot, are read too.
 #![cfg(not(target_arch = "wasm32"))]
 
 mod support;
 
+use std::cell::RefCell;
+
 use edge_limiter::{
     decision::{
+        block_cache::BlockCache,
+        events::Action,
         keys::redis_key,
+        leases::Leases,
+        limiter::Limiter,
         protocol::{override_key, rule_wide_key, run, Charge, Check, LeaseAsk, Reply, ScriptCall},
+        rule_wide::{RuleWide, REREAD_MS},
     },
-    rules::{overrides::Override, rule::Rule},
+    rules::{config::Config, overrides::Override, rule::Rule},
 };
 use serde_json::json;
 use support::{rules, Backend, BUDGET};
@@ -43,7 +51,7 @@ async fn every_call_for_one_client_runs_on_a_cluster() {
         {"name": "lone", "key": ["header:x-api-key"], "algorithm": "gcra", "rate": 1,
          "period": "1s", "overrides": true}
     ]));
-    let raised = Override::windows(&r[1].policy, &[20, 200]).unwrap();
+    let raised = Override::windows(&r[1], &[20, 200]).unwrap();
     b.redis(&[
         "SET",
         &override_key(&redis_key("w", &["k-1"])),
@@ -74,7 +82,7 @@ async fn every_call_for_one_client_runs_on_a_cluster() {
     };
     let refund = ScriptCall::refund(&[charge], None);
     assert_eq!(answered(&b, &refund).await, Reply::Refunded(vec![true]));
-    // A lone rule with its override key; the rule-wide read; a reset.
+    // A lone rule with its override key; a reset.
     let lone = ScriptCall::decide(&[unit(&r[3], "k-1")], None);
     assert!(matches!(&lone, ScriptCall::OneRule(o) if o.override_key.is_some()));
     assert!(answered(&b, &lone).await.decision().unwrap().admitted());
@@ -84,7 +92,6 @@ async fn every_call_for_one_client_runs_on_a_cluster() {
         "v1 block",
     ]);
     assert!(!answered(&b, &lone).await.decision().unwrap().admitted());
-    answered(&b, &ScriptCall::Read(vec![rule_wide_key("g")])).await;
     let reset = ScriptCall::reset(&[(&r[0], vec!["k-1"]), (&r[1], vec!["k-1"])]);
     assert!(matches!(answered(&b, &reset).await, Reply::Removed(n) if n >= 2));
 
@@ -92,4 +99,58 @@ async fn every_call_for_one_client_runs_on_a_cluster() {
     let two = ScriptCall::decide(&[unit(&r[0], "k-1"), unit(&r[2], "198.51.100.7")], None);
     let refused = run(&b.client, &two, BUDGET).await.unwrap_err().to_string();
     assert!(refused.contains("CROSSSLOT"), "{refused}");
+}
+
+/// The isolate's read of the rule-wide overrides runs on a cluster (issue
+/// 31): two rules' keys lie in two slots (`el:rule:g:o` in 4576,
+/// `el:rule:w:o` in 4739), and each is read on its own. A key of another
+/// type counts as none, logged, and the other rule's is read all the same.
+#[tokio::test]
+async fn the_rule_wide_read_runs_on_a_cluster_and_takes_a_wrong_type_as_none() {
+    let b = Backend::start_cluster();
+    let config = Config::from_json(&json!({"rules": [
+        {"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s",
+         "burst": 20, "overrides": true},
+        {"name": "w", "key": ["ip"], "algorithm": "windowed",
+         "windows": [["1s", 10, "100ms"], ["1m", 100, "1s"]], "overrides": true}
+    ]}))
+    .unwrap();
+    let [g, w] = [&config.rules[0], &config.rules[1]];
+    let raised = Override::gcra(g, None, None, Some(40)).unwrap().to_text();
+    let lowered = Override::windows(w, &[5, 50]).unwrap().to_text();
+    b.redis(&["SET", &rule_wide_key("g"), &raised, "PX", "60000"]);
+    b.redis(&["SET", &rule_wide_key("w"), &lowered]);
+    let wide = RefCell::new(RuleWide::new());
+    let limiter = Limiter {
+        config: &config,
+        store: &b.client,
+        cache: &RefCell::new(BlockCache::new(1000)),
+        leases: &RefCell::new(Leases::new()),
+        wide: &wide,
+        pinned: false,
+    };
+    let names = ["g".to_owned(), "w".to_owned()];
+    for name in &names {
+        assert!(wide.borrow_mut().start_read(name, 0));
+    }
+    let events = limiter.reread(&names, 0).await;
+    assert!(events.is_empty(), "{events:?}");
+    let held = |rule: &str| wide.borrow().in_force(rule, 1).map(|(text, _)| text);
+    assert_eq!(held("g"), Some(raised.clone()));
+    assert_eq!(held("w"), Some(lowered));
+
+    // A hash in `w`'s key: none there, noted; `g`'s read all the same.
+    b.redis(&["DEL", &rule_wide_key("w")]);
+    b.redis(&["HSET", &rule_wide_key("w"), "x", "1"]);
+    for name in &names {
+        assert!(wide.borrow_mut().start_read(name, REREAD_MS));
+    }
+    let events = limiter.reread(&names, REREAD_MS).await;
+    assert_eq!(held("g"), Some(raised));
+    assert_eq!(held("w"), None);
+    let [ignored] = &events[..] else {
+        panic!("one event: {events:?}");
+    };
+    assert_eq!(ignored.action, Action::OverrideIgnored);
+    assert_eq!(ignored.key.as_deref(), Some("el:rule:w:o"));
 }

@@ -185,31 +185,49 @@ fn checks_of<'a>(rules: &'a [Rule], s: &Step, client: &'a str) -> Vec<(Check<'a>
 
 /// What an override step writes for `rule`, picked by `pick`: nothing, a
 /// block, figures above or below the rule's, or text that is no override
-/// (an interval that does not match, another version, a wrong count).
+/// (an interval that does not match, another version, a wrong count, an
+/// earlier release's limits by position, windows the rule does not have).
 fn override_text(rule: &Rule, pick: u64) -> Option<String> {
+    // Each window's limit raised, `named` by a duration `shift` ms off the
+    // rule's, or by position alone.
+    let windows = |named: bool, shift: u64| {
+        let Policy::Windowed(ws) = &rule.policy else {
+            return "v1 windows 1000:3".to_owned();
+        };
+        let each: Vec<String> = ws
+            .iter()
+            .map(|w| match named {
+                true => format!("{}:{}", w.duration_ms() + shift, w.limit() + 2),
+                false => (w.limit() + 2).to_string(),
+            })
+            .collect();
+        format!("v1 windows {}", each.join(" "))
+    };
     let figures = |more: bool| {
         let made = match &rule.policy {
             Policy::Gcra(g) => {
                 let burst = if more { g.burst() + 2 } else { 1 };
-                Override::gcra(&rule.policy, Some(g.rate() + 1), None, Some(burst))
+                Override::gcra(rule, Some(g.rate() + 1), None, Some(burst))
             }
             Policy::Windowed(ws) => {
                 let limits: Vec<u64> = ws
                     .iter()
                     .map(|w| if more { w.limit() + 2 } else { 1 })
                     .collect();
-                Override::windows(&rule.policy, &limits)
+                Override::windows(rule, &limits)
             }
         };
         made.expect("figures the rule can take").to_text()
     };
-    match pick % 7 {
+    match pick % 9 {
         0 => None,
         1 => Some("v1 block".into()),
         2 => Some(figures(true)),
         3 => Some(figures(false)),
         4 => Some("v1 gcra 1 60000 2000 1".into()),
         5 => Some("v2 block".into()),
+        6 => Some(windows(false, 0)),
+        7 => Some(windows(true, 1)),
         _ => Some("v1 windows 3 3 3 3 3 3 3 3 3".into()),
     }
 }

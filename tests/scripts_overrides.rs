@@ -8,27 +8,34 @@ mod support;
 
 use edge_limiter::{
     decision::{
-        protocol::{override_key, run, Check, Reply, ScriptCall, LIMITER},
+        protocol::{
+            override_key, read_rule_wide, run, Check, Reply, ScriptCall, WideRead, LIMITER,
+        },
         verdict::{Decision, OverrideSource, Retry},
     },
-    rules::{overrides::Override, policy::Policy, rule::Rule},
+    rules::{
+        overrides::{Override, BLOCK_TEXT, MAX_TEXT_BYTES},
+        policy::Policy,
+        rule::Rule,
+    },
 };
-use serde_json::json;
+use serde_json::{json, Value};
 use support::{rules, Backend, BUDGET};
 
 const T0: u64 = 1_795_168_800_000;
 
-/// One unit for `id` at `now_ms`, with `wide` as the rule-wide override.
+/// One unit for `id` at `now_ms`, with `wide` as the rule-wide override's
+/// text and ms left.
 async fn decide(
     b: &Backend,
     rule: &Rule,
     id: &str,
-    wide: Option<(&Override, i64)>,
+    wide: Option<(&str, i64)>,
     now_ms: u64,
 ) -> Decision {
     let mut call = ScriptCall::decide(&[(Check { rule, cost: 1 }, vec![id])], Some(now_ms));
-    if let (ScriptCall::Decide(g), Some((o, ms))) = (&mut call, wide) {
-        g.overrides[0].wide = o.to_text();
+    if let (ScriptCall::Decide(g), Some((text, ms))) = (&mut call, wide) {
+        g.overrides[0].wide = text.to_owned();
         g.overrides[0].wide_ms = ms;
     }
     run(&b.client, &call, BUDGET)
@@ -54,7 +61,7 @@ async fn run_of(
     rule: &Rule,
     id: &str,
     n: usize,
-    wide: Option<(&Override, i64)>,
+    wide: Option<(&str, i64)>,
 ) -> Vec<Decision> {
     let mut out = vec![];
     for _ in 0..n {
@@ -67,7 +74,7 @@ async fn run_of(
 async fn a_clients_override_replaces_the_figures_for_that_client() {
     let b = Backend::start();
     let rule = gcra();
-    let more = Override::gcra(&rule.policy, None, None, Some(4)).unwrap();
+    let more = Override::gcra(&rule, None, None, Some(4)).unwrap();
     b.redis(&["SET", "el:{a}:g:o", &more.to_text()]);
     let a = run_of(&b, &rule, "a", 5, None).await;
     assert_eq!(admitted(&a), [true, true, true, true, false]);
@@ -101,7 +108,9 @@ async fn a_block_denies_for_its_time_left_or_for_ever() {
 async fn the_rule_wide_override_holds_where_a_client_has_none() {
     let b = Backend::start();
     let rule = gcra();
-    let wide = Override::gcra(&rule.policy, None, None, Some(3)).unwrap();
+    let wide = Override::gcra(&rule, None, None, Some(3))
+        .unwrap()
+        .to_text();
     let a = run_of(&b, &rule, "a", 4, Some((&wide, -1))).await;
     assert_eq!(admitted(&a), [true, true, true, false]);
     assert_eq!(a[0].overrides[0].source, OverrideSource::Rule);
@@ -111,7 +120,7 @@ async fn the_rule_wide_override_holds_where_a_client_has_none() {
     assert!(!c.admitted());
     assert_eq!(c.overrides[0].source, OverrideSource::Client);
     // A rule-wide block for 5 s.
-    let d = decide(&b, &rule, "d", Some((&Override::Block, 5000)), T0).await;
+    let d = decide(&b, &rule, "d", Some((BLOCK_TEXT, 5000)), T0).await;
     assert_eq!(d.retry(), Some(Retry::After { ms: 5000 }));
 }
 
@@ -121,13 +130,42 @@ async fn a_window_rules_override_sets_each_limit() {
     let rule = rules(json!([{"name": "w", "key": ["ip"], "algorithm": "windowed",
         "windows": [["1m", 2, "1m"], ["1h", 100, "1h"]], "overrides": true}]))
     .remove(0);
-    let more = Override::windows(&rule.policy, &[4, 100]).unwrap();
+    let more = Override::windows(&rule, &[4, 100]).unwrap();
     b.redis(&["SET", "el:{a}:w:o", &more.to_text()]);
     let a = run_of(&b, &rule, "a", 5, None).await;
     assert_eq!(admitted(&a), [true, true, true, true, false]);
     // Removed, the configured limit of 2 holds at once: 4 already counted.
     b.redis(&["DEL", "el:{a}:w:o"]);
     assert!(!decide(&b, &rule, "a", None, T0).await.admitted());
+}
+
+/// A windowed override names its windows (issue 31): after a redeploy
+/// that changes a duration but not the number of windows, an override
+/// written for the old windows is none, noted, in a client's key and as
+/// the rule-wide text, and never sets limits on other windows.
+#[tokio::test]
+async fn a_window_override_holds_only_for_the_windows_it_names() {
+    let b = Backend::start();
+    let windowed = |windows: Value| {
+        rules(json!([{"name": "w", "key": ["ip"], "algorithm": "windowed",
+            "windows": windows, "overrides": true}]))
+        .remove(0)
+    };
+    let before = windowed(json!([["1m", 2, "1m"], ["1h", 100, "1h"]]));
+    let after = windowed(json!([["1m", 2, "1m"], ["1d", 100, "1h"]]));
+    let raised = Override::windows(&before, &[4, 100]).unwrap().to_text();
+    // Under the windows it names, it holds.
+    b.redis(&["SET", "el:{a}:w:o", &raised]);
+    let a = run_of(&b, &before, "a", 5, None).await;
+    assert_eq!(admitted(&a), [true, true, true, true, false]);
+    // Under the redeployed rule, the configured limit of 2.
+    b.redis(&["SET", "el:{c}:w:o", &raised]);
+    let client = run_of(&b, &after, "c", 3, None).await;
+    assert_eq!(admitted(&client), [true, true, false]);
+    assert!(client[0].overrides[0].ignored);
+    let wide = run_of(&b, &after, "d", 3, Some((&raised, -1))).await;
+    assert_eq!(admitted(&wide), [true, true, false]);
+    assert_eq!(wide[0].overrides[0].source, OverrideSource::None);
 }
 
 #[tokio::test]
@@ -162,17 +200,55 @@ async fn anything_else_in_an_override_key_is_no_override() {
     assert!(h[0].overrides[0].ignored);
 }
 
+/// No stored value makes the script fail (issue 31): `v1 block` and 8 000
+/// numbers, more results than Lua's `unpack` returns, counts as none in a
+/// client's key, on the general path and the lone rule's, and as the
+/// rule-wide text, where the configured figures then hold.
 #[tokio::test]
-async fn a_read_returns_each_keys_text_and_time_to_live() {
+async fn an_override_of_any_length_counts_as_none() {
+    let b = Backend::start();
+    let rule = gcra();
+    let huge = format!("{BLOCK_TEXT}{}", " 1".repeat(8000));
+    b.redis(&["SET", "el:{big}:g:o", &huge]);
+    let general = run_of(&b, &rule, "big", 3, None).await;
+    assert_eq!(admitted(&general), [true, true, false]);
+    assert_eq!(general[0].overrides[0].source, OverrideSource::None);
+    assert!(general[0].overrides[0].ignored);
+    b.redis(&["DEL", "el:{big}:g"]);
+    let mut lone = vec![];
+    for _ in 0..3 {
+        lone.push(b.decide(&[&rule], "big", 1, None).await);
+    }
+    assert_eq!(admitted(&lone), [true, true, false]);
+    assert!(lone[0].overrides[0].ignored);
+    let wide = run_of(&b, &rule, "w", 3, Some((&huge, -1))).await;
+    assert_eq!(admitted(&wide), [true, true, false]);
+    assert_eq!(wide[0].overrides[0].source, OverrideSource::None);
+    assert_eq!(wide[0].rules[0].limit, 2);
+}
+
+/// The rule-wide read: each key's text and time to live, none for a
+/// missing key, a hash as no text, and no more of a long value than it
+/// takes to know it is no override.
+#[tokio::test]
+async fn a_rule_wide_read_returns_each_keys_text_and_time_to_live() {
     let b = Backend::start();
     b.redis(&["SET", "el:rule:g:o", "v1 block", "PX", "30000"]);
-    let call = ScriptCall::Read(vec!["el:rule:g:o".into(), "el:rule:none:o".into()]);
-    let Ok(Reply::Read(read)) = run(&b.client, &call, BUDGET).await else {
-        panic!("a read's reply")
+    b.redis(&["HSET", "el:rule:h:o", "x", "1"]);
+    b.redis(&["SET", "el:rule:long:o", &"v1 block".repeat(1000)]);
+    let keys = ["g", "none", "h", "long"].map(|r| format!("el:rule:{r}:o"));
+    let read = read_rule_wide(&b.client, &keys, BUDGET).await.unwrap();
+    let WideRead::Text(text, ms) = &read[0] else {
+        panic!("{read:?}")
     };
-    assert_eq!(read[0].0, "v1 block");
-    assert!((29_000..=30_000).contains(&read[0].1), "{read:?}");
-    assert_eq!(read[1], (String::new(), -2));
+    assert_eq!(text, "v1 block");
+    assert!((29_000..=30_000).contains(ms), "{read:?}");
+    assert_eq!(read[1], WideRead::Text(String::new(), -1));
+    assert_eq!(read[2], WideRead::NotText);
+    let WideRead::Text(long, -1) = &read[3] else {
+        panic!("{read:?}")
+    };
+    assert_eq!(long.len(), MAX_TEXT_BYTES + 1);
 }
 
 /// A lone rule on Redis's clock keeps its one-rule path, one integer for
@@ -217,8 +293,8 @@ async fn a_lone_rule_reads_its_clients_override_on_its_own_path() {
         assert_eq!(plain.rules[0].limit, 2);
 
         let more = match &rule.policy {
-            Policy::Windowed(ws) => Override::windows(&rule.policy, &vec![5; ws.len()]),
-            Policy::Gcra(_) => Override::gcra(&rule.policy, None, None, Some(5)),
+            Policy::Windowed(ws) => Override::windows(&rule, &vec![5; ws.len()]),
+            Policy::Gcra(_) => Override::gcra(&rule, None, None, Some(5)),
         }
         .unwrap();
         b.redis(&["SET", &override_key(&one.rule.key), &more.to_text()]);
@@ -233,7 +309,13 @@ async fn a_lone_rule_reads_its_clients_override_on_its_own_path() {
         assert!(!junk.admitted(), "{}: {junk:?}", rule.name);
         assert_eq!(junk.rules[0].limit, 2);
         assert!(junk.overrides[0].ignored);
+        // A hash where text was expected: none, noted, on this path too.
+        b.redis(&["DEL", &override_key(&one.rule.key), &one.rule.key]);
         b.redis(&["HSET", &override_key(&one.rule.key), "f", "1"]);
-        assert!(decide().await.overrides[0].ignored);
+        let hash = decide().await;
+        assert!(hash.admitted(), "{}: {hash:?}", rule.name);
+        assert_eq!(hash.rules[0].limit, 2);
+        assert_eq!(hash.overrides[0].source, OverrideSource::None);
+        assert!(hash.overrides[0].ignored);
     }
 }

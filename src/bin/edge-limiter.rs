@@ -27,7 +27,7 @@ mod cli {
         },
         operator::validate::{check_wrangler_toml, describe},
         operator::{inspect, limits},
-        rules::{config::Config, overrides::Override},
+        rules::{config::Config, overrides::Override, policy::MAX_DURATION_MS},
     };
     use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -118,7 +118,7 @@ mod cli {
         /// GCRA: units per period (the rule's own when left out).
         #[arg(long)]
         rate: Option<u64>,
-        /// GCRA: the period, e.g. 1s, 1m (the rule's own when left out).
+        /// GCRA: the period with its unit, e.g. 1s, 1m (the rule's own when left out).
         #[arg(long, value_name = "DURATION")]
         period: Option<String>,
         /// GCRA: units at once (the rule's own when left out).
@@ -130,7 +130,7 @@ mod cli {
         /// Deny the client outright (429, and Retry-After while it lasts).
         #[arg(long, conflicts_with_all = ["rate", "period", "burst", "limits"])]
         block: bool,
-        /// How long the override lasts, e.g. 2h; for ever when left out.
+        /// How long the override lasts, with its unit (e.g. 30s, 2h, 7d; at most 366d); for ever when left out.
         #[arg(long = "for", value_name = "DURATION")]
         lasting: Option<String>,
     }
@@ -445,15 +445,15 @@ refusing or out of reach, a log line --strict stops at).";
         }
     }
 
-    /// A duration option (`2h`, `500ms`, or whole milliseconds), naming the option.
+    /// A duration option written with its unit (`500ms`, `30s`, `2h`,
+    /// `1d`), from 1 ms to 366 days, naming the option. A number alone is
+    /// refused: `--for 3600` reads as seconds to some and as ms to others.
     fn duration_option(option: &str, text: &str) -> Result<u64, Failure> {
-        text.parse::<u64>()
-            .ok()
-            .or_else(|| edge_limiter::rules::config::duration_text(text))
-            .filter(|ms| *ms > 0)
+        edge_limiter::rules::config::duration_text(text)
+            .filter(|ms| (1..=MAX_DURATION_MS).contains(ms))
             .ok_or_else(|| {
                 Failure::usage(format!(
-                    "{option}: `{text}` is not a duration; write e.g. 500ms, 30s, 2h or 1d"
+                    "{option}: `{text}` is not a duration from 1ms to 366d with its unit; write e.g. 500ms, 30s, 2h or 1d"
                 ))
             })
     }
@@ -547,7 +547,7 @@ refusing or out of reach, a log line --strict stops at).";
             return Ok(Override::Block);
         }
         if !set.limits.is_empty() {
-            return Override::windows(&rule.policy, &set.limits).map_err(refuse);
+            return Override::windows(rule, &set.limits).map_err(refuse);
         }
         if set.rate.is_none() && set.period.is_none() && set.burst.is_none() {
             return Err(Failure::usage(
@@ -559,7 +559,7 @@ refusing or out of reach, a log line --strict stops at).";
             .as_deref()
             .map(|p| duration_option("--period", p))
             .transpose()?;
-        Override::gcra(&rule.policy, set.rate, period, set.burst).map_err(refuse)
+        Override::gcra(rule, set.rate, period, set.burst).map_err(refuse)
     }
 
     /// A client for the REST endpoint the environment (or `.dev.vars` here)

@@ -34,8 +34,8 @@ pub enum Action {
     /// A lease refresh after a response failed; requests for the key make
     /// their own calls until a lease is granted again.
     LeaseFailed,
-    /// A client's override key held something that is no override: the
-    /// rule's other figures held (`key` names it).
+    /// An override key held something that is no override: the rule's
+    /// other figures held (`key` names it, a client's or the rule-wide one).
     OverrideIgnored,
     /// Reading the rule-wide overrides after a response failed: the
     /// isolate keeps its copy and reads again a second later at the soonest.

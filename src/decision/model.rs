@@ -65,16 +65,35 @@ enum ModelOverride {
 /// The override `text` holds for `rule`, if it is one: `v1 block`, `v1
 /// gcra <rate> <period ms> <burst> <interval us>` with the interval
 /// period / rate rounded to the nearest microsecond, or `v1 windows` and
-/// one limit per window; numbers in plain decimal, none zero.
+/// `<duration ms>:<limit>` for each of the rule's windows in its order;
+/// numbers in plain decimal, none zero.
 fn read_override(text: &str, rule: &Rule) -> Option<ModelOverride> {
     let words: Vec<&str> = text.split(' ').collect();
     if words.len() < 2 || words[0] != "v1" {
         return None;
     }
+    let plain = |w: &str| {
+        let digits = !w.is_empty() && !w.starts_with('0') && w.bytes().all(|b| b.is_ascii_digit());
+        w.parse::<u64>().ok().filter(|_| digits)
+    };
+    if let ("windows", Policy::Windowed(ws)) = (words[1], &rule.policy) {
+        let named = &words[2..];
+        if named.len() != ws.len() {
+            return None;
+        }
+        let mut limits = Vec::new();
+        for (w, pair) in ws.iter().zip(named) {
+            let (duration, limit) = pair.split_once(':')?;
+            if plain(duration)? != w.duration_ms() {
+                return None;
+            }
+            limits.push(plain(limit).filter(|l| *l <= 1_000_000_000)?);
+        }
+        return Some(ModelOverride::Limits(limits));
+    }
     let mut numbers = Vec::new();
     for w in &words[2..] {
-        let plain = !w.is_empty() && !w.starts_with('0') && w.bytes().all(|b| b.is_ascii_digit());
-        numbers.push(w.parse::<u64>().ok().filter(|_| plain)?);
+        numbers.push(plain(w)?);
     }
     match (words[1], &rule.policy, numbers.as_slice()) {
         ("block", _, []) => Some(ModelOverride::Block),
@@ -90,10 +109,6 @@ fn read_override(text: &str, rule: &Rule) -> Option<ModelOverride> {
                 burst,
             })
         }
-        ("windows", Policy::Windowed(ws), limits) if limits.len() == ws.len() => limits
-            .iter()
-            .all(|l| *l <= 1_000_000_000)
-            .then(|| ModelOverride::Limits(limits.to_vec())),
         _ => None,
     }
 }

@@ -14,7 +14,7 @@ use super::{
     verdict::{Decision, Grant, OverrideRead, OverrideSource, Retry, RuleState, Verdict},
 };
 use crate::rules::{
-    overrides::Override,
+    overrides::{Override, MAX_TEXT_BYTES},
     policy::{Gcra, Policy, Window, Windows},
     rule::{Mode, Rule},
 };
@@ -51,8 +51,6 @@ pub enum Entry {
     Reset,
     /// `ARGV[1] == 'refund'`: gives refundable charges back.
     Refund,
-    /// `ARGV[1] == 'read'`: each key's text and time to live.
-    Read,
 }
 
 /// How the general decision treats one rule: `ARGV[3]` holds one letter
@@ -239,6 +237,64 @@ pub fn rule_wide_key(rule: &str) -> String {
     format!("el:rule:{rule}:o")
 }
 
+/// What one rule-wide override key held when read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WideRead {
+    /// Its text (empty: no key) and ms to live (negative: no end). Only
+    /// its first [`MAX_TEXT_BYTES`] + 1 bytes are read: longer is no
+    /// override.
+    Text(String, i64),
+    /// A value of another type, a stray write: no override.
+    NotText,
+    /// Its commands failed: it is read again later.
+    Failed(RestError),
+}
+
+/// Reads the rule-wide override keys `keys`, each with its own commands
+/// (`GETRANGE` of its first [`MAX_TEXT_BYTES`] + 1 bytes, `PTTL`) in one
+/// request: the keys lie in several hash slots, which one script call
+/// cannot span on a cluster, and a key of another type fails only its own
+/// read. Fails whole only when the request does.
+pub async fn read_rule_wide(
+    runner: &impl ScriptRunner,
+    keys: &[String],
+    budget: Duration,
+) -> Result<Vec<WideRead>, RestError> {
+    let last = MAX_TEXT_BYTES.to_string();
+    let mut commands = Vec::with_capacity(2 * keys.len());
+    for key in keys {
+        let range = ["GETRANGE", key, "0", &last];
+        commands.push(range.map(str::to_owned).to_vec());
+        commands.push(vec!["PTTL".to_owned(), key.clone()]);
+    }
+    let replies = runner.commands(&commands, budget).await?;
+    if replies.len() != commands.len() {
+        return Err(RestError::Malformed(format!(
+            "{} results for {} commands reading the rule-wide overrides",
+            replies.len(),
+            commands.len()
+        )));
+    }
+    Ok(replies.chunks(2).map(wide_read).collect())
+}
+
+/// A key's `GETRANGE` and `PTTL` results, as what it held.
+fn wide_read(pair: &[Result<Value, RestError>]) -> WideRead {
+    match pair {
+        [Err(RestError::Redis(e)), _] if e.starts_with("WRONGTYPE") => WideRead::NotText,
+        [Ok(Value::String(text)), Ok(pttl)] => match pttl.as_i64() {
+            // No key: none, even when it expired between the two commands.
+            Some(-2) => WideRead::Text(String::new(), -1),
+            Some(ms) => WideRead::Text(text.clone(), ms),
+            None => WideRead::Failed(RestError::Malformed(format!("PTTL answered {pttl}"))),
+        },
+        [Err(e), _] | [_, Err(e)] => WideRead::Failed(e.clone()),
+        _ => WideRead::Failed(RestError::Malformed(
+            "GETRANGE answered other than text".to_owned(),
+        )),
+    }
+}
+
 /// An override the general decision reads for a rule: the client's, from
 /// its key, and the rule's own, as the caller holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -281,9 +337,6 @@ pub enum ScriptCall {
     Reset(Vec<String>),
     /// Give refundable charges back ([`Entry::Refund`]).
     Refund(Refund),
-    /// Read these keys' text and time to live ([`Entry::Read`]): the
-    /// rule-wide overrides an isolate holds.
-    Read(Vec<String>),
 }
 
 /// A charge to give back after a response: the rule and client it was
@@ -324,9 +377,6 @@ pub enum Reply {
     Removed(u64),
     /// Per rule of a refund, whether anything was given back.
     Refunded(Vec<bool>),
-    /// Per key read, its text (empty for none) and ms to live (negative:
-    /// none, or no end).
-    Read(Vec<(String, i64)>),
 }
 
 impl Reply {
@@ -337,7 +387,7 @@ impl Reply {
             Reply::Removed(n) => Err(ScriptError::Reply(format!(
                 "a count ({n}) where a decision was due"
             ))),
-            Reply::Refunded(_) | Reply::Read(_) => Err(ScriptError::Reply(
+            Reply::Refunded(_) => Err(ScriptError::Reply(
                 "another call's reply where a decision was due".into(),
             )),
         }
@@ -374,7 +424,8 @@ impl From<RestError> for ScriptError {
     }
 }
 
-/// Something that can run a script: the REST client, or a fake.
+/// Something that can run a script, and plain commands: the REST client,
+/// or a fake.
 // The worker is single-threaded, so the futures need not be `Send`.
 #[allow(async_fn_in_trait)]
 pub trait ScriptRunner {
@@ -386,6 +437,14 @@ pub trait ScriptRunner {
         args: &[String],
         budget: Duration,
     ) -> Result<Value, RestError>;
+
+    /// Sends plain `commands` in one request, within `budget`: one result
+    /// per command, in order, each its own.
+    async fn commands(
+        &self,
+        commands: &[Vec<String>],
+        budget: Duration,
+    ) -> Result<Vec<Result<Value, RestError>>, RestError>;
 }
 
 impl ScriptRunner for RestClient {
@@ -397,6 +456,14 @@ impl ScriptRunner for RestClient {
         budget: Duration,
     ) -> Result<Value, RestError> {
         self.run_script(script, keys, args, budget).await
+    }
+
+    async fn commands(
+        &self,
+        commands: &[Vec<String>],
+        budget: Duration,
+    ) -> Result<Vec<Result<Value, RestError>>, RestError> {
+        self.pipeline(commands, budget).await
     }
 }
 
@@ -549,7 +616,6 @@ impl ScriptCall {
             ScriptCall::Decide(_) => Entry::Decide,
             ScriptCall::Reset(_) => Entry::Reset,
             ScriptCall::Refund(_) => Entry::Refund,
-            ScriptCall::Read(_) => Entry::Read,
         }
     }
 
@@ -562,7 +628,7 @@ impl ScriptCall {
                 state.into_iter().chain(one.override_key.clone()).collect()
             }
             ScriptCall::Decide(g) => g.keys(),
-            ScriptCall::Reset(keys) | ScriptCall::Read(keys) => keys.clone(),
+            ScriptCall::Reset(keys) => keys.clone(),
             ScriptCall::Refund(r) => r.rules.iter().map(|(a, _)| a.key.clone()).collect(),
         }
     }
@@ -573,7 +639,6 @@ impl ScriptCall {
             ScriptCall::OneRule(one) => one.rule.one_rule_args(),
             ScriptCall::Decide(g) => g.args(g.now_ms, true),
             ScriptCall::Reset(_) => vec!["reset".to_owned()],
-            ScriptCall::Read(_) => vec!["read".to_owned()],
             ScriptCall::Refund(r) => r.args(),
         }
     }
@@ -584,7 +649,7 @@ impl ScriptCall {
             ScriptCall::OneRule(one) => vec![one.rule.key.as_str()],
             ScriptCall::Decide(g) => g.rules.iter().map(|(r, _)| r.key.as_str()).collect(),
             ScriptCall::Refund(r) => r.rules.iter().map(|(a, _)| a.key.as_str()).collect(),
-            ScriptCall::Reset(_) | ScriptCall::Read(_) => vec![],
+            ScriptCall::Reset(_) => vec![],
         }
     }
 
@@ -625,19 +690,6 @@ impl ScriptCall {
                 given
                     .map(Reply::Refunded)
                     .ok_or_else(|| malformed(reply, "is no refund's reply"))
-            }
-            ScriptCall::Read(keys) => {
-                let read = reply
-                    .as_array()
-                    .filter(|items| items.len() == 2 * keys.len())
-                    .and_then(|items| {
-                        items
-                            .chunks(2)
-                            .map(|p| Some((p[0].as_str()?.to_owned(), p[1].as_i64()?)))
-                            .collect::<Option<Vec<_>>>()
-                    });
-                read.map(Reply::Read)
-                    .ok_or_else(|| malformed(reply, "is no read's reply"))
             }
         }
     }

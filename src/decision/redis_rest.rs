@@ -84,6 +84,8 @@ pub struct RestClient {
     // Parsed and formatted once: every decision would otherwise parse the
     // URL and build the header again.
     url: reqwest::Url,
+    /// `url` with `/pipeline` appended.
+    pipeline_url: reqwest::Url,
     authorization: HeaderValue,
     token: String,
 }
@@ -122,8 +124,14 @@ impl RestClient {
                 )
             })?;
         authorization.set_sensitive(true);
+        let pipeline_url =
+            reqwest::Url::parse(&format!("{}/pipeline", url.as_str().trim_end_matches('/')))
+                .map_err(|_| {
+                    RestError::Settings("UPSTASH_REDIS_REST_URL: no /pipeline beside it".into())
+                })?;
         Ok(RestClient {
             http: reqwest::Client::new(),
+            pipeline_url,
             url,
             authorization,
             token: token.to_owned(),
@@ -172,11 +180,44 @@ impl RestClient {
         }
     }
 
-    /// One `POST`, abandoned after `budget`. The time limit is reqwest's own
-    /// (on wasm32 a timer on the fetch's abort signal, which reqwest creates
-    /// anyway): a separate timer raced against the request cost every
-    /// decision a promise and two callbacks more.
+    /// Sends `commands` in one `POST /pipeline`, within `budget`: one
+    /// result per command, in order, each its own (a command that fails, a
+    /// `WRONGTYPE`, leaves the others' results), and each command free to
+    /// name a key of its own slot on a cluster. Not atomic.
+    pub async fn pipeline(
+        &self,
+        commands: &[Vec<String>],
+        budget: Duration,
+    ) -> Result<Vec<Result<Value, RestError>>, RestError> {
+        // Built by hand as eval_body is: serde's generic path into a Value
+        // would cost the wasm more than these lines.
+        let body = commands
+            .iter()
+            .map(|c| Value::Array(c.iter().map(|a| Value::from(a.as_str())).collect()))
+            .collect();
+        let (status, text) = self
+            .exchange(&self.pipeline_url, Value::Array(body), budget)
+            .await?;
+        parse_pipeline(status, &text, commands.len()).map_err(|e| e.redacted(&self.token))
+    }
+
+    /// One `POST /`, abandoned after `budget`.
     async fn post(&self, body: Value, budget: Duration) -> Result<Value, RestError> {
+        let (status, text) = self.exchange(&self.url, body, budget).await?;
+        parse_reply(status, &text).map_err(|e| e.redacted(&self.token))
+    }
+
+    /// One `POST` to `url`, abandoned after `budget`: the status and body.
+    /// The time limit is reqwest's own (on wasm32 a timer on the fetch's
+    /// abort signal, which reqwest creates anyway): a separate timer raced
+    /// against the request cost every decision a promise and two callbacks
+    /// more.
+    async fn exchange(
+        &self,
+        url: &reqwest::Url,
+        body: Value,
+        budget: Duration,
+    ) -> Result<(u16, String), RestError> {
         let started = clock_ms();
         // In workerd the timeout aborts the fetch, which reqwest reports as
         // a failed send: a failure at the budget's end is its timeout.
@@ -190,7 +231,7 @@ impl RestClient {
         };
         let response = self
             .http
-            .post(self.url.clone())
+            .post(url.clone())
             .header(AUTHORIZATION, self.authorization.clone())
             .timeout(budget)
             .json(&body)
@@ -199,7 +240,7 @@ impl RestClient {
             .map_err(failed)?;
         let status = response.status().as_u16();
         let text = response.text().await.map_err(failed)?;
-        parse_reply(status, &text).map_err(|e| e.redacted(&self.token))
+        Ok((status, text))
     }
 }
 
@@ -292,19 +333,7 @@ pub fn parse_reply(status: u16, body: &str) -> Result<Value, RestError> {
     let parsed: Option<Value> = serde_json::from_str(body).ok();
     let object = parsed.as_ref().and_then(Value::as_object);
     match object {
-        Some(o) if o.contains_key("error") => {
-            let text = match &o["error"] {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            if text.starts_with("NOSCRIPT") {
-                Err(RestError::NoScript)
-            } else if status >= 500 {
-                Err(RestError::Status { status, body: text })
-            } else {
-                Err(RestError::Redis(text))
-            }
-        }
+        Some(o) if o.contains_key("error") => Err(redis_error(status, &o["error"])),
         Some(o) if (200..300).contains(&status) && o.contains_key("result") => {
             Ok(o["result"].clone())
         }
@@ -319,9 +348,106 @@ pub fn parse_reply(status: u16, body: &str) -> Result<Value, RestError> {
     }
 }
 
+/// The error an `{"error": ...}` answer with `status` stands for.
+fn redis_error(status: u16, error: &Value) -> RestError {
+    let text = match error {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    if text.starts_with("NOSCRIPT") {
+        RestError::NoScript
+    } else if status >= 500 {
+        RestError::Status { status, body: text }
+    } else {
+        RestError::Redis(text)
+    }
+}
+
+/// Reads the reply of `POST /pipeline` to `count` commands: 200 and one
+/// `{"result": X}` or `{"error": "..."}` per command, in order; anything
+/// else fails the whole, as [`parse_reply`] reads it.
+pub fn parse_pipeline(
+    status: u16,
+    body: &str,
+    count: usize,
+) -> Result<Vec<Result<Value, RestError>>, RestError> {
+    let entries = match serde_json::from_str::<Value>(body) {
+        Ok(Value::Array(entries)) if (200..300).contains(&status) => entries,
+        _ => return parse_reply(status, body).and_then(|v| Err(malformed_pipeline(&v))),
+    };
+    if entries.len() != count {
+        return Err(RestError::Malformed(format!(
+            "a pipeline of {count} commands answered with {} results",
+            entries.len()
+        )));
+    }
+    entries
+        .into_iter()
+        .map(|entry| match entry.as_object() {
+            Some(o) if o.contains_key("error") => Ok(Err(redis_error(status, &o["error"]))),
+            Some(o) if o.contains_key("result") => Ok(Ok(o["result"].clone())),
+            _ => Err(malformed_pipeline(&entry)),
+        })
+        .collect()
+}
+
+fn malformed_pipeline(answer: &Value) -> RestError {
+    let excerpt: String = answer.to_string().chars().take(BODY_EXCERPT).collect();
+    RestError::Malformed(format!(
+        "expected a pipeline's [{{\"result\": ...}}, ...], got `{excerpt}`"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pipeline_answers_each_command_on_its_own() {
+        let wrong = "WRONGTYPE Operation against a key holding the wrong kind of value";
+        let body = format!(r#"[{{"result":"v1 block"}},{{"error":"{wrong}"}},{{"result":-1}}]"#);
+        assert_eq!(
+            parse_pipeline(200, &body, 3),
+            Ok(vec![
+                Ok(json!("v1 block")),
+                Err(RestError::Redis(wrong.into())),
+                Ok(json!(-1))
+            ])
+        );
+        assert!(matches!(
+            parse_pipeline(200, &body, 2),
+            Err(RestError::Malformed(_))
+        ));
+        assert_eq!(
+            parse_pipeline(401, r#"{"error":"WRONGPASS"}"#, 1),
+            Err(RestError::Auth)
+        );
+        assert!(matches!(
+            parse_pipeline(502, "<html>bad gateway</html>", 1),
+            Err(RestError::Status { status: 502, .. })
+        ));
+        for odd in [r#"{"result":"OK"}"#, r#"[1]"#, "not json"] {
+            assert!(
+                matches!(parse_pipeline(200, odd, 1), Err(RestError::Malformed(_))),
+                "{odd}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_pipeline_is_beside_the_endpoints_root() {
+        for (url, pipeline) in [
+            ("https://xyz.upstash.io", "https://xyz.upstash.io/pipeline"),
+            ("http://127.0.0.1:8079/", "http://127.0.0.1:8079/pipeline"),
+            (
+                "https://proxy.example/redis/",
+                "https://proxy.example/redis/pipeline",
+            ),
+        ] {
+            let c = RestClient::new(url, "t").unwrap();
+            assert_eq!(c.pipeline_url.as_str(), pipeline);
+        }
+    }
 
     #[test]
     fn replies_map_to_results_and_typed_errors() {

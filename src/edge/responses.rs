@@ -13,7 +13,7 @@ use crate::{
     },
     rules::{
         config::Config,
-        overrides::BLOCK_TEXT,
+        overrides::{Override, BLOCK_TEXT},
         policy::Policy,
         rule::{Ambiguous, Rule},
     },
@@ -137,20 +137,19 @@ pub fn seconds_up(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
 
-/// One `RateLimit-Policy` item per window of each rule: `"name";q=Q;w=W`.
-/// A rule with several windows names them `name.1`, `name.2`...
-/// `RateLimit-Policy` items of `rule`, one per window: its quota and
-/// window (for GCRA, the time a full burst takes to refill), from
-/// `quotas` where an override holds, else from the rule's figures.
-fn policy_items(rule: &Rule, quotas: Option<Vec<(u64, u64)>>, out: &mut Vec<String>) {
-    let quotas = quotas.unwrap_or_else(|| match &rule.policy {
+/// `RateLimit-Policy` items of `rule`, one per window, `"name";q=Q;w=W`
+/// (a rule with several windows names them `name.1`, `name.2`...): its
+/// quota and window (for GCRA, the time a full burst takes to refill),
+/// under `overridden` where an override holds, else the rule's figures.
+fn policy_items(rule: &Rule, overridden: Option<Policy>, out: &mut Vec<String>) {
+    let quotas: Vec<(u64, u64)> = match overridden.as_ref().unwrap_or(&rule.policy) {
         // A full burst refills in burst x interval (bounded by the policy).
         Policy::Gcra(g) => vec![(g.burst(), g.span_us().div_ceil(1_000_000).max(1))],
         Policy::Windowed(ws) => ws
             .iter()
             .map(|w| (w.limit(), seconds_up(w.duration_ms()).max(1)))
             .collect(),
-    });
+    };
     for (i, (q, w)) in quotas.iter().enumerate() {
         let name = match quotas.len() {
             1 => rule.name.clone(),
@@ -244,27 +243,13 @@ fn blocked(decision: &Decision, i: usize) -> bool {
         .is_some_and(|o| o.text == BLOCK_TEXT)
 }
 
-/// The quota of each of rule `i`'s items under an override the script
-/// applied (`None`: its own figures hold): a GCRA override's burst and
-/// refill time, or each window's limit. The script checked the text; only
-/// its numbers are read here, which keeps the checks out of the wasm.
-fn overridden(rule: &Rule, decision: &Decision, i: usize) -> Option<Vec<(u64, u64)>> {
+/// The figures of the override the script applied to rule `i`, if any
+/// (a block has none: its denial shows the rule's own).
+fn overridden(rule: &Rule, decision: &Decision, i: usize) -> Option<Policy> {
     let read = decision.override_of(i)?;
-    let mut words = read.text.split(' ').skip(1);
-    let kind = words.next()?;
-    let n: Vec<u64> = words.filter_map(|w| w.parse().ok()).collect();
-    match (&rule.policy, kind, n.as_slice()) {
-        (Policy::Gcra(_), "gcra", &[_, _, burst, interval_us]) => {
-            let w = burst.saturating_mul(interval_us).div_ceil(1_000_000).max(1);
-            Some(vec![(burst, w)])
-        }
-        (Policy::Windowed(ws), "windows", limits) if limits.len() == ws.len() => Some(
-            ws.iter()
-                .zip(limits)
-                .map(|(w, &q)| (q, seconds_up(w.duration_ms()).max(1)))
-                .collect(),
-        ),
-        _ => None,
+    match Override::parse(&read.text, &rule.policy)? {
+        Override::Figures(policy) => Some(policy),
+        Override::Block => None,
     }
 }
 

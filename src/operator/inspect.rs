@@ -9,7 +9,10 @@ use serde_json::{json, Value};
 use crate::{
     decision::{
         keys::redis_key,
-        protocol::{penalty_key, rule_wide_key, run, Check, Reply, ScriptCall, ScriptError},
+        protocol::{
+            penalty_key, read_rule_wide, rule_wide_key, run, Check, Reply, ScriptCall, ScriptError,
+            WideRead,
+        },
         redis_rest::{RestClient, RestError},
         verdict::{OverrideRead, OverrideSource, Retry, RuleState, Verdict},
     },
@@ -421,7 +424,8 @@ pub async fn inspect(
 }
 
 /// The rule-wide override in force for `rule`, when it takes overrides:
-/// its text and ms left (-1: no end).
+/// its text and ms left (-1: no end). Read and checked as the worker's
+/// isolates read it: a key holding no override of the rule is none.
 async fn rule_wide(
     client: &RestClient,
     rule: &Rule,
@@ -429,14 +433,13 @@ async fn rule_wide(
     if !rule.overrides {
         return Ok(None);
     }
-    let read = ScriptCall::Read(vec![rule_wide_key(&rule.name)]);
-    match run(client, &read, BUDGET).await? {
-        Reply::Read(found) => Ok(found
-            .into_iter()
-            .next()
-            .filter(|(text, _)| !text.is_empty())
-            .map(|(text, ms)| (text, ms.max(-1)))),
-        _ => Err(ScriptError::Reply("other than a read's".into()).into()),
+    let read = read_rule_wide(client, &[rule_wide_key(&rule.name)], BUDGET).await?;
+    match read.into_iter().next() {
+        Some(WideRead::Text(text, ms)) => Ok(Override::parse(&text, &rule.policy)
+            .is_some()
+            .then(|| (text, ms.max(-1)))),
+        Some(WideRead::Failed(e)) => Err(e.into()),
+        Some(WideRead::NotText) | None => Ok(None),
     }
 }
 

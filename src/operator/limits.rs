@@ -237,7 +237,7 @@ pub fn plan(config: &Config, text: &str) -> Result<Vec<Planned>, String> {
             Override::Block
         } else if let Some(limits) = v["limits"].as_array() {
             let limits: Vec<u64> = limits.iter().filter_map(Value::as_u64).collect();
-            Override::windows(&rule.policy, &limits)
+            Override::windows(rule, &limits)
                 .map_err(|e| at(format!("{}: {}", e.field, e.problem)))?
         } else {
             let period = match &v["period"] {
@@ -252,7 +252,7 @@ pub fn plan(config: &Config, text: &str) -> Result<Vec<Planned>, String> {
                         .ok_or_else(|| at("period: not a duration".into()))?,
                 ),
             };
-            Override::gcra(&rule.policy, number("rate"), period, number("burst"))
+            Override::gcra(rule, number("rate"), period, number("burst"))
                 .map_err(|e| at(format!("{}: {}", e.field, e.problem)))?
         };
         planned.push(Planned {

@@ -237,16 +237,7 @@ impl TryFrom<RawRule> for Rule {
         let without_headers = header_names("without_headers", &raw.without_headers)?;
         let key = key(&raw.key, &raw.fold)?;
         let cost = raw.cost.map_or(Ok(Cost::flat(1)), cost)?;
-        if cost.max() > policy.capacity() {
-            return Err(field_error(
-                "cost",
-                format!(
-                    "{} exceeds what the policy can ever admit ({}); no such request would pass",
-                    cost.max(),
-                    policy.capacity()
-                ),
-            ));
-        }
+        cost.fits(&policy)?;
         let budget_ms = budget(raw.budget.as_ref())?;
         let deny_body = deny_body(raw.deny_body, raw.deny_content_type)?;
         let count_status = raw.count_status.map_or(Ok(vec![]), count_status)?;

@@ -90,6 +90,14 @@ impl Lease {
         Ok(lease)
     }
 
+    /// Whether `policy` can grant this lease, as the configuration would
+    /// for a rule of these figures: the error names `lease` or
+    /// `lease_for`.
+    pub fn fits(&self, policy: &Policy) -> Result<(), PolicyError> {
+        let for_ms = (self.for_ms > 0).then_some(self.for_ms);
+        Lease::new(policy, self.units, for_ms).map(|_| ())
+    }
+
     /// The most units a fresh client's lease can hold under `policy`,
     /// lasting `for_ms` (GCRA; windows ignore it): what `edge-limiter
     /// check` reports, the same arithmetic as the script's grant.

@@ -3,7 +3,10 @@
 //! text (`lua/limiter.lua`); anything else in an override key counts as
 //! no override.
 
-use super::policy::{Gcra, Policy, PolicyError, Window, Windows};
+use super::{
+    policy::{Gcra, Policy, PolicyError, Window, Windows},
+    rule::Rule,
+};
 
 /// What an override does to its rule, for every client or for one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,10 +23,17 @@ const VERSION: &str = "v1";
 /// The text of [`Override::Block`].
 pub const BLOCK_TEXT: &str = "v1 block";
 
+/// The longest text an override may have: every one this release writes
+/// is shorter (eight windows take under 200 bytes), so a reader need never
+/// take in more than this to know a value is none.
+pub const MAX_TEXT_BYTES: usize = 256;
+
 impl Override {
     /// The text stored in Redis: `v1 block`; `v1 gcra <rate> <period_ms>
     /// <burst> <interval_us>` (the script reads the last two); or `v1
-    /// windows` and one limit per window, in the rule's order.
+    /// windows` and `<duration_ms>:<limit>` per window, in the rule's
+    /// order: each limit names its window, so that a rule redeployed with
+    /// other durations finds its override none, not set on other windows.
     pub fn to_text(&self) -> String {
         match self {
             Override::Block => BLOCK_TEXT.to_owned(),
@@ -35,7 +45,10 @@ impl Override {
                 g.interval_us()
             ),
             Override::Figures(Policy::Windowed(ws)) => {
-                let limits: Vec<String> = ws.iter().map(|w| w.limit().to_string()).collect();
+                let limits: Vec<String> = ws
+                    .iter()
+                    .map(|w| format!("{}:{}", w.duration_ms(), w.limit()))
+                    .collect();
                 format!("{VERSION} windows {}", limits.join(" "))
             }
         }
@@ -43,61 +56,81 @@ impl Override {
 
     /// The override `text` holds for a rule of `policy`; `None` when it is
     /// not one this release wrote for such a rule (a stray write, another
-    /// format, figures of the other algorithm or another window count).
+    /// format, figures of the other algorithm, windows the rule does not
+    /// have in that order, or an earlier release's limits by position).
     pub fn parse(text: &str, policy: &Policy) -> Option<Override> {
+        if text.len() > MAX_TEXT_BYTES {
+            return None;
+        }
         let mut words = text.split(' ');
         if words.next() != Some(VERSION) {
             return None;
         }
         let kind = words.next()?;
-        let numbers: Vec<u64> = words
-            // As the script reads them: digits, no sign, no leading zero.
-            .map(|w| w.parse().ok().filter(|n: &u64| n.to_string() == w))
-            .collect::<Option<_>>()?;
-        match (kind, policy, numbers.as_slice()) {
+        let words: Vec<&str> = words.collect();
+        match (kind, policy, words.as_slice()) {
             ("block", _, []) => Some(Override::Block),
             ("gcra", Policy::Gcra(_), &[rate, period_ms, burst, interval_us]) => {
-                let g = Gcra::new(rate, period_ms, burst).ok()?;
-                (g.interval_us() == interval_us).then_some(Override::Figures(Policy::Gcra(g)))
+                let g = Gcra::new(number(rate)?, number(period_ms)?, number(burst)?).ok()?;
+                (g.interval_us() == number(interval_us)?)
+                    .then_some(Override::Figures(Policy::Gcra(g)))
             }
-            ("windows", Policy::Windowed(ws), limits) if limits.len() == ws.len() => {
-                limited(ws, limits).ok().map(Override::Figures)
+            ("windows", Policy::Windowed(ws), windows) if windows.len() == ws.len() => {
+                let limits = ws
+                    .iter()
+                    .zip(windows)
+                    .map(|(w, named)| {
+                        let (duration_ms, limit) = named.split_once(':')?;
+                        number(duration_ms).filter(|d| *d == w.duration_ms())?;
+                        number(limit)
+                    })
+                    .collect::<Option<Vec<u64>>>()?;
+                limited(ws, &limits).ok().map(Override::Figures)
             }
             _ => None,
         }
     }
 
-    /// The rule's figures with these `limits` per window (`--limit`): the
-    /// error names `windows[i].limit`, as the configuration's would.
-    pub fn windows(policy: &Policy, limits: &[u64]) -> Result<Override, PolicyError> {
-        match policy {
-            Policy::Windowed(ws) if ws.len() == limits.len() => {
-                limited(ws, limits).map(Override::Figures)
+    /// `rule`'s figures with these `limits` per window (`--limit`), checked
+    /// as the configuration checks the rule: the error names
+    /// `windows[i].limit`, or the rule's field they do not fit (`cost`,
+    /// `lease`).
+    pub fn windows(rule: &Rule, limits: &[u64]) -> Result<Override, PolicyError> {
+        let figures = match &rule.policy {
+            Policy::Windowed(ws) if ws.len() == limits.len() => limited(ws, limits)?,
+            Policy::Windowed(ws) => {
+                return Err(PolicyError {
+                    field: "limit".into(),
+                    problem: format!(
+                        "give one limit per window: the rule has {} (in its order)",
+                        ws.len()
+                    ),
+                })
             }
-            Policy::Windowed(ws) => Err(PolicyError {
-                field: "limit".into(),
-                problem: format!(
-                    "give one limit per window: the rule has {} (in its order)",
-                    ws.len()
-                ),
-            }),
-            Policy::Gcra(_) => Err(PolicyError {
-                field: "limit".into(),
-                problem: "is for windowed rules; a GCRA rule takes --rate, --period and --burst"
-                    .into(),
-            }),
-        }
+            Policy::Gcra(_) => {
+                return Err(PolicyError {
+                    field: "limit".into(),
+                    problem:
+                        "is for windowed rules; a GCRA rule takes --rate, --period and --burst"
+                            .into(),
+                })
+            }
+        };
+        rule.fits(&figures)?;
+        Ok(Override::Figures(figures))
     }
 
     /// A GCRA rule's override (`--rate`, `--period`, `--burst`), each
-    /// figure left out keeping the rule's own: the error names the field.
+    /// figure left out keeping the rule's own, checked as the configuration
+    /// checks the rule: the error names the field, or the rule's field the
+    /// figures do not fit (`cost`, `lease`, `lease_for`).
     pub fn gcra(
-        policy: &Policy,
+        rule: &Rule,
         rate: Option<u64>,
         period_ms: Option<u64>,
         burst: Option<u64>,
     ) -> Result<Override, PolicyError> {
-        let Policy::Gcra(g) = policy else {
+        let Policy::Gcra(g) = &rule.policy else {
             return Err(PolicyError {
                 field: "rate".into(),
                 problem: "is for GCRA rules; a windowed rule takes --limit per window".into(),
@@ -105,9 +138,15 @@ impl Override {
         };
         let rate = rate.unwrap_or(g.rate());
         let period_ms = period_ms.unwrap_or(g.period_ms());
-        let g = Gcra::new(rate, period_ms, burst.unwrap_or(g.burst()))?;
-        Ok(Override::Figures(Policy::Gcra(g)))
+        let figures = Policy::Gcra(Gcra::new(rate, period_ms, burst.unwrap_or(g.burst()))?);
+        rule.fits(&figures)?;
+        Ok(Override::Figures(figures))
     }
+}
+
+/// A number as the script reads one: digits, no sign, no leading zero.
+fn number(word: &str) -> Option<u64> {
+    word.parse().ok().filter(|n: &u64| n.to_string() == word)
 }
 
 fn limited(ws: &Windows, limits: &[u64]) -> Result<Policy, PolicyError> {
@@ -128,9 +167,19 @@ fn limited(ws: &Windows, limits: &[u64]) -> Result<Policy, PolicyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rules::{
+        lease::Lease,
+        policy::{MAX_DURATION_MS, MAX_UNITS, MAX_WINDOWS},
+        rule::Cost,
+    };
 
     fn gcra(rate: u64, period_ms: u64, burst: u64) -> Policy {
         Policy::Gcra(Gcra::new(rate, period_ms, burst).unwrap())
+    }
+
+    /// A rule of `policy`, every other field at its default.
+    fn rule(policy: &Policy) -> Rule {
+        Rule::with_policy("r", policy.clone())
     }
 
     #[test]
@@ -143,13 +192,42 @@ mod tests {
             ])
             .unwrap(),
         );
-        let more = Override::gcra(&g, Some(100), None, Some(200)).unwrap();
+        let more = Override::gcra(&rule(&g), Some(100), None, Some(200)).unwrap();
         assert_eq!(more.to_text(), "v1 gcra 100 1000 200 10000");
         assert_eq!(Override::parse(&more.to_text(), &g), Some(more));
-        let w = Override::windows(&windows, &[20, 200]).unwrap();
-        assert_eq!(w.to_text(), "v1 windows 20 200");
+        let w = Override::windows(&rule(&windows), &[20, 200]).unwrap();
+        assert_eq!(w.to_text(), "v1 windows 1000:20 60000:200");
         assert_eq!(Override::parse(&w.to_text(), &windows), Some(w));
         assert_eq!(Override::parse("v1 block", &g), Some(Override::Block));
+    }
+
+    /// A windowed override names its windows: after a redeploy that keeps
+    /// their number but changes a duration, or their order, it is none, as
+    /// an earlier release's limits by position are.
+    #[test]
+    fn a_windowed_override_holds_only_for_the_windows_it_names() {
+        let windows = |durations: [u64; 2]| {
+            let ws = durations.map(|d| Window::new(d, 10, d).unwrap()).to_vec();
+            Policy::Windowed(Windows::new(ws).unwrap())
+        };
+        let before = windows([1000, 60_000]);
+        let text = Override::windows(&rule(&before), &[20, 200])
+            .unwrap()
+            .to_text();
+        assert!(Override::parse(&text, &before).is_some());
+        for after in [windows([1000, 3_600_000]), windows([60_000, 1000])] {
+            assert_eq!(Override::parse(&text, &after), None, "{after:?}");
+        }
+        for text in [
+            "v1 windows 20 200",
+            "v1 windows 1000:20",
+            "v1 windows 1000:20 60000:200 60000:200",
+            "v1 windows 1000:20 060000:200",
+            "v1 windows 1000:20 60000:0",
+            "v1 windows 1000:20 60000",
+        ] {
+            assert_eq!(Override::parse(text, &before), None, "{text:?}");
+        }
     }
 
     #[test]
@@ -167,14 +245,34 @@ mod tests {
             "v1 windows 20",
             "v1  gcra 100 1000 200 10000",
             "{\"rate\": 100}",
+            format!("v1 block{}", " 1".repeat(8000)).as_str(),
         ] {
             assert_eq!(Override::parse(text, &g), None, "{text:?}");
         }
     }
 
+    /// The longest overrides this release writes stay within the bound
+    /// past which any text is none.
+    #[test]
+    fn every_override_fits_the_longest_text() {
+        let g = gcra(31_622_400_000_000, MAX_DURATION_MS, 1);
+        let most = Override::gcra(&rule(&g), None, None, None).unwrap();
+        let windows: Vec<Window> = (0..MAX_WINDOWS as u64)
+            .map(|i| MAX_DURATION_MS - i * 1000)
+            .map(|d| Window::new(d, MAX_UNITS, d).unwrap())
+            .collect();
+        let ws = Policy::Windowed(Windows::new(windows).unwrap());
+        let limits = Override::windows(&rule(&ws), &[MAX_UNITS; MAX_WINDOWS]).unwrap();
+        for (o, policy) in [(most, g), (limits, ws)] {
+            let text = o.to_text();
+            assert!(text.len() <= MAX_TEXT_BYTES, "{} bytes: {text}", text.len());
+            assert_eq!(Override::parse(&text, &policy), Some(o));
+        }
+    }
+
     #[test]
     fn figures_are_checked_as_the_configuration_checks_them() {
-        let g = gcra(10, 1000, 20);
+        let g = rule(&gcra(10, 1000, 20));
         assert_eq!(
             Override::gcra(&g, Some(0), None, None).unwrap_err().field,
             "rate"
@@ -185,12 +283,59 @@ mod tests {
                 .field,
             "period"
         );
-        let w = Policy::Windowed(Windows::new(vec![Window::new(1000, 10, 100).unwrap()]).unwrap());
+        let w = rule(&Policy::Windowed(
+            Windows::new(vec![Window::new(1000, 10, 100).unwrap()]).unwrap(),
+        ));
         assert_eq!(
             Override::windows(&w, &[0]).unwrap_err().field,
             "windows[0].limit"
         );
         assert_eq!(Override::windows(&w, &[1, 2]).unwrap_err().field, "limit");
         assert_eq!(Override::windows(&g, &[1]).unwrap_err().field, "limit");
+    }
+
+    /// Figures are checked against the whole rule, as the configuration
+    /// checks it: a cost the new figures can never admit, a lease they
+    /// cannot grant.
+    #[test]
+    fn figures_are_checked_against_the_whole_rule() {
+        let costly = Rule {
+            cost: Cost {
+                default: 1,
+                per_method: vec![("POST".into(), 5)],
+            },
+            ..rule(&gcra(10, 1000, 20))
+        };
+        assert_eq!(
+            Override::gcra(&costly, None, None, Some(1))
+                .unwrap_err()
+                .field,
+            "cost"
+        );
+        assert!(Override::gcra(&costly, None, None, Some(5)).is_ok());
+        let g = gcra(100, 1000, 300);
+        let leasing = Rule {
+            lease: Some(Lease::new(&g, 20, Some(2000)).unwrap()),
+            ..rule(&g)
+        };
+        for burst in [30, 100] {
+            let e = Override::gcra(&leasing, None, None, Some(burst)).unwrap_err();
+            assert!(e.field.starts_with("lease"), "{burst}: {e:?}");
+        }
+        assert!(Override::gcra(&leasing, None, None, Some(250)).is_ok());
+        let w = Policy::Windowed(Windows::new(vec![Window::new(1000, 21, 100).unwrap()]).unwrap());
+        let leasing = Rule {
+            lease: Some(Lease::new(&w, 10, None).unwrap()),
+            ..rule(&w)
+        };
+        assert_eq!(
+            Override::windows(&leasing, &[20]).unwrap_err().field,
+            "lease"
+        );
+        assert_eq!(
+            Override::windows(&leasing, &[5]).unwrap_err().field,
+            "lease"
+        );
+        assert!(Override::windows(&leasing, &[21]).is_ok());
     }
 }

@@ -7,7 +7,7 @@ use super::{
     body, canon,
     cidr::Cidr,
     lease::Lease,
-    policy::Policy,
+    policy::{Policy, PolicyError},
     request::{CfField, RequestMeta, ANY_METHOD},
 };
 
@@ -183,6 +183,22 @@ impl Cost {
             .map(|(_, c)| *c)
             .fold(self.default, u64::max)
     }
+
+    /// Whether every method's cost is one `policy` can ever admit: the
+    /// error names `cost`.
+    pub fn fits(&self, policy: &Policy) -> Result<(), PolicyError> {
+        if self.max() <= policy.capacity() {
+            return Ok(());
+        }
+        Err(PolicyError {
+            field: "cost".into(),
+            problem: format!(
+                "{} exceeds what the policy can ever admit ({}); no such request would pass",
+                self.max(),
+                policy.capacity()
+            ),
+        })
+    }
 }
 
 /// Whether a rule blocks.
@@ -305,6 +321,18 @@ fn host_matches(pattern: &str, host: &str) -> bool {
 }
 
 impl Rule {
+    /// Whether the rule works under `policy` in place of its own figures,
+    /// as the configuration checks a rule beyond its figures: its cost
+    /// within what `policy` can admit, its lease one it can grant. The
+    /// error names the rule's field.
+    pub fn fits(&self, policy: &Policy) -> Result<(), PolicyError> {
+        self.cost.fits(policy)?;
+        match &self.lease {
+            Some(lease) => lease.fits(policy),
+            None => Ok(()),
+        }
+    }
+
     /// Whether this rule applies to the request.
     pub fn matches(&self, req: &RequestMeta) -> bool {
         (self.methods.is_empty()

@@ -87,9 +87,14 @@ impl Backend {
             .sum()
     }
 
-    /// A command straight to Redis, bypassing the endpoint.
+    /// A command straight to Redis, bypassing the endpoint. An error reply
+    /// fails the test: a setup step that did not happen (a `WRONGTYPE`)
+    /// must not pass for a value.
     pub fn redis(&self, args: &[&str]) -> String {
-        edge_limiter_local::testenv::redis_cli(&self.redis.addr(), args)
+        match edge_limiter_local::testenv::redis_call(&self.redis.addr(), args) {
+            edge_limiter_local::resp::Value::Error(e) => panic!("{args:?}: {e}"),
+            reply => reply.to_string(),
+        }
     }
 }
 

@@ -14,14 +14,15 @@ use super::{
     keys::redis_key,
     leases::Leases,
     protocol::{
-        override_key, penalty_key, rule_wide_key, run, Charge, Check, LeaseAsk, Reply, ScriptCall,
-        ScriptError, ScriptRunner,
+        override_key, penalty_key, read_rule_wide, rule_wide_key, run, Charge, Check, LeaseAsk,
+        Reply, ScriptCall, ScriptError, ScriptRunner, WideRead,
     },
     rule_wide::RuleWide,
     verdict::{Decision, OverrideSource, Retry},
 };
 use crate::rules::{
     config::Config,
+    overrides::Override,
     request::RequestMeta,
     rule::{Ambiguous, FailMode, Mode, Rule, RuleId, DEFAULT_BUDGET_MS},
 };
@@ -239,40 +240,52 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             .collect()
     }
 
-    /// Reads the rule-wide overrides of `rules` in one call, sent at
-    /// `now_ms`, after the response has gone. A fault is only logged: the
-    /// isolate keeps its copy and reads again after a response a second
+    /// Reads the rule-wide overrides of `rules` in one request, sent at
+    /// `now_ms`, after the response has gone. A key that holds no override
+    /// of its rule is none, logged; a fault is only logged: the isolate
+    /// keeps that rule's copy and reads it again after a response a second
     /// later.
     pub async fn reread(&self, rules: &[String], now_ms: u64) -> Vec<Event> {
-        let keys = rules.iter().map(|r| rule_wide_key(r)).collect();
-        let call = ScriptCall::Read(keys);
-        let result = run(self.store, &call, Duration::from_millis(DEFAULT_BUDGET_MS)).await;
+        let keys: Vec<String> = rules.iter().map(|r| rule_wide_key(r)).collect();
+        let budget = Duration::from_millis(DEFAULT_BUDGET_MS);
+        let read = match read_rule_wide(self.store, &keys, budget).await {
+            Ok(read) => read,
+            Err(e) => vec![WideRead::Failed(e); rules.len()],
+        };
         let mut wide = self.wide.borrow_mut();
-        match result {
-            Ok(Reply::Read(read)) if read.len() == rules.len() => {
-                for (rule, (text, pttl)) in rules.iter().zip(read) {
+        let mut events = vec![];
+        for ((rule, key), read) in rules.iter().zip(keys).zip(read) {
+            let action = match read {
+                WideRead::Text(text, pttl) if self.none_or_override(rule, &text) => {
                     wide.keep(rule, text, pttl, now_ms);
+                    continue;
                 }
-                vec![]
-            }
-            other => {
-                let error = match other {
-                    Err(e) => e.to_string(),
-                    Ok(_) => "a reply other than a read's".to_owned(),
-                };
-                rules
-                    .iter()
-                    .map(|rule| {
-                        wide.failed(rule, now_ms);
-                        Event {
-                            key: Some(rule_wide_key(rule)),
-                            error: Some(error.clone()),
-                            ..Event::new(Action::OverrideReadFailed, rule)
-                        }
-                    })
-                    .collect()
-            }
+                WideRead::Text(..) | WideRead::NotText => {
+                    wide.keep(rule, String::new(), -1, now_ms);
+                    Event::new(Action::OverrideIgnored, rule)
+                }
+                WideRead::Failed(error) => {
+                    wide.failed(rule, now_ms);
+                    Event {
+                        error: Some(error.to_string()),
+                        ..Event::new(Action::OverrideReadFailed, rule)
+                    }
+                }
+            };
+            events.push(Event {
+                key: Some(key),
+                ..action
+            });
         }
+        events
+    }
+
+    /// Whether `text`, read from rule `name`'s rule-wide key, is empty or
+    /// an override of the rule's figures. Anything else counts as none and
+    /// is never passed on: every decision would carry it, of any size.
+    fn none_or_override(&self, name: &str, text: &str) -> bool {
+        let rule = self.config.rules.iter().find(|r| r.name == name);
+        text.is_empty() || rule.is_some_and(|r| Override::parse(text, &r.policy).is_some())
     }
 
     /// The call deciding `checks` at `now_ms` and asking for `asks`, under
@@ -653,6 +666,23 @@ mod tests {
                 budget,
             });
             self.reply.clone()
+        }
+
+        /// The reply's items, as one result each.
+        async fn commands(
+            &self,
+            _: &[Vec<String>],
+            _: Duration,
+        ) -> Result<Vec<Result<Value, RestError>>, RestError> {
+            self.calls.set(self.calls.get() + 1);
+            let items = self.reply.clone()?;
+            Ok(items
+                .as_array()
+                .into_iter()
+                .flatten()
+                .cloned()
+                .map(Ok)
+                .collect())
         }
     }
 
@@ -1082,5 +1112,41 @@ mod tests {
         let out = once(&c, &store, "/");
         assert_eq!(out.outcome, Outcome::Forward(Forward::Unlimited));
         assert_eq!(store.calls.get(), 0);
+    }
+
+    /// A rule-wide key holding no override of its rule (here `v1 block`
+    /// and 8 000 numbers) counts as none in the isolate, logged at each
+    /// read, and is never passed to the script; an override is kept.
+    #[test]
+    fn a_rule_wide_value_that_is_no_override_is_held_as_none() {
+        let c = leasing_with_overrides();
+        let huge = format!("v1 block{}", " 1".repeat(8000));
+        for (text, kept) in [(huge.as_str(), false), ("v1 block", true)] {
+            let store = fake(Ok(json!([text, -1])));
+            let wide = RefCell::new(RuleWide::new());
+            let limiter = Limiter {
+                config: &c,
+                store: &store,
+                cache: &RefCell::new(BlockCache::new(HOLD)),
+                leases: &RefCell::new(Leases::new()),
+                wide: &wide,
+                pinned: false,
+            };
+            assert!(wide.borrow_mut().start_read("hot", 0));
+            let events = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap()
+                .block_on(limiter.reread(&["hot".to_owned()], 0));
+            let held = wide.borrow().in_force("hot", 1);
+            if kept {
+                assert_eq!(held, Some((text.to_owned(), -1)));
+                assert_eq!(events, []);
+            } else {
+                assert_eq!(held, None);
+                assert_eq!(events.len(), 1, "{events:?}");
+                assert_eq!(events[0].action, Action::OverrideIgnored);
+                assert_eq!(events[0].key.as_deref(), Some("el:rule:hot:o"));
+            }
+        }
     }
 }

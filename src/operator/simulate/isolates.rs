@@ -79,6 +79,28 @@ impl ScriptRunner for SocketRunner {
             .map_err(|e| RestError::Transport(e.to_string()))?;
         reply.map_err(RestError::Redis)
     }
+
+    async fn commands(
+        &self,
+        commands: &[Vec<String>],
+        _: Duration,
+    ) -> Result<Vec<Result<Value, RestError>>, RestError> {
+        let mut out = Vec::new();
+        for command in commands {
+            resp::encode(command.iter().map(String::as_bytes), &mut out);
+        }
+        let mut conn = self.conn.borrow_mut();
+        let transport = |e: std::io::Error| RestError::Transport(e.to_string());
+        conn.get_mut().write_all(&out).map_err(transport)?;
+        let mut line = Vec::new();
+        commands
+            .iter()
+            .map(|_| {
+                let reply = resp::read_reply(&mut *conn, &mut line).map_err(transport)?;
+                Ok(reply.map_err(RestError::Redis))
+            })
+            .collect()
+    }
 }
 
 /// What the lease replay found.
