@@ -32,10 +32,11 @@ struct KeyLeases {
     /// When the key was last asked for, and the smoothed gap between asks.
     last_ms: Option<u64>,
     gap_ms: Option<u64>,
-    /// Whether a call asking for a lease (a request's or a refresh) is
+    /// Since when a call asking for a lease (a request's or a refresh) is
     /// in flight: one at a time, so that concurrent requests do not each
-    /// lease what the key's demand wants.
-    asking: bool,
+    /// lease what the key's demand wants. It lapses after
+    /// [`ASK_LAPSE_MS`], answered or not.
+    asking: Option<u64>,
 }
 
 impl KeyLeases {
@@ -43,7 +44,17 @@ impl KeyLeases {
         self.held.retain(|h| h.until_ms > now_ms && h.units > 0);
         self.held.iter().map(|h| h.units).sum()
     }
+
+    fn asking(&self, now_ms: u64) -> bool {
+        self.asking
+            .is_some_and(|since| now_ms.saturating_sub(since) < ASK_LAPSE_MS)
+    }
 }
+
+/// How long an ask holds its key, at most. A call ends within its budget
+/// (30 s at most), so an older ask is one whose request was cancelled
+/// before it could end it: it must not stop the key leasing for good.
+pub const ASK_LAPSE_MS: u64 = 31_000;
 
 /// Every key's leases in one isolate.
 #[derive(Debug, Default)]
@@ -157,15 +168,15 @@ impl Leases {
     /// that [`Leases::answered`] ends.
     pub fn begin_ask(&mut self, key: &str, most: u64, horizon_ms: u64, now_ms: u64) -> u64 {
         let units = self.want(key, most, horizon_ms, now_ms);
-        self.asking(key, units)
+        self.asking(key, units, now_ms)
     }
 
-    /// Starts an ask of `units` for `key` unless one is in flight; the
-    /// units to ask for.
-    fn asking(&mut self, key: &str, units: u64) -> u64 {
+    /// Starts an ask of `units` for `key` at `now_ms` unless one is in
+    /// flight; the units to ask for.
+    fn asking(&mut self, key: &str, units: u64, now_ms: u64) -> u64 {
         match self.keys.get_mut(key) {
-            Some(entry) if units > 0 && !entry.asking => {
-                entry.asking = true;
+            Some(entry) if units > 0 && !entry.asking(now_ms) => {
+                entry.asking = Some(now_ms);
                 units
             }
             _ => 0,
@@ -182,13 +193,13 @@ impl Leases {
         if self.held(key, now_ms) * 2 > demand {
             return 0;
         }
-        self.asking(key, demand)
+        self.asking(key, demand, now_ms)
     }
 
     /// The ask for `key` is over, granted or not.
     pub fn answered(&mut self, key: &str) {
         if let Some(entry) = self.keys.get_mut(key) {
-            entry.asking = false;
+            entry.asking = None;
         }
     }
 
@@ -211,7 +222,7 @@ impl Leases {
             return true;
         }
         self.keys.retain(|_, e| {
-            e.asking
+            e.asking(now_ms)
                 || e.usable(now_ms) > 0
                 || e.last_ms.is_some_and(|l| now_ms.saturating_sub(l) < 60_000)
         });
@@ -279,6 +290,18 @@ mod tests {
         assert_eq!(l.begin_refresh("k", 8, 800, 101), 0);
         l.answered("k");
         assert_eq!(l.begin_ask("k", 8, 800, 101), 4);
+    }
+
+    /// An ask whose request was cancelled never ends: it lapses, so that
+    /// the key leases again.
+    #[test]
+    fn an_ask_left_unanswered_lapses() {
+        let mut l = Leases::new();
+        l.observe("k", 0);
+        l.observe("k", 100);
+        assert_eq!(l.begin_ask("k", 8, 800, 100), 8);
+        assert_eq!(l.begin_refresh("k", 8, 800, 100 + ASK_LAPSE_MS - 1), 0);
+        assert_eq!(l.begin_refresh("k", 8, 800, 100 + ASK_LAPSE_MS), 8);
     }
 
     #[test]
