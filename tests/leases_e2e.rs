@@ -2,7 +2,8 @@
 //! mostly decided in the isolate, two instances sharing a key above its
 //! limit never admit more than the limit, and leased units outlive an
 //! unreachable Redis until their deadline, no longer. Then (issue 31) the
-//! work due after a response whose origin fetch failed.
+//! work due after a response whose origin fetch failed, and what reaches
+//! the origin and Redis once a client is blocked or a rule tightened.
 #![cfg(not(target_arch = "wasm32"))]
 
 mod support;
@@ -246,4 +247,87 @@ async fn a_failed_origin_fetch_leaves_the_client_leasing() {
         calls * 4 <= n as u64,
         "{calls} script calls for {n} requests"
     );
+}
+
+const BLOCKABLE: &str = r#"
+[[vars.LIMITER.rules]]
+name = "blockable"
+key = ["ip"]
+algorithm = "gcra"
+rate = 100
+period = "1s"
+burst = 300
+lease = 20
+lease_for = "2s"
+overrides = true
+"#;
+
+/// A block without end on a leasing client: the units the isolate held
+/// are all that reach the origin after it, and its denials are answered
+/// from the isolate's memory of them, not by Redis each time.
+#[tokio::test]
+async fn a_block_on_a_leasing_client_stops_it_at_the_isolate() {
+    let stack = Stack::start(BLOCKABLE);
+    let url = format!("{}/blocked", stack.worker.url);
+    let ip = "198.51.100.42";
+    let gap = Duration::from_millis(10);
+    statuses(&url, ip, 30, gap).await;
+    assert!(!stack.worker.events_of("lease_grant").is_empty());
+    stack
+        .backend
+        .redis(&["SET", &format!("el:{{{ip}}}:blockable:o"), BLOCK_TEXT]);
+    let hits = origin_hits(&stack).await;
+    let calls = stack.backend.script_calls();
+    let n = 60;
+    let after = statuses(&url, ip, n, gap).await;
+    let served = after.iter().take_while(|s| **s == 200).count();
+    assert!(after[served..].iter().all(|s| *s == 429), "{after:?}");
+    // 1.5 x `lease` at most, held when the block was set.
+    assert!(served <= 30, "{after:?}");
+    assert_eq!(origin_hits(&stack).await - hits, served as u64);
+    let calls = stack.backend.script_calls() - calls;
+    eprintln!("{calls} script calls for {n} requests, {served} served from leases");
+    // The call that read the block, and a refresh or two.
+    assert!(calls <= 4, "{calls} script calls: {after:?}");
+}
+
+const TIGHTENED: &str = r#"
+[[vars.LIMITER.rules]]
+name = "tightened"
+key = ["ip"]
+algorithm = "gcra"
+rate = 100
+period = "1s"
+burst = 300
+overrides = true
+"#;
+
+/// A rule-wide override with an end, lowering the rule: once a client is
+/// denied under it, its next denials come from the isolate's memory.
+#[tokio::test]
+async fn denials_under_a_rule_wide_override_with_an_end_are_cached() {
+    let stack = Stack::start(TIGHTENED);
+    // One a minute, a burst of 2, for ten minutes.
+    let text = "v1 gcra 1 60000 2 60000000";
+    stack
+        .backend
+        .redis(&["SET", "el:rule:tightened:o", text, "PX", "600000"]);
+    let url = format!("{}/tight", stack.worker.url);
+    let ip = "198.51.100.43";
+    // The first request has the isolate read the override.
+    let mut seen = vec![];
+    while seen.last() != Some(&429) {
+        assert!(seen.len() < 50, "never denied: {seen:?}");
+        seen.push(get(&url, ip).await.status().as_u16());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let hits = origin_hits(&stack).await;
+    let calls = stack.backend.script_calls();
+    let n = 20;
+    let after = statuses(&url, ip, n, Duration::from_millis(10)).await;
+    assert!(after.iter().all(|s| *s == 429), "{after:?}");
+    assert_eq!(origin_hits(&stack).await, hits);
+    let calls = stack.backend.script_calls() - calls;
+    eprintln!("{calls} script calls for {n} denials");
+    assert_eq!(calls, 0, "{calls} script calls for {n} denials");
 }

@@ -589,7 +589,8 @@ impl ScriptCall {
     }
 
     /// What decides the same way wherever it is sent: the keys and every
-    /// argument but the clock. The block cache keys its denials on it.
+    /// argument but the clock, the leases asked for and a rule-wide
+    /// override's time left. The block cache keys its denials on it.
     pub fn signature(&self) -> String {
         let args = match self {
             ScriptCall::Decide(g) => g.args(None, false),
@@ -700,19 +701,20 @@ impl General {
     }
 
     /// `decide`, the clock (empty for Redis's), the mode letters, each
-    /// rule's arguments, then (when `leases` asks for them: a signature
-    /// leaves them out) `lease`, their count and (1-based rule, units, ms)
-    /// triples, then `override`, their count and
-    /// (1-based rule, rule-wide text, its ms left) triples, then `penalty`
-    /// and (1-based rule, ms) pairs.
-    fn args(&self, now_ms: Option<u64>, leases: bool) -> Vec<String> {
+    /// rule's arguments, then (when `whole`: a signature leaves them out)
+    /// `lease`, their count and (1-based rule, units, ms) triples, then
+    /// `override`, their count and (1-based rule, rule-wide text, its ms
+    /// left) triples (a signature leaves the ms left empty: it changes
+    /// every millisecond, the decision does not), then `penalty` and
+    /// (1-based rule, ms) pairs.
+    fn args(&self, now_ms: Option<u64>, whole: bool) -> Vec<String> {
         let modes: String = self.rules.iter().map(|(_, m)| m.letter()).collect();
         let clock = now_ms.map(|n| n.to_string()).unwrap_or_default();
         let mut args = vec!["decide".to_owned(), clock, modes];
         for (rule, _) in &self.rules {
             rule.push_general(&mut args);
         }
-        if leases && !self.leases.is_empty() {
+        if whole && !self.leases.is_empty() {
             args.push("lease".to_owned());
             push_numbers(&mut args, &[self.leases.len() as u64]);
             for l in &self.leases {
@@ -725,7 +727,10 @@ impl General {
             for o in &self.overrides {
                 push_numbers(&mut args, &[o.rule as u64 + 1]);
                 args.push(o.wide.clone());
-                args.push(o.wide_ms.to_string());
+                args.push(match whole {
+                    true => o.wide_ms.to_string(),
+                    false => String::new(),
+                });
             }
         }
         if !self.penalties.is_empty() {
@@ -1121,6 +1126,29 @@ mod tests {
         assert_eq!(
             &penalty.args()[3..],
             ["gcra", "1", "60000000", "1", "penalty", "1", "3600000"]
+        );
+    }
+
+    /// A rule-wide override with an end is sent with its time left, which
+    /// changes every millisecond; a signature leaves that out, or no
+    /// denial under such an override could be answered from the cache.
+    #[test]
+    fn the_signature_leaves_out_a_rule_wide_overrides_time_left() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s",
+             "overrides": true}
+        ]}))
+        .unwrap();
+        let text = "v1 gcra 1 60000 2 60000000";
+        let under = |left_ms: i64, text: &str| {
+            ScriptCall::decide(&[unit_for_a(&c.rules[0])], None)
+                .with_rule_wide(|_| Some((text.to_owned(), left_ms)))
+        };
+        assert_ne!(under(5000, text).args(), under(4999, text).args());
+        assert_eq!(under(5000, text).signature(), under(4999, text).signature());
+        assert_ne!(
+            under(5000, text).signature(),
+            under(5000, crate::rules::overrides::BLOCK_TEXT).signature()
         );
     }
 
