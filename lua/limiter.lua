@@ -35,8 +35,8 @@
 --             'gcra',   cost, interval (us), burst
 --             'window', cost, offset (ms), n, then n x (duration, limit, precision) (ms)
 --           then, if any rule asks for a lease: 'lease', m, and m x (its
---           1-based index, the most units it wants, its length (ms; GCRA
---           only, 0 for windows)); then, if any rule takes overrides:
+--           1-based index, the most units it wants, its longest length
+--           (ms)); then, if any rule takes overrides:
 --           'override', m, and m x (its 1-based index, the rule-wide
 --           override's text ('' for none), its ms left (-1: no end));
 --           then, if any rule has a penalty:
@@ -64,7 +64,8 @@
 -- its units (and the request's) as arriving when it ends, and grants it
 -- only if that conforms now, so any spend before then conforms whatever
 -- other callers do. A window's lease ends with the earliest bucket its
--- units were counted in, so every window counts them where they are spent.
+-- units were counted in (or its length, if sooner), so every window
+-- counts them where they are spent.
 --
 -- The refund call: ARGV[2] the clock as for a decision, then per rule the
 -- same arguments as a decision's, then its refund mark. Replies with one
@@ -313,7 +314,7 @@ if leases then
       return 0, 0
     end
     writes[i] = plan
-    return units, plan.edge - plan.now
+    return units, math.min(plan.edge - plan.now, lease.ms)
   end
 end
 

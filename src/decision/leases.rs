@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 
 use super::verdict::{OverrideRead, RuleState, Verdict};
+use crate::rules::overrides::BLOCK_TEXT;
 
 /// Keys an isolate tracks at most: a key beyond it gets no lease (exactly
 /// the behaviour without leases) until an idle one is forgotten.
@@ -37,6 +38,9 @@ struct KeyLeases {
     /// lease what the key's demand wants. It lapses after
     /// [`ASK_LAPSE_MS`], answered or not.
     asking: Option<u64>,
+    /// How many times the key's leases were ended: a grant from a call
+    /// sent before the latest end is void ([`Leases::epoch`]).
+    epoch: u64,
 }
 
 impl KeyLeases {
@@ -203,10 +207,28 @@ impl Leases {
         }
     }
 
-    /// Drops what `key` holds: a block ends its leases.
-    pub fn clear(&mut self, key: &str) {
-        if let Some(entry) = self.keys.get_mut(key) {
+    /// How many times `key`'s leases were ended so far. A call notes it
+    /// when sent: a grant it brings back after a later end (a block or
+    /// other figures read by a call answered first) may have been decided
+    /// before what ended them, and is void.
+    pub fn epoch(&self, key: &str) -> u64 {
+        self.keys.get(key).map_or(0, |e| e.epoch)
+    }
+
+    /// A call read that `key`'s rule is now under `read` (the override in
+    /// force, `None` for the configured figures): a block, or figures
+    /// other than those its leases were granted under, ends them, lest
+    /// units charged under the old figures be spent under the new.
+    pub fn figures_read(&mut self, key: &str, read: Option<&OverrideRead>) {
+        let Some(entry) = self.keys.get_mut(key) else {
+            return;
+        };
+        let now = read.map_or("", |o| o.text.as_str());
+        let was = entry.overridden.as_ref().map_or("", |o| o.text.as_str());
+        if now == BLOCK_TEXT || now != was {
             entry.held.clear();
+            entry.epoch += 1;
+            entry.overridden = read.cloned();
         }
     }
 
@@ -302,6 +324,38 @@ mod tests {
         assert_eq!(l.begin_ask("k", 8, 800, 100), 8);
         assert_eq!(l.begin_refresh("k", 8, 800, 100 + ASK_LAPSE_MS - 1), 0);
         assert_eq!(l.begin_refresh("k", 8, 800, 100 + ASK_LAPSE_MS), 8);
+    }
+
+    /// Figures other than a key's leases were granted under end them, and
+    /// void what a call sent before brings back; the same figures do not.
+    #[test]
+    fn other_figures_end_the_leases_and_void_earlier_asks() {
+        let read = |text: &str| OverrideRead {
+            rule: 0,
+            source: crate::decision::verdict::OverrideSource::Rule,
+            text: text.to_owned(),
+            ignored: false,
+        };
+        let mut l = Leases::new();
+        l.observe("k", 0);
+        l.grant("k", 5, 1000, 0, (state(5), None));
+        let sent = l.epoch("k");
+        l.figures_read("k", None);
+        assert_eq!((l.held("k", 1), l.epoch("k")), (5, sent));
+        l.figures_read("k", Some(&read("v1 gcra 1 1000 2 1000000")));
+        assert_eq!(l.held("k", 1), 0);
+        assert_ne!(l.epoch("k"), sent, "a grant asked for before is void");
+        l.grant(
+            "k",
+            5,
+            1000,
+            0,
+            (state(5), Some(read("v1 gcra 1 1000 2 1000000"))),
+        );
+        l.figures_read("k", Some(&read("v1 gcra 1 1000 2 1000000")));
+        assert_eq!(l.held("k", 1), 5);
+        l.figures_read("k", Some(&read(BLOCK_TEXT)));
+        assert_eq!(l.held("k", 1), 0);
     }
 
     #[test]

@@ -224,7 +224,8 @@ pub struct LeaseAsk {
     pub rule: usize,
     /// The most units wanted (at least 1).
     pub units: u64,
-    /// GCRA: how long the lease lasts, ms; windows: 0 (to the bucket's end).
+    /// How long the lease lasts at most, ms; a window's ends with the
+    /// bucket its units are counted in, if that comes first.
     pub for_ms: u64,
 }
 
