@@ -51,7 +51,8 @@
 -- was not charged): for GCRA the TAT the charge left (us, on the call's
 -- clock); for windows the charge's time on the key's shifted clock (ms).
 -- Then, per lease asked for, in order: the units granted (0: none) and
--- how long they may be spent (ms from now). Then, per override read: whose
+-- how long they may be spent (ms from now); a rule that granted one
+-- reports what it has left after the grant. Then, per override read: whose
 -- held (0: none, 1: the client's, 2: the rule's), 1 if the client's key
 -- held something that is no override, and the text in force ('' for none).
 -- An override (src/rules/overrides.rs writes them) is 'v1 block',
@@ -301,19 +302,22 @@ if leases then
       if units <= 0 then
         return 0, 0
       end
-      writes[i] = from_us + (cost + units) * interval_us
+      local write = from_us + (cost + units) * interval_us
+      writes[i] = write
+      reply[k - 3], reply[k - 2] = math.floor((interval_us * burst - write) / interval_us), math.ceil(write / 1000)
       return units, lease.ms
     end
     local units = math.min(lease.units, math.floor(reply[k - 3] / 2))
     if units <= 0 then
       return 0, 0
     end
-    local allowed, _, _, _, _, _, plan =
+    local allowed, limit, remaining, reset_after, _, bound, plan =
       windowed_check(KEYS[i], now_ms, cost + units, ARGV[at + 2] + 0, at + 4, ARGV[at + 3] + 0)
     if allowed ~= 1 or not plan then
       return 0, 0
     end
     writes[i] = plan
+    reply[k - 4], reply[k - 3], reply[k - 2], reply[k] = limit, remaining, reset_after, bound
     return units, math.min(plan.edge - plan.now, lease.ms)
   end
 end

@@ -18,7 +18,7 @@ use edge_limiter::{
         events::Action,
         keys::{redis_key, window_offset},
         leases::Leases,
-        limiter::{Forward, Limiter, Outcome},
+        limiter::{Forward, Handled, Limiter, Outcome},
         protocol::{override_key, run, Check, LeaseAsk, Reply, ScriptCall},
         redis_rest::RestClient,
         rule_wide::RuleWide,
@@ -154,10 +154,7 @@ async fn a_window_lease_ends_with_the_bucket_its_units_were_counted_in() {
             for_ms: 100 - into
         }]
     );
-    assert_eq!(
-        d.rules[0].remaining, 10,
-        "the headers' view leaves the lease out"
-    );
+    assert_eq!(d.rules[0].remaining, 5, "what is left after the lease");
     assert_eq!(left(&b, &rule, "a", T0).await, 5);
     // Charged in that bucket: gone from the short window once it slides past.
     assert_eq!(left(&b, &rule, "a", T0 + 1000).await, 11);
@@ -229,6 +226,14 @@ impl Isolate {
     }
 }
 
+/// The units an admitted request's response says are left.
+fn remaining(h: &Handled<'_>) -> u64 {
+    match &h.outcome {
+        Outcome::Forward(Forward::Admitted(d)) => d.decision.rules[0].remaining,
+        other => panic!("not admitted: {other:?}"),
+    }
+}
+
 fn config(rule: Value) -> Config {
     Config::from_json(&json!({ "rules": [rule] })).unwrap()
 }
@@ -239,6 +244,32 @@ fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64
+}
+
+/// Rate 10/s, burst 20, leases of 500 ms: the reply says 19 left and
+/// grants 5, after which Redis holds 9. A response never says more than
+/// Redis had left after the grant plus the units the isolate holds.
+#[tokio::test]
+async fn a_leased_response_says_what_redis_and_the_isolate_hold() {
+    let b = Backend::start();
+    let c = config(
+        json!({"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 10,
+        "period": "1s", "burst": 20, "lease": 5, "lease_for": "500ms"}),
+    );
+    let isolate = Isolate::new();
+    let l = isolate.limiter(&c, &b.client, true);
+    let key = redis_key("g", &[IP]);
+    assert_eq!(remaining(&l.handle(&request(), T0).await), 19);
+    // 100 ms later, with 500 ms to look ahead: 5 more asked for, and granted.
+    let granted = l.handle(&request(), T0 + 100).await;
+    assert_eq!(isolate.held(&key, T0 + 100), 5);
+    let redis_left = left(&b, &c.rules[0], IP, T0 + 100).await;
+    assert_eq!(redis_left, 9);
+    assert_eq!(remaining(&granted), redis_left + 5);
+    // Decided from the lease: 9 in Redis and 4 held, not 20.
+    let leased = l.handle(&request(), T0 + 100).await;
+    assert_eq!(isolate.held(&key, T0 + 100), 4);
+    assert_eq!(remaining(&leased), 13);
 }
 
 /// A lease granted under the configured figures is not spent under lower

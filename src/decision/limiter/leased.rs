@@ -170,7 +170,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         self.answered(&call);
         match result {
             // A refresh is a call too: figures it reads end the leases.
-            Ok(decision) => self.settle_leases(&checks, &call, &epochs, &decision, now_ms),
+            Ok(mut decision) => self.settle_leases(&checks, &call, &epochs, &mut decision, now_ms),
             Err(error) => checks
                 .iter()
                 .zip(call.rule_keys())
@@ -194,14 +194,15 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     /// then at `epochs`), means for this isolate's leases: figures other
     /// than those a key's leases were granted under (a block, a lowered
     /// limit) end them; its grants are kept, unless something ended the
-    /// key's leases while the call was out. One `lease_grant` event per
-    /// grant kept.
+    /// key's leases while the call was out; and where a key holds units,
+    /// the response's `remaining` counts them, as a leased response does.
+    /// One `lease_grant` event per grant kept.
     pub(super) fn settle_leases(
         &self,
         checks: &[(Check<'c>, Vec<&str>)],
         call: &ScriptCall,
         epochs: &[u64],
-        decision: &Decision,
+        decision: &mut Decision,
         sent_ms: u64,
     ) -> Vec<Event> {
         let keys = call.rule_keys();
@@ -221,7 +222,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                 leases.figures_read(key, decision.override_of(o.rule));
             }
         }
-        grants
+        let events = grants
             .iter()
             .filter_map(|g| {
                 let (key, state) = (keys.get(g.rule)?, decision.rules.get(g.rule)?);
@@ -234,7 +235,16 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                     ..Event::new(Action::LeaseGrant, &checks.get(g.rule)?.0.rule.name)
                 })
             })
-            .collect()
+            .collect();
+        for (state, key) in decision.rules.iter_mut().zip(&keys) {
+            let held = leases.held(key, sent_ms);
+            state.remaining = state.remaining.saturating_add(held).min(state.limit);
+        }
+        if decision.admitted() {
+            let modes: Vec<Mode> = checks.iter().map(|(c, _)| c.rule.mode).collect();
+            decision.verdict = Decision::settle(decision.rules.clone(), &modes).verdict;
+        }
+        events
     }
 
     /// Ends the lease asks `call` carried, answered or not.

@@ -341,11 +341,11 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             .and_then(|r| r.decision());
         self.answered(&call);
         match result {
-            Ok(decision) => {
+            Ok(mut decision) => {
                 self.cache
                     .borrow_mut()
                     .remember(signature, &decision, now_ms);
-                let granted = self.settle_leases(checks, &call, &epochs, &decision, now_ms);
+                let granted = self.settle_leases(checks, &call, &epochs, &mut decision, now_ms);
                 let mut handled = decided(checks, &call, decision);
                 handled.events.extend(granted);
                 handled
