@@ -743,6 +743,18 @@ impl General {
         args
     }
 
+    /// The longest `ask` may be granted for: its length, and for a window
+    /// no longer than a bucket.
+    fn longest_lease_ms(&self, ask: &LeaseAsk) -> u64 {
+        match self.rules.get(ask.rule).map(|(r, _)| &r.policy) {
+            Some(Policy::Windowed(ws)) => ws
+                .iter()
+                .map(Window::precision_ms)
+                .fold(ask.for_ms, u64::min),
+            _ => ask.for_ms,
+        }
+    }
+
     fn modes(&self) -> Vec<Mode> {
         self.rules.iter().map(|(_, m)| m.rule_mode()).collect()
     }
@@ -776,6 +788,9 @@ impl General {
             };
             if units > ask.units || (units > 0 && !decision.admitted()) {
                 return Err(malformed(reply, "grants a lease it was not asked for"));
+            }
+            if units > 0 && for_ms > self.longest_lease_ms(ask) {
+                return Err(malformed(reply, "grants a lease longer than it may last"));
             }
             if units > 0 {
                 decision.grants.push(Grant {
@@ -1128,6 +1143,35 @@ mod tests {
             &penalty.args()[3..],
             ["gcra", "1", "60000000", "1", "penalty", "1", "3600000"]
         );
+    }
+
+    /// A lease reply is checked like the rest: one longer than asked for,
+    /// or than a window's bucket, is malformed (the rule's fail mode),
+    /// never units spendable for as long as it says.
+    #[test]
+    fn a_lease_longer_than_it_may_last_is_a_malformed_reply() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s",
+             "burst": 20},
+            {"name": "w", "key": ["ip"], "algorithm": "windowed", "windows": [["1s", 10, "100ms"]]}
+        ]}))
+        .unwrap();
+        let leasing = |i: usize| {
+            let lease = LeaseAsk {
+                rule: 0,
+                units: 4,
+                for_ms: 500,
+            };
+            ScriptCall::decide_leasing(&[unit_for_a(&c.rules[i])], vec![lease], None)
+        };
+        let reply = |units: u64, ms: u64| json!([1, 20, 10, 1100, 0, 1, units, ms]);
+        let granted = |i: usize, ms: u64| decision(&leasing(i), reply(4, ms));
+        assert_eq!(granted(0, 500).unwrap().grants[0].for_ms, 500);
+        assert!(granted(0, 501).is_err());
+        assert_eq!(granted(1, 100).unwrap().grants[0].for_ms, 100);
+        assert!(granted(1, 101).is_err(), "longer than the 100 ms bucket");
+        // No units granted: the length says nothing.
+        assert!(decision(&leasing(0), reply(0, 0)).is_ok());
     }
 
     /// A rule-wide override with an end is sent with its time left, which
