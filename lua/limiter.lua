@@ -342,11 +342,12 @@ else
 end
 if penalties then
   -- Every rule that denied on its own starts its penalty, a shadow rule's
-  -- too: it then reports the denials enforcing it would have made.
+  -- too: it then reports the denials enforcing it would have made. A call
+  -- at cost 0 (a lease refresh, a look) denies no request, and starts none.
   local started = 0
   for i, penalty in pairs(penalties) do
     local k = 6 * i
-    if reply[k - 5] == 0 and not penalty.running and not blocked[i] then
+    if reply[k - 5] == 0 and not penalty.running and not blocked[i] and ARGV[first[i] + 1] ~= '0' then
       penalty_start(penalty.key, now_ms, penalty.ms)
       started = started + 2 ^ (i - 1)
       reply[k - 1] = math.max(reply[k - 1], penalty.ms)

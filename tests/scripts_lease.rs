@@ -165,6 +165,51 @@ async fn a_window_lease_ends_with_the_bucket_its_units_were_counted_in() {
     assert_eq!(left(&b, &long, "a", T0 + 1000).await, 94);
 }
 
+/// A refresh is a call at cost 0 that asks for a lease: under figures
+/// lowered below what the client has spent, it reads as a denial, but no
+/// request was denied, so it starts no penalty; a request then does.
+#[tokio::test]
+async fn a_refresh_under_lowered_figures_starts_no_penalty() {
+    let b = Backend::start();
+    let rule = |burst: u64| {
+        rules(
+            json!([{"name": "p", "key": ["ip"], "algorithm": "gcra", "rate": 10,
+            "period": "1s", "burst": burst, "penalty": "1m"}]),
+        )
+        .remove(0)
+    };
+    let (was, lowered) = (rule(20), rule(2));
+    // 10 units at 0.1 s each: the TAT lies 1 s ahead, beyond a burst of 2.
+    assert!(b.decide(&[&was], "a", 10, Some(T0)).await.admitted());
+    let lease = LeaseAsk {
+        rule: 0,
+        units: 4,
+        for_ms: 100,
+    };
+    let refresh = ScriptCall::decide_leasing(
+        &[(
+            Check {
+                rule: &lowered,
+                cost: 0,
+            },
+            vec!["a"],
+        )],
+        vec![lease],
+        Some(T0),
+    );
+    let d = run(&b.client, &refresh, BUDGET)
+        .await
+        .and_then(Reply::decision)
+        .unwrap();
+    assert!(!d.admitted());
+    assert_eq!((d.grants.len(), d.penalties_started.len()), (0, 0));
+    let penalty = format!("{}:p", redis_key("p", &["a"]));
+    assert_eq!(b.redis(&["EXISTS", &penalty]), "0");
+    let d = b.decide(&[&lowered], "a", 1, Some(T0)).await;
+    assert_eq!(d.penalties_started, [0], "a request's denial starts it");
+    assert_eq!(b.redis(&["EXISTS", &penalty]), "1");
+}
+
 #[tokio::test]
 async fn a_window_lease_ends_within_lease_for_even_in_a_coarse_bucket() {
     let b = Backend::start();
