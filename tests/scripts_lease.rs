@@ -1,8 +1,9 @@
 //! Quota leases on the script's side (issue 24), against a real
 //! `redis-server` through the REST endpoint, on a pinned clock: what a
 //! lease is granted, how it is charged, and when it is refused; then an
-//! isolate's leases (its [`Limiter`]) against the same script: what their
-//! responses say, and what ends them (issue 31).
+//! isolate's leases (its [`Limiter`]) against the same script, on that
+//! clock or Redis's: what their responses say, and what ends them (issue
+//! 31).
 #![cfg(not(target_arch = "wasm32"))]
 
 mod support;

@@ -28,7 +28,8 @@ struct KeyLeases {
     held: Vec<Held>,
     /// The rule's state as the last grant left it, for the headers.
     state: Option<(RuleState, u64)>,
-    /// The override that grant was made under, for the headers too.
+    /// The override that grant was made under (or the latest a call
+    /// read since), for the headers too, and to tell when it changes.
     overridden: Option<OverrideRead>,
     /// When the key was last asked for, and the smoothed gap between asks.
     last_ms: Option<u64>,
