@@ -33,8 +33,8 @@
 --             'gcra',   cost, interval (us), burst
 --             'window', cost, offset (ms), n, then n x (duration, limit, precision) (ms)
 --           then, if any rule asks for a lease: 'lease', m, and m x (its
---           1-based index, the most units it wants, its length (ms; GCRA
---           only, 0 for windows)); then, if any rule takes overrides:
+--           1-based index, the most units it wants, its longest length
+--           (ms)); then, if any rule takes overrides:
 --           'override', m, and m x (its 1-based index, the rule-wide
 --           override's text ('' for none), its ms left (-1: no end));
 --           then, if any rule has a penalty:
@@ -49,7 +49,8 @@
 -- was not charged): for GCRA the TAT the charge left (us, on the call's
 -- clock); for windows the charge's time on the key's shifted clock (ms).
 -- Then, per lease asked for, in order: the units granted (0: none) and
--- how long they may be spent (ms from now). Then, per override read: whose
+-- how long they may be spent (ms from now); a rule that granted one
+-- reports what it has left after the grant. Then, per override read: whose
 -- held (0: none, 1: the client's, 2: the rule's), 1 if the client's key
 -- held something that is no override, and the text in force ('' for none).
 -- An override (src/rules/overrides.rs writes them) is 'v1 block',
@@ -63,7 +64,8 @@
 -- its units (and the request's) as arriving when it ends, and grants it
 -- only if that conforms now, so any spend before then conforms whatever
 -- other callers do. A window's lease ends with the earliest bucket its
--- units were counted in, so every window counts them where they are spent.
+-- units were counted in (or its length, if sooner), so every window
+-- counts them where they are spent.
 --
 -- The refund call: ARGV[2] the clock as for a decision, then per rule the
 -- same arguments as a decision's, then its refund mark. Replies with one
@@ -299,20 +301,23 @@ if leases then
       if units <= 0 then
         return 0, 0
       end
-      writes[i] = from_us + (cost + units) * interval_us
+      local write = from_us + (cost + units) * interval_us
+      writes[i] = write
+      reply[k - 3], reply[k - 2] = math.floor((interval_us * burst - write) / interval_us), math.ceil(write / 1000)
       return units, lease.ms
     end
     local units = math.min(lease.units, math.floor(reply[k - 3] / 2))
     if units <= 0 then
       return 0, 0
     end
-    local allowed, _, _, _, _, _, plan =
+    local allowed, limit, remaining, reset_after, _, bound, plan =
       windowed_check(KEYS[i], now_ms, cost + units, ARGV[at + 2] + 0, at + 4, ARGV[at + 3] + 0)
     if allowed ~= 1 or not plan then
       return 0, 0
     end
     writes[i] = plan
-    return units, plan.edge - plan.now
+    reply[k - 4], reply[k - 3], reply[k - 2], reply[k] = limit, remaining, reset_after, bound
+    return units, math.min(plan.edge - plan.now, lease.ms)
   end
 end
 
@@ -336,11 +341,12 @@ else
 end
 if penalties then
   -- Every rule that denied on its own starts its penalty, a shadow rule's
-  -- too: it then reports the denials enforcing it would have made.
+  -- too: it then reports the denials enforcing it would have made. A call
+  -- at cost 0 (a lease refresh, a look) denies no request, and starts none.
   local started = 0
   for i, penalty in pairs(penalties) do
     local k = 6 * i
-    if reply[k - 5] == 0 and not penalty.running and not blocked[i] then
+    if reply[k - 5] == 0 and not penalty.running and not blocked[i] and ARGV[first[i] + 1] ~= '0' then
       penalty_start(penalty.key, now_ms, penalty.ms)
       started = started + 2 ^ (i - 1)
       reply[k - 1] = math.max(reply[k - 1], penalty.ms)

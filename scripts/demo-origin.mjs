@@ -2,8 +2,9 @@
 // small page and counts what reached it, so tests can prove that denied
 // requests never did. GET /__origin/hits returns the counts as JSON;
 // /__origin/redirect answers 302 to /landed; `?status=401` (any 200-599)
-// answers that status, to try rules that count only failed requests, and
-// `?delay=300` answers that many milliseconds late (at most 10 s). Every
+// answers that status, to try rules that count only failed requests,
+// `?delay=300` answers that many milliseconds late (at most 10 s), and
+// `?hangup=1` closes the connection unanswered, so that the fetch fails. Every
 // answer says how many body bytes arrived and their SHA-1
 // (x-body-bytes, x-body-sha1), so tests can prove a body went through intact.
 // Paths under /timed/ also keep each arrival's time (epoch ms, fractional):
@@ -45,6 +46,10 @@ const server = http.createServer({ maxHeaderSize: 256 * 1024 }, (req, res) => {
     req.resume();
     res.writeHead(400, { "content-type": "text/plain", "x-demo-origin": "1" });
     res.end("bad request target\n");
+    return;
+  }
+  if (params.get("hangup") === "1") {
+    req.socket.destroy();
     return;
   }
   const asked = Number(params.get("status"));

@@ -35,6 +35,9 @@ pub enum Fault {
     /// Hold the request this long, then forward it as [`Fault::Pass`] would, even if the
     /// client gave up meanwhile: a slow server still does the work.
     Delay(Duration),
+    /// Forward the request at once, then hold upstream's reply this long before relaying
+    /// it: the call took effect upstream long before its caller hears of it.
+    DelayReply(Duration),
     /// Answer with this status and body (`text/html`), never forwarding.
     Status {
         /// The HTTP status.
@@ -237,6 +240,11 @@ async fn serve_client(
             Fault::Delay(hold) => {
                 tokio::time::sleep(*hold).await;
                 (Some(forward(upstream, &request, None).await), Answer::Relay)
+            }
+            Fault::DelayReply(hold) => {
+                let forwarded = forward(upstream, &request, None).await;
+                tokio::time::sleep(*hold).await;
+                (Some(forwarded), Answer::Relay)
             }
             Fault::Token(token) => (
                 Some(forward(upstream, &request, Some(token)).await),

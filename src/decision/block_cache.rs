@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use super::verdict::{Decision, RequestVerdict, Verdict};
+use super::verdict::{Decision, RequestVerdict, Retry, Verdict};
 
 /// Denied requests, keyed by everything that decided them (keys, costs,
 /// policies), with the instant they were decided.
@@ -22,9 +22,14 @@ pub struct BlockCache {
 pub const CAPACITY: usize = 10_000;
 
 /// How long after it was made `decision` is answered from memory, under a
-/// hold of `hold_ms`.
+/// hold of `hold_ms`: a denial without end (a block, a cost beyond the
+/// limit) for the whole hold.
 fn held_for(hold_ms: u64, decision: &Decision) -> u64 {
-    decision.wait_ms().unwrap_or(0).min(hold_ms)
+    match decision.retry() {
+        Some(Retry::Never) => hold_ms,
+        Some(Retry::After { ms }) => ms.min(hold_ms),
+        None => 0,
+    }
 }
 
 impl BlockCache {
@@ -61,9 +66,9 @@ impl BlockCache {
         Some(d)
     }
 
-    /// Remembers a denial made at `now_ms`, if it says when it ends.
+    /// Remembers a denial made at `now_ms` that lasts.
     pub fn remember(&mut self, signature: String, decision: &Decision, now_ms: u64) {
-        if decision.wait_ms().is_none_or(|ms| ms == 0) {
+        if held_for(self.hold_ms, decision) == 0 {
             return;
         }
         if self.entries.len() >= CAPACITY {
@@ -93,7 +98,7 @@ impl BlockCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::verdict::{Retry, RuleState};
+    use crate::decision::verdict::RuleState;
 
     const HOLD: u64 = 60_000;
 
@@ -143,7 +148,7 @@ mod tests {
     }
 
     #[test]
-    fn admissions_and_endless_denials_are_not_cached() {
+    fn admissions_are_not_cached_and_endless_denials_are_for_the_hold() {
         let mut c = BlockCache::new(HOLD);
         c.remember(
             "a".into(),
@@ -153,18 +158,20 @@ mod tests {
             },
             0,
         );
-        c.remember(
-            "n".into(),
-            &Decision {
-                verdict: RequestVerdict::Denied {
-                    binding: 0,
-                    retry: Retry::Never,
-                },
-                ..denied(0)
-            },
-            0,
-        );
         assert!(c.is_empty());
+        let never = Decision {
+            verdict: RequestVerdict::Denied {
+                binding: 0,
+                retry: Retry::Never,
+            },
+            ..denied(0)
+        };
+        c.remember("n".into(), &never, 0);
+        let d = c
+            .lookup("n", HOLD - 1)
+            .expect("a block without end is held");
+        assert_eq!(d.retry(), Some(Retry::Never));
+        assert_eq!(c.lookup("n", HOLD), None, "a cleared block shows by now");
     }
 
     #[test]

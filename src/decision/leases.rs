@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 
 use super::verdict::{OverrideRead, RuleState, Verdict};
+use crate::rules::overrides::BLOCK_TEXT;
 
 /// Keys an isolate tracks at most: a key beyond it gets no lease (exactly
 /// the behaviour without leases) until an idle one is forgotten.
@@ -27,15 +28,20 @@ struct KeyLeases {
     held: Vec<Held>,
     /// The rule's state as the last grant left it, for the headers.
     state: Option<(RuleState, u64)>,
-    /// The override that grant was made under, for the headers too.
+    /// The override that grant was made under (or the latest a call
+    /// read since), for the headers too, and to tell when it changes.
     overridden: Option<OverrideRead>,
     /// When the key was last asked for, and the smoothed gap between asks.
     last_ms: Option<u64>,
     gap_ms: Option<u64>,
-    /// Whether a call asking for a lease (a request's or a refresh) is
+    /// Since when a call asking for a lease (a request's or a refresh) is
     /// in flight: one at a time, so that concurrent requests do not each
-    /// lease what the key's demand wants.
-    asking: bool,
+    /// lease what the key's demand wants. It lapses after
+    /// [`ASK_LAPSE_MS`], answered or not.
+    asking: Option<u64>,
+    /// How many times the key's leases were ended: a grant from a call
+    /// sent before the latest end is void ([`Leases::epoch`]).
+    epoch: u64,
 }
 
 impl KeyLeases {
@@ -43,7 +49,17 @@ impl KeyLeases {
         self.held.retain(|h| h.until_ms > now_ms && h.units > 0);
         self.held.iter().map(|h| h.units).sum()
     }
+
+    fn asking(&self, now_ms: u64) -> bool {
+        self.asking
+            .is_some_and(|since| now_ms.saturating_sub(since) < ASK_LAPSE_MS)
+    }
 }
+
+/// How long an ask holds its key, at most. A call ends within its budget
+/// (30 s at most), so an older ask is one whose request was cancelled
+/// before it could end it: it must not stop the key leasing for good.
+pub const ASK_LAPSE_MS: u64 = 31_000;
 
 /// Every key's leases in one isolate.
 #[derive(Debug, Default)]
@@ -157,15 +173,15 @@ impl Leases {
     /// that [`Leases::answered`] ends.
     pub fn begin_ask(&mut self, key: &str, most: u64, horizon_ms: u64, now_ms: u64) -> u64 {
         let units = self.want(key, most, horizon_ms, now_ms);
-        self.asking(key, units)
+        self.asking(key, units, now_ms)
     }
 
-    /// Starts an ask of `units` for `key` unless one is in flight; the
-    /// units to ask for.
-    fn asking(&mut self, key: &str, units: u64) -> u64 {
+    /// Starts an ask of `units` for `key` at `now_ms` unless one is in
+    /// flight; the units to ask for.
+    fn asking(&mut self, key: &str, units: u64, now_ms: u64) -> u64 {
         match self.keys.get_mut(key) {
-            Some(entry) if units > 0 && !entry.asking => {
-                entry.asking = true;
+            Some(entry) if units > 0 && !entry.asking(now_ms) => {
+                entry.asking = Some(now_ms);
                 units
             }
             _ => 0,
@@ -182,20 +198,38 @@ impl Leases {
         if self.held(key, now_ms) * 2 > demand {
             return 0;
         }
-        self.asking(key, demand)
+        self.asking(key, demand, now_ms)
     }
 
     /// The ask for `key` is over, granted or not.
     pub fn answered(&mut self, key: &str) {
         if let Some(entry) = self.keys.get_mut(key) {
-            entry.asking = false;
+            entry.asking = None;
         }
     }
 
-    /// Drops what `key` holds: a block ends its leases.
-    pub fn clear(&mut self, key: &str) {
-        if let Some(entry) = self.keys.get_mut(key) {
+    /// How many times `key`'s leases were ended so far. A call notes it
+    /// when sent: a grant it brings back after a later end (a block or
+    /// other figures read by a call answered first) may have been decided
+    /// before what ended them, and is void.
+    pub fn epoch(&self, key: &str) -> u64 {
+        self.keys.get(key).map_or(0, |e| e.epoch)
+    }
+
+    /// A call read that `key`'s rule is now under `read` (the override in
+    /// force, `None` for the configured figures): a block, or figures
+    /// other than those its leases were granted under, ends them, lest
+    /// units charged under the old figures be spent under the new.
+    pub fn figures_read(&mut self, key: &str, read: Option<&OverrideRead>) {
+        let Some(entry) = self.keys.get_mut(key) else {
+            return;
+        };
+        let now = read.map_or("", |o| o.text.as_str());
+        let was = entry.overridden.as_ref().map_or("", |o| o.text.as_str());
+        if now == BLOCK_TEXT || now != was {
             entry.held.clear();
+            entry.epoch += 1;
+            entry.overridden = read.cloned();
         }
     }
 
@@ -211,7 +245,7 @@ impl Leases {
             return true;
         }
         self.keys.retain(|_, e| {
-            e.asking
+            e.asking(now_ms)
                 || e.usable(now_ms) > 0
                 || e.last_ms.is_some_and(|l| now_ms.saturating_sub(l) < 60_000)
         });
@@ -279,6 +313,50 @@ mod tests {
         assert_eq!(l.begin_refresh("k", 8, 800, 101), 0);
         l.answered("k");
         assert_eq!(l.begin_ask("k", 8, 800, 101), 4);
+    }
+
+    /// An ask whose request was cancelled never ends: it lapses, so that
+    /// the key leases again.
+    #[test]
+    fn an_ask_left_unanswered_lapses() {
+        let mut l = Leases::new();
+        l.observe("k", 0);
+        l.observe("k", 100);
+        assert_eq!(l.begin_ask("k", 8, 800, 100), 8);
+        assert_eq!(l.begin_refresh("k", 8, 800, 100 + ASK_LAPSE_MS - 1), 0);
+        assert_eq!(l.begin_refresh("k", 8, 800, 100 + ASK_LAPSE_MS), 8);
+    }
+
+    /// Figures other than a key's leases were granted under end them, and
+    /// void what a call sent before brings back; the same figures do not.
+    #[test]
+    fn other_figures_end_the_leases_and_void_earlier_asks() {
+        let read = |text: &str| OverrideRead {
+            rule: 0,
+            source: crate::decision::verdict::OverrideSource::Rule,
+            text: text.to_owned(),
+            ignored: false,
+        };
+        let mut l = Leases::new();
+        l.observe("k", 0);
+        l.grant("k", 5, 1000, 0, (state(5), None));
+        let sent = l.epoch("k");
+        l.figures_read("k", None);
+        assert_eq!((l.held("k", 1), l.epoch("k")), (5, sent));
+        l.figures_read("k", Some(&read("v1 gcra 1 1000 2 1000000")));
+        assert_eq!(l.held("k", 1), 0);
+        assert_ne!(l.epoch("k"), sent, "a grant asked for before is void");
+        l.grant(
+            "k",
+            5,
+            1000,
+            0,
+            (state(5), Some(read("v1 gcra 1 1000 2 1000000"))),
+        );
+        l.figures_read("k", Some(&read("v1 gcra 1 1000 2 1000000")));
+        assert_eq!(l.held("k", 1), 5);
+        l.figures_read("k", Some(&read(BLOCK_TEXT)));
+        assert_eq!(l.held("k", 1), 0);
     }
 
     #[test]

@@ -292,8 +292,9 @@ impl Model {
     /// enforced rule denies, every rule that admits is charged, otherwise
     /// none is and the admitting rules are reported as they stand; either
     /// way, a rule with a penalty that denied on its own (a shadow rule
-    /// too) starts it. A running penalty denies its rule, which is then
-    /// reported at cost 0 with the penalty's time left. Each charge of a
+    /// too) starts it, unless the call costs it nothing. A running penalty
+    /// denies its rule, which is then reported at cost 0 with the
+    /// penalty's time left. Each charge of a
     /// rule with `count_status` is marked for [`Model::refund`]: a GCRA
     /// rule's by the TAT the charge left (us), a windowed rule's by the
     /// charge's time on the key's shifted clock (ms).
@@ -458,7 +459,8 @@ impl Model {
             let Some(ms) = c.rule.penalty_ms else {
                 continue;
             };
-            if !states[i].allowed && left(self, i) == 0 && !read[i].1 {
+            // A call at cost 0 (a refresh, a look) denies no request.
+            if !states[i].allowed && left(self, i) == 0 && !read[i].1 && c.cost > 0 {
                 self.penalties.insert(clients[i].clone(), now_ms + ms);
                 let s = &mut states[i];
                 s.retry_after_ms = Some(s.retry_after_ms.map_or(ms, |r| r.max(ms)));

@@ -222,7 +222,8 @@ pub struct LeaseAsk {
     pub rule: usize,
     /// The most units wanted (at least 1).
     pub units: u64,
-    /// GCRA: how long the lease lasts, ms; windows: 0 (to the bucket's end).
+    /// How long the lease lasts at most, ms; a window's ends with the
+    /// bucket its units are counted in, if that comes first.
     pub for_ms: u64,
 }
 
@@ -654,7 +655,8 @@ impl ScriptCall {
     }
 
     /// What decides the same way wherever it is sent: the keys and every
-    /// argument but the clock. The block cache keys its denials on it.
+    /// argument but the clock, the leases asked for and a rule-wide
+    /// override's time left. The block cache keys its denials on it.
     pub fn signature(&self) -> String {
         let args = match self {
             ScriptCall::Decide(g) => g.args(None, false),
@@ -752,19 +754,20 @@ impl General {
     }
 
     /// `decide`, the clock (empty for Redis's), the mode letters, each
-    /// rule's arguments, then (when `leases` asks for them: a signature
-    /// leaves them out) `lease`, their count and (1-based rule, units, ms)
-    /// triples, then `override`, their count and
-    /// (1-based rule, rule-wide text, its ms left) triples, then `penalty`
-    /// and (1-based rule, ms) pairs.
-    fn args(&self, now_ms: Option<u64>, leases: bool) -> Vec<String> {
+    /// rule's arguments, then (when `whole`: a signature leaves them out)
+    /// `lease`, their count and (1-based rule, units, ms) triples, then
+    /// `override`, their count and (1-based rule, rule-wide text, its ms
+    /// left) triples (a signature leaves the ms left empty: it changes
+    /// every millisecond, the decision does not), then `penalty` and
+    /// (1-based rule, ms) pairs.
+    fn args(&self, now_ms: Option<u64>, whole: bool) -> Vec<String> {
         let modes: String = self.rules.iter().map(|(_, m)| m.letter()).collect();
         let clock = now_ms.map(|n| n.to_string()).unwrap_or_default();
         let mut args = vec!["decide".to_owned(), clock, modes];
         for (rule, _) in &self.rules {
             rule.push_general(&mut args);
         }
-        if leases && !self.leases.is_empty() {
+        if whole && !self.leases.is_empty() {
             args.push("lease".to_owned());
             push_numbers(&mut args, &[self.leases.len() as u64]);
             for l in &self.leases {
@@ -777,7 +780,10 @@ impl General {
             for o in &self.overrides {
                 push_numbers(&mut args, &[o.rule as u64 + 1]);
                 args.push(o.wide.clone());
-                args.push(o.wide_ms.to_string());
+                args.push(match whole {
+                    true => o.wide_ms.to_string(),
+                    false => String::new(),
+                });
             }
         }
         if !self.penalties.is_empty() {
@@ -787,6 +793,18 @@ impl General {
             }
         }
         args
+    }
+
+    /// The longest `ask` may be granted for: its length, and for a window
+    /// no longer than a bucket.
+    fn longest_lease_ms(&self, ask: &LeaseAsk) -> u64 {
+        match self.rules.get(ask.rule).map(|(r, _)| &r.policy) {
+            Some(Policy::Windowed(ws)) => ws
+                .iter()
+                .map(Window::precision_ms)
+                .fold(ask.for_ms, u64::min),
+            _ => ask.for_ms,
+        }
     }
 
     fn modes(&self) -> Vec<Mode> {
@@ -822,6 +840,9 @@ impl General {
             };
             if units > ask.units || (units > 0 && !decision.admitted()) {
                 return Err(malformed(reply, "grants a lease it was not asked for"));
+            }
+            if units > 0 && for_ms > self.longest_lease_ms(ask) {
+                return Err(malformed(reply, "grants a lease longer than it may last"));
             }
             if units > 0 {
                 decision.grants.push(Grant {
@@ -1173,6 +1194,58 @@ mod tests {
         assert_eq!(
             &penalty.args()[3..],
             ["gcra", "1", "60000000", "1", "penalty", "1", "3600000"]
+        );
+    }
+
+    /// A lease reply is checked like the rest: one longer than asked for,
+    /// or than a window's bucket, is malformed (the rule's fail mode),
+    /// never units spendable for as long as it says.
+    #[test]
+    fn a_lease_longer_than_it_may_last_is_a_malformed_reply() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s",
+             "burst": 20},
+            {"name": "w", "key": ["ip"], "algorithm": "windowed", "windows": [["1s", 10, "100ms"]]}
+        ]}))
+        .unwrap();
+        let leasing = |i: usize| {
+            let lease = LeaseAsk {
+                rule: 0,
+                units: 4,
+                for_ms: 500,
+            };
+            ScriptCall::decide_leasing(&[unit_for_a(&c.rules[i])], vec![lease], None)
+        };
+        let reply = |units: u64, ms: u64| json!([1, 20, 10, 1100, 0, 1, units, ms]);
+        let granted = |i: usize, ms: u64| decision(&leasing(i), reply(4, ms));
+        assert_eq!(granted(0, 500).unwrap().grants[0].for_ms, 500);
+        assert!(granted(0, 501).is_err());
+        assert_eq!(granted(1, 100).unwrap().grants[0].for_ms, 100);
+        assert!(granted(1, 101).is_err(), "longer than the 100 ms bucket");
+        // No units granted: the length says nothing.
+        assert!(decision(&leasing(0), reply(0, 0)).is_ok());
+    }
+
+    /// A rule-wide override with an end is sent with its time left, which
+    /// changes every millisecond; a signature leaves that out, or no
+    /// denial under such an override could be answered from the cache.
+    #[test]
+    fn the_signature_leaves_out_a_rule_wide_overrides_time_left() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s",
+             "overrides": true}
+        ]}))
+        .unwrap();
+        let text = "v1 gcra 1 60000 2 60000000";
+        let under = |left_ms: i64, text: &str| {
+            ScriptCall::decide(&[unit_for_a(&c.rules[0])], None)
+                .with_rule_wide(|_| Some((text.to_owned(), left_ms)))
+        };
+        assert_ne!(under(5000, text).args(), under(4999, text).args());
+        assert_eq!(under(5000, text).signature(), under(4999, text).signature());
+        assert_ne!(
+            under(5000, text).signature(),
+            under(5000, crate::rules::overrides::BLOCK_TEXT).signature()
         );
     }
 

@@ -11,6 +11,11 @@ pub const REREAD_MS: u64 = 10_000;
 /// trouble gets one read a second from an isolate, not one per response.
 pub const RETRY_MS: u64 = 1_000;
 
+/// How long a read holds its rule, at most: one still unanswered by then
+/// (its request cancelled before the read could end) must not stop the
+/// isolate reading the rule for good, with a block perhaps in force.
+pub const READ_LAPSE_MS: u64 = REREAD_MS;
+
 /// One rule's override as last read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Held {
@@ -21,8 +26,8 @@ struct Held {
     ends_ms: Option<u64>,
     /// When the next read may start; `None`: at once (never read yet).
     due_ms: Option<u64>,
-    /// Whether a read is in flight.
-    reading: bool,
+    /// Since when a read is in flight.
+    reading: Option<u64>,
 }
 
 /// Every rule's override as this isolate last read it.
@@ -65,16 +70,19 @@ impl RuleWide {
                     text: String::new(),
                     ends_ms: None,
                     due_ms: None,
-                    reading: false,
+                    reading: None,
                 });
                 self.held.len() - 1
             }
         };
         let held = &mut self.held[at];
-        if held.reading || held.due_ms.is_some_and(|due| now_ms < due) {
+        let reading = held
+            .reading
+            .is_some_and(|since| now_ms.saturating_sub(since) < READ_LAPSE_MS);
+        if reading || held.due_ms.is_some_and(|due| now_ms < due) {
             return false;
         }
-        held.reading = true;
+        held.reading = Some(now_ms);
         true
     }
 
@@ -85,7 +93,7 @@ impl RuleWide {
             held.ends_ms = u64::try_from(pttl_ms).ok().map(|ms| read_ms + ms);
             held.text = text;
             held.due_ms = Some(read_ms.saturating_add(REREAD_MS));
-            held.reading = false;
+            held.reading = None;
         }
     }
 
@@ -98,7 +106,7 @@ impl RuleWide {
             text: text.to_owned(),
             ends_ms: None,
             due_ms: Some(u64::MAX),
-            reading: false,
+            reading: None,
         });
     }
 
@@ -106,7 +114,7 @@ impl RuleWide {
     /// was, due again [`RETRY_MS`] later.
     pub fn failed(&mut self, rule: &str, sent_ms: u64) {
         if let Some(held) = self.held.iter_mut().find(|h| h.rule == rule) {
-            held.reading = false;
+            held.reading = None;
             held.due_ms = Some(sent_ms.saturating_add(RETRY_MS));
         }
     }
@@ -139,5 +147,15 @@ mod tests {
             Some(("v1 block".into(), -1))
         );
         assert!(!w.start_read("api", u64::MAX - 1), "held for good");
+    }
+
+    /// A read whose request was cancelled never ends: it lapses, so that
+    /// the isolate reads the rule again.
+    #[test]
+    fn a_read_left_unanswered_lapses() {
+        let mut w = RuleWide::new();
+        assert!(w.start_read("api", 0));
+        assert!(!w.start_read("api", READ_LAPSE_MS - 1));
+        assert!(w.start_read("api", READ_LAPSE_MS));
     }
 }

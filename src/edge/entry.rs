@@ -2,7 +2,12 @@
 //! lets [`Limiter::handle`] decide, and sends the [`Response`] that
 //! [`responses::render`] makes of its outcome.
 
-use std::{cell::RefCell, rc::Rc};
+use std::{
+    cell::RefCell,
+    future::Future,
+    rc::Rc,
+    task::{Poll, Waker},
+};
 
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
@@ -12,8 +17,12 @@ use worker::{
 
 use crate::{
     decision::{
-        block_cache::BlockCache, events::Event, leases::Leases, limiter::Limiter,
-        redis_rest::RestClient, rule_wide::RuleWide,
+        block_cache::BlockCache,
+        events::Event,
+        leases::Leases,
+        limiter::{Handled, LeaseRefresh, Limiter, PendingRefund},
+        redis_rest::RestClient,
+        rule_wide::RuleWide,
     },
     edge::responses::{self, Response, PROBLEM_JSON},
     rules::{
@@ -95,9 +104,18 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
     }
     let now_ms = js_sys::Date::now() as u64;
     let limiter = isolate.limiter();
-    let handled = limiter.handle(&meta, now_ms).await;
-    log(&handled.events);
-    let (response, status) = match responses::render(&handled.outcome, &isolate.config) {
+    let Handled {
+        outcome,
+        events,
+        refund,
+        refresh,
+        reread,
+    } = limiter.handle(&meta, now_ms).await;
+    log(&events);
+    // Before the origin is asked, so that nothing it does, and no
+    // cancelled request, can skip the work or leave its flags set.
+    let origin_status = background(&isolate, &ctx, refund, refresh, reread);
+    let (response, status) = match responses::render(&outcome, &isolate.config) {
         Response::Answer {
             status,
             content_type,
@@ -110,28 +128,93 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
             (with_headers(response, &headers)?, status)
         }
     };
-    let (refund, refresh, reread) = (handled.refund, handled.refresh, handled.reread);
-    if refund.is_some() || refresh.is_some() || !reread.is_empty() {
-        // After the response has gone, never delaying it: charges the
-        // status does not count given back, leases running low asked for
-        // again, rule-wide overrides read again (after a denial too, so that
-        // a cleared block reaches the isolate).
-        let isolate = isolate.clone();
-        ctx.wait_until(async move {
-            let limiter = isolate.limiter();
-            if let Some(refund) = &refund {
-                log(&limiter.refund(refund, status).await);
-            }
-            let now_ms = js_sys::Date::now() as u64;
-            if let Some(refresh) = &refresh {
-                log(&limiter.refresh(refresh, now_ms).await);
-            }
-            if !reread.is_empty() {
-                log(&limiter.reread(&reread, now_ms).await);
-            }
-        });
+    if let Some(sender) = origin_status {
+        sender.send(status);
     }
     Ok(response)
+}
+
+/// Starts the work a request leaves to do in `waitUntil`, never delaying
+/// its response: leases running low asked for again and rule-wide
+/// overrides read again (after a denial too, so that a cleared block
+/// reaches the isolate) at once, beside the origin's fetch; charges the
+/// origin's status does not count given back once it is known. `None`
+/// when there is nothing to do; otherwise where the status goes. A
+/// request whose origin fetch failed, or that was cancelled, keeps its
+/// charges: the origin may have acted on it.
+fn background(
+    isolate: &Rc<Isolate>,
+    ctx: &Context,
+    refund: Option<PendingRefund>,
+    refresh: Option<LeaseRefresh>,
+    reread: Vec<String>,
+) -> Option<StatusSender> {
+    if refund.is_none() && refresh.is_none() && reread.is_empty() {
+        return None;
+    }
+    let (sender, status) = status_channel();
+    let isolate = isolate.clone();
+    ctx.wait_until(async move {
+        let limiter = isolate.limiter();
+        let now_ms = js_sys::Date::now() as u64;
+        if let Some(refresh) = &refresh {
+            log(&limiter.refresh(refresh, now_ms).await);
+        }
+        if !reread.is_empty() {
+            log(&limiter.reread(&reread, now_ms).await);
+        }
+        if let Some(refund) = &refund {
+            if let Some(status) = status.await {
+                log(&limiter.refund(refund, status).await);
+            }
+        }
+    });
+    Some(sender)
+}
+
+/// Where the status of a request's response goes, once known. Dropped
+/// unsent (the origin fetch failed, the request was cancelled) it says
+/// there is none.
+struct StatusSender(Rc<RefCell<StatusSlot>>);
+
+/// A status sent, or its absence, and who waits for it.
+#[derive(Default)]
+struct StatusSlot {
+    sent: Option<Option<u16>>,
+    waiting: Option<Waker>,
+}
+
+impl StatusSender {
+    fn send(self, status: u16) {
+        self.0.borrow_mut().sent = Some(Some(status));
+    }
+}
+
+impl Drop for StatusSender {
+    fn drop(&mut self) {
+        let mut slot = self.0.borrow_mut();
+        slot.sent.get_or_insert(None);
+        if let Some(waker) = slot.waiting.take() {
+            waker.wake();
+        }
+    }
+}
+
+/// A [`StatusSender`] and the status it sends, `None` for none.
+fn status_channel() -> (StatusSender, impl Future<Output = Option<u16>>) {
+    let slot = Rc::new(RefCell::new(StatusSlot::default()));
+    let waiting = slot.clone();
+    let status = std::future::poll_fn(move |cx| {
+        let mut slot = waiting.borrow_mut();
+        match slot.sent {
+            Some(sent) => Poll::Ready(sent),
+            None => {
+                slot.waiting = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    });
+    (StatusSender(slot), status)
 }
 
 impl Isolate {

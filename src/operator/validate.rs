@@ -101,8 +101,8 @@ fn lease_text(policy: &Policy, lease: Lease) -> String {
             lease.units, lease.for_ms
         ),
         Policy::Windowed(_) => format!(
-            ", lease {} units to the bucket's end (the limits allow up to {largest})",
-            lease.units
+            ", lease {} units for {}ms or to the bucket's end if sooner (the limits allow up to {largest})",
+            lease.units, lease.for_ms
         ),
     }
 }
@@ -160,7 +160,7 @@ name = "y"
             describe(&leased),
             [
                 "g: gcra 10/1000ms burst 50, enforce, fail closed, lease 8 units for 1000ms (the burst allows up to 19 for that long)",
-                "w: windowed 21/1000ms by 100ms, enforce, fail closed, lease 4 units to the bucket's end (the limits allow up to 10)"
+                "w: windowed 21/1000ms by 100ms, enforce, fail closed, lease 4 units for 1000ms or to the bucket's end if sooner (the limits allow up to 10)"
             ]
         );
         let of = |env: &str| {

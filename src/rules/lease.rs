@@ -14,7 +14,7 @@ pub const LEASE_SHARE: u64 = 2;
 /// The most units one lease may hold.
 pub const MAX_LEASE_UNITS: u64 = 10_000;
 
-/// How long a GCRA lease lasts when `lease_for` is not given, at most.
+/// How long a lease lasts when `lease_for` is not given, at most.
 pub const DEFAULT_LEASE_FOR_MS: u64 = 1000;
 
 /// A rule's lease: up to `units` charged ahead, spent in the isolate.
@@ -22,9 +22,11 @@ pub const DEFAULT_LEASE_FOR_MS: u64 = 1000;
 pub struct Lease {
     /// The most units one lease may hold.
     pub units: u64,
-    /// GCRA: how long a lease may be spent, ms (its units are accounted as
-    /// arriving at its end). Windows: 0, the lease ending with the bucket
-    /// its units were counted in.
+    /// How long a lease may be spent, ms. GCRA accounts its units as
+    /// arriving at its end; a window's lease also ends with the bucket its
+    /// units were counted in, if that comes first. Either way every lease
+    /// ends within it, so that figures changed meanwhile reach every
+    /// isolate within it too.
     pub for_ms: u64,
 }
 
@@ -36,9 +38,9 @@ fn invalid(field: &str, problem: String) -> PolicyError {
 }
 
 impl Lease {
-    /// A lease of `units` under `policy`, lasting `for_ms` (GCRA only;
-    /// `None` takes the longest the burst allows, at most
-    /// [`DEFAULT_LEASE_FOR_MS`]). The error names `lease` or `lease_for`.
+    /// A lease of `units` under `policy`, lasting at most `for_ms` (`None`
+    /// takes [`DEFAULT_LEASE_FOR_MS`], and for GCRA at most the longest
+    /// the burst allows). The error names `lease` or `lease_for`.
     pub fn new(policy: &Policy, units: u64, for_ms: Option<u64>) -> Result<Lease, PolicyError> {
         if !(1..=MAX_LEASE_UNITS).contains(&units) {
             return Err(invalid(
@@ -46,17 +48,14 @@ impl Lease {
                 format!("must be between 1 and {MAX_LEASE_UNITS} units"),
             ));
         }
+        if for_ms.is_some_and(|ms| ms == 0 || ms > MAX_DURATION_MS) {
+            return Err(invalid("lease_for", "must be between 1ms and 366d".into()));
+        }
         let lease = match policy {
-            Policy::Windowed(_) => {
-                if for_ms.is_some() {
-                    return Err(invalid(
-                        "lease_for",
-                        "applies to GCRA rules only: a windowed rule's lease ends with its bucket"
-                            .into(),
-                    ));
-                }
-                Lease { units, for_ms: 0 }
-            }
+            Policy::Windowed(_) => Lease {
+                units,
+                for_ms: for_ms.unwrap_or(DEFAULT_LEASE_FOR_MS),
+            },
             Policy::Gcra(_) => {
                 let longest_ms = Lease::longest_for_ms(policy, units);
                 if longest_ms == 0 {
@@ -65,13 +64,7 @@ impl Lease {
                         share_text()
                     )));
                 }
-                let for_ms = match for_ms {
-                    Some(ms) => ms,
-                    None => longest_ms.min(DEFAULT_LEASE_FOR_MS),
-                };
-                if for_ms == 0 || for_ms > MAX_DURATION_MS {
-                    return Err(invalid("lease_for", "must be between 1ms and 366d".into()));
-                }
+                let for_ms = for_ms.unwrap_or(longest_ms.min(DEFAULT_LEASE_FOR_MS));
                 if for_ms > longest_ms {
                     return Err(invalid("lease_for", format!(
                         "is longer than the burst allows for a lease of {units} units (at most {longest_ms}ms): a lease's units count as spent at its end"
@@ -178,10 +171,23 @@ mod tests {
             .unwrap(),
         );
         assert_eq!(Lease::largest(&ws, 0), 10);
-        assert_eq!(Lease::new(&ws, 10, None).unwrap().for_ms, 0);
         assert_eq!(Lease::new(&ws, 11, None).unwrap_err().field, "lease");
+    }
+
+    /// A window's lease ends with its bucket, which for a coarse precision
+    /// is up to an hour away: `lease_for` bounds it as it does GCRA's.
+    #[test]
+    fn a_window_lease_lasts_lease_for_at_most() {
+        let hourly = Policy::Windowed(
+            Windows::new(vec![Window::new(3_600_000, 1000, 3_600_000).unwrap()]).unwrap(),
+        );
         assert_eq!(
-            Lease::new(&ws, 1, Some(100)).unwrap_err().field,
+            Lease::new(&hourly, 10, None).unwrap().for_ms,
+            DEFAULT_LEASE_FOR_MS
+        );
+        assert_eq!(Lease::new(&hourly, 10, Some(250)).unwrap().for_ms, 250);
+        assert_eq!(
+            Lease::new(&hourly, 10, Some(0)).unwrap_err().field,
             "lease_for"
         );
     }

@@ -4,8 +4,11 @@
 
 use super::*;
 use crate::{
-    decision::{keys::window_offset, verdict::OverrideRead},
-    rules::{overrides::BLOCK_TEXT, policy::Policy},
+    decision::{
+        keys::window_offset,
+        verdict::{Grant, OverrideRead},
+    },
+    rules::policy::Policy,
 };
 
 /// Leases to ask for after a response, one per key running low. Owned, so
@@ -160,22 +163,19 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             .collect();
         let call = self.call_for(&checks, asks, now_ms);
         let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
+        let epochs = self.epochs(&call);
         let result = run(self.store, &call, budget)
             .await
             .and_then(|r| r.decision());
         self.answered(&call);
-        let keys = call.rule_keys();
         match result {
-            Ok(decision) => {
-                // A refresh is a call too: a block it reads ends the leases.
-                self.end_blocked_leases(&call, &decision);
-                self.keep_grants(&checks, &keys, &decision, now_ms)
-            }
+            // A refresh is a call too: figures it reads end the leases.
+            Ok(mut decision) => self.settle_leases(&checks, &call, &epochs, &mut decision, now_ms),
             Err(error) => checks
                 .iter()
-                .zip(&keys)
+                .zip(call.rule_keys())
                 .map(|((c, _), key)| Event {
-                    key: Some((*key).to_owned()),
+                    key: Some(key.to_owned()),
                     error: Some(error.to_string()),
                     ..Event::new(Action::LeaseFailed, &c.rule.name)
                 })
@@ -183,18 +183,46 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         }
     }
 
-    /// Keeps the leases `decision` granted, sent at `sent_ms`; one
-    /// `lease_grant` event each.
-    pub(super) fn keep_grants(
+    /// Each rule key's lease epoch as `call` is sent (see
+    /// [`Leases::epoch`]), in call order.
+    pub(super) fn epochs(&self, call: &ScriptCall) -> Vec<u64> {
+        let leases = self.leases.borrow();
+        call.rule_keys().iter().map(|k| leases.epoch(k)).collect()
+    }
+
+    /// What `decision`, the answer to `call` (sent at `sent_ms`, its keys
+    /// then at `epochs`), means for this isolate's leases: figures other
+    /// than those a key's leases were granted under (a block, a lowered
+    /// limit) end them; its grants are kept, unless something ended the
+    /// key's leases while the call was out; and where a key holds units,
+    /// the response's `remaining` counts them, as a leased response does.
+    /// One `lease_grant` event per grant kept.
+    pub(super) fn settle_leases(
         &self,
         checks: &[(Check<'c>, Vec<&str>)],
-        keys: &[&str],
-        decision: &Decision,
+        call: &ScriptCall,
+        epochs: &[u64],
+        decision: &mut Decision,
         sent_ms: u64,
     ) -> Vec<Event> {
+        let keys = call.rule_keys();
         let mut leases = self.leases.borrow_mut();
-        decision
+        let current = |leases: &Leases, i: usize| {
+            keys.get(i)
+                .is_some_and(|k| epochs.get(i) == Some(&leases.epoch(k)))
+        };
+        let grants: Vec<Grant> = decision
             .grants
+            .iter()
+            .filter(|g| current(&leases, g.rule))
+            .copied()
+            .collect();
+        for o in &decision.overrides {
+            if let Some(key) = keys.get(o.rule) {
+                leases.figures_read(key, decision.override_of(o.rule));
+            }
+        }
+        let events = grants
             .iter()
             .filter_map(|g| {
                 let (key, state) = (keys.get(g.rule)?, decision.rules.get(g.rule)?);
@@ -207,21 +235,16 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                     ..Event::new(Action::LeaseGrant, &checks.get(g.rule)?.0.rule.name)
                 })
             })
-            .collect()
-    }
-
-    /// Drops the leases of keys whose override blocks them: a block ends
-    /// leases on the isolate's next call.
-    pub(super) fn end_blocked_leases(&self, call: &ScriptCall, decision: &Decision) {
-        let keys = call.rule_keys();
-        let mut leases = self.leases.borrow_mut();
-        for o in &decision.overrides {
-            if o.text == BLOCK_TEXT {
-                if let Some(key) = keys.get(o.rule) {
-                    leases.clear(key);
-                }
-            }
+            .collect();
+        for (state, key) in decision.rules.iter_mut().zip(&keys) {
+            let held = leases.held(key, sent_ms);
+            state.remaining = state.remaining.saturating_add(held).min(state.limit);
         }
+        if decision.admitted() {
+            let modes: Vec<Mode> = checks.iter().map(|(c, _)| c.rule.mode).collect();
+            decision.verdict = Decision::settle(decision.rules.clone(), &modes).verdict;
+        }
+        events
     }
 
     /// Ends the lease asks `call` carried, answered or not.
@@ -237,18 +260,17 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
 
 /// How long a lease of `rule` for `key` granted at `now_ms` would last,
 /// for sizing it from demand: a GCRA lease's length; a window's, until the
-/// current bucket ends (on this isolate's clock, near enough to Redis's
-/// for sizing: the deadline itself always comes from the script).
+/// current bucket ends if sooner (on this isolate's clock, near enough to
+/// Redis's for sizing: the deadline itself always comes from the script).
 fn lease_horizon_ms(rule: &Rule, key: &str, now_ms: u64) -> u64 {
     match (&rule.policy, rule.lease) {
         (_, None) => 0,
         (Policy::Gcra(_), Some(lease)) => lease.for_ms,
-        (Policy::Windowed(ws), Some(_)) => {
+        (Policy::Windowed(ws), Some(lease)) => {
             let shifted = now_ms + window_offset(key, rule.policy.longest_ms());
             ws.iter()
                 .map(|w| w.precision_ms() - shifted % w.precision_ms())
-                .min()
-                .unwrap_or(0)
+                .fold(lease.for_ms, u64::min)
         }
     }
 }

@@ -348,17 +348,17 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             return decided(checks, &call, decision);
         }
         let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
+        let epochs = self.epochs(&call);
         let result = run(self.store, &call, budget)
             .await
             .and_then(|r| r.decision());
         self.answered(&call);
         match result {
-            Ok(decision) => {
+            Ok(mut decision) => {
                 self.cache
                     .borrow_mut()
                     .remember(signature, &decision, now_ms);
-                let granted = self.keep_grants(checks, &call.rule_keys(), &decision, now_ms);
-                self.end_blocked_leases(&call, &decision);
+                let granted = self.settle_leases(checks, &call, &epochs, &mut decision, now_ms);
                 let mut handled = decided(checks, &call, decision);
                 handled.events.extend(granted);
                 handled
