@@ -87,8 +87,7 @@ impl Lease {
     /// for a rule of these figures: the error names `lease` or
     /// `lease_for`.
     pub fn fits(&self, policy: &Policy) -> Result<(), PolicyError> {
-        let for_ms = (self.for_ms > 0).then_some(self.for_ms);
-        Lease::new(policy, self.units, for_ms).map(|_| ())
+        Lease::new(policy, self.units, Some(self.for_ms)).map(|_| ())
     }
 
     /// The most units a fresh client's lease can hold under `policy`,
