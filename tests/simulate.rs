@@ -558,6 +558,75 @@ lease_for = "500ms"
     assert!(text.contains("over any rule's limit    0"), "{text}");
 }
 
+/// `--isolates --latency`: calls run and answered at a distance, so that
+/// a lease can be spent only for what is left of its length once it is
+/// back; one shorter than the round trip is never spent, and every
+/// request makes its call. The README's example log, 40 ms away, stays
+/// within every rule.
+#[test]
+fn isolates_at_a_distance_spend_leases_only_within_their_length() {
+    let dir = temp_dir("latency");
+    let config = dir.join("wrangler.toml");
+    std::fs::write(
+        &config,
+        r#"
+[[vars.LIMITER.rules]]
+name = "hot"
+key = ["ip"]
+algorithm = "gcra"
+rate = 100
+period = "1s"
+burst = 200
+lease = 20
+lease_for = "500ms"
+"#,
+    )
+    .unwrap();
+    // 70 a second from one client for 30 s.
+    let log = dir.join("access.csv");
+    let mut lines = String::from("time,ip,method,path\n");
+    for i in 0..2100u64 {
+        lines.push_str(&format!("{},198.51.100.1,GET,/\n", T0 + i * 1000 / 70));
+    }
+    std::fs::write(&log, lines).unwrap();
+    let replay = |config: &std::path::Path, log: &std::path::Path, latency: &str| {
+        let out = bin()
+            .arg("simulate")
+            .arg(config)
+            .arg("--log")
+            .arg(log)
+            .args(["--isolates", "3", "--latency", latency, "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        report["isolates"].clone()
+    };
+    let near = replay(&config, &log, "0");
+    assert!(near["rest_calls"].as_u64().unwrap() * 5 < 2100, "{near}");
+    // 250, 500 and 750 ms each way: every lease comes back spent.
+    let far = replay(&config, &log, "750");
+    assert_eq!(far["latency_ms"], json!(750), "{far}");
+    assert_eq!(far["rest_calls"], json!(2100), "{far}");
+    for report in [&near, &far] {
+        assert_eq!(report["over_limit"], json!(0), "{report}");
+        assert_eq!(report["errors"], json!(0), "{report}");
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let example = replay(
+        &root.join("examples/wrangler.toml"),
+        &root.join("examples/access.log"),
+        "40",
+    );
+    assert_eq!(example["requests"], json!(1003), "{example}");
+    assert_eq!(example["over_limit"], json!(0), "{example}");
+    assert_eq!(example["errors"], json!(0), "{example}");
+    assert!(
+        example["rest_calls"].as_u64().unwrap() < 1003,
+        "the example's leases are spent: {example}"
+    );
+}
+
 /// `--overrides`: a plan tried on a log, through the script and the model
 /// alike, and through isolates; a client's override goes before the rule's.
 #[test]

@@ -172,6 +172,13 @@ mod cli {
         /// and whether anything went over a limit.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
         isolates: Option<u16>,
+        /// With --isolates: how far from Redis the farthest isolate's calls
+        /// travel each way (isolate k of N: k/N of it), so that requests
+        /// overlap calls in flight and leases are granted and spent at real
+        /// distances.
+        #[arg(long, value_name = "MS", requires = "isolates", default_value_t = 0,
+              value_parser = clap::value_parser!(u64).range(0..=60_000))]
+        latency: u64,
         /// Replay under these overrides: one JSON object a line, e.g.
         /// {"rule": "api", "client": ["key-1"], "rate": 100} (no "client": every client).
         #[arg(long, value_name = "FILE")]
@@ -330,7 +337,7 @@ refusing or out of reach, a log line --strict stops at).";
             progress: Progress::new(size, args.quiet),
             isolates: args
                 .isolates
-                .map(|n| IsolatesReplay::start(&config, n.into()))
+                .map(|n| IsolatesReplay::start(&config, n.into(), args.latency))
                 .transpose()?,
         };
         if let Some(isolates) = &mut heard.isolates {

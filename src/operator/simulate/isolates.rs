@@ -1,15 +1,20 @@
 //! `simulate --isolates N`: the same log replayed a second time through N
 //! simulated isolates, each a worker's own [`Limiter`] with its lease
-//! table and block cache, on a private redis-server of its own. Compared
-//! request by request with the exact replay, it shows what the rules'
-//! leases trade: REST calls saved, requests decided differently, and (from
-//! [`conform::over_limit`]) that nothing went over any rule.
+//! table and block cache, on a private redis-server of its own. With a
+//! latency, each isolate's calls run that far from its requests and are
+//! answered as far again, on the replay's own clock (`timeline`), so
+//! that requests overlap calls in flight and leases are granted and spent
+//! at real distances. Compared request by request with the exact replay,
+//! it shows what the rules' leases trade: REST calls saved, requests
+//! decided differently, and (from [`conform::over_limit`]) that nothing
+//! went over any rule.
 
 use std::{
     cell::{Cell, RefCell},
     collections::HashMap,
     io::{BufReader, Write},
     os::unix::net::UnixStream,
+    rc::Rc,
     time::Duration,
 };
 
@@ -20,7 +25,9 @@ use super::{
     conform,
     engine::{encode_evalsha, loaded, write_client_override, EngineError, Planned, PrivateRedis},
     log::Record,
-    resp, Observer, Replayed,
+    resp,
+    timeline::{Clock, Timeline},
+    Observer, Replayed,
 };
 use crate::{
     decision::{
@@ -31,6 +38,7 @@ use crate::{
         protocol::ScriptRunner,
         redis_rest::{RestError, Script},
         rule_wide::RuleWide,
+        verdict::RuleState,
     },
     rules::{
         config::Config,
@@ -108,6 +116,9 @@ impl ScriptRunner for SocketRunner {
 pub struct IsolatesReport {
     /// Simulated isolates.
     pub isolates: usize,
+    /// How far the farthest isolate's calls travel each way, ms (isolate k
+    /// of N: k/N of it).
+    pub latency_ms: u64,
     /// Requests replayed.
     pub requests: u64,
     /// Script calls the lease replay made (requests', refreshes' and
@@ -127,45 +138,69 @@ pub struct IsolatesReport {
     pub errors: u64,
 }
 
-/// The lease replay, fed each record as the exact replay decides it.
-pub struct IsolatesReplay<'c> {
+/// A charge: when it was decided (its place in the order, and ms), and
+/// its cost.
+type Charged = (u64, u64, u64);
+
+/// What the replay's tasks share: the isolates, Redis, the clock, and
+/// what they charged.
+struct Replay<'c> {
     config: &'c Config,
     runner: SocketRunner,
+    clock: Clock,
     caches: Vec<RefCell<BlockCache>>,
     leases: Vec<RefCell<Leases>>,
     /// The plan's rule-wide overrides, held for the whole replay.
     wide: RefCell<RuleWide>,
+    /// The farthest isolate's distance to Redis, ms each way.
+    latency_ms: u64,
+    /// The order in which requests were decided, at Redis or in an isolate.
+    order: Cell<u64>,
+    /// What each rule charged each client.
+    charged: RefCell<HashMap<(RuleId, String), Vec<Charged>>>,
+    report: RefCell<IsolatesReport>,
+}
+
+/// The lease replay, fed each record as the exact replay decides it.
+pub struct IsolatesReplay<'c> {
+    replay: Rc<Replay<'c>>,
+    /// Requests in flight, and the work after their responses.
+    timeline: Timeline<'c>,
     /// The plan's overrides, whose figures the charges are checked against.
     planned: Vec<Planned>,
-    runtime: tokio::runtime::Runtime,
-    /// What each rule charged each client: (time, cost), in time order.
-    charged: HashMap<(RuleId, String), Vec<(u64, u64)>>,
-    report: IsolatesReport,
 }
 
 impl<'c> IsolatesReplay<'c> {
     /// `isolates` isolates (at least 1) under `config`, on a redis-server
-    /// of their own.
-    pub fn start(config: &'c Config, isolates: usize) -> Result<IsolatesReplay<'c>, EngineError> {
+    /// of their own, the farthest `latency_ms` from it each way.
+    pub fn start(
+        config: &'c Config,
+        isolates: usize,
+        latency_ms: u64,
+    ) -> Result<IsolatesReplay<'c>, EngineError> {
         let isolates = isolates.max(1);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .map_err(EngineError::Io)?;
-        Ok(IsolatesReplay {
+        let replay = Replay {
             config,
             runner: SocketRunner::start()?,
+            clock: Clock::at(0),
             caches: (0..isolates)
                 .map(|_| RefCell::new(BlockCache::new(config.cache_hold_ms)))
                 .collect(),
             leases: (0..isolates).map(|_| RefCell::new(Leases::new())).collect(),
             wide: RefCell::new(RuleWide::new()),
-            planned: vec![],
-            runtime,
-            charged: HashMap::new(),
-            report: IsolatesReport {
+            latency_ms,
+            order: Cell::new(0),
+            charged: RefCell::new(HashMap::new()),
+            report: RefCell::new(IsolatesReport {
                 isolates,
+                latency_ms,
                 ..IsolatesReport::default()
-            },
+            }),
+        };
+        Ok(IsolatesReplay {
+            replay: Rc::new(replay),
+            timeline: Timeline::new(),
+            planned: vec![],
         })
     }
 
@@ -176,97 +211,38 @@ impl<'c> IsolatesReplay<'c> {
         for o in overrides {
             match &o.client {
                 Some(id) => {
-                    let mut conn = self.runner.conn.borrow_mut();
+                    let mut conn = self.replay.runner.conn.borrow_mut();
                     write_client_override(&mut conn, &o.rule, id, &o.text)?;
                 }
-                None => self.wide.borrow_mut().hold(&o.rule, &o.text),
+                None => self.replay.wide.borrow_mut().hold(&o.rule, &o.text),
             }
         }
         Ok(())
     }
 
-    /// The isolate a request reaches: a location spreads requests over its
-    /// isolates whoever sends them, so each goes to one picked from its
-    /// line, the same on every run.
-    fn isolate_of(&self, record: &Record) -> usize {
-        let mut h = record.line.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        h ^= h >> 29;
-        (h % self.leases.len() as u64) as usize
-    }
-
-    /// Decides `record` as the lease replay, and records its charges.
-    fn replay(&mut self, record: &Record) -> Option<bool> {
-        let i = self.isolate_of(record);
-        let limiter = Limiter {
-            config: self.config,
-            store: &self.runner,
-            cache: &self.caches[i],
-            leases: &self.leases[i],
-            wide: &self.wide,
-            pinned: true,
-        };
-        let now = record.time_ms;
-        let before = self.runner.calls.get();
-        let handled = self.runtime.block_on(limiter.handle(&record.request, now));
-        if let Some(refresh) = &handled.refresh {
-            self.runtime.block_on(limiter.refresh(refresh, now));
-        }
-        if let (Some(refund), Some(status)) = (&handled.refund, record.status) {
-            self.runtime.block_on(limiter.refund(refund, status));
-        }
-        self.report.rest_calls += self.runner.calls.get() - before;
-        let admitted = match &handled.outcome {
-            Outcome::Forward(Forward::Admitted(decided)) => {
-                self.charge(record, &decided.decision.rules);
-                true
-            }
-            Outcome::Forward(_) => true,
-            Outcome::Unavailable => {
-                self.report.errors += 1;
-                return None;
-            }
-            Outcome::Deny(_) | Outcome::Refuse { .. } => false,
-        };
-        Some(admitted)
-    }
-
-    /// Notes what an admitted request charged each rule that admitted it;
-    /// rules that give charges back by status are left out of the check.
-    fn charge(&mut self, record: &Record, states: &[crate::decision::verdict::RuleState]) {
-        let Ok(selection) = select(self.config, &record.request) else {
-            return;
-        };
-        let methods = record.request.methods();
-        for ((rule_id, rule, id), state) in selection.rules.iter().zip(states) {
-            let cost = rule.cost.for_methods(&methods);
-            if !state.admitted() || cost == 0 || !rule.count_status.is_empty() {
-                continue;
-            }
-            let parts: Vec<&str> = id.iter().map(|p| p.as_ref()).collect();
-            let key = redis_key(&rule.name, &parts);
-            self.charged
-                .entry((*rule_id, key))
-                .or_default()
-                .push((record.time_ms, cost));
-        }
-    }
-
-    /// The report, once every record was replayed: each client's charges
-    /// checked against the figures in force for it.
+    /// The report, once every request in flight was answered: each
+    /// client's charges checked against the figures in force for it.
     pub fn finish(mut self) -> IsolatesReport {
-        for ((rule_id, key), charged) in &self.charged {
-            let Some(rule) = self.config.rule(*rule_id) else {
+        self.timeline.run_until(&self.replay.clock, u64::MAX);
+        let mut report = self.replay.report.borrow().clone();
+        report.rest_calls = self.replay.runner.calls.get();
+        for ((rule_id, key), charged) in self.replay.charged.borrow_mut().iter_mut() {
+            let Some(rule) = self.replay.config.rule(*rule_id) else {
                 continue;
             };
+            // In the order they were decided, which calls in flight mix.
+            charged.sort_unstable();
+            let charged: Vec<(u64, u64)> =
+                charged.iter().map(|&(_, ms, cost)| (ms, cost)).collect();
             let offset = window_offset(key, rule.policy.longest_ms());
-            self.report.over_limit += match self.in_force(rule, key) {
-                Some(Override::Figures(figures)) => conform::over_limit(&figures, offset, charged),
+            report.over_limit += match self.in_force(rule, key) {
+                Some(Override::Figures(figures)) => conform::over_limit(&figures, offset, &charged),
                 // A blocked client may be charged nothing.
                 Some(Override::Block) => charged.len() as u64,
-                None => conform::over_limit(&rule.policy, offset, charged),
+                None => conform::over_limit(&rule.policy, offset, &charged),
             };
         }
-        self.report
+        report
     }
 
     /// The plan's override for the client of state key `key` on `rule`:
@@ -287,22 +263,173 @@ impl<'c> IsolatesReplay<'c> {
     }
 }
 
+impl<'c> Replay<'c> {
+    /// The isolate a request reaches: a location spreads requests over its
+    /// isolates whoever sends them, so each goes to one picked from its
+    /// line, the same on every run.
+    fn isolate_of(&self, record: &Record) -> usize {
+        let mut h = record.line.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^= h >> 29;
+        (h % self.leases.len() as u64) as usize
+    }
+
+    /// Isolate `i`'s limiter, its calls made through `store`.
+    fn limiter<'s, S>(&'s self, i: usize, store: &'s S) -> Limiter<'c, 's, S> {
+        Limiter {
+            config: self.config,
+            store,
+            cache: &self.caches[i],
+            leases: &self.leases[i],
+            wide: &self.wide,
+            pinned: true,
+        }
+    }
+
+    fn next(&self) -> u64 {
+        self.order.set(self.order.get() + 1);
+        self.order.get()
+    }
+
+    /// Decides `record` as the lease replay, from its arrival to the end
+    /// of the work after its response, and notes how that differs from
+    /// the exact replay's verdict (`exact`: admitted).
+    async fn replay(&self, record: Record, exact: bool) {
+        let i = self.isolate_of(&record);
+        let far = Far::new(self, i);
+        let now = self.clock.now_ms();
+        let handled = self.limiter(i, &far).handle(&record.request, now).await;
+        let admitted = match &handled.outcome {
+            Outcome::Forward(Forward::Admitted(decided)) => {
+                // At Redis when a call decided it, else here and now.
+                let at = far.ran.get().unwrap_or_else(|| (self.next(), now));
+                self.charge(&record, &decided.decision.rules, at);
+                true
+            }
+            Outcome::Forward(_) => true,
+            Outcome::Unavailable => {
+                self.report.borrow_mut().errors += 1;
+                return;
+            }
+            Outcome::Deny(_) | Outcome::Refuse { .. } => false,
+        };
+        {
+            let mut report = self.report.borrow_mut();
+            match (exact, admitted) {
+                (true, false) => report.denied_only_with_leases += 1,
+                (false, true) => report.admitted_only_with_leases += 1,
+                _ => {}
+            }
+        }
+        // The work after the response, as `waitUntil` runs it.
+        if let Some(refresh) = &handled.refresh {
+            let far = Far::new(self, i);
+            let now = self.clock.now_ms();
+            self.limiter(i, &far).refresh(refresh, now).await;
+        }
+        if let (Some(refund), Some(status)) = (&handled.refund, record.status) {
+            let far = Far::new(self, i);
+            self.limiter(i, &far).refund(refund, status).await;
+        }
+    }
+
+    /// Notes what an admitted request charged each rule that admitted it,
+    /// decided `at` (order, ms); rules that give charges back by status are
+    /// left out of the check.
+    fn charge(&self, record: &Record, states: &[RuleState], (order, ms): (u64, u64)) {
+        let Ok(selection) = select(self.config, &record.request) else {
+            return;
+        };
+        let methods = record.request.methods();
+        let mut charged = self.charged.borrow_mut();
+        for ((rule_id, rule, id), state) in selection.rules.iter().zip(states) {
+            let cost = rule.cost.for_methods(&methods);
+            if !state.admitted() || cost == 0 || !rule.count_status.is_empty() {
+                continue;
+            }
+            let parts: Vec<&str> = id.iter().map(|p| p.as_ref()).collect();
+            let key = redis_key(&rule.name, &parts);
+            charged
+                .entry((*rule_id, key))
+                .or_default()
+                .push((order, ms, cost));
+        }
+    }
+}
+
+/// The script as isolate `i` reaches it: each call run its distance after
+/// it was sent (at that instant of the pinned clock), and answered as far
+/// again.
+struct Far<'r, 'c> {
+    replay: &'r Replay<'c>,
+    /// Each way, ms.
+    distance_ms: u64,
+    /// When the last decision ran at Redis: (order, ms).
+    ran: Cell<Option<(u64, u64)>>,
+}
+
+impl<'r, 'c> Far<'r, 'c> {
+    /// Isolate `i` of N: i + 1 N-ths of the replay's latency away.
+    fn new(replay: &'r Replay<'c>, i: usize) -> Far<'r, 'c> {
+        let n = replay.leases.len() as u64;
+        Far {
+            replay,
+            distance_ms: replay.latency_ms * (i as u64 + 1) / n,
+            ran: Cell::new(None),
+        }
+    }
+}
+
+impl ScriptRunner for Far<'_, '_> {
+    async fn eval(
+        &self,
+        script: &Script,
+        keys: &[String],
+        args: &[String],
+        budget: Duration,
+    ) -> Result<Value, RestError> {
+        let clock = &self.replay.clock;
+        clock.sleep(self.distance_ms).await;
+        let mut args = args.to_vec();
+        let now = clock.now_ms();
+        if args[0] == "decide" && !args[1].is_empty() {
+            args[1] = now.to_string();
+        }
+        // The private redis-server answers at once: no time passes.
+        let reply = self.replay.runner.eval(script, keys, &args, budget).await;
+        self.ran.set(Some((self.replay.next(), now)));
+        clock.sleep(self.distance_ms).await;
+        reply
+    }
+
+    async fn commands(
+        &self,
+        commands: &[Vec<String>],
+        budget: Duration,
+    ) -> Result<Vec<Result<Value, RestError>>, RestError> {
+        let clock = &self.replay.clock;
+        clock.sleep(self.distance_ms).await;
+        let replies = self.replay.runner.commands(commands, budget).await;
+        clock.sleep(self.distance_ms).await;
+        replies
+    }
+}
+
 impl Observer for IsolatesReplay<'_> {
     fn verdict(&mut self, record: &Record, verdict: Replayed<'_>) {
-        self.report.requests += 1;
         let exact = match verdict {
             Replayed::Unmatched => true,
             Replayed::Refused(_) => false,
             Replayed::Decided(d) => {
-                self.report.rest_calls_without_leases += 1;
+                self.replay.report.borrow_mut().rest_calls_without_leases += 1;
                 d.admitted()
             }
         };
-        match (exact, self.replay(record)) {
-            (true, Some(false)) => self.report.denied_only_with_leases += 1,
-            (false, Some(true)) => self.report.admitted_only_with_leases += 1,
-            _ => {}
-        }
+        self.replay.report.borrow_mut().requests += 1;
+        // Whatever was due before this request arrives happens first.
+        self.timeline.run_until(&self.replay.clock, record.time_ms);
+        let (replay, record) = (self.replay.clone(), record.clone());
+        self.timeline
+            .spawn(async move { replay.replay(record, exact).await });
     }
 }
 
@@ -314,12 +441,16 @@ impl IsolatesReport {
             r => n as f64 / r as f64,
         };
         format!(
-            "\nWith leases, through {} isolates:\n  \
+            "\nWith leases, through {} isolates{}:\n  \
              REST calls per request   {:.3} ({} for {} requests; {:.3} without leases)\n  \
              denied only with leases  {}\n  \
              admitted only with leases {}\n  \
              over any rule's limit    {} (checked apart from the script)\n{}",
             self.isolates,
+            match self.latency_ms {
+                0 => String::new(),
+                ms => format!(" up to {ms} ms from Redis each way"),
+            },
             per(self.rest_calls),
             self.rest_calls,
             self.requests,

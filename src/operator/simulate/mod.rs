@@ -15,6 +15,7 @@ pub mod log;
 pub mod plot;
 pub mod report;
 mod resp;
+mod timeline;
 
 use std::{collections::VecDeque, io::BufRead};
 

@@ -1,0 +1,749 @@
+//! One run of a case: its isolates' requests on a timeline, each call
+//! delayed each way, the after-response work, the operator's changes and
+//! the adversary's requests, and what all of them did, for the checker.
+
+use std::{
+    cell::{Cell, RefCell},
+    collections::HashMap,
+    future::Future,
+    pin::Pin,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use edge_limiter::{
+    decision::{
+        block_cache::BlockCache,
+        events::{Action, Event},
+        leases::Leases,
+        limiter::{Forward, Handled, Limiter, Outcome},
+        model::Model,
+        protocol::{Check, ScriptRunner},
+        redis_rest::{RestClient, RestError, Script},
+        rule_wide::RuleWide,
+    },
+    operator::limits,
+    rules::{
+        config::Config, overrides::Override, policy::Policy, request::RequestMeta, rule::Rule,
+    },
+};
+use serde_json::Value;
+
+use crate::{
+    draw::{Arrival, Case, Change, ChangeDraw, Timeline},
+    support::Backend,
+};
+
+/// What an operator stored, as the checker reads it: an override or none.
+pub type Stored = Option<Override>;
+
+/// One admission's charge to one rule.
+#[derive(Debug, Clone)]
+pub struct Charged {
+    /// Its place in the order things happened at Redis and in the isolates.
+    pub seq: u64,
+    pub rule: usize,
+    /// When it was counted (see `conform::Charge`), ms.
+    pub from_ms: u64,
+    pub to_ms: u64,
+    pub cost: u64,
+    /// Decided from leased units, not by a call.
+    pub leased: bool,
+    pub isolate: usize,
+    /// Its place in the order when its isolate sent the call.
+    pub sent_seq: u64,
+}
+
+/// A write of an override key, and when it ran.
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub seq: u64,
+    pub from_ms: u64,
+    pub to_ms: u64,
+    pub stored: Stored,
+}
+
+/// An isolate's copy of a rule-wide override, from a read that returned.
+#[derive(Debug, Clone)]
+pub struct View {
+    pub seq: u64,
+    pub ms: u64,
+    pub stored: Stored,
+}
+
+/// A penalty started: its rule, and the span (ms) and place in the order
+/// of the call that started it.
+#[derive(Debug, Clone, Copy)]
+pub struct Penalty {
+    pub rule: usize,
+    pub from_ms: u64,
+    pub to_ms: u64,
+    pub seq: u64,
+}
+
+/// What a run saw.
+#[derive(Debug, Default)]
+pub struct Seen {
+    pub charged: Vec<Charged>,
+    /// Per rule: the client's override key's writes, in order.
+    pub own: Vec<Vec<Written>>,
+    /// Per rule: the rule-wide key's writes, in order.
+    pub wide: Vec<Vec<Written>>,
+    /// Per isolate, per rule: its copies of the rule-wide override.
+    pub views: Vec<Vec<Vec<View>>>,
+    pub penalties: Vec<Penalty>,
+    pub requests: u64,
+    /// Requests decided from leases.
+    pub local: u64,
+    /// Of them, the case's own (not the adversary's).
+    pub drawn: u64,
+    pub drawn_local: u64,
+    /// Script calls that decided (requests' and refreshes').
+    pub decides: u64,
+    /// Requests undecided (a Redis error).
+    pub errors: u64,
+    /// Requests the model decided otherwise (leases off only).
+    pub disagreements: Vec<String>,
+    /// Per isolate and rule, the leased units the README allows it to
+    /// spend: each grant's (deadline, units), the deadline counted from
+    /// the sending of the call that brought it.
+    ledger: HashMap<(usize, usize), Vec<(u64, u64)>>,
+    /// Requests decided from units the ledger does not hold.
+    pub unbacked: Vec<String>,
+}
+
+impl Seen {
+    /// Keeps the leases `events` report, brought to isolate `i` by a call
+    /// sent at `sent_ms`.
+    fn keep(&mut self, i: usize, events: &[Event], sent_ms: u64) {
+        for e in events.iter().filter(|e| e.action == Action::LeaseGrant) {
+            let (Some(units), Some(ms)) = (e.units, e.lease_ms) else {
+                continue;
+            };
+            let held = self.ledger.entry((i, index_of(&e.rule))).or_default();
+            held.push((sent_ms + ms, units));
+            held.sort();
+        }
+    }
+
+    /// Spends `cost` of rule `j`'s units at isolate `i` at `at_ms`,
+    /// earliest deadline first; whether the ledger held them.
+    fn spend(&mut self, i: usize, j: usize, cost: u64, at_ms: u64) -> bool {
+        let held = self.ledger.entry((i, j)).or_default();
+        held.retain(|&(until, units)| until > at_ms && units > 0);
+        if held.iter().map(|(_, units)| units).sum::<u64>() < cost {
+            return false;
+        }
+        let mut due = cost;
+        for (_, units) in held.iter_mut() {
+            let take = due.min(*units);
+            *units -= take;
+            due -= take;
+        }
+        true
+    }
+}
+
+/// The index of rule `rN`.
+pub fn index_of(name: &str) -> usize {
+    name[1..].parse().expect("rules are named r0, r1...")
+}
+
+fn rule_index(rule: &Rule) -> usize {
+    index_of(&rule.name)
+}
+
+/// One run of a case: its clock, Redis, and what it saw.
+struct Run<'a> {
+    timeline: Timeline,
+    /// The virtual clock's start, and its time then (ms).
+    start: tokio::time::Instant,
+    t0: u64,
+    client: &'a RestClient,
+    /// The runtime the client's calls run on.
+    rest_runtime: &'a tokio::runtime::Runtime,
+    config: &'a Config,
+    case: &'a Case,
+    ip: String,
+    seq: Cell<u64>,
+    rng: Cell<u64>,
+    /// Surges left (see [`Run::surge`]).
+    surges: Cell<u64>,
+    seen: RefCell<Seen>,
+    /// With leases off: the reference model, deciding each call as it runs.
+    model: Option<RefCell<Model>>,
+}
+
+impl<'a> Run<'a> {
+    fn now_ms(&self) -> u64 {
+        match self.timeline {
+            Timeline::Pinned => self.t0 + self.start.elapsed().as_millis() as u64,
+            Timeline::Redis => SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .expect("after 1970")
+                .as_millis() as u64,
+        }
+    }
+
+    async fn sleep_until(&self, at_ms: u64) {
+        self.sleep(at_ms.saturating_sub(self.now_ms())).await;
+    }
+
+    async fn sleep(&self, ms: u64) {
+        if ms > 0 {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.seq.set(self.seq.get() + 1);
+        self.seq.get()
+    }
+
+    /// A call's time one way: between half of `most_ms` and all of it.
+    fn latency(&self, most_ms: u64) -> u64 {
+        // xorshift64*: plenty for spreading latencies.
+        let mut x = self.rng.get().max(1);
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng.set(x);
+        let r = x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11;
+        most_ms / 2 + r % (most_ms - most_ms / 2 + 1)
+    }
+
+    /// Runs `call` against Redis to its end on a thread of its own while
+    /// this one waits: so no time passes on the virtual clock, and every
+    /// isolate's calls reach Redis one at a time, in the timeline's order.
+    fn redis<T: Send, F: Future<Output = T>>(
+        &self,
+        call: impl FnOnce(&'a RestClient) -> F + Send,
+    ) -> T {
+        let (client, runtime) = (self.client, self.rest_runtime);
+        std::thread::scope(|s| {
+            s.spawn(move || runtime.block_on(call(client)))
+                .join()
+                .expect("the Redis thread")
+        })
+    }
+
+    /// Requests from the isolates other than `i` (from `i` if alone) that
+    /// reach Redis about `at_ms` and fill the tightest rule, while the
+    /// case's surges last.
+    fn surge(&self, i: usize, at_ms: u64) -> Vec<(Arrival, u64)> {
+        if self.surges.get() == 0 {
+            return vec![];
+        }
+        self.surges.set(self.surges.get() - 1);
+        let n = self.case.isolates.len();
+        let rules = self.config.rules.iter();
+        let fill = rules.map(|r| r.policy.capacity() / r.cost.for_method("GET"));
+        (0..fill.min().unwrap_or(0) + 2)
+            .map(|k| {
+                let isolate = match n {
+                    1 => i,
+                    n => (i + 1 + k as usize % (n - 1)) % n,
+                };
+                let up = self.case.isolates[isolate].up_ms;
+                let arrival = Arrival {
+                    wait: 0,
+                    isolate,
+                    post: false,
+                };
+                (arrival, at_ms.saturating_sub(up / 2 + 1))
+            })
+            .collect()
+    }
+
+    /// The rule-wide override stored for `rule` just before `seq`.
+    fn wide_at(&self, rule: usize, seq: u64) -> Stored {
+        let seen = self.seen.borrow();
+        let writes = seen.wide[rule].iter().take_while(|w| w.seq < seq);
+        writes.last().and_then(|w| w.stored.clone())
+    }
+
+    /// Isolate `i`'s copy of `rule`'s rule-wide override just before `seq`.
+    fn view_at(&self, i: usize, rule: usize, seq: u64) -> Stored {
+        let seen = self.seen.borrow();
+        let held = seen.views[i][rule].iter().take_while(|v| v.seq < seq);
+        held.last().and_then(|v| v.stored.clone())
+    }
+
+    /// Notes what request `arrival` (sent at `now`, `sent_seq` in the
+    /// order) was decided: its charges and their figures' checks, the
+    /// penalties it started, and the model's verdict beside it.
+    fn record(
+        &self,
+        arrival: &Arrival,
+        (now, sent_seq): (u64, u64),
+        link: &Link<'_, '_>,
+        handled: &Handled<'_>,
+        leads: bool,
+    ) {
+        let i = arrival.isolate;
+        let ran = link.ran.get();
+        let methods = method(arrival.post);
+        let mut seen = self.seen.borrow_mut();
+        seen.keep(i, &handled.events, now);
+        seen.requests += 1;
+        seen.drawn += u64::from(leads);
+        let admitted = match &handled.outcome {
+            Outcome::Forward(Forward::Admitted(decided)) => {
+                let (from_ms, to_ms, seq, leased) = match ran {
+                    Some((from, to, seq)) => (from, to, seq, false),
+                    None => (now, now, self.next_seq(), true),
+                };
+                seen.local += u64::from(leased);
+                seen.drawn_local += u64::from(leased && leads);
+                for (rule, state) in decided.rules.iter().zip(&decided.decision.rules) {
+                    let (j, cost) = (rule_index(rule), rule.cost.for_method(methods));
+                    if leased && !seen.spend(i, j, cost, now) {
+                        seen.unbacked.push(format!(
+                            "isolate {i} decided a request at {now} from rule {}'s leases, \
+                             which held no {cost} units granted and spendable then",
+                            rule.name
+                        ));
+                    }
+                    if state.admitted() && cost > 0 {
+                        seen.charged.push(Charged {
+                            seq,
+                            rule: j,
+                            from_ms,
+                            to_ms,
+                            cost,
+                            leased,
+                            isolate: i,
+                            sent_seq,
+                        });
+                    }
+                }
+                true
+            }
+            Outcome::Deny(decided) => {
+                if let Some((from_ms, to_ms, seq)) = ran {
+                    for &j in &decided.decision.penalties_started {
+                        let rule = rule_index(decided.rules[j]);
+                        seen.penalties.push(Penalty {
+                            rule,
+                            from_ms,
+                            to_ms,
+                            seq,
+                        });
+                    }
+                }
+                false
+            }
+            _ => {
+                seen.errors += 1;
+                return;
+            }
+        };
+        if let Some(model) = link.model_admitted.get().filter(|&m| m != admitted) {
+            let verdict = |admitted| if admitted { "admitted" } else { "denied" };
+            seen.disagreements.push(format!(
+                "request at {now} (isolate {i}, {methods}): the script {}, the model {}",
+                verdict(admitted),
+                verdict(model),
+            ));
+        }
+    }
+}
+
+fn method(post: bool) -> &'static str {
+    if post {
+        "POST"
+    } else {
+        "GET"
+    }
+}
+
+/// The script's runner for one request's (or after-response task's) calls
+/// from one isolate: each call sent now, run after the way there and
+/// answered after the way back. On the pinned timeline the call runs at
+/// the instant it reaches Redis, as a call on Redis's clock does.
+struct Link<'r, 'a> {
+    run: &'r Run<'a>,
+    isolate: usize,
+    /// The request's method and its place in the order when sent, for
+    /// the model.
+    request: Option<(bool, u64)>,
+    /// The last call's span (ms) and its place in the order.
+    ran: Cell<Option<(u64, u64, u64)>>,
+    /// What the model decided for the last call (leases off).
+    model_admitted: Cell<Option<bool>>,
+}
+
+impl<'r, 'a> Link<'r, 'a> {
+    fn new(run: &'r Run<'a>, isolate: usize) -> Self {
+        Link {
+            run,
+            isolate,
+            request: None,
+            ran: Cell::new(None),
+            model_admitted: Cell::new(None),
+        }
+    }
+
+    /// The model's decision for this request at `now_ms` (the script's
+    /// clock), under the rule-wide overrides its isolate sent.
+    fn model(&self, now_ms: u64) {
+        let (Some(model), Some((post, sent_seq))) = (&self.run.model, self.request) else {
+            return;
+        };
+        let mut model = model.borrow_mut();
+        let config = self.run.config;
+        for (j, rule) in config.rules.iter().enumerate() {
+            let wide = self.run.view_at(self.isolate, j, sent_seq);
+            model.set_rule_wide(&rule.name, wide.map(|o| o.to_text()).as_deref());
+        }
+        let checks: Vec<(Check<'_>, Vec<&str>)> = config
+            .rules
+            .iter()
+            .map(|rule| {
+                let cost = rule.cost.for_method(method(post));
+                (Check { rule, cost }, vec![self.run.ip.as_str()])
+            })
+            .collect();
+        let decision = model.decide(&checks, now_ms);
+        self.model_admitted.set(Some(decision.admitted()));
+    }
+}
+
+impl ScriptRunner for Link<'_, '_> {
+    async fn eval(
+        &self,
+        script: &Script,
+        keys: &[String],
+        args: &[String],
+        budget: Duration,
+    ) -> Result<Value, RestError> {
+        let run = self.run;
+        let way = run.case.isolates[self.isolate];
+        run.sleep(run.latency(way.up_ms)).await;
+        let mut args = args.to_vec();
+        let from_ms = run.now_ms();
+        if run.timeline == Timeline::Pinned && args[0] == "decide" {
+            args[1] = from_ms.to_string();
+        }
+        let reply = run.redis(|client| async move {
+            client
+                .run_script(script, keys, &args, unhurried(budget))
+                .await
+        });
+        let to_ms = run.now_ms();
+        // Every script call decides: the rule-wide read is plain commands.
+        run.seen.borrow_mut().decides += 1;
+        self.model(from_ms);
+        self.ran.set(Some((from_ms, to_ms, run.next_seq())));
+        run.sleep(run.latency(way.down_ms)).await;
+        reply
+    }
+
+    /// The rule-wide read, as far away as the isolate's decisions.
+    async fn commands(
+        &self,
+        commands: &[Vec<String>],
+        budget: Duration,
+    ) -> Result<Vec<Result<Value, RestError>>, RestError> {
+        let run = self.run;
+        let way = run.case.isolates[self.isolate];
+        run.sleep(run.latency(way.up_ms)).await;
+        let from_ms = run.now_ms();
+        let replies = run.redis(|client| async move {
+            client.pipeline(commands, unhurried(budget)).await
+        });
+        self.ran.set(Some((from_ms, run.now_ms(), run.next_seq())));
+        run.sleep(run.latency(way.down_ms)).await;
+        replies
+    }
+}
+
+/// A loaded machine must not time a call out: the budget is not what this
+/// test is about.
+fn unhurried(budget: Duration) -> Duration {
+    budget.max(Duration::from_secs(10))
+}
+
+/// The isolates' own state.
+struct Isolates {
+    caches: Vec<RefCell<BlockCache>>,
+    leases: Vec<RefCell<Leases>>,
+    wide: Vec<RefCell<RuleWide>>,
+}
+
+impl Isolates {
+    fn new(n: usize, hold_ms: u64) -> Isolates {
+        Isolates {
+            caches: (0..n)
+                .map(|_| RefCell::new(BlockCache::new(hold_ms)))
+                .collect(),
+            leases: (0..n).map(|_| RefCell::new(Leases::new())).collect(),
+            wide: (0..n).map(|_| RefCell::new(RuleWide::new())).collect(),
+        }
+    }
+
+    /// Isolate `i`'s limiter, its calls made through `store`.
+    fn limiter<'c, 's, S>(&'s self, run: &Run<'c>, i: usize, store: &'s S) -> Limiter<'c, 's, S> {
+        Limiter {
+            config: run.config,
+            store,
+            cache: &self.caches[i],
+            leases: &self.leases[i],
+            wide: &self.wide[i],
+            pinned: run.timeline == Timeline::Pinned,
+        }
+    }
+}
+
+/// A lease brought back to an isolate.
+#[derive(Debug, Clone, Copy)]
+struct Grant {
+    units: u64,
+    /// Its last instant, counted from the call's sending.
+    last_ms: u64,
+    /// Just before its length after the reply came: past its end.
+    late_ms: u64,
+}
+
+/// The leases `events` report granted by a call sent at `sent_ms` and
+/// answered at `reply_ms`.
+fn grants(events: &[Event], sent_ms: u64, reply_ms: u64) -> Vec<Grant> {
+    events
+        .iter()
+        .filter(|e| e.action == Action::LeaseGrant)
+        .filter_map(|e| {
+            let ms = e.lease_ms?;
+            Some(Grant {
+                units: e.units?,
+                last_ms: (sent_ms + ms).saturating_sub(1),
+                late_ms: (reply_ms + ms).saturating_sub(2),
+            })
+        })
+        .collect()
+}
+
+/// Requests sent at each instant a grant's units may run out, at most.
+const FOLLOWERS: u64 = 8;
+
+/// A request's or a change's part of a run.
+type Task<'t> = Pin<Box<dyn Future<Output = ()> + 't>>;
+
+/// One request, from its arrival to the end of its after-response work.
+/// A request that `leads` (one of the case's own, when it has an
+/// adversary) has each lease it brings back spent at its last instant
+/// (half its units, at its length after the call was sent) and the rest
+/// just past it (its length after the reply came), which a correct
+/// isolate decides with calls; at a few of these instants, the other
+/// isolates fill the client's limits.
+async fn request(run: &Run<'_>, isolates: &Isolates, arrival: &Arrival, at_ms: u64, leads: bool) {
+    let leads = leads && run.case.adversary.is_some();
+    run.sleep_until(at_ms).await;
+    let now = run.now_ms();
+    let i = arrival.isolate;
+    let mut link = Link::new(run, i);
+    // The call, if any, is made (and the rule-wide copy it carries read)
+    // in this same poll: nothing else happens in between.
+    let sent_seq = run.next_seq();
+    link.request = Some((arrival.post, sent_seq));
+    let limiter = isolates.limiter(run, i, &link);
+    let req = RequestMeta::new(
+        method(arrival.post),
+        "example.com",
+        "/",
+        None,
+        [("cf-connecting-ip".to_owned(), run.ip.clone())],
+    );
+    let handled = limiter.handle(&req, now).await;
+    let grants = grants(&handled.events, now, run.now_ms());
+    run.record(arrival, (now, sent_seq), &link, &handled, leads);
+    // The response goes once the origin answers; then `waitUntil`'s work.
+    let after = async {
+        run.sleep(run.case.isolates[i].origin_ms).await;
+        after_response(run, isolates, i, &handled).await
+    };
+    if !leads {
+        after.await;
+        return;
+    }
+    let follow = |grants: Vec<Grant>| {
+        let mut sent: Vec<(Arrival, u64)> = vec![];
+        for g in &grants {
+            let spends = match g.late_ms > g.last_ms {
+                true => vec![(g.last_ms, g.units / 2), (g.late_ms, g.units)],
+                false => vec![(g.last_ms, g.units)],
+            };
+            for (at, n) in spends {
+                let follower = Arrival {
+                    post: false,
+                    ..arrival.clone()
+                };
+                sent.extend(std::iter::repeat_n(
+                    (follower, at),
+                    n.min(FOLLOWERS) as usize,
+                ));
+                sent.extend(run.surge(i, at));
+            }
+        }
+        async move {
+            let requests = sent
+                .iter()
+                .map(|(a, at)| Box::pin(request(run, isolates, a, *at, false)) as Task<'_>);
+            futures_util::future::join_all(requests).await;
+        }
+    };
+    // A refresh's grants are known once it returned.
+    let (refreshed, ()) = futures_util::future::join(after, follow(grants)).await;
+    follow(refreshed).await;
+}
+
+/// The work `waitUntil` runs after a response at isolate `i`: the lease
+/// refresh, then the rule-wide re-read. The leases the refresh brought.
+async fn after_response(
+    run: &Run<'_>,
+    isolates: &Isolates,
+    i: usize,
+    handled: &Handled<'_>,
+) -> Vec<Grant> {
+    let mut refreshed = vec![];
+    if let Some(refresh) = &handled.refresh {
+        let link = Link::new(run, i);
+        let sent = run.now_ms();
+        let events = isolates.limiter(run, i, &link).refresh(refresh, sent).await;
+        run.seen.borrow_mut().keep(i, &events, sent);
+        refreshed = grants(&events, sent, run.now_ms());
+    }
+    if !handled.reread.is_empty() {
+        let link = Link::new(run, i);
+        let now = run.now_ms();
+        isolates
+            .limiter(run, i, &link)
+            .reread(&handled.reread, now)
+            .await;
+        // Kept by the isolate as the read returned, in this same poll.
+        if let Some((_, _, read_seq)) = link.ran.get() {
+            let (seq, ms) = (run.next_seq(), run.now_ms());
+            for name in &handled.reread {
+                let j = index_of(name);
+                let stored = run.wide_at(j, read_seq);
+                run.seen.borrow_mut().views[i][j].push(View { seq, ms, stored });
+            }
+        }
+    }
+    refreshed
+}
+
+/// An operator's change, made as `limit set` and `limit clear` make it.
+async fn change(run: &Run<'_>, c: &ChangeDraw, at_ms: u64) {
+    run.sleep_until(at_ms).await;
+    let rule = &run.config.rules[c.rule];
+    let stored = match c.change {
+        Change::Scale(quarters) => {
+            let scaled = |n: u64| (n * quarters / 4).max(1);
+            let figures = match &rule.policy {
+                Policy::Gcra(g) => {
+                    let (rate, burst) = (scaled(g.rate()), scaled(g.burst()));
+                    Override::gcra(rule, Some(rate), None, Some(burst))
+                }
+                Policy::Windowed(ws) => {
+                    let limits: Vec<u64> = ws.iter().map(|w| scaled(w.limit())).collect();
+                    Override::windows(rule, &limits)
+                }
+            };
+            match figures {
+                Ok(o) => Some(o),
+                Err(_) => return,
+            }
+        }
+        Change::Block => Some(Override::Block),
+        Change::Clear => None,
+    };
+    let ip = run.ip.clone();
+    let values: Vec<&str> = if c.wide { vec![] } else { vec![ip.as_str()] };
+    let from_ms = run.now_ms();
+    let what = stored.clone();
+    let done = run.redis(|client| async move {
+        match &what {
+            Some(o) => limits::set(client, rule, &values, o, None).await.map(drop),
+            None => limits::clear(client, rule, &values).await.map(drop),
+        }
+    });
+    if done.is_err() {
+        // A rule without overrides, or figures `limit set` refuses.
+        return;
+    }
+    let written = Written {
+        seq: run.next_seq(),
+        from_ms,
+        to_ms: run.now_ms(),
+        stored: stored.clone(),
+    };
+    if let (Some(model), false) = (&run.model, c.wide) {
+        let text = stored.map(|o| o.to_text());
+        let mut model = model.borrow_mut();
+        model.set_override(&rule.name, &[&run.ip], text.as_deref());
+    }
+    let mut seen = run.seen.borrow_mut();
+    match c.wide {
+        true => seen.wide[c.rule].push(written),
+        false => seen.own[c.rule].push(written),
+    }
+}
+
+/// Runs `case` under `config` for client `ip` on `timeline` (the pinned
+/// one starting at `t0`), with the model deciding each call beside the
+/// script when `model`.
+pub fn run_case(
+    (backend, rest_runtime): (&Backend, &tokio::runtime::Runtime),
+    timeline: Timeline,
+    (case, config, ip): (&Case, &Config, &str),
+    t0: u64,
+    model: bool,
+) -> Seen {
+    let mut runtime = tokio::runtime::Builder::new_current_thread();
+    runtime.enable_time();
+    if timeline == Timeline::Pinned {
+        runtime.start_paused(true);
+    }
+    let runtime = runtime.build().expect("a runtime");
+    // The rule-wide overrides are no client's: none from an earlier run.
+    for rule in &config.rules {
+        let key = limits::key_for(rule, &[]).expect("a rule-wide key");
+        backend.redis(&["DEL", &key]);
+    }
+    let _entered = runtime.enter();
+    let rules = config.rules.len();
+    let run = Run {
+        timeline,
+        start: tokio::time::Instant::now(),
+        t0,
+        client: &backend.client,
+        rest_runtime,
+        config,
+        case,
+        ip: ip.to_owned(),
+        seq: Cell::new(0),
+        rng: Cell::new(case.seed),
+        surges: Cell::new(case.adversary.unwrap_or(0)),
+        seen: RefCell::new(Seen {
+            own: vec![vec![]; rules],
+            wide: vec![vec![]; rules],
+            views: vec![vec![vec![]; rules]; case.isolates.len()],
+            ..Seen::default()
+        }),
+        model: model.then(|| RefCell::new(Model::new())),
+    };
+    let times = case.times(run.now_ms());
+    // With the model beside it, every request makes its own call.
+    let hold_ms = if model { 0 } else { config.cache_hold_ms };
+    let isolates = Isolates::new(case.isolates.len(), hold_ms);
+    let requests = case
+        .arrivals
+        .iter()
+        .zip(&times)
+        .map(|(a, &at)| Box::pin(request(&run, &isolates, a, at, true)) as Task<'_>);
+    let changes = case
+        .changes
+        .iter()
+        .map(|c| Box::pin(change(&run, c, times[c.at])) as Task<'_>);
+    runtime.block_on(futures_util::future::join_all(requests.chain(changes)));
+    run.seen.into_inner()
+}
