@@ -165,7 +165,8 @@ fn background(
         }
         if let Some(refund) = &refund {
             if let Some(status) = status.await {
-                log(&limiter.refund(refund, status).await);
+                let now_ms = js_sys::Date::now() as u64;
+                log(&limiter.refund(refund, status, now_ms).await);
             }
         }
     });

@@ -448,9 +448,8 @@ impl ScriptRunner for Link<'_, '_> {
         let way = run.case.isolates[self.isolate];
         run.sleep(run.latency(way.up_ms)).await;
         let from_ms = run.now_ms();
-        let replies = run.redis(|client| async move {
-            client.pipeline(commands, unhurried(budget)).await
-        });
+        let replies =
+            run.redis(|client| async move { client.pipeline(commands, unhurried(budget)).await });
         self.ran.set(Some((from_ms, run.now_ms(), run.next_seq())));
         run.sleep(run.latency(way.down_ms)).await;
         replies

@@ -311,12 +311,12 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     /// nothing when every one counts it. Runs after the response has gone:
     /// a fault is only logged, and the rule keeps the charge (tighter, never
     /// looser), with no retry that could give it back twice.
-    pub async fn refund(&self, pending: &PendingRefund, status: u16) -> Vec<Event> {
+    pub async fn refund(&self, pending: &PendingRefund, status: u16, now_ms: u64) -> Vec<Event> {
         let charges = pending.uncounted(self.config, status);
         if charges.is_empty() {
             return vec![];
         }
-        let call = ScriptCall::refund(&charges, None);
+        let call = ScriptCall::refund(&charges, self.clock(now_ms));
         let budget = budget_of(charges.iter().map(|c| c.check.rule));
         match run(self.store, &call, budget).await {
             Ok(Reply::Refunded(_)) => vec![],
@@ -951,7 +951,7 @@ mod tests {
         tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap()
-            .block_on(limiter.refund(&pending, 200));
+            .block_on(limiter.refund(&pending, 200, 0));
         let sent = last(&store).args;
         assert_eq!(sent[..4], ["refund", "", "gcra", "1"]);
         assert_eq!(sent[4], "6000000", "{sent:?}");
@@ -995,7 +995,7 @@ mod tests {
         assert_eq!(last(&store).args[2], "r");
         let refund = out.refund.expect("a refund for after the response");
         // A status the rule counts: the charge stays, no call at all.
-        assert!(rt.block_on(limiter.refund(&refund, 401)).is_empty());
+        assert!(rt.block_on(limiter.refund(&refund, 401, 0)).is_empty());
         assert_eq!(store.calls.get(), 1);
         // Any other: one call giving the charge back by its mark.
         let store = fake(Ok(json!([1])));
@@ -1007,7 +1007,7 @@ mod tests {
             wide: &RefCell::new(RuleWide::new()),
             pinned: false,
         };
-        assert!(rt.block_on(limiter.refund(&refund, 200)).is_empty());
+        assert!(rt.block_on(limiter.refund(&refund, 200, 0)).is_empty());
         let sent = last(&store);
         assert_eq!(
             (sent.args.as_slice(), sent.keys.as_slice()),
@@ -1025,6 +1025,14 @@ mod tests {
                 &["el:{192.0.2.1}:login".to_owned()][..]
             )
         );
+        // On a pinned clock (simulate, tests) the refund runs at the
+        // response's time too, as the charge ran at the request's.
+        let pinned = Limiter {
+            pinned: true,
+            ..limiter
+        };
+        rt.block_on(pinned.refund(&refund, 200, 1_795_169_161_000));
+        assert_eq!(last(&store).args[..2], ["refund", "1795169161000"]);
         // A fault after the response is only logged, and the charge stays.
         let store = fake(Err(RestError::Timeout { budget_ms: 1000 }));
         let limiter = Limiter {
@@ -1035,7 +1043,7 @@ mod tests {
             wide: &RefCell::new(RuleWide::new()),
             pinned: false,
         };
-        let events = rt.block_on(limiter.refund(&refund, 200));
+        let events = rt.block_on(limiter.refund(&refund, 200, 0));
         assert_eq!(events.len(), 1);
         assert_eq!(
             (events[0].action, events[0].status),

@@ -328,7 +328,8 @@ impl<'c> Replay<'c> {
         }
         if let (Some(refund), Some(status)) = (&handled.refund, record.status) {
             let far = Far::new(self, i);
-            self.limiter(i, &far).refund(refund, status).await;
+            let now = self.clock.now_ms();
+            self.limiter(i, &far).refund(refund, status, now).await;
         }
     }
 
@@ -391,7 +392,8 @@ impl ScriptRunner for Far<'_, '_> {
         clock.sleep(self.distance_ms).await;
         let mut args = args.to_vec();
         let now = clock.now_ms();
-        if args[0] == "decide" && !args[1].is_empty() {
+        // A pinned clock runs the call when it reaches Redis.
+        if (args[0] == "decide" || args[0] == "refund") && !args[1].is_empty() {
             args[1] = now.to_string();
         }
         // The private redis-server answers at once: no time passes.
