@@ -12,4 +12,5 @@ pub mod model;
 pub mod protocol;
 pub mod redis_rest;
 pub mod rule_wide;
+pub mod stats;
 pub mod verdict;

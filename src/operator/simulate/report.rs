@@ -7,7 +7,10 @@ use serde_json::{json, Value};
 
 use super::{clock::format_ms, log::LineError};
 use crate::{
-    decision::verdict::Decision,
+    decision::{
+        stats::counts::{Fate, RuleFate},
+        verdict::Decision,
+    },
     rules::{config::Config, rule::Mode},
 };
 
@@ -248,24 +251,21 @@ impl Tally {
         for (i, ((rule, client), state)) in rules.iter().zip(&decision.rules).enumerate() {
             let r = &mut self.report.rules[*rule];
             r.matched += 1;
-            let denied_here = !state.admitted() && !r.shadow;
+            // Counted as the worker counts what it did.
+            let fate = RuleFate::of(decision, state, r.shadow);
+            match fate.fate {
+                Fate::Admitted => r.admitted += 1,
+                Fate::Denied => r.denied += 1,
+                Fate::DeniedByOthers => r.denied_by_others += 1,
+            }
+            r.shadow_would_deny += u64::from(fate.would_deny);
             // The panel's lines count what its title counts: a shadow rule's
             // red line is its would-deny, whatever became of the request.
             let counted = Counted {
-                admitted: decision.admitted(),
-                denied: denied_here || (r.shadow && !state.admitted()),
-                denied_by_others: !decision.admitted() && !denied_here,
+                admitted: fate.fate == Fate::Admitted,
+                denied: fate.fate == Fate::Denied || fate.would_deny,
+                denied_by_others: fate.fate == Fate::DeniedByOthers,
             };
-            if counted.admitted {
-                r.admitted += 1;
-            } else if denied_here {
-                r.denied += 1;
-            } else {
-                r.denied_by_others += 1;
-            }
-            if r.shadow && !state.admitted() {
-                r.shadow_would_deny += 1;
-            }
             self.point(*rule, time_ms, counted);
             // Most requests come from clients seen before: no key to copy then.
             let clients = &mut self.clients[*rule];
