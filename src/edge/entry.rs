@@ -12,8 +12,13 @@ use worker::{
 
 use crate::{
     decision::{
-        block_cache::BlockCache, events::Event, leases::Leases, limiter::Limiter,
-        redis_rest::RestClient, rule_wide::RuleWide,
+        block_cache::BlockCache,
+        events::Event,
+        leases::Leases,
+        limiter::Limiter,
+        redis_rest::RestClient,
+        rule_wide::RuleWide,
+        stats::{calls::Counted, recorder::Recorder, write},
     },
     edge::responses::{self, Response, PROBLEM_JSON},
     rules::{
@@ -38,6 +43,8 @@ struct Isolate {
     leases: RefCell<Leases>,
     /// The rule-wide overrides as last read.
     wide: RefCell<RuleWide>,
+    /// What it counted and has not written yet, when stats are on.
+    stats: Option<RefCell<Recorder>>,
 }
 
 thread_local! {
@@ -56,6 +63,9 @@ fn isolate(env: &Env) -> std::result::Result<Rc<Isolate>, String> {
     };
     let config = load_config(env)?;
     let ready = Rc::new(Isolate {
+        stats: config
+            .stats
+            .map(|s| RefCell::new(Recorder::new(&config, s))),
         cache: RefCell::new(BlockCache::new(config.cache_hold_ms)),
         leases: RefCell::new(Leases::new()),
         wide: RefCell::new(RuleWide::new()),
@@ -94,8 +104,9 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
         meta.cf = cf_facts(&req);
     }
     let now_ms = js_sys::Date::now() as u64;
-    let limiter = isolate.limiter();
-    let handled = limiter.handle(&meta, now_ms).await;
+    let calls = Counted::new(&isolate.client);
+    let handled = isolate.limiter(&calls).handle(&meta, now_ms).await;
+    isolate.count(|s| s.request(&isolate.config, &handled, calls.take(), now_ms));
     log(&handled.events);
     let (response, status) = match responses::render(&handled.outcome, &isolate.config) {
         Response::Answer {
@@ -111,23 +122,35 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
         }
     };
     let (refund, refresh, reread) = (handled.refund, handled.refresh, handled.reread);
-    if refund.is_some() || refresh.is_some() || !reread.is_empty() {
+    let stats = isolate
+        .stats
+        .as_ref()
+        .and_then(|s| s.borrow_mut().due(now_ms));
+    if refund.is_some() || refresh.is_some() || !reread.is_empty() || stats.is_some() {
         // After the response has gone, never delaying it: charges the
         // status does not count given back, leases running low asked for
         // again, rule-wide overrides read again (after a denial too, so that
-        // a cleared block reaches the isolate).
+        // a cleared block reaches the isolate), stats written when due.
         let isolate = isolate.clone();
         ctx.wait_until(async move {
-            let limiter = isolate.limiter();
+            let calls = Counted::new(&isolate.client);
+            let limiter = isolate.limiter(&calls);
+            let config = &isolate.config;
             if let Some(refund) = &refund {
                 log(&limiter.refund(refund, status).await);
+                isolate.count(|s| s.refunded(config, refund, status, calls.take(), now_ms));
             }
             let now_ms = js_sys::Date::now() as u64;
             if let Some(refresh) = &refresh {
                 log(&limiter.refresh(refresh, now_ms).await);
+                isolate.count(|s| s.refreshed(refresh, calls.take(), now_ms));
             }
             if !reread.is_empty() {
                 log(&limiter.reread(&reread, now_ms).await);
+                isolate.count(|s| s.reread(config, &reread, calls.take(), now_ms));
+            }
+            if let (Some(minutes), Some(recorder)) = (stats, &isolate.stats) {
+                log(&write::flush(&isolate.client, config, recorder, minutes).await);
             }
         });
     }
@@ -135,14 +158,25 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
 }
 
 impl Isolate {
-    fn limiter(&self) -> Limiter<'_, '_, RestClient> {
+    /// A limiter on `store`: the isolate's client, its calls counted.
+    fn limiter<'a>(
+        &'a self,
+        store: &'a Counted<'a, RestClient>,
+    ) -> Limiter<'a, 'a, Counted<'a, RestClient>> {
         Limiter {
             config: &self.config,
-            store: &self.client,
+            store,
             cache: &self.cache,
             leases: &self.leases,
             wide: &self.wide,
             pinned: false,
+        }
+    }
+
+    /// Counts into the isolate's stats, when they are on.
+    fn count(&self, f: impl FnOnce(&mut Recorder)) {
+        if let Some(stats) = &self.stats {
+            f(&mut stats.borrow_mut());
         }
     }
 }

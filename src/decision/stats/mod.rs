@@ -6,4 +6,6 @@
 pub mod calls;
 pub mod counts;
 pub mod recorder;
+pub mod stored;
 pub mod top;
+pub mod write;

@@ -16,6 +16,7 @@ use crate::{
     rules::{
         config::Config,
         rule::{Mode, Rule, RuleId},
+        stats::{StatsClients, StatsSettings},
     },
 };
 
@@ -46,7 +47,7 @@ impl Minute {
             minute,
             totals: TotalCounts::default(),
             rules: vec![RuleCounts::default(); rules],
-            denied: vec![TopDenied::default(); rules],
+            denied: (0..rules).map(|_| TopDenied::default()).collect(),
         }
     }
 
@@ -67,16 +68,25 @@ impl Minute {
     }
 }
 
-/// An isolate's unwritten counts.
+/// How long a write may be in flight before the isolate counts it lost
+/// and writes again (its budget is 5 s: a write this late was dropped
+/// with the invocation that made it).
+pub const WRITE_LOST_MS: u64 = 60_000;
+
+/// An isolate's unwritten counts, and when they are due to be written.
 #[derive(Debug)]
 pub struct Recorder {
     rules: usize,
-    /// Whether clients are kept as their identifier's hash.
-    hash_clients: bool,
+    /// How and how often they are written.
+    settings: StatsSettings,
     /// Oldest first.
     minutes: Vec<Minute>,
     /// Minutes dropped, unwritten, to keep within [`MAX_MINUTES`].
     lost: u64,
+    /// When the next write is due; `None` until a first request is counted.
+    next_ms: Option<u64>,
+    /// When the write in flight started.
+    writing_since: Option<u64>,
 }
 
 /// Where `rule` stands in `config`.
@@ -90,14 +100,53 @@ fn named(config: &Config, name: &str) -> Option<usize> {
 }
 
 impl Recorder {
-    /// Nothing counted yet, for `config`'s rules; clients kept as their
-    /// hash when `hash_clients`.
-    pub fn new(config: &Config, hash_clients: bool) -> Recorder {
+    /// Nothing counted yet, for `config`'s rules, kept as `settings` say.
+    pub fn new(config: &Config, settings: StatsSettings) -> Recorder {
         Recorder {
             rules: config.rules.len(),
-            hash_clients,
+            settings,
             minutes: Vec::new(),
             lost: 0,
+            next_ms: None,
+            writing_since: None,
+        }
+    }
+
+    /// How and how often the counts are written.
+    pub fn settings(&self) -> StatsSettings {
+        self.settings
+    }
+
+    /// The unwritten minutes, taken out to be written, when a write is due
+    /// at `now_ms`: `stats_every` after the last one began (or after the
+    /// first request counted), none in flight, and something to write.
+    pub fn due(&mut self, now_ms: u64) -> Option<Vec<Minute>> {
+        if let Some(since) = self.writing_since {
+            if now_ms.saturating_sub(since) < WRITE_LOST_MS {
+                return None;
+            }
+            self.writing_since = None;
+        }
+        if self.minutes.is_empty() {
+            return None;
+        }
+        let every = self.settings.every_ms;
+        let next = *self.next_ms.get_or_insert(now_ms.saturating_add(every));
+        if now_ms < next {
+            return None;
+        }
+        self.next_ms = Some(now_ms.saturating_add(every));
+        self.writing_since = Some(now_ms);
+        Some(self.take())
+    }
+
+    /// The write [`Recorder::due`] started has ended; `failed` gives back
+    /// its minutes when it did not reach Redis, to count again with what
+    /// came since.
+    pub fn written(&mut self, failed: Option<Vec<Minute>>) {
+        self.writing_since = None;
+        if let Some(minutes) = failed {
+            self.restore(minutes);
         }
     }
 
@@ -109,14 +158,16 @@ impl Recorder {
         if self.minutes.get(at).is_some_and(|m| m.minute == minute) {
             return self.minutes.get_mut(at);
         }
-        if self.minutes.len() == MAX_MINUTES {
+        let at = if self.minutes.len() < MAX_MINUTES {
+            at
+        } else {
             self.lost += 1;
             if at == 0 {
                 return None;
             }
             self.minutes.remove(0);
-            return self.minute(now_ms);
-        }
+            at - 1
+        };
         // Only the newest minute gains clients: the others need no more
         // than what is written.
         for m in &mut self.minutes {
@@ -130,7 +181,7 @@ impl Recorder {
     /// the script calls deciding it took (none: from a lease, the block
     /// cache, or no call at all).
     pub fn request(&mut self, config: &Config, handled: &Handled<'_>, calls: u64, now_ms: u64) {
-        let hash = self.hash_clients;
+        let hash = self.settings.clients == StatsClients::Hash;
         let Some(m) = self.minute(now_ms) else {
             return;
         };
@@ -233,14 +284,14 @@ impl Recorder {
         self.after(rules, calls, now_ms);
     }
 
-    /// Every unwritten minute, oldest first, taken out to be written.
-    pub fn take(&mut self) -> Vec<Minute> {
+    /// Every unwritten minute, oldest first, taken out.
+    fn take(&mut self) -> Vec<Minute> {
         std::mem::take(&mut self.minutes)
     }
 
     /// Minutes whose write failed, counted again with what came since
     /// (within [`MAX_MINUTES`]).
-    pub fn restore(&mut self, minutes: Vec<Minute>) {
+    fn restore(&mut self, minutes: Vec<Minute>) {
         for m in minutes {
             if let Some(kept) = self.minute(m.minute * MINUTE_MS) {
                 kept.merge(&m);
@@ -360,6 +411,13 @@ mod tests {
         recorder.request(config, &handled, counted.take(), now_ms);
     }
 
+    fn hashed() -> StatsSettings {
+        StatsSettings {
+            clients: StatsClients::Hash,
+            ..StatsSettings::default()
+        }
+    }
+
     fn reply(text: &str) -> Result<Value, RestError> {
         Ok(serde_json::from_str(text).unwrap())
     }
@@ -381,7 +439,7 @@ mod tests {
     fn each_outcome_counts_under_its_rules() {
         use RuleCount::*;
         let c = config();
-        let mut rec = Recorder::new(&c, false);
+        let mut rec = Recorder::new(&c, StatsSettings::default());
         let cache = RefCell::new(BlockCache::new(60_000));
         // Admitted by `ip` alone.
         send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 1_000);
@@ -458,7 +516,7 @@ mod tests {
     #[test]
     fn an_admission_without_a_call_counts_as_leased() {
         let c = config();
-        let mut rec = Recorder::new(&c, false);
+        let mut rec = Recorder::new(&c, StatsSettings::default());
         let state = RuleState {
             verdict: Verdict::Admitted,
             limit: 5,
@@ -488,7 +546,7 @@ mod tests {
     #[test]
     fn clients_can_be_kept_as_their_hash() {
         let c = config();
-        let mut rec = Recorder::new(&c, true);
+        let mut rec = Recorder::new(&c, hashed());
         let cache = RefCell::new(BlockCache::new(60_000));
         let deny = "[1, 5, 4, 200, 0, 1, 0, 1, 0, 60000, 60000, 1, 0]";
         send(&mut rec, &c, &cache, "/login", &[reply(deny)], 0);
@@ -498,12 +556,49 @@ mod tests {
         assert!(!shown.contains("192.0.2.1"));
     }
 
+    /// A write is due `stats_every` after the first request, then after
+    /// each write began; one at a time, unless one is lost in flight.
+    #[test]
+    fn writes_come_at_most_every_stats_every() {
+        let c = config();
+        let every = StatsSettings::default().every_ms;
+        let mut rec = Recorder::new(&c, StatsSettings::default());
+        let cache = RefCell::new(BlockCache::new(60_000));
+        assert!(rec.due(0).is_none(), "nothing counted");
+        send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 1_000);
+        assert!(rec.due(1_000).is_none());
+        assert!(rec.due(1_000 + every - 1).is_none());
+        let first = rec.due(1_000 + every).expect("due");
+        assert_eq!(first[0].totals[TotalCount::Requests], 1);
+        send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 2_000 + every);
+        assert!(rec.due(3_000 + 2 * every).is_none(), "one write at a time");
+        rec.written(Some(first));
+        assert!(rec.due(999 + 2 * every).is_none());
+        let second = rec.due(1_000 + 2 * every).expect("due again");
+        assert_eq!(
+            second[0].totals[TotalCount::Requests],
+            2,
+            "the failed one too"
+        );
+        // A write that never ends is given up after a minute.
+        send(
+            &mut rec,
+            &c,
+            &cache,
+            "/",
+            &[reply(ADMIT)],
+            2_000 + 2 * every,
+        );
+        assert!(rec.due(999 + 2 * every + WRITE_LOST_MS).is_none());
+        assert!(rec.due(1_000 + 2 * every + WRITE_LOST_MS).is_some());
+    }
+
     /// Minutes fall where their requests did; a failed write's minutes
     /// count again with what came since; past the bound the oldest go.
     #[test]
     fn minutes_are_kept_in_order_and_bounded() {
         let c = config();
-        let mut rec = Recorder::new(&c, false);
+        let mut rec = Recorder::new(&c, StatsSettings::default());
         let cache = RefCell::new(BlockCache::new(60_000));
         send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 59_999);
         send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 60_000);

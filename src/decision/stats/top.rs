@@ -10,6 +10,12 @@ pub const TRACKED: usize = 64;
 /// Clients kept per rule and minute in Redis, and shown.
 pub const KEPT: usize = 10;
 
+/// Whether `a` ranks before `b`: more denials, or as many and a name
+/// that sorts first.
+fn before(a: (&str, u64), b: (&str, u64)) -> bool {
+    a.1 > b.1 || (a.1 == b.1 && a.0 < b.0)
+}
+
 /// Denials per client, most first once [`TopDenied::top`] sorts them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TopDenied {
@@ -48,22 +54,34 @@ impl TopDenied {
     /// The `k` most denied, most first; ties by name, so that every run
     /// reads the same.
     pub fn top(&self, k: usize) -> Vec<(&str, u64)> {
-        let mut all: Vec<(&str, u64)> =
-            self.clients.iter().map(|(c, n)| (c.as_str(), *n)).collect();
-        all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-        all.truncate(k);
-        all
+        // Insertion into a short list: a library sort would cost the wasm
+        // several KB, for lists of a few dozen.
+        let mut out: Vec<(&str, u64)> = Vec::with_capacity(k.min(self.clients.len()) + 1);
+        for (client, n) in &self.clients {
+            let entry = (client.as_str(), *n);
+            let at = out
+                .iter()
+                .position(|e| before(entry, *e))
+                .unwrap_or(out.len());
+            if at < k {
+                out.insert(at, entry);
+                out.truncate(k);
+            }
+        }
+        out
     }
 
     /// Keeps only the `k` most denied.
     pub fn trim(&mut self, k: usize) {
-        if self.clients.len() > k {
-            let kept: Vec<(String, u64)> = self
-                .top(k)
-                .into_iter()
-                .map(|(c, n)| (c.to_owned(), n))
-                .collect();
-            self.clients = kept;
+        while self.clients.len() > k {
+            let mut last = 0;
+            for (i, (client, n)) in self.clients.iter().enumerate() {
+                let (c, m) = &self.clients[last];
+                if before((c, *m), (client, *n)) {
+                    last = i;
+                }
+            }
+            self.clients.swap_remove(last);
         }
     }
 
