@@ -123,6 +123,52 @@ async fn a_worker_writes_what_it_did_after_stats_every() {
     assert_eq!(rule, want);
     assert_eq!(clients, [("203.0.113.10".to_owned(), denied)]);
     assert_eq!(stack.origin.hits().await["total"], Value::from(3));
+
+    // `edge-limiter stats` beside the worker's wrangler.toml and .dev.vars
+    // reads the same, and tells it as simulate would.
+    let (report, _) = stats_command(&stack, &["--json"]);
+    let report: Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(
+        (&report["requests"], &report["admitted"], &report["denied"]),
+        (&Value::from(sent), &Value::from(3), &Value::from(denied))
+    );
+    let rule = &report["rules"]["per-ip"];
+    assert_eq!(
+        (&rule["matched"], &rule["denied"], &rule["calls"]),
+        (&Value::from(sent), &Value::from(denied), &Value::from(4))
+    );
+    assert_eq!(
+        report["top_denied"],
+        serde_json::json!([{"client": "203.0.113.10", "rule": "per-ip", "denied": denied}])
+    );
+    let plot = stack.worker.dir.join("stats.svg");
+    let (text, _) = stats_command(&stack, &["per-ip", "--plot", plot.to_str().unwrap()]);
+    let row = format!(
+        "| per-ip | enforce | {sent:>7} |        3 | {denied:>6} |                     0 |"
+    );
+    assert!(text.contains(&row), "{text}");
+    assert!(text.contains("| 203.0.113.10 | per-ip |"), "{text}");
+    assert!(std::fs::read_to_string(plot).unwrap().starts_with("<svg"));
+}
+
+/// `edge-limiter stats ARGS` in the worker's directory, reading its
+/// wrangler.toml and .dev.vars as an operator beside it would: stdout and
+/// stderr, once it succeeded.
+fn stats_command(stack: &Stack, args: &[&str]) -> (String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_edge-limiter"))
+        .arg("stats")
+        .args(args)
+        .current_dir(&stack.worker.dir)
+        .env_remove("UPSTASH_REDIS_REST_URL")
+        .env_remove("UPSTASH_REDIS_REST_TOKEN")
+        .output()
+        .expect("the command runs");
+    let (stdout, stderr) = (
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    );
+    assert!(out.status.success(), "{args:?}: {stderr}");
+    (stdout, stderr)
 }
 
 #[tokio::test]
