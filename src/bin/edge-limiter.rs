@@ -81,6 +81,16 @@ mod cli {
         /// Also draw admitted and denied requests over time: FILE.svg, or FILE.html for a page.
         #[arg(long, value_name = "FILE")]
         plot: Option<PathBuf>,
+        /// Instead, serve a page that redraws itself every few seconds over the last
+        /// --since (read only; on 127.0.0.1:8790 unless ADDR says where).
+        #[arg(
+            long,
+            value_name = "ADDR",
+            num_args = 0..=1,
+            default_missing_value = "127.0.0.1:8790",
+            conflicts_with_all = ["until", "plot", "json"]
+        )]
+        serve: Option<String>,
         #[command(flatten)]
         from: Deployment,
     }
@@ -455,6 +465,17 @@ refusing or out of reach, a log line --strict stops at).";
             ));
         }
         let (client, runtime) = connect()?;
+        if let Some(addr) = &args.serve {
+            let listener =
+                std::net::TcpListener::bind(addr).map_err(|e| format!("--serve {addr}: {e}"))?;
+            let shown = listener.local_addr()?;
+            println!("edge-limiter stats: serving http://{shown}/ (read only; Ctrl-C stops)");
+            let window_ms = until_ms - since_ms;
+            let mut live =
+                edge_limiter::operator::live::Live::new(&config, rules, &client, window_ms);
+            live.serve(&listener, &runtime)?;
+            return Ok(());
+        }
         let span = stats::Span { since_ms, until_ms };
         let recorded = runtime.block_on(stats::read(&client, &rules, span))?;
         if config.stats.is_none() {

@@ -229,17 +229,15 @@ fn draw_panel(
 }
 
 /// Text made safe inside HTML.
-fn escape(text: &str) -> String {
+pub fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
 }
 
-/// A page with the plot inline and the per-rule table under it.
-pub fn html(report: &Report, source: &str) -> Result<String, String> {
-    let svg = svg(report)?;
-    let (header, rows) = report.rule_rows();
+/// An HTML table of `header` and `rows`, every cell escaped.
+pub fn table_html(header: &[&str], rows: &[Vec<String>]) -> String {
     let head: String = header
         .iter()
         .map(|h| format!("<th>{}</th>", escape(h)))
@@ -254,6 +252,14 @@ pub fn html(report: &Report, source: &str) -> Result<String, String> {
             format!("<tr>{cells}</tr>\n")
         })
         .collect();
+    format!("<table>\n<tr>{head}</tr>\n{body}</table>\n")
+}
+
+/// A page with the plot inline and the per-rule table under it.
+pub fn html(report: &Report, source: &str) -> Result<String, String> {
+    let svg = svg(report)?;
+    let (header, rows) = report.rule_rows();
+    let table = table_html(&header, &rows);
     let by = match report.kind {
         Kind::Replayed => format!("Decided by {}.", report.engine),
         Kind::Recorded => "As the isolates recorded them.".to_owned(),
@@ -270,7 +276,7 @@ pub fn html(report: &Report, source: &str) -> Result<String, String> {
          th, td {{ border: 1px solid #bbb; padding: 0.25em 0.6em; }}\n\
          td {{ text-align: right; }} td:first-child, td:nth-child(2) {{ text-align: left; }}\n\
          </style>\n</head>\n<body>\n<h1>edge-limiter {command}: {title}</h1>\n<p>{summary}</p>\n\
-         <figure>\n{svg}\n</figure>\n<table>\n<tr>{head}</tr>\n{body}</table>\n</body>\n</html>\n",
+         <figure>\n{svg}\n</figure>\n{table}</body>\n</html>\n",
         title = escape(source),
         summary = escape(&summary),
         command = command(report),

@@ -437,6 +437,12 @@ impl Report {
         self.rows_of(&RULE_COLUMNS)
     }
 
+    /// The header and rows of the table of what only the isolates record:
+    /// how each rule's requests were decided.
+    pub fn decided_rows(&self) -> (Vec<&'static str>, Vec<Vec<String>>) {
+        self.rows_of(&RECORDED_COLUMNS)
+    }
+
     /// The bucket's name: `second` or `minute`.
     fn bucket_name(&self) -> &'static str {
         match self.bucket_ms {
@@ -479,7 +485,7 @@ impl Report {
         let (header, rows) = self.rule_rows();
         out.push_str(&table(&header, &rows));
         if self.kind == Kind::Recorded {
-            let (header, rows) = self.rows_of(&RECORDED_COLUMNS);
+            let (header, rows) = self.decided_rows();
             out.push_str("\nHow they were decided:\n\n");
             out.push_str(&table(&header, &rows));
             out.push_str(&format!(
