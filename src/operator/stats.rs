@@ -18,7 +18,7 @@ use crate::{
     operator::{
         inspect::{find_rule, InspectError},
         simulate::report::{
-            BucketReport, ClientReport, Kind, Point, Report, RuleReport, TOP_CLIENTS,
+            most_denied, BucketReport, ClientReport, Kind, Point, Report, RuleReport,
         },
     },
     rules::{config::Config, rule::Mode},
@@ -175,14 +175,6 @@ pub fn report(config: &Config, span: Span, recorded: &Recorded) -> Report {
         });
         series.push(points);
     }
-    // Ordered as a replay orders them.
-    top_denied.sort_by(|a, b| {
-        b.denied
-            .cmp(&a.denied)
-            .then_with(|| a.rule.cmp(&b.rule))
-            .then_with(|| a.client.cmp(&b.client))
-    });
-    top_denied.truncate(TOP_CLIENTS);
     Report {
         kind: Kind::Recorded,
         requests: totals[TotalCount::Requests],
@@ -195,7 +187,8 @@ pub fn report(config: &Config, span: Span, recorded: &Recorded) -> Report {
         calls: totals[TotalCount::Calls],
         span_ms: Some((span.since_ms, span.until_ms)),
         rules,
-        top_denied,
+        // Ordered as a replay orders them.
+        top_denied: most_denied(top_denied),
         bucket_ms: MINUTE_MS,
         busiest,
         series,

@@ -299,11 +299,6 @@ impl Recorder {
         }
     }
 
-    /// Whether nothing is waiting to be written.
-    pub fn is_empty(&self) -> bool {
-        self.minutes.is_empty()
-    }
-
     /// Minutes dropped unwritten since the isolate started.
     pub fn lost(&self) -> u64 {
         self.lost
@@ -509,7 +504,7 @@ mod tests {
         assert_eq!(figures(m, 3), only(&[(Matched, 1), (Refused, 1)]));
         assert_eq!(m.denied[1].top(10), [("192.0.2.1", 2)]);
         assert!(m.denied[0].is_empty() && m.denied[2].is_empty());
-        assert!(rec.is_empty(), "taken");
+        assert!(rec.take().is_empty(), "taken");
     }
 
     /// An admission that made no call came from leased units.

@@ -37,7 +37,12 @@ pub async fn flush(
         Ok(_) => "the stats script answered something other than a count".to_owned(),
         Err(e) => e.to_string(),
     };
-    recorder.borrow_mut().written(Some(minutes));
+    let mut recorder = recorder.borrow_mut();
+    recorder.written(Some(minutes));
+    let error = match recorder.lost() {
+        0 => error,
+        n => format!("{error} ({n} minutes dropped unwritten so far, the oldest first)"),
+    };
     vec![Event {
         key: keys.into_iter().next(),
         error: Some(error),

@@ -299,7 +299,7 @@ impl Tally {
 
     /// The report, with the most denied clients picked out.
     pub fn finish(mut self) -> Report {
-        let mut denied: Vec<ClientReport> = self
+        let denied: Vec<ClientReport> = self
             .clients
             .into_iter()
             .enumerate()
@@ -312,17 +312,22 @@ impl Tally {
                 requests: Some(requests),
             })
             .collect();
-        // Ties in a stable order, so that a report reads the same every run.
-        denied.sort_by(|a, b| {
-            b.denied
-                .cmp(&a.denied)
-                .then_with(|| a.rule.cmp(&b.rule))
-                .then_with(|| a.client.cmp(&b.client))
-        });
-        denied.truncate(TOP_CLIENTS);
-        self.report.top_denied = denied;
+        self.report.top_denied = most_denied(denied);
         self.report
     }
+}
+
+/// The [`TOP_CLIENTS`] of `clients` most denied, most first; ties in a
+/// stable order, so that a report reads the same every run.
+pub fn most_denied(mut clients: Vec<ClientReport>) -> Vec<ClientReport> {
+    clients.sort_by(|a, b| {
+        b.denied
+            .cmp(&a.denied)
+            .then_with(|| a.rule.cmp(&b.rule))
+            .then_with(|| a.client.cmp(&b.client))
+    });
+    clients.truncate(TOP_CLIENTS);
+    clients
 }
 
 /// Text from a log made safe for a terminal: control characters (a
