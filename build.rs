@@ -1,5 +1,6 @@
-//! Joins the Lua files into the one script the worker sends, and embeds it
-//! with its SHA1 so `EVALSHA` needs no hashing at run time. Comments and
+//! Joins the Lua files into the scripts the worker sends (the limiter's,
+//! and the stats script), and embeds each with its SHA1 so `EVALSHA` needs
+//! no hashing at run time. Comments and
 //! indentation are left out of what is embedded (the files in `lua/` are the
 //! readable form); every line stays where it was, so a Redis error names the
 //! same line number as the file.
@@ -19,23 +20,15 @@ const PARTS: [&str; 5] = [
 /// our scripts touch no other key, which is what that flag promises.
 const SHEBANG: &str = "#!lua flags=allow-key-locking\n";
 
+/// The stats script, a script of its own: the worker sends it after
+/// responses, once per isolate every `stats_every`.
+const STATS: &str = "lua/stats.lua";
+
 fn main() {
-    let mut source = String::from(SHEBANG);
-    for part in PARTS {
-        println!("cargo:rerun-if-changed={part}");
-        let text = fs::read_to_string(part).unwrap_or_else(|e| panic!("reading {part}: {e}"));
-        source.push_str(&without_comments(&text));
-        if !source.ends_with('\n') {
-            source.push('\n');
-        }
-    }
-    let sha1 = sha1_smol::Sha1::from(source.as_bytes())
-        .digest()
-        .to_string();
     let out_dir = env::var("OUT_DIR").expect("cargo sets OUT_DIR");
     let out = Path::new(&out_dir);
-    fs::write(out.join("limiter.lua"), &source).expect("writing the joined script");
-    fs::write(out.join("limiter.sha1"), sha1).expect("writing the script's SHA1");
+    embed(out, "limiter", &PARTS);
+    embed(out, "stats", &[STATS]);
     // The same list, with each file's text, for the tests that check the join.
     let dir = env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
     let entries: Vec<String> = PARTS
@@ -47,6 +40,25 @@ fn main() {
         format!("&[{}]", entries.join(", ")),
     )
     .expect("writing the list of Lua files");
+}
+
+/// Joins `parts` behind the shebang, without their comments, into
+/// `<name>.lua` in `out`, and its SHA1 into `<name>.sha1`.
+fn embed(out: &Path, name: &str, parts: &[&str]) {
+    let mut source = String::from(SHEBANG);
+    for part in parts {
+        println!("cargo:rerun-if-changed={part}");
+        let text = fs::read_to_string(part).unwrap_or_else(|e| panic!("reading {part}: {e}"));
+        source.push_str(&without_comments(&text));
+        if !source.ends_with('\n') {
+            source.push('\n');
+        }
+    }
+    let sha1 = sha1_smol::Sha1::from(source.as_bytes())
+        .digest()
+        .to_string();
+    fs::write(out.join(format!("{name}.lua")), &source).expect("writing the joined script");
+    fs::write(out.join(format!("{name}.sha1")), sha1).expect("writing the script's SHA1");
 }
 
 /// `lua` without its comments and without the blanks that start or end a

@@ -87,6 +87,16 @@ fn a_wrong_command_line_exits_2_and_every_other_error_1() {
             2,
             "give the figures",
         ),
+        (
+            &["stats", "--since", "soon"],
+            2,
+            "--since: `soon` is neither",
+        ),
+        (
+            &["stats", "--since", "1h", "--until", "2h"],
+            2,
+            "--since must come before --until",
+        ),
         // Everything else.
         (
             &["check", "nowhere.toml"],
@@ -122,6 +132,8 @@ fn a_wrong_command_line_exits_2_and_every_other_error_1() {
             "UPSTASH_REDIS_REST_URL",
         ),
         (&["reset", "per-key", "k"], 1, "UPSTASH_REDIS_REST_URL"),
+        (&["stats", "nope"], 1, "no rule `nope`"),
+        (&["stats", "per-key"], 1, "UPSTASH_REDIS_REST_URL"),
     ];
     for &(args, code, needle) in cases {
         let (status, err) = run(&dir, args);
@@ -142,6 +154,7 @@ fn help_states_the_rule() {
         &["inspect", "--help"],
         &["limit", "--help"],
         &["limit", "set", "--help"],
+        &["stats", "--help"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_edge-limiter"))
             .args(args)

@@ -6,10 +6,11 @@
 use std::process::Command;
 
 use edge_limiter::{
+    decision::stats::counts::{RuleCount, RuleCounts},
     operator::simulate::{
         engine::{Engine, ModelEngine, RedisEngine},
         log::Format,
-        report::{ClientReport, Report, RuleReport, SecondReport},
+        report::{BucketReport, ClientReport, Report, RuleReport},
         simulate, Options, SimError,
     },
     rules::config::Config,
@@ -87,17 +88,22 @@ fn run(engine: &mut dyn Engine, log: &str, options: &Options) -> Result<Report, 
 }
 
 fn rule(name: &str, shadow: bool, figures: [u64; 6]) -> RuleReport {
-    let [matched, admitted, denied, denied_by_others, shadow_would_deny, refused] = figures;
+    let mut counts = RuleCounts::default();
+    let named = [
+        RuleCount::Matched,
+        RuleCount::Admitted,
+        RuleCount::Denied,
+        RuleCount::DeniedByOthers,
+        RuleCount::ShadowWouldDeny,
+        RuleCount::Refused,
+    ];
+    for (c, n) in named.into_iter().zip(figures) {
+        counts[c] = n;
+    }
     RuleReport {
         name: name.into(),
         shadow,
-        matched,
-        admitted,
-        denied,
-        denied_by_others,
-        shadow_would_deny,
-        refused,
-        penalties_started: 0,
+        counts,
     }
 }
 
@@ -129,7 +135,7 @@ fn check_hand_computed(report: &Report) {
         rule: rule.into(),
         client: client.into(),
         denied,
-        requests,
+        requests: Some(requests),
     };
     assert_eq!(
         report.top_denied,
@@ -142,7 +148,7 @@ fn check_hand_computed(report: &Report) {
     // The first second holds 17 requests: 3 denied (g twice, m once), 1 refused.
     assert_eq!(
         report.busiest,
-        Some(SecondReport {
+        Some(BucketReport {
             start_ms: T0,
             requests: 17,
             admitted: 13,
@@ -155,7 +161,7 @@ fn check_hand_computed(report: &Report) {
     let w = &report.series[2];
     assert_eq!(
         w.iter()
-            .map(|p| (p.second - T0 / 1000, p.admitted, p.denied))
+            .map(|p| (p.start_s - T0 / 1000, p.admitted, p.denied))
             .collect::<Vec<_>>(),
         [(1, 2, 1), (3, 1, 0)]
     );
@@ -477,10 +483,10 @@ fn count_status_and_penalties_by_hand() {
             .map(|r| {
                 (
                     r.name.as_str(),
-                    r.matched,
-                    r.admitted,
-                    r.denied,
-                    r.penalties_started,
+                    r.counts[RuleCount::Matched],
+                    r.counts[RuleCount::Admitted],
+                    r.counts[RuleCount::Denied],
+                    r.counts[RuleCount::PenaltiesStarted],
                 )
             })
             .collect();

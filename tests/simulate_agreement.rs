@@ -7,7 +7,7 @@
 #![cfg(not(target_arch = "wasm32"))]
 
 use edge_limiter::{
-    decision::verdict::Decision,
+    decision::{stats::counts::RuleCount, verdict::Decision},
     operator::simulate::{
         engine::{Engine, ModelEngine, RedisEngine},
         log::Record,
@@ -188,22 +188,22 @@ fn the_real_script_and_the_model_decide_every_request_alike() {
     );
     for name in ["per-ip", "api", "keyed", "login", "pages"] {
         assert!(
-            rule(name).denied > 0,
+            rule(name).counts[RuleCount::Denied] > 0,
             "{name} never denied:\n{}",
             r.render_text("trace")
         );
     }
     for name in ["search", "agents"] {
         assert!(
-            rule(name).shadow_would_deny > 0,
+            rule(name).counts[RuleCount::ShadowWouldDeny] > 0,
             "{name} never would-deny:\n{}",
             r.render_text("trace")
         );
     }
-    assert!(rule("per-ip").denied_by_others > 0);
+    assert!(rule("per-ip").counts[RuleCount::DeniedByOthers] > 0);
     for name in ["keyed", "login", "search"] {
         assert!(
-            rule(name).penalties_started > 0,
+            rule(name).counts[RuleCount::PenaltiesStarted] > 0,
             "{name} never started a penalty:\n{}",
             r.render_text("trace")
         );

@@ -19,6 +19,7 @@ mod report;
 mod size;
 mod stack;
 mod stats;
+mod stats_cost;
 mod trips;
 
 use std::{
@@ -251,6 +252,25 @@ async fn run(o: &Options) -> Result<Results, String> {
     }
 
     drop((ours, peer, ours_unmatched, baseline));
+
+    if o.runs(2) {
+        say("part 2: our worker with stats on against stats off");
+        let shape = Shape {
+            connections: CONNECTIONS,
+            seconds: o.seconds,
+            hot_every: HOT_EVERY,
+        };
+        let cost = stats_cost::measure(
+            &http,
+            &origin,
+            endpoint.addr(),
+            &built,
+            &scratch,
+            shape,
+            o.load_rounds,
+        );
+        r.stats_cost = Some(cost.await?);
+    }
 
     if o.runs(6) {
         say("part 6: Redis 40 ms away");

@@ -55,6 +55,8 @@ pub struct Results {
     pub peer_bundle: Option<Size>,
     pub instantiate_ms: f64,
     pub peer_version: String,
+    /// Part 2's stats on against off (issue 33).
+    pub stats_cost: Option<crate::stats_cost::StatsCost>,
 }
 
 fn samples<'a>(r: &'a Results, label: &str) -> &'a [Sample] {
@@ -171,6 +173,7 @@ pub fn render(r: &Results) -> String {
     let parts = [
         redis_rows(r),
         worker_rows(r),
+        crate::stats_cost::rows(r.stats_cost.as_ref()),
         trip_rows(r),
         size_rows(r),
         exactness_rows(r),

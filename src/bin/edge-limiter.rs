@@ -3,7 +3,9 @@
 //! - `check [wrangler.toml]` validates every environment's rules;
 //! - `simulate [wrangler.toml] --log FILE` replays a request log through them;
 //! - `inspect RULE VALUE...` shows where one client stands on one rule;
-//! - `reset RULE VALUE...` forgets that client's state on that rule.
+//! - `reset RULE VALUE...` forgets that client's state on that rule;
+//! - `limit set|get|clear|list RULE [VALUE...]` changes a rule's figures;
+//! - `stats [RULE...]` reports what the deployment's isolates recorded.
 
 #[cfg(not(target_arch = "wasm32"))]
 mod cli {
@@ -26,7 +28,7 @@ mod cli {
             plot,
         },
         operator::validate::{check_wrangler_toml, describe},
-        operator::{inspect, limits},
+        operator::{inspect, limits, stats},
         rules::{config::Config, overrides::Override, policy::MAX_DURATION_MS},
     };
     use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -60,6 +62,37 @@ mod cli {
         /// Change a rule's limits without a redeploy, for every client or one.
         #[command(subcommand, after_help = EXIT_STATUS)]
         Limit(LimitCommand),
+        /// Report what the deployment's isolates recorded (with `stats = true`), as simulate reports a log.
+        #[command(after_help = EXIT_STATUS)]
+        Stats(StatsArgs),
+    }
+
+    #[derive(clap::Args)]
+    struct StatsArgs {
+        /// The rules to report; every rule when none are named.
+        #[arg(value_name = "RULE")]
+        rules: Vec<String>,
+        /// From when: a duration back from now (30m, 1h, 7d) or an RFC 3339 time.
+        #[arg(long, value_name = "1h|TIME", default_value = "1h")]
+        since: String,
+        /// Until when (now when left out): a duration back from now or an RFC 3339 time.
+        #[arg(long, value_name = "TIME")]
+        until: Option<String>,
+        /// Also draw admitted and denied requests over time: FILE.svg, or FILE.html for a page.
+        #[arg(long, value_name = "FILE")]
+        plot: Option<PathBuf>,
+        /// Instead, serve a page that redraws itself every few seconds over the last
+        /// --since (read only; on 127.0.0.1:8790 unless ADDR says where).
+        #[arg(
+            long,
+            value_name = "ADDR",
+            num_args = 0..=1,
+            default_missing_value = "127.0.0.1:8790",
+            conflicts_with_all = ["until", "plot", "json"]
+        )]
+        serve: Option<String>,
+        #[command(flatten)]
+        from: Deployment,
     }
 
     #[derive(Subcommand)]
@@ -244,6 +277,7 @@ refusing or out of reach, a log line --strict stops at).";
             Command::Inspect(args) => client_command(args, false),
             Command::Reset(args) => client_command(args, true),
             Command::Limit(command) => limit_command(command),
+            Command::Stats(args) => stats_command(args),
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,
@@ -356,15 +390,7 @@ refusing or out of reach, a log line --strict stops at).";
         let isolates = heard.isolates.map(IsolatesReplay::finish);
         let report = report?;
         if let Some(path) = &args.plot {
-            let is_html = path
-                .extension()
-                .is_some_and(|e| e.eq_ignore_ascii_case("html") || e.eq_ignore_ascii_case("htm"));
-            let page = if is_html {
-                plot::html(&report, &shown)?
-            } else {
-                plot::svg(&report)?
-            };
-            std::fs::write(path, page).map_err(|e| format!("{}: {e}", path.display()))?;
+            write_plot(path, &report, &shown)?;
         }
         let mut out = std::io::stdout().lock();
         let text = if args.json {
@@ -388,6 +414,93 @@ refusing or out of reach, a log line --strict stops at).";
             format!("{under}{}{extra}", report.render_text(&shown))
         };
         out.write_all(text.as_bytes())?;
+        Ok(())
+    }
+
+    /// Writes `report`'s plot to `path`: a page with the table when it ends
+    /// in `.html`, else an SVG.
+    fn write_plot(
+        path: &Path,
+        report: &simulate::report::Report,
+        source: &str,
+    ) -> Result<(), Failure> {
+        let is_html = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("html") || e.eq_ignore_ascii_case("htm"));
+        let page = if is_html {
+            plot::html(report, source)?
+        } else {
+            plot::svg(report)?
+        };
+        std::fs::write(path, page).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(())
+    }
+
+    /// A moment given to `option`: an RFC 3339 time, or a duration back
+    /// from `now_ms`.
+    fn moment(option: &str, text: &str, now_ms: u64) -> Result<u64, Failure> {
+        if let Some(ms) = simulate::clock::rfc3339_ms(text) {
+            return Ok(ms);
+        }
+        let back = text
+            .parse::<u64>()
+            .ok()
+            .or_else(|| edge_limiter::rules::config::duration_text(text))
+            .ok_or_else(|| {
+                Failure::usage(format!(
+                    "{option}: `{text}` is neither a duration (30m, 1h, 7d) nor an RFC 3339 time \
+                     (2026-11-20T10:00:00Z)"
+                ))
+            })?;
+        Ok(now_ms.saturating_sub(back))
+    }
+
+    fn stats_command(args: StatsArgs) -> Result<(), Failure> {
+        let config = args.from.rules()?;
+        let rules = stats::selected(&config, &args.rules)?;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let since_ms = moment("--since", &args.since, now_ms)?;
+        let until_ms = match &args.until {
+            Some(until) => moment("--until", until, now_ms)?,
+            None => now_ms,
+        };
+        if since_ms >= until_ms {
+            return Err(Failure::usage(
+                "--since must come before --until (and before now)".into(),
+            ));
+        }
+        let (client, runtime) = connect()?;
+        if let Some(addr) = &args.serve {
+            let listener =
+                std::net::TcpListener::bind(addr).map_err(|e| format!("--serve {addr}: {e}"))?;
+            let shown = listener.local_addr()?;
+            println!("edge-limiter stats: serving http://{shown}/ (read only; Ctrl-C stops)");
+            let window_ms = until_ms - since_ms;
+            let mut live =
+                edge_limiter::operator::live::Live::new(&config, rules, &client, window_ms);
+            live.serve(&listener, &runtime)?;
+            return Ok(());
+        }
+        let span = stats::Span { since_ms, until_ms };
+        let recorded = runtime.block_on(stats::read(&client, &rules, span))?;
+        if config.stats.is_none() {
+            eprintln!(
+                "edge-limiter: note: this configuration keeps no stats; `stats = true` in \
+                 [vars.LIMITER] turns them on"
+            );
+        }
+        let report = stats::report(&config, span, &recorded);
+        let source = format!("stats in {}", client.url().trim_end_matches('/'));
+        if let Some(path) = &args.plot {
+            write_plot(path, &report, &source)?;
+        }
+        let text = match args.from.json {
+            true => format!("{}\n", report.to_json()),
+            false => report.render_text(&source),
+        };
+        std::io::stdout().lock().write_all(text.as_bytes())?;
         Ok(())
     }
 

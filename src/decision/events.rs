@@ -40,6 +40,9 @@ pub enum Action {
     /// Reading the rule-wide overrides after a response failed: the
     /// isolate keeps its copy and reads again a second later at the soonest.
     OverrideReadFailed,
+    /// Writing the isolate's stats failed: it keeps them for its next
+    /// write (`rule` is empty, `key` names the first key written).
+    StatsWriteFailed,
 }
 
 /// One log event.
@@ -49,7 +52,7 @@ pub struct Event {
     pub source: &'static str,
     /// What happened.
     pub action: Action,
-    /// The rule it happened under.
+    /// The rule it happened under (empty for a stats write).
     pub rule: String,
     /// The status the client got from the limiter (429, 400, 503), or for
     /// an after-response refund the origin's; `None` when forwarded.

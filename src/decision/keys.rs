@@ -27,14 +27,40 @@ pub fn redis_key(rule: &str, parts: &[&str]) -> String {
     let id = if plain {
         parts.join("|")
     } else {
-        let mut h = Sha1::new();
-        for p in parts {
-            h.update(&(p.len() as u64).to_be_bytes());
-            h.update(p.as_bytes());
-        }
-        format!("#{}", h.digest())
+        hashed(parts)
     };
     format!("el:{{{id}}}:{rule}")
+}
+
+/// The hashed form of an identifier: `#` and the SHA1 of its parts, each
+/// length-prefixed.
+fn hashed<S: AsRef<str>>(parts: &[S]) -> String {
+    let mut h = Sha1::new();
+    for p in parts {
+        let p = p.as_ref();
+        h.update(&(p.len() as u64).to_be_bytes());
+        h.update(p.as_bytes());
+    }
+    format!("#{}", h.digest())
+}
+
+/// The client's identifier as a state key `el:{<identifier>}:<rule>`
+/// shows it (plain, or hashed); `None` for text that is no such key.
+pub fn client_in(key: &str) -> Option<&str> {
+    let (_, tagged) = key.split_once('{')?;
+    // Neither form holds `}`, and rule names hold none either.
+    tagged.split_once('}').map(|(id, _)| id)
+}
+
+/// An identifier as a key shows it, hashed as [`redis_key`] hashes one
+/// it cannot keep plain: the same client gets the same hash whichever
+/// form its key holds, and no address is kept readable.
+pub fn hashed_client(shown: &str) -> String {
+    if shown.starts_with('#') {
+        return shown.to_owned();
+    }
+    // A plain identifier's parts hold no `|`: the join splits back exactly.
+    hashed(&shown.split('|').collect::<Vec<_>>())
 }
 
 fn is_plain(b: u8) -> bool {
@@ -104,6 +130,27 @@ mod tests {
             redis_key("r", &[&"x".repeat(64)]).len(),
             "el:{}:r".len() + 64
         );
+    }
+
+    #[test]
+    fn a_key_names_its_client_and_the_hash_is_the_keys_own() {
+        let plain = redis_key("api", &["2001:db8::1", "key-1"]);
+        assert_eq!(client_in(&plain), Some("2001:db8::1|key-1"));
+        let long = redis_key("api", &[&"x".repeat(65)]);
+        let shown = client_in(&long).unwrap();
+        assert!(shown.starts_with('#') && shown.len() == 41, "{shown}");
+        assert_eq!(hashed_client(shown), shown, "a hashed one stays as it is");
+        // The hash of a plain one is what its key would hold if it were hashed.
+        let mut h = Sha1::new();
+        for p in ["2001:db8::1", "key-1"] {
+            h.update(&(p.len() as u64).to_be_bytes());
+            h.update(p.as_bytes());
+        }
+        assert_eq!(
+            hashed_client("2001:db8::1|key-1"),
+            format!("#{}", h.digest())
+        );
+        assert_eq!(client_in("el:rule:api:o"), None);
     }
 
     #[test]

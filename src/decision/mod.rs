@@ -1,7 +1,8 @@
 //! Deciding one request: the Redis keys, the script protocol and its
 //! verdicts, the REST client that carries it, the isolate's block cache,
-//! and the [`limiter::Limiter`] that puts them together. The reference
-//! model the script is held to lives here too.
+//! and the [`limiter::Limiter`] that puts them together; and [`stats`],
+//! what an isolate counts of what it decided. The reference model the
+//! script is held to lives here too.
 
 pub mod block_cache;
 pub mod events;
@@ -12,4 +13,5 @@ pub mod model;
 pub mod protocol;
 pub mod redis_rest;
 pub mod rule_wide;
+pub mod stats;
 pub mod verdict;

@@ -138,6 +138,11 @@ impl RestClient {
         })
     }
 
+    /// The endpoint's URL (never the token), for what a command prints.
+    pub fn url(&self) -> &str {
+        self.url.as_str()
+    }
+
     /// Sends one command (`["GET", "k"]`) and returns its `result`, within
     /// [`COMMAND_BUDGET`] (tools and tests; decisions go through
     /// [`RestClient::run_script`] with the rule's own budget).

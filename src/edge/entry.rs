@@ -23,6 +23,11 @@ use crate::{
         limiter::{Handled, LeaseRefresh, Limiter, PendingRefund},
         redis_rest::RestClient,
         rule_wide::RuleWide,
+        stats::{
+            calls::Counted,
+            recorder::{Minute, Recorder},
+            write,
+        },
     },
     edge::responses::{self, Response, PROBLEM_JSON},
     rules::{
@@ -47,6 +52,8 @@ struct Isolate {
     leases: RefCell<Leases>,
     /// The rule-wide overrides as last read.
     wide: RefCell<RuleWide>,
+    /// What it counted and has not written yet, when stats are on.
+    stats: Option<RefCell<Recorder>>,
 }
 
 thread_local! {
@@ -65,6 +72,9 @@ fn isolate(env: &Env) -> std::result::Result<Rc<Isolate>, String> {
     };
     let config = load_config(env)?;
     let ready = Rc::new(Isolate {
+        stats: config
+            .stats
+            .map(|s| RefCell::new(Recorder::new(&config, s))),
         cache: RefCell::new(BlockCache::new(config.cache_hold_ms)),
         leases: RefCell::new(Leases::new()),
         wide: RefCell::new(RuleWide::new()),
@@ -103,18 +113,29 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
         meta.cf = cf_facts(&req);
     }
     let now_ms = js_sys::Date::now() as u64;
-    let limiter = isolate.limiter();
+    let calls = Counted::new(&isolate.client);
+    let handled = isolate.limiter(&calls).handle(&meta, now_ms).await;
+    isolate.count(|s| s.request(&isolate.config, &handled, calls.take(), now_ms));
     let Handled {
         outcome,
         events,
         refund,
         refresh,
         reread,
-    } = limiter.handle(&meta, now_ms).await;
+    } = handled;
     log(&events);
+    let work = Background {
+        refund,
+        refresh,
+        reread,
+        stats: isolate
+            .stats
+            .as_ref()
+            .and_then(|s| s.borrow_mut().due(now_ms)),
+    };
     // Before the origin is asked, so that nothing it does, and no
     // cancelled request, can skip the work or leave its flags set.
-    let origin_status = background(&isolate, &ctx, refund, refresh, reread);
+    let origin_status = background(&isolate, &ctx, work);
     let (response, status) = match responses::render(&outcome, &isolate.config) {
         Response::Answer {
             status,
@@ -134,40 +155,57 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
     Ok(response)
 }
 
+/// What a request leaves to do after its decision.
+struct Background {
+    refund: Option<PendingRefund>,
+    refresh: Option<LeaseRefresh>,
+    reread: Vec<String>,
+    /// The isolate's counts, when a write is due.
+    stats: Option<Vec<Minute>>,
+}
+
 /// Starts the work a request leaves to do in `waitUntil`, never delaying
 /// its response: leases running low asked for again and rule-wide
 /// overrides read again (after a denial too, so that a cleared block
 /// reaches the isolate) at once, beside the origin's fetch; charges the
-/// origin's status does not count given back once it is known. `None`
-/// when there is nothing to do; otherwise where the status goes. A
-/// request whose origin fetch failed, or that was cancelled, keeps its
-/// charges: the origin may have acted on it.
-fn background(
-    isolate: &Rc<Isolate>,
-    ctx: &Context,
-    refund: Option<PendingRefund>,
-    refresh: Option<LeaseRefresh>,
-    reread: Vec<String>,
-) -> Option<StatusSender> {
-    if refund.is_none() && refresh.is_none() && reread.is_empty() {
+/// origin's status does not count given back once it is known; then the
+/// stats, when due. `None` when there is nothing to do; otherwise where
+/// the status goes. A request whose origin fetch failed, or that was
+/// cancelled, keeps its charges: the origin may have acted on it.
+fn background(isolate: &Rc<Isolate>, ctx: &Context, work: Background) -> Option<StatusSender> {
+    let Background {
+        refund,
+        refresh,
+        reread,
+        stats,
+    } = work;
+    if refund.is_none() && refresh.is_none() && reread.is_empty() && stats.is_none() {
         return None;
     }
     let (sender, status) = status_channel();
     let isolate = isolate.clone();
     ctx.wait_until(async move {
-        let limiter = isolate.limiter();
+        let calls = Counted::new(&isolate.client);
+        let limiter = isolate.limiter(&calls);
+        let config = &isolate.config;
         let now_ms = js_sys::Date::now() as u64;
         if let Some(refresh) = &refresh {
             log(&limiter.refresh(refresh, now_ms).await);
+            isolate.count(|s| s.refreshed(refresh, calls.take(), now_ms));
         }
         if !reread.is_empty() {
             log(&limiter.reread(&reread, now_ms).await);
+            isolate.count(|s| s.reread(config, &reread, calls.take(), now_ms));
         }
         if let Some(refund) = &refund {
             if let Some(status) = status.await {
                 let now_ms = js_sys::Date::now() as u64;
                 log(&limiter.refund(refund, status, now_ms).await);
+                isolate.count(|s| s.refunded(config, refund, status, calls.take(), now_ms));
             }
+        }
+        if let (Some(minutes), Some(recorder)) = (stats, &isolate.stats) {
+            log(&write::flush(&isolate.client, config, recorder, minutes).await);
         }
     });
     Some(sender)
@@ -219,14 +257,25 @@ fn status_channel() -> (StatusSender, impl Future<Output = Option<u16>>) {
 }
 
 impl Isolate {
-    fn limiter(&self) -> Limiter<'_, '_, RestClient> {
+    /// A limiter on `store`: the isolate's client, its calls counted.
+    fn limiter<'a>(
+        &'a self,
+        store: &'a Counted<'a, RestClient>,
+    ) -> Limiter<'a, 'a, Counted<'a, RestClient>> {
         Limiter {
             config: &self.config,
-            store: &self.client,
+            store,
             cache: &self.cache,
             leases: &self.leases,
             wide: &self.wide,
             pinned: false,
+        }
+    }
+
+    /// Counts into the isolate's stats, when they are on.
+    fn count(&self, f: impl FnOnce(&mut Recorder)) {
+        if let Some(stats) = &self.stats {
+            f(&mut stats.borrow_mut());
         }
     }
 }

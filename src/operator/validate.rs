@@ -8,6 +8,7 @@ use crate::rules::{
     lease::Lease,
     policy::Policy,
     rule::{FailMode, Mode},
+    stats::StatsClients,
 };
 
 /// One environment's verdict: its name (`(top level)` or `env.NAME`) and the
@@ -39,8 +40,19 @@ fn check_vars(vars: Option<&Value>) -> Result<Config, ConfigError> {
     Config::from_json(vars.get("LIMITER").ok_or_else(missing)?)
 }
 
-/// A one-line summary of a rule, for the command's report.
+/// A one-line summary of each rule, and of the stats settings when stats
+/// are on, for the command's report.
 pub fn describe(config: &Config) -> Vec<String> {
+    let stats = config.stats.map(|s| {
+        let clients = match s.clients {
+            StatsClients::Key => "as their key shows them",
+            StatsClients::Hash => "as their hash",
+        };
+        format!(
+            "stats: written every {}ms per isolate, kept {}ms after each day, clients {clients}",
+            s.every_ms, s.keep_ms
+        )
+    });
     config
         .rules
         .iter()
@@ -89,6 +101,7 @@ pub fn describe(config: &Config) -> Vec<String> {
             }
             line
         })
+        .chain(stats)
         .collect()
 }
 
@@ -180,6 +193,23 @@ name = "y"
         );
         assert!(of("env.bare").contains("no `[vars.LIMITER]`"));
         assert!(check_wrangler_toml("name = ").is_err());
+    }
+
+    #[test]
+    fn stats_settings_are_described_and_their_errors_named() {
+        let rule = "[[vars.LIMITER.rules]]\nname = \"a\"\nkey = [\"ip\"]\nalgorithm = \"gcra\"\nrate = 5\nperiod = \"1s\"\n";
+        let on = format!("[vars.LIMITER]\nstats = true\nstats_clients = \"hash\"\n{rule}");
+        let verdicts = check_wrangler_toml(&on).unwrap();
+        assert_eq!(
+            describe(verdicts[0].1.as_ref().unwrap())[1],
+            "stats: written every 30000ms per isolate, kept 604800000ms after each day, clients as their hash"
+        );
+        let bad = format!("[vars.LIMITER]\nstats = true\nstats_every = \"0s\"\n{rule}");
+        let e = check_wrangler_toml(&bad).unwrap()[0].1.clone().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "LIMITER configuration, field `stats_every`: must be longer than zero"
+        );
     }
 
     #[test]

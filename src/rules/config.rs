@@ -12,6 +12,7 @@ use super::{
     raw::{Algorithm, FromJson, RawConfig, RawCost, RawDuration, RawRule},
     request::{CfField, RequestMeta},
     rule::{Cost, DenyBody, FailMode, KeyPart, Mode, Rule, RuleId, DEFAULT_BUDGET_MS},
+    stats::{self, StatsClients, StatsSettings},
 };
 
 /// The whole configuration.
@@ -25,6 +26,9 @@ pub struct Config {
     /// How long an isolate answers a denied client from memory before
     /// asking Redis again (`cache_hold`), ms.
     pub cache_hold_ms: u64,
+    /// Whether and how isolates write stats of what they did; `None`
+    /// unless `stats = true`.
+    pub stats: Option<StatsSettings>,
 }
 
 /// `cache_hold` when none is given: a reset reaches every isolate within a
@@ -131,12 +135,71 @@ impl Config {
                     problem: e.problem,
                 })?,
         };
+        let stats = stats(&raw).map_err(|e| ConfigError::Field {
+            field: e.field,
+            problem: e.problem,
+        })?;
         Ok(Config {
             rules,
             x_ratelimit_headers: raw.x_ratelimit_headers.unwrap_or(true),
             cache_hold_ms,
+            stats,
         })
     }
+}
+
+/// The stats settings, checked: `None` unless `stats = true`.
+fn stats(raw: &RawConfig) -> Result<Option<StatsSettings>, FieldError> {
+    let given = [
+        ("stats_every", raw.stats_every.is_some()),
+        ("stats_keep", raw.stats_keep.is_some()),
+        ("stats_clients", raw.stats_clients.is_some()),
+    ];
+    match raw.stats {
+        Some(true) => {}
+        // Off on purpose: the other settings may stay for the next time.
+        Some(false) => return Ok(None),
+        None => {
+            return match given.iter().find(|(_, set)| *set) {
+                Some((field, _)) => Err(field_error(
+                    *field,
+                    "takes effect only with `stats = true`; add it, or `stats = false` to keep stats off",
+                )),
+                None => Ok(None),
+            }
+        }
+    }
+    let within =
+        |field: &str, written: Option<&RawDuration>, default: u64, range: (u64, u64, &str)| {
+            let ms = written.map_or(Ok(default), |w| duration(field, w))?;
+            if !(range.0..=range.1).contains(&ms) {
+                return Err(field_error(field, format!("must be between {}", range.2)));
+            }
+            Ok(ms)
+        };
+    Ok(Some(StatsSettings {
+        every_ms: within(
+            "stats_every",
+            raw.stats_every.as_ref(),
+            stats::DEFAULT_EVERY_MS,
+            (
+                stats::EVERY_RANGE_MS.0,
+                stats::EVERY_RANGE_MS.1,
+                "1s and 1h",
+            ),
+        )?,
+        keep_ms: within(
+            "stats_keep",
+            raw.stats_keep.as_ref(),
+            stats::DEFAULT_KEEP_MS,
+            (
+                stats::KEEP_RANGE_MS.0,
+                stats::KEEP_RANGE_MS.1,
+                "1h and 366d",
+            ),
+        )?,
+        clients: raw.stats_clients.unwrap_or(StatsClients::Key),
+    }))
 }
 
 impl Config {
@@ -649,6 +712,95 @@ mod tests {
                 other => panic!("{bad}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn stats_settings_are_checked_and_errors_name_the_field() {
+        let with = |extra: Value| {
+            let rule =
+                json!({"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1s"});
+            let mut c = json!({ "rules": [rule] });
+            c.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            Config::from_json(&c)
+        };
+        assert_eq!(with(json!({})).unwrap().stats, None, "off unless asked for");
+        assert_eq!(
+            with(json!({"stats": true})).unwrap().stats,
+            Some(StatsSettings::default())
+        );
+        assert_eq!(
+            with(
+                json!({"stats": true, "stats_every": "1s", "stats_keep": "2d",
+                "stats_clients": "hash"})
+            )
+            .unwrap()
+            .stats,
+            Some(StatsSettings {
+                every_ms: 1000,
+                keep_ms: 2 * 86_400_000,
+                clients: StatsClients::Hash
+            })
+        );
+        assert_eq!(
+            with(json!({"stats": false, "stats_every": "1s"}))
+                .unwrap()
+                .stats,
+            None
+        );
+        for (extra, field, says) in [
+            (json!({"stats": "yes"}), "stats", "true or false"),
+            (
+                json!({"stats_every": "1s"}),
+                "stats_every",
+                "`stats = true`",
+            ),
+            (
+                json!({"stats": true, "stats_every": "500ms"}),
+                "stats_every",
+                "between 1s and 1h",
+            ),
+            (
+                json!({"stats": true, "stats_every": "2h"}),
+                "stats_every",
+                "between 1s and 1h",
+            ),
+            (
+                json!({"stats": true, "stats_every": "often"}),
+                "stats_every",
+                "not a duration",
+            ),
+            (
+                json!({"stats": true, "stats_keep": "30m"}),
+                "stats_keep",
+                "between 1h and 366d",
+            ),
+            (
+                json!({"stats": true, "stats_keep": "400d"}),
+                "stats_keep",
+                "between 1h and 366d",
+            ),
+            (
+                json!({"stats": true, "stats_clients": "ip"}),
+                "stats_clients",
+                "\"key\", \"hash\"",
+            ),
+        ] {
+            match with(extra.clone()) {
+                Err(e @ ConfigError::Field { .. }) => {
+                    let shown = e.to_string();
+                    assert!(
+                        shown.contains(&format!("field `{field}`")),
+                        "{extra}: {shown}"
+                    );
+                    assert!(shown.contains(says), "{extra}: {shown}");
+                }
+                other => panic!("{extra}: {other:?}"),
+            }
+        }
+        let unknown = with(json!({"stat": true})).unwrap_err().to_string();
+        assert!(unknown.contains("`stats_every`"), "{unknown}");
     }
 
     #[test]

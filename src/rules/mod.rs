@@ -12,3 +12,4 @@ pub mod policy;
 mod raw;
 pub mod request;
 pub mod rule;
+pub mod stats;

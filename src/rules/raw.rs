@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
-use super::rule::{FailMode, Mode};
+use super::{
+    rule::{FailMode, Mode},
+    stats::StatsClients,
+};
 
 /// The two algorithms a rule can use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,17 +24,33 @@ pub(super) struct RawConfig {
     pub(super) rules: Vec<Value>,
     pub(super) x_ratelimit_headers: Option<bool>,
     pub(super) cache_hold: Option<Value>,
+    pub(super) stats: Option<bool>,
+    pub(super) stats_every: Option<RawDuration>,
+    pub(super) stats_keep: Option<RawDuration>,
+    pub(super) stats_clients: Option<StatsClients>,
 }
 
 impl RawConfig {
     /// Reads the table's own fields (each rule is read by [`RawRule::read`]);
     /// the error names the field.
     pub(super) fn read(table: &Map<String, Value>) -> Result<RawConfig, RawError> {
-        const FIELDS: [&str; 3] = ["rules", "x_ratelimit_headers", "cache_hold"];
+        const FIELDS: [&str; 7] = [
+            "rules",
+            "x_ratelimit_headers",
+            "cache_hold",
+            "stats",
+            "stats_every",
+            "stats_keep",
+            "stats_clients",
+        ];
         if let Some(unknown) = table.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+            let known: Vec<String> = FIELDS.iter().map(|f| format!("`{f}`")).collect();
             return Err((
                 "LIMITER".to_owned(),
-                format!("unknown field `{unknown}`, expected `rules`, `x_ratelimit_headers` or `cache_hold`"),
+                format!(
+                    "unknown field `{unknown}`, expected one of {}",
+                    known.join(", ")
+                ),
             ));
         }
         let rules = match table.get("rules") {
@@ -44,6 +63,10 @@ impl RawConfig {
             rules,
             x_ratelimit_headers,
             cache_hold: table.get("cache_hold").filter(|v| !v.is_null()).cloned(),
+            stats: one(table, "stats")?,
+            stats_every: one(table, "stats_every")?,
+            stats_keep: one(table, "stats_keep")?,
+            stats_clients: one(table, "stats_clients")?,
         })
     }
 }
@@ -198,6 +221,15 @@ impl FromJson for Mode {
 impl FromJson for FailMode {
     fn from_json(v: &Value) -> Result<FailMode, String> {
         named(v, &[("open", FailMode::Open), ("closed", FailMode::Closed)])
+    }
+}
+
+impl FromJson for StatsClients {
+    fn from_json(v: &Value) -> Result<StatsClients, String> {
+        named(
+            v,
+            &[("key", StatsClients::Key), ("hash", StatsClients::Hash)],
+        )
     }
 }
 

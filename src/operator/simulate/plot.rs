@@ -5,8 +5,9 @@ use plotters::prelude::*;
 
 use super::{
     clock::format_ms,
-    report::{Point, Report, RuleReport},
+    report::{Kind, Point, Report, RuleReport},
 };
+use crate::decision::stats::counts::RuleCount;
 
 /// Admitted requests' colour.
 pub const ADMITTED: RGBColor = RGBColor(0x2c, 0xa0, 0x2c);
@@ -27,13 +28,14 @@ const BUCKETS_S: [u64; 16] = [
     1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21_600, 86_400,
 ];
 
-/// The bucket width for a log spanning `span_s` seconds.
-fn bucket_for(span_s: u64) -> u64 {
+/// The bucket width for figures spanning `span_s` seconds, counted in
+/// buckets of `least_s` (no point drawn finer than the figures).
+fn bucket_for(span_s: u64, least_s: u64) -> u64 {
     BUCKETS_S
         .iter()
         .copied()
-        .find(|b| span_s / b < MAX_BUCKETS)
-        .unwrap_or_else(|| span_s / MAX_BUCKETS + 1)
+        .find(|b| *b >= least_s && span_s / b < MAX_BUCKETS)
+        .unwrap_or_else(|| (span_s / MAX_BUCKETS + 1).max(least_s))
 }
 
 /// One bucket of a panel: its start (s), then requests admitted, denied by
@@ -51,7 +53,7 @@ fn bucketed(points: &[Point], start: u64, buckets: u64, bucket: u64) -> Vec<Buck
         .map(|i| (start + i * bucket, 0, 0, 0))
         .collect();
     for p in points {
-        let i = ((p.second - start) / bucket) as usize;
+        let i = ((p.start_s - start) / bucket) as usize;
         if let Some(b) = out.get_mut(i) {
             b.1 += p.admitted;
             b.2 += p.denied;
@@ -86,7 +88,7 @@ impl Axis {
     fn of(report: &Report) -> Axis {
         let (first, last) = report.span_ms.map_or((0, 0), |(a, b)| (a / 1000, b / 1000));
         let span = last - first + 1;
-        let bucket = bucket_for(span);
+        let bucket = bucket_for(span, (report.bucket_ms / 1000).max(1));
         // Buckets start on a multiple of their width, as a reader would count them.
         let start = first - first % bucket;
         let buckets = (last - start) / bucket + 1;
@@ -118,7 +120,8 @@ pub fn svg(report: &Report) -> Result<String, String> {
         title
             .titled(
                 &format!(
-                    "edge-limiter simulate: requests per {} s, {} to {}",
+                    "edge-limiter {}: requests per {} s, {} to {}",
+                    command(report),
                     axis.bucket,
                     format_ms(axis.start * 1000),
                     format_ms(axis.end * 1000)
@@ -135,14 +138,23 @@ pub fn svg(report: &Report) -> Result<String, String> {
     Ok(out)
 }
 
+/// The command whose report it is.
+fn command(report: &Report) -> &'static str {
+    match report.kind {
+        Kind::Replayed => "simulate",
+        Kind::Recorded => "stats",
+    }
+}
+
 /// A panel's caption: the same counts as the report's table, so that its
 /// lines add up to what it says.
 fn caption(rule: &RuleReport) -> String {
+    let c = &rule.counts;
     let (denied, verb) = match rule.shadow {
-        true => (rule.shadow_would_deny, "would deny"),
-        false => (rule.denied, "denied"),
+        true => (c[RuleCount::ShadowWouldDeny], "would deny"),
+        false => (c[RuleCount::Denied], "denied"),
     };
-    let others = match rule.denied_by_others {
+    let others = match c[RuleCount::DeniedByOthers] {
         0 => String::new(),
         n => format!(", {n} denied by other rules"),
     };
@@ -150,8 +162,8 @@ fn caption(rule: &RuleReport) -> String {
         "{}{}: {} matched, {} admitted, {denied} {verb}{others}",
         rule.name,
         if rule.shadow { " (shadow)" } else { "" },
-        rule.matched,
-        rule.admitted,
+        c[RuleCount::Matched],
+        c[RuleCount::Admitted],
     )
 }
 
@@ -193,7 +205,7 @@ fn draw_panel(
         (ADMITTED, "admitted", |b| b.1),
         (DENIED, denied_label, |b| b.2),
     ];
-    if rule.denied_by_others > 0 {
+    if rule.counts[RuleCount::DeniedByOthers] > 0 {
         lines.push((DENIED_BY_OTHERS, "denied by other rules", |b| b.3));
     }
     for (color, name, pick) in lines {
@@ -217,17 +229,15 @@ fn draw_panel(
 }
 
 /// Text made safe inside HTML.
-fn escape(text: &str) -> String {
+pub fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
 }
 
-/// A page with the plot inline and the per-rule table under it.
-pub fn html(report: &Report, source: &str) -> Result<String, String> {
-    let svg = svg(report)?;
-    let (header, rows) = report.rule_rows();
+/// An HTML table of `header` and `rows`, every cell escaped.
+pub fn table_html(header: &[&str], rows: &[Vec<String>]) -> String {
     let head: String = header
         .iter()
         .map(|h| format!("<th>{}</th>", escape(h)))
@@ -242,26 +252,34 @@ pub fn html(report: &Report, source: &str) -> Result<String, String> {
             format!("<tr>{cells}</tr>\n")
         })
         .collect();
+    format!("<table>\n<tr>{head}</tr>\n{body}</table>\n")
+}
+
+/// A page with the plot inline and the per-rule table under it.
+pub fn html(report: &Report, source: &str) -> Result<String, String> {
+    let svg = svg(report)?;
+    let (header, rows) = report.rule_rows();
+    let table = table_html(&header, &rows);
+    let by = match report.kind {
+        Kind::Replayed => format!("Decided by {}.", report.engine),
+        Kind::Recorded => "As the isolates recorded them.".to_owned(),
+    };
     let summary = format!(
-        "{} requests: admitted {}, denied (429) {}, refused (400) {}; no rule matched {}. Decided by {}.",
-        report.requests,
-        report.admitted,
-        report.denied,
-        report.refused,
-        report.unmatched,
-        report.engine
+        "{} requests: admitted {}, denied (429) {}, refused (400) {}; no rule matched {}. {by}",
+        report.requests, report.admitted, report.denied, report.refused, report.unmatched,
     );
     Ok(format!(
         "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
-         <title>edge-limiter simulate: {title}</title>\n<style>\n\
+         <title>edge-limiter {command}: {title}</title>\n<style>\n\
          body {{ font-family: sans-serif; margin: 1.5em; color: #222; }}\n\
          table {{ border-collapse: collapse; margin-top: 1em; }}\n\
          th, td {{ border: 1px solid #bbb; padding: 0.25em 0.6em; }}\n\
          td {{ text-align: right; }} td:first-child, td:nth-child(2) {{ text-align: left; }}\n\
-         </style>\n</head>\n<body>\n<h1>edge-limiter simulate: {title}</h1>\n<p>{summary}</p>\n\
-         <figure>\n{svg}\n</figure>\n<table>\n<tr>{head}</tr>\n{body}</table>\n</body>\n</html>\n",
+         </style>\n</head>\n<body>\n<h1>edge-limiter {command}: {title}</h1>\n<p>{summary}</p>\n\
+         <figure>\n{svg}\n</figure>\n{table}</body>\n</html>\n",
         title = escape(source),
         summary = escape(&summary),
+        command = command(report),
     ))
 }
 
@@ -271,20 +289,23 @@ mod tests {
 
     #[test]
     fn buckets_keep_panels_readable() {
-        assert_eq!(bucket_for(1), 1);
-        assert_eq!(bucket_for(299), 1);
-        assert_eq!(bucket_for(300), 2);
-        assert_eq!(bucket_for(3600), 15);
-        assert_eq!(bucket_for(7 * 86_400), 3600);
+        assert_eq!(bucket_for(1, 1), 1);
+        assert_eq!(bucket_for(299, 1), 1);
+        assert_eq!(bucket_for(300, 1), 2);
+        assert_eq!(bucket_for(3600, 1), 15);
+        assert_eq!(bucket_for(7 * 86_400, 1), 3600);
+        // Figures counted per minute are never drawn finer.
+        assert_eq!(bucket_for(3600, 60), 60);
+        assert_eq!(bucket_for(7 * 86_400, 60), 3600);
         let points = [
             Point {
-                second: 100,
+                start_s: 100,
                 admitted: 2,
                 denied: 1,
                 denied_by_others: 4,
             },
             Point {
-                second: 104,
+                start_s: 104,
                 admitted: 3,
                 ..Point::default()
             },

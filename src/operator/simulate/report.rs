@@ -1,5 +1,7 @@
-//! What a simulation counts, request by request, and how it reads: a table
-//! per rule, the clients most denied, the busiest second; as text or JSON.
+//! What a simulation counts, request by request, and how a report reads,
+//! whether its figures were replayed from a log or recorded by the
+//! deployment's isolates (`edge-limiter stats`): a table per rule, the
+//! clients most denied, the busiest second or minute; as text or JSON.
 
 use std::collections::HashMap;
 
@@ -7,7 +9,10 @@ use serde_json::{json, Value};
 
 use super::{clock::format_ms, log::LineError};
 use crate::{
-    decision::verdict::Decision,
+    decision::{
+        stats::counts::{Fate, RuleCount, RuleCounts, RuleFate},
+        verdict::Decision,
+    },
     rules::{config::Config, rule::Mode},
 };
 
@@ -17,29 +22,16 @@ pub const QUOTED_LINES: usize = 5;
 /// How many clients the "most denied" list holds.
 pub const TOP_CLIENTS: usize = 10;
 
-/// One rule's figures.
+/// One rule's figures: what [`RuleCount`] names. A replay counts no fail
+/// mode, lease or call, which stay 0.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RuleReport {
     /// The rule's name.
     pub name: String,
     /// Whether it enforces or only reports.
     pub shadow: bool,
-    /// Requests decided under it, or refused by it.
-    pub matched: u64,
-    /// Of those, requests the worker let through.
-    pub admitted: u64,
-    /// Requests it denied itself (several enforced rules may deny one).
-    pub denied: u64,
-    /// Requests it would have admitted, denied by another rule.
-    pub denied_by_others: u64,
-    /// A shadow rule: requests it would have denied (they went through).
-    pub shadow_would_deny: u64,
-    /// Requests it refused with 400: a key part given twice with different
-    /// values (a shadow rule's count is of requests it would have refused).
-    pub refused: u64,
-    /// Penalties its denials started. Rules have no penalties yet (issue
-    /// 13 adds them), so this stays 0 until they do.
-    pub penalties_started: u64,
+    /// Its figures.
+    pub counts: RuleCounts,
 }
 
 /// A client among the most denied.
@@ -47,17 +39,30 @@ pub struct RuleReport {
 pub struct ClientReport {
     /// The rule that denied it.
     pub rule: String,
-    /// Its identifier under that rule, parts joined by ` | `.
+    /// Its identifier under that rule: in a replay its parts joined by
+    /// ` | `, in what the isolates recorded as the rule's key shows it.
     pub client: String,
     /// Requests of it that this rule denied.
     pub denied: u64,
-    /// All its requests under this rule.
-    pub requests: u64,
+    /// All its requests under this rule, where they were counted (the
+    /// isolates count denials only).
+    pub requests: Option<u64>,
 }
 
-/// The second with the most requests.
+/// Where a report's figures come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Kind {
+    /// A log replayed through the rules (`simulate`).
+    #[default]
+    Replayed,
+    /// What the deployment's isolates recorded (`stats`).
+    Recorded,
+}
+
+/// The bucket of time (a second in a replay, a minute in what the isolates
+/// recorded) with the most requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SecondReport {
+pub struct BucketReport {
     /// Its start, epoch milliseconds.
     pub start_ms: u64,
     /// Requests in it.
@@ -69,11 +74,11 @@ pub struct SecondReport {
 }
 
 /// Admitted and denied (or, for a shadow rule, would-deny) requests of one
-/// rule in one second of the log.
+/// rule in one bucket of time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Point {
-    /// Seconds since the epoch.
-    pub second: u64,
+    /// The bucket's start, seconds since the epoch.
+    pub start_s: u64,
     /// Requests under the rule that went through.
     pub admitted: u64,
     /// Requests the rule denied (a shadow rule: would have denied).
@@ -89,10 +94,12 @@ struct Counted {
     denied_by_others: bool,
 }
 
-/// Everything a simulation found.
+/// Everything a simulation found, or the isolates recorded.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
-    /// `redis` or `model`.
+    /// Where the figures come from.
+    pub kind: Kind,
+    /// `redis` or `model` (a replay).
     pub engine: String,
     /// The log's format.
     pub format: String,
@@ -108,14 +115,26 @@ pub struct Report {
     pub refused: u64,
     /// Requests no rule matched.
     pub unmatched: u64,
-    /// The first and last request's time, epoch milliseconds.
+    /// Requests forwarded without a decision, Redis unavailable and every
+    /// rule open (recorded only).
+    pub bypassed: u64,
+    /// Requests answered 503, Redis unavailable and a rule closed
+    /// (recorded only).
+    pub unavailable: u64,
+    /// Script calls the limiter made, each once whatever the rules it
+    /// served (recorded only).
+    pub calls: u64,
+    /// The first and last request's time (a replay), or the span asked for
+    /// (recorded), epoch milliseconds.
     pub span_ms: Option<(u64, u64)>,
     /// Per rule, in configuration order.
     pub rules: Vec<RuleReport>,
     /// The clients most denied, most first.
     pub top_denied: Vec<ClientReport>,
-    /// The busiest second, if any request was read.
-    pub busiest: Option<SecondReport>,
+    /// How long a bucket of [`Report::series`] and [`Report::busiest`] is, ms.
+    pub bucket_ms: u64,
+    /// The busiest bucket, if any request was counted.
+    pub busiest: Option<BucketReport>,
     /// Lines that could not be read.
     pub unreadable: u64,
     /// The first [`QUOTED_LINES`] of them.
@@ -123,7 +142,7 @@ pub struct Report {
     /// Requests logged earlier than requests already decided (beyond the
     /// reordering window), decided at the latest time already reached.
     pub late: u64,
-    /// Per rule, one point per second that had requests under it.
+    /// Per rule, one point per bucket that had requests under it.
     pub series: Vec<Vec<Point>>,
 }
 
@@ -132,7 +151,7 @@ pub struct Tally {
     report: Report,
     /// Per rule, requests and denials per client identifier.
     clients: Vec<HashMap<String, (u64, u64)>>,
-    second: SecondReport,
+    second: BucketReport,
 }
 
 impl Tally {
@@ -155,10 +174,11 @@ impl Tally {
                 format_guessed_from: guessed_from,
                 rules,
                 series: vec![Vec::new(); config.rules.len()],
+                bucket_ms: 1000,
                 ..Report::default()
             },
             clients: vec![HashMap::new(); config.rules.len()],
-            second: SecondReport::default(),
+            second: BucketReport::default(),
         }
     }
 
@@ -182,9 +202,9 @@ impl Tally {
         r.span_ms = Some(r.span_ms.map_or((time_ms, time_ms), |(a, _)| (a, time_ms)));
         let start_ms = time_ms - time_ms % 1000;
         if self.second.start_ms != start_ms || self.second.requests == 0 {
-            self.second = SecondReport {
+            self.second = BucketReport {
                 start_ms,
-                ..SecondReport::default()
+                ..BucketReport::default()
             };
         }
         self.second.requests += 1;
@@ -206,9 +226,9 @@ impl Tally {
     fn point(&mut self, rule: usize, time_ms: u64, counted: Counted) {
         let second = time_ms / 1000;
         let series = &mut self.report.series[rule];
-        if series.last().is_none_or(|p| p.second != second) {
+        if series.last().is_none_or(|p| p.start_s != second) {
             series.push(Point {
-                second,
+                start_s: second,
                 ..Point::default()
             });
         }
@@ -227,18 +247,18 @@ impl Tally {
 
     /// A request refused with 400 by `rule` (its index), before any decision.
     pub fn refused(&mut self, time_ms: u64, rule: usize) {
-        let r = &mut self.report.rules[rule];
-        r.matched += 1;
-        r.refused += 1;
+        let r = &mut self.report.rules[rule].counts;
+        r[RuleCount::Matched] += 1;
+        r[RuleCount::Refused] += 1;
         self.request(time_ms, false, false);
     }
 
     /// A shadow rule that could not identify a request's client: it would
     /// have refused it, and is left out of the decision.
     pub fn shadow_refused(&mut self, rule: usize) {
-        let r = &mut self.report.rules[rule];
-        r.matched += 1;
-        r.refused += 1;
+        let r = &mut self.report.rules[rule].counts;
+        r[RuleCount::Matched] += 1;
+        r[RuleCount::Refused] += 1;
     }
 
     /// A decided request: `rules` are the indices of the rules in the call,
@@ -247,25 +267,16 @@ impl Tally {
         self.request(time_ms, decision.admitted(), !decision.admitted());
         for (i, ((rule, client), state)) in rules.iter().zip(&decision.rules).enumerate() {
             let r = &mut self.report.rules[*rule];
-            r.matched += 1;
-            let denied_here = !state.admitted() && !r.shadow;
+            // Counted as the worker counts what it did.
+            let fate = RuleFate::of(decision, state, r.shadow);
+            fate.count(&mut r.counts);
             // The panel's lines count what its title counts: a shadow rule's
             // red line is its would-deny, whatever became of the request.
             let counted = Counted {
-                admitted: decision.admitted(),
-                denied: denied_here || (r.shadow && !state.admitted()),
-                denied_by_others: !decision.admitted() && !denied_here,
+                admitted: fate.fate == Fate::Admitted,
+                denied: fate.fate == Fate::Denied || fate.would_deny,
+                denied_by_others: fate.fate == Fate::DeniedByOthers,
             };
-            if counted.admitted {
-                r.admitted += 1;
-            } else if denied_here {
-                r.denied += 1;
-            } else {
-                r.denied_by_others += 1;
-            }
-            if r.shadow && !state.admitted() {
-                r.shadow_would_deny += 1;
-            }
             self.point(*rule, time_ms, counted);
             // Most requests come from clients seen before: no key to copy then.
             let clients = &mut self.clients[*rule];
@@ -281,14 +292,14 @@ impl Tally {
         }
         for i in &decision.penalties_started {
             if let Some((rule, _)) = rules.get(*i) {
-                self.report.rules[*rule].penalties_started += 1;
+                self.report.rules[*rule].counts[RuleCount::PenaltiesStarted] += 1;
             }
         }
     }
 
     /// The report, with the most denied clients picked out.
     pub fn finish(mut self) -> Report {
-        let mut denied: Vec<ClientReport> = self
+        let denied: Vec<ClientReport> = self
             .clients
             .into_iter()
             .enumerate()
@@ -298,20 +309,25 @@ impl Tally {
                 rule: self.report.rules[rule].name.clone(),
                 client,
                 denied,
-                requests,
+                requests: Some(requests),
             })
             .collect();
-        // Ties in a stable order, so that a report reads the same every run.
-        denied.sort_by(|a, b| {
-            b.denied
-                .cmp(&a.denied)
-                .then_with(|| a.rule.cmp(&b.rule))
-                .then_with(|| a.client.cmp(&b.client))
-        });
-        denied.truncate(TOP_CLIENTS);
-        self.report.top_denied = denied;
+        self.report.top_denied = most_denied(denied);
         self.report
     }
+}
+
+/// The [`TOP_CLIENTS`] of `clients` most denied, most first; ties in a
+/// stable order, so that a report reads the same every run.
+pub fn most_denied(mut clients: Vec<ClientReport>) -> Vec<ClientReport> {
+    clients.sort_by(|a, b| {
+        b.denied
+            .cmp(&a.denied)
+            .then_with(|| a.rule.cmp(&b.rule))
+            .then_with(|| a.client.cmp(&b.client))
+    });
+    clients.truncate(TOP_CLIENTS);
+    clients
 }
 
 /// Text from a log made safe for a terminal: control characters (a
@@ -381,38 +397,63 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// The per-rule table's columns, in a replay and in what was recorded.
+const RULE_COLUMNS: [(RuleCount, &str); 7] = [
+    (RuleCount::Matched, "matched"),
+    (RuleCount::Admitted, "admitted"),
+    (RuleCount::Denied, "denied"),
+    (RuleCount::DeniedByOthers, "denied by other rules"),
+    (RuleCount::ShadowWouldDeny, "shadow would deny"),
+    (RuleCount::Refused, "refused (400)"),
+    (RuleCount::PenaltiesStarted, "penalties started"),
+];
+
+/// The columns of the second table, of what only the isolates record.
+const RECORDED_COLUMNS: [(RuleCount, &str); 4] = [
+    (RuleCount::FailOpen, "fail open"),
+    (RuleCount::FailClosed, "fail closed (503)"),
+    (RuleCount::Leased, "from a lease"),
+    (RuleCount::Calls, "script calls"),
+];
+
 impl Report {
-    /// The per-rule table's header and rows.
-    pub fn rule_rows(&self) -> (Vec<&'static str>, Vec<Vec<String>>) {
-        let header = vec![
-            "rule",
-            "mode",
-            "matched",
-            "admitted",
-            "denied",
-            "denied by other rules",
-            "shadow would deny",
-            "refused (400)",
-            "penalties started",
-        ];
+    /// A table of `columns` per rule: its header and rows.
+    fn rows_of(
+        &self,
+        columns: &[(RuleCount, &'static str)],
+    ) -> (Vec<&'static str>, Vec<Vec<String>>) {
+        let mut header = vec!["rule", "mode"];
+        header.extend(columns.iter().map(|(_, name)| *name));
         let rows = self
             .rules
             .iter()
             .map(|r| {
-                vec![
-                    r.name.clone(),
-                    if r.shadow { "shadow" } else { "enforce" }.to_owned(),
-                    r.matched.to_string(),
-                    r.admitted.to_string(),
-                    r.denied.to_string(),
-                    r.denied_by_others.to_string(),
-                    r.shadow_would_deny.to_string(),
-                    r.refused.to_string(),
-                    r.penalties_started.to_string(),
-                ]
+                let mode = if r.shadow { "shadow" } else { "enforce" };
+                let mut row = vec![r.name.clone(), mode.to_owned()];
+                row.extend(columns.iter().map(|(c, _)| r.counts[*c].to_string()));
+                row
             })
             .collect();
         (header, rows)
+    }
+
+    /// The per-rule table's header and rows.
+    pub fn rule_rows(&self) -> (Vec<&'static str>, Vec<Vec<String>>) {
+        self.rows_of(&RULE_COLUMNS)
+    }
+
+    /// The header and rows of the table of what only the isolates record:
+    /// how each rule's requests were decided.
+    pub fn decided_rows(&self) -> (Vec<&'static str>, Vec<Vec<String>>) {
+        self.rows_of(&RECORDED_COLUMNS)
+    }
+
+    /// The bucket's name: `second` or `minute`.
+    fn bucket_name(&self) -> &'static str {
+        match self.bucket_ms {
+            60_000 => "minute",
+            _ => "second",
+        }
     }
 
     /// The report as text: a summary, the tables, and what could not be read.
@@ -422,41 +463,69 @@ impl Report {
             Some((a, b)) => format!(", {} to {}", format_ms(a), format_ms(b)),
             None => String::new(),
         };
-        let format = match self.format_guessed_from {
-            Some(line) => format!("{}, guessed from line {line}", self.format),
-            None => self.format.clone(),
+        match self.kind {
+            Kind::Replayed => {
+                let format = match self.format_guessed_from {
+                    Some(line) => format!("{}, guessed from line {line}", self.format),
+                    None => self.format.clone(),
+                };
+                out.push_str(&format!(
+                    "{source} ({format}): {} requests{span}, decided by {}\n",
+                    self.requests, self.engine
+                ));
+            }
+            Kind::Recorded => out.push_str(&format!(
+                "{source}: {} requests{span}, as the isolates recorded them\n",
+                self.requests
+            )),
+        }
+        let undecided = match (self.bypassed, self.unavailable) {
+            (0, 0) => String::new(),
+            (b, u) => format!("; forwarded undecided (fail open) {b}, unavailable (503) {u}"),
         };
         out.push_str(&format!(
-            "{source} ({format}): {} requests{span}, decided by {}\n",
-            self.requests, self.engine
-        ));
-        out.push_str(&format!(
-            "admitted {}, denied (429) {}, refused (400) {}; no rule matched {}\n\n",
+            "admitted {}, denied (429) {}, refused (400) {}; no rule matched {}{undecided}\n\n",
             self.admitted, self.denied, self.refused, self.unmatched
         ));
         let (header, rows) = self.rule_rows();
         out.push_str(&table(&header, &rows));
+        if self.kind == Kind::Recorded {
+            let (header, rows) = self.decided_rows();
+            out.push_str("\nHow they were decided:\n\n");
+            out.push_str(&table(&header, &rows));
+            out.push_str(&format!(
+                "\nScript calls in all: {} (one deciding several rules counts once here)\n",
+                self.calls
+            ));
+        }
         if self.top_denied.is_empty() {
             out.push_str("\nNo client was denied.\n");
         } else {
             out.push_str("\nClients most denied:\n\n");
+            // The column only where every client's requests were counted.
+            let requests: Option<Vec<u64>> = self.top_denied.iter().map(|c| c.requests).collect();
             let rows: Vec<Vec<String>> = self
                 .top_denied
                 .iter()
-                .map(|c| {
-                    vec![
-                        c.client.clone(),
-                        c.rule.clone(),
-                        c.denied.to_string(),
-                        c.requests.to_string(),
-                    ]
+                .zip(0..)
+                .map(|(c, i)| {
+                    let mut row = vec![c.client.clone(), c.rule.clone(), c.denied.to_string()];
+                    if let Some(requests) = &requests {
+                        row.push(requests[i].to_string());
+                    }
+                    row
                 })
                 .collect();
-            out.push_str(&table(&["client", "rule", "denied", "of requests"], &rows));
+            let header: &[&str] = match requests {
+                Some(_) => &["client", "rule", "denied", "of requests"],
+                None => &["client", "rule", "denied"],
+            };
+            out.push_str(&table(header, &rows));
         }
         if let Some(b) = self.busiest {
             out.push_str(&format!(
-                "\nBusiest second: {}, {} requests: {} admitted, {} denied\n",
+                "\nBusiest {}: {}, {} requests: {} admitted, {} denied\n",
+                self.bucket_name(),
                 format_ms(b.start_ms),
                 b.requests,
                 b.admitted,
@@ -487,29 +556,54 @@ impl Report {
 
     /// The report as one JSON object.
     pub fn to_json(&self) -> Value {
+        // A replay says what it counts; the isolates record more.
+        let figures: &[RuleCount] = match self.kind {
+            Kind::Replayed => &[
+                RuleCount::Matched,
+                RuleCount::Admitted,
+                RuleCount::Denied,
+                RuleCount::DeniedByOthers,
+                RuleCount::ShadowWouldDeny,
+                RuleCount::Refused,
+                RuleCount::PenaltiesStarted,
+            ],
+            Kind::Recorded => &RuleCount::ALL,
+        };
         let rules: serde_json::Map<String, Value> = self
             .rules
             .iter()
             .map(|r| {
-                (
-                    r.name.clone(),
-                    json!({
-                        "mode": if r.shadow { "shadow" } else { "enforce" },
-                        "matched": r.matched,
-                        "admitted": r.admitted,
-                        "denied": r.denied,
-                        "denied_by_other_rules": r.denied_by_others,
-                        "shadow_would_deny": r.shadow_would_deny,
-                        "refused": r.refused,
-                        "penalties_started": r.penalties_started,
-                    }),
-                )
+                let mut rule = serde_json::Map::new();
+                rule.insert(
+                    "mode".into(),
+                    json!(if r.shadow { "shadow" } else { "enforce" }),
+                );
+                for c in figures {
+                    rule.insert(c.name().into(), json!(r.counts[*c]));
+                }
+                (r.name.clone(), Value::Object(rule))
             })
             .collect();
-        json!({
-            "engine": self.engine,
-            "format": self.format,
-            "format_guessed_from": self.format_guessed_from,
+        let top_denied: Vec<Value> = self
+            .top_denied
+            .iter()
+            .map(|c| {
+                let mut client = json!({"client": c.client, "rule": c.rule, "denied": c.denied});
+                if let Some(requests) = c.requests {
+                    client["requests"] = json!(requests);
+                }
+                client
+            })
+            .collect();
+        let busiest = self.busiest.map(|b| {
+            json!({
+                "start": format_ms(b.start_ms),
+                "requests": b.requests,
+                "admitted": b.admitted,
+                "denied": b.denied,
+            })
+        });
+        let mut out = json!({
             "requests": self.requests,
             "admitted": self.admitted,
             "denied": self.denied,
@@ -518,22 +612,28 @@ impl Report {
             "first": self.span_ms.map(|s| format_ms(s.0)),
             "last": self.span_ms.map(|s| format_ms(s.1)),
             "rules": rules,
-            "top_denied": self.top_denied.iter().map(|c| json!({
-                "client": c.client, "rule": c.rule, "denied": c.denied, "requests": c.requests,
-            })).collect::<Vec<_>>(),
-            "busiest_second": self.busiest.map(|b| json!({
-                "start": format_ms(b.start_ms),
-                "requests": b.requests,
-                "admitted": b.admitted,
-                "denied": b.denied,
-            })),
-            "late": self.late,
-            "unreadable": {
-                "count": self.unreadable,
-                "first": self.unreadable_first.iter().map(|e| json!({
-                    "line": e.line, "reason": e.reason, "text": e.text,
-                })).collect::<Vec<_>>(),
-            },
-        })
+            "top_denied": top_denied,
+        });
+        out[format!("busiest_{}", self.bucket_name())] = json!(busiest);
+        match self.kind {
+            Kind::Replayed => {
+                out["engine"] = json!(self.engine);
+                out["format"] = json!(self.format);
+                out["format_guessed_from"] = json!(self.format_guessed_from);
+                out["late"] = json!(self.late);
+                out["unreadable"] = json!({
+                    "count": self.unreadable,
+                    "first": self.unreadable_first.iter().map(|e| json!({
+                        "line": e.line, "reason": e.reason, "text": e.text,
+                    })).collect::<Vec<_>>(),
+                });
+            }
+            Kind::Recorded => {
+                out["bypassed"] = json!(self.bypassed);
+                out["unavailable"] = json!(self.unavailable);
+                out["calls"] = json!(self.calls);
+            }
+        }
+        out
     }
 }

@@ -1,0 +1,639 @@
+//! What an isolate has counted and not yet written: per minute, the
+//! request-wide figures, each rule's, and each rule's most denied clients,
+//! all derived from what [`Limiter::handle`](crate::decision::limiter::Limiter::handle)
+//! returned and how many calls it made.
+
+use super::{
+    counts::{add, RuleCount, RuleCounts, RuleFate, TotalCount, TotalCounts},
+    top::{TopDenied, KEPT},
+};
+use crate::{
+    decision::{
+        events::Action,
+        keys::{client_in, hashed_client},
+        limiter::{Decided, Forward, Handled, LeaseRefresh, Outcome, PendingRefund},
+    },
+    rules::{
+        config::Config,
+        rule::{Mode, Rule, RuleId},
+        stats::{StatsClients, StatsSettings},
+    },
+};
+
+/// Unwritten minutes an isolate keeps at most: when writes keep failing,
+/// the oldest go first, so the buffer stays bounded.
+pub const MAX_MINUTES: usize = 60;
+
+/// Milliseconds in a minute.
+pub const MINUTE_MS: u64 = 60_000;
+
+/// One minute's figures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Minute {
+    /// Minutes since the Unix epoch (UTC).
+    pub minute: u64,
+    /// Over every request.
+    pub totals: TotalCounts,
+    /// Per rule, in configuration order.
+    pub rules: Vec<RuleCounts>,
+    /// Per rule, in configuration order: the clients it denied most.
+    pub denied: Vec<TopDenied>,
+}
+
+impl Minute {
+    /// Nothing counted yet in `minute`, for `rules` rules.
+    pub fn new(minute: u64, rules: usize) -> Minute {
+        Minute {
+            minute,
+            totals: TotalCounts::default(),
+            rules: vec![RuleCounts::default(); rules],
+            denied: (0..rules).map(|_| TopDenied::default()).collect(),
+        }
+    }
+
+    /// Adds `other`'s figures (of the same minute) to these.
+    pub fn merge(&mut self, other: &Minute) {
+        add(&mut self.totals.0, &other.totals.0);
+        for (a, b) in self.rules.iter_mut().zip(&other.rules) {
+            add(&mut a.0, &b.0);
+        }
+        for (a, b) in self.denied.iter_mut().zip(&other.denied) {
+            a.merge(b);
+        }
+    }
+
+    /// Rule `rule`'s figures, if the configuration has it.
+    fn rule(&mut self, rule: Option<usize>) -> Option<&mut RuleCounts> {
+        self.rules.get_mut(rule?)
+    }
+}
+
+/// How long a write may be in flight before the isolate counts it lost
+/// and writes again (its budget is 5 s: a write this late was dropped
+/// with the invocation that made it).
+pub const WRITE_LOST_MS: u64 = 60_000;
+
+/// An isolate's unwritten counts, and when they are due to be written.
+#[derive(Debug)]
+pub struct Recorder {
+    rules: usize,
+    /// How and how often they are written.
+    settings: StatsSettings,
+    /// Oldest first.
+    minutes: Vec<Minute>,
+    /// Minutes dropped, unwritten, to keep within [`MAX_MINUTES`].
+    lost: u64,
+    /// When the next write is due; `None` until a first request is counted.
+    next_ms: Option<u64>,
+    /// When the write in flight started.
+    writing_since: Option<u64>,
+}
+
+/// Where `rule` stands in `config`.
+fn index_of(config: &Config, rule: &Rule) -> Option<usize> {
+    config.rules.iter().position(|r| std::ptr::eq(r, rule))
+}
+
+/// Where the rule named `name` stands in `config`.
+fn named(config: &Config, name: &str) -> Option<usize> {
+    config.rules.iter().position(|r| r.name == name)
+}
+
+impl Recorder {
+    /// Nothing counted yet, for `config`'s rules, kept as `settings` say.
+    pub fn new(config: &Config, settings: StatsSettings) -> Recorder {
+        Recorder {
+            rules: config.rules.len(),
+            settings,
+            minutes: Vec::new(),
+            lost: 0,
+            next_ms: None,
+            writing_since: None,
+        }
+    }
+
+    /// How and how often the counts are written.
+    pub fn settings(&self) -> StatsSettings {
+        self.settings
+    }
+
+    /// The unwritten minutes, taken out to be written, when a write is due
+    /// at `now_ms`: `stats_every` after the last one began (or after the
+    /// first request counted), none in flight, and something to write.
+    pub fn due(&mut self, now_ms: u64) -> Option<Vec<Minute>> {
+        if let Some(since) = self.writing_since {
+            if now_ms.saturating_sub(since) < WRITE_LOST_MS {
+                return None;
+            }
+            self.writing_since = None;
+        }
+        if self.minutes.is_empty() {
+            return None;
+        }
+        let every = self.settings.every_ms;
+        let next = *self.next_ms.get_or_insert(now_ms.saturating_add(every));
+        if now_ms < next {
+            return None;
+        }
+        self.next_ms = Some(now_ms.saturating_add(every));
+        self.writing_since = Some(now_ms);
+        Some(self.take())
+    }
+
+    /// The write [`Recorder::due`] started has ended; `failed` gives back
+    /// its minutes when it did not reach Redis, to count again with what
+    /// came since.
+    pub fn written(&mut self, failed: Option<Vec<Minute>>) {
+        self.writing_since = None;
+        if let Some(minutes) = failed {
+            self.restore(minutes);
+        }
+    }
+
+    /// The minute holding `now_ms`, made if need be; `None` when it would
+    /// be older than every minute kept while [`MAX_MINUTES`] are.
+    fn minute(&mut self, now_ms: u64) -> Option<&mut Minute> {
+        let minute = now_ms / MINUTE_MS;
+        let at = self.minutes.partition_point(|m| m.minute < minute);
+        if self.minutes.get(at).is_some_and(|m| m.minute == minute) {
+            return self.minutes.get_mut(at);
+        }
+        let at = if self.minutes.len() < MAX_MINUTES {
+            at
+        } else {
+            self.lost += 1;
+            if at == 0 {
+                return None;
+            }
+            self.minutes.remove(0);
+            at - 1
+        };
+        // Only the newest minute gains clients: the others need no more
+        // than what is written.
+        for m in &mut self.minutes {
+            m.denied.iter_mut().for_each(|d| d.trim(KEPT));
+        }
+        self.minutes.insert(at, Minute::new(minute, self.rules));
+        self.minutes.get_mut(at)
+    }
+
+    /// Counts one request at `now_ms`: what the limiter made of it, and
+    /// the script calls deciding it took (none: from a lease, the block
+    /// cache, or no call at all).
+    pub fn request(&mut self, config: &Config, handled: &Handled<'_>, calls: u64, now_ms: u64) {
+        let hash = self.settings.clients == StatsClients::Hash;
+        let Some(m) = self.minute(now_ms) else {
+            return;
+        };
+        m.totals[TotalCount::Requests] += 1;
+        m.totals[TotalCount::Calls] += calls;
+        m.totals[match &handled.outcome {
+            Outcome::Forward(Forward::Unlimited | Forward::Admitted(_)) => TotalCount::Admitted,
+            Outcome::Forward(Forward::Bypassed) => TotalCount::Bypassed,
+            Outcome::Deny(_) => TotalCount::Denied,
+            Outcome::Refuse { .. } => TotalCount::Refused,
+            Outcome::Unavailable => TotalCount::Unavailable,
+        }] += 1;
+        match &handled.outcome {
+            Outcome::Forward(Forward::Unlimited) => m.totals[TotalCount::Unmatched] += 1,
+            Outcome::Forward(Forward::Admitted(d)) => {
+                // Only denials are held in the block cache: an admission
+                // without a call was decided from leased units.
+                decided(m, config, d, calls, calls == 0);
+            }
+            Outcome::Deny(d) => decided(m, config, d, calls, false),
+            Outcome::Refuse { rule, .. } => {
+                if let Some(r) = m.rule(index_of(config, rule)) {
+                    r[RuleCount::Matched] += 1;
+                    r[RuleCount::Refused] += 1;
+                }
+            }
+            Outcome::Forward(Forward::Bypassed) | Outcome::Unavailable => {}
+        }
+        for e in &handled.events {
+            let counted = match (e.action, e.status) {
+                // A shadow rule that could not identify the client.
+                (Action::Refuse, None) => RuleCount::Refused,
+                (Action::FailOpen, _) => RuleCount::FailOpen,
+                (Action::FailClosed, _) => RuleCount::FailClosed,
+                (Action::Deny, _) => {
+                    let rule = named(config, &e.rule);
+                    let client = e.key.as_deref().and_then(client_in);
+                    if let (Some(rule), Some(client)) = (rule, client) {
+                        let shown = match hash {
+                            true => hashed_client(client),
+                            false => client.to_owned(),
+                        };
+                        m.denied[rule].add(&shown, 1);
+                    }
+                    continue;
+                }
+                _ => continue,
+            };
+            let failed = counted != RuleCount::Refused;
+            if let Some(r) = m.rule(named(config, &e.rule)) {
+                r[RuleCount::Matched] += 1;
+                r[counted] += 1;
+                // A fail event's rule was in the call that failed.
+                r[RuleCount::Calls] += if failed { calls } else { 0 };
+            }
+        }
+    }
+
+    /// Counts `calls` made after a response at `now_ms` for `rules`.
+    fn after(&mut self, rules: impl Iterator<Item = Option<usize>>, calls: u64, now_ms: u64) {
+        if calls == 0 {
+            return;
+        }
+        let Some(m) = self.minute(now_ms) else {
+            return;
+        };
+        m.totals[TotalCount::Calls] += calls;
+        for rule in rules {
+            if let Some(r) = m.rule(rule) {
+                r[RuleCount::Calls] += calls;
+            }
+        }
+    }
+
+    /// Counts the `calls` giving back `pending`'s charges after an answer
+    /// of `status` took, at `now_ms`.
+    pub fn refunded(
+        &mut self,
+        config: &Config,
+        pending: &PendingRefund,
+        status: u16,
+        calls: u64,
+        now_ms: u64,
+    ) {
+        let charges = pending.uncounted(config, status);
+        let rules = charges.iter().map(|c| index_of(config, c.check.rule));
+        self.after(rules, calls, now_ms);
+    }
+
+    /// Counts the `calls` refreshing `pending`'s leases took, at `now_ms`.
+    pub fn refreshed(&mut self, pending: &LeaseRefresh, calls: u64, now_ms: u64) {
+        let rules = pending.rules.iter().map(|(RuleId(i), _, _)| Some(*i));
+        self.after(rules, calls, now_ms);
+    }
+
+    /// Counts the `calls` reading the rule-wide overrides of `rules` took,
+    /// at `now_ms`.
+    pub fn reread(&mut self, config: &Config, rules: &[String], calls: u64, now_ms: u64) {
+        let rules = rules.iter().map(|name| named(config, name));
+        self.after(rules, calls, now_ms);
+    }
+
+    /// Every unwritten minute, oldest first, taken out.
+    fn take(&mut self) -> Vec<Minute> {
+        std::mem::take(&mut self.minutes)
+    }
+
+    /// Minutes whose write failed, counted again with what came since
+    /// (within [`MAX_MINUTES`]).
+    fn restore(&mut self, minutes: Vec<Minute>) {
+        for m in minutes {
+            if let Some(kept) = self.minute(m.minute * MINUTE_MS) {
+                kept.merge(&m);
+            }
+        }
+    }
+
+    /// Minutes dropped unwritten since the isolate started.
+    pub fn lost(&self) -> u64 {
+        self.lost
+    }
+}
+
+/// Counts a decided request under each of its rules: `calls` made
+/// deciding it, and whether it was decided from leased units.
+fn decided(m: &mut Minute, config: &Config, d: &Decided<'_>, calls: u64, leased: bool) {
+    for (i, (rule, state)) in d.rules.iter().zip(&d.decision.rules).enumerate() {
+        let Some(r) = m.rule(index_of(config, rule)) else {
+            continue;
+        };
+        RuleFate::of(&d.decision, state, rule.mode == Mode::Shadow).count(r);
+        r[RuleCount::Calls] += calls;
+        r[RuleCount::Leased] += u64::from(leased);
+        r[RuleCount::PenaltiesStarted] += u64::from(d.decision.penalties_started.contains(&i));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{cell::RefCell, collections::VecDeque, time::Duration};
+
+    use serde_json::{json, Value};
+
+    use super::*;
+    use crate::{
+        decision::{
+            block_cache::BlockCache,
+            leases::Leases,
+            limiter::Limiter,
+            protocol::ScriptRunner,
+            redis_rest::{RestError, Script},
+            rule_wide::RuleWide,
+            stats::{calls::Counted, counts::RULE_COUNTS},
+            verdict::{Decision, RuleState, Verdict},
+        },
+        rules::request::RequestMeta,
+    };
+
+    /// A store answering each call with the next reply given.
+    struct Replies(RefCell<VecDeque<Result<Value, RestError>>>);
+
+    impl ScriptRunner for Replies {
+        async fn eval(
+            &self,
+            _: &Script,
+            _: &[String],
+            _: &[String],
+            _: Duration,
+        ) -> Result<Value, RestError> {
+            self.0
+                .borrow_mut()
+                .pop_front()
+                .expect("a reply for each call")
+        }
+
+        async fn commands(
+            &self,
+            _: &[Vec<String>],
+            _: Duration,
+        ) -> Result<Vec<Result<Value, RestError>>, RestError> {
+            unreachable!("no rule here takes overrides, so nothing reads them")
+        }
+    }
+
+    fn config() -> Config {
+        Config::from_json(&json!({"rules": [
+            {"name": "ip", "key": ["ip"], "algorithm": "gcra", "rate": 5, "period": "1s",
+             "fail": "open"},
+            {"name": "login", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1m",
+             "path_prefix": "/login", "penalty": "10m"},
+            {"name": "look", "key": ["query:q"], "algorithm": "gcra", "rate": 1, "period": "1m",
+             "path_prefix": "/search", "mode": "shadow"},
+            {"name": "k", "key": ["query:k"], "algorithm": "gcra", "rate": 1, "period": "1m",
+             "path_prefix": "/k"}
+        ]}))
+        .unwrap()
+    }
+
+    const ADMIT: &str = "[1, 5, 4, 200, 0, 1]";
+
+    /// Sends `path` from 192.0.2.1 at `now_ms` through a limiter on
+    /// `replies`, recording what came of it.
+    fn send(
+        recorder: &mut Recorder,
+        config: &Config,
+        cache: &RefCell<BlockCache>,
+        path: &str,
+        replies: &[Result<Value, RestError>],
+        now_ms: u64,
+    ) {
+        let (path, query) = path
+            .split_once('?')
+            .map_or((path, None), |(p, q)| (p, Some(q)));
+        let ip = ("cf-connecting-ip".to_owned(), "192.0.2.1".to_owned());
+        let req = RequestMeta::new("GET", "example.com", path, query, [ip]);
+        let store = Replies(RefCell::new(replies.iter().cloned().collect()));
+        let counted = Counted::new(&store);
+        let limiter = Limiter {
+            config,
+            store: &counted,
+            cache,
+            leases: &RefCell::new(Leases::new()),
+            wide: &RefCell::new(RuleWide::new()),
+            pinned: true,
+        };
+        let handled = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(limiter.handle(&req, now_ms));
+        recorder.request(config, &handled, counted.take(), now_ms);
+    }
+
+    fn hashed() -> StatsSettings {
+        StatsSettings {
+            clients: StatsClients::Hash,
+            ..StatsSettings::default()
+        }
+    }
+
+    fn reply(text: &str) -> Result<Value, RestError> {
+        Ok(serde_json::from_str(text).unwrap())
+    }
+
+    fn figures(m: &Minute, rule: usize) -> [(RuleCount, u64); RULE_COUNTS] {
+        RuleCount::ALL.map(|c| (c, m.rules[rule][c]))
+    }
+
+    fn only(pairs: &[(RuleCount, u64)]) -> [(RuleCount, u64); RULE_COUNTS] {
+        RuleCount::ALL.map(|c| {
+            let n = pairs.iter().find(|(k, _)| *k == c).map_or(0, |(_, n)| *n);
+            (c, n)
+        })
+    }
+
+    /// Every kind of request, through the real limiter: each counts where
+    /// the issue says, and once.
+    #[test]
+    fn each_outcome_counts_under_its_rules() {
+        use RuleCount::*;
+        let c = config();
+        let mut rec = Recorder::new(&c, StatsSettings::default());
+        let cache = RefCell::new(BlockCache::new(60_000));
+        // Admitted by `ip` alone.
+        send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 1_000);
+        // Denied by `login`, which starts its penalty; `ip` admitted it.
+        let penalty = "[1, 5, 4, 200, 0, 1, 0, 1, 0, 600000, 600000, 1, 2]";
+        send(&mut rec, &c, &cache, "/login", &[reply(penalty)], 2_000);
+        // The same again, from the block cache: no call.
+        send(&mut rec, &c, &cache, "/login", &[], 3_000);
+        // A shadow rule that would deny, and one it cannot key (q twice).
+        let would = "[1, 5, 4, 200, 0, 1, 0, 1, 0, 60000, 60000, 1]";
+        send(&mut rec, &c, &cache, "/search?q=a", &[reply(would)], 4_000);
+        send(
+            &mut rec,
+            &c,
+            &cache,
+            "/search?q=a&q=b",
+            &[reply(ADMIT)],
+            4_500,
+        );
+        // Refused: `k` twice with different values.
+        send(&mut rec, &c, &cache, "/k?k=1&k=2", &[], 5_000);
+        // Redis unreachable: `ip` alone is open, `login` closed.
+        let down = || Err(RestError::Transport("refused".into()));
+        send(&mut rec, &c, &cache, "/", &[down()], 6_000);
+        let fresh = RefCell::new(BlockCache::new(60_000));
+        send(&mut rec, &c, &fresh, "/login", &[down()], 7_000);
+        let minutes = rec.take();
+        assert_eq!(minutes.len(), 1);
+        let m = &minutes[0];
+        assert_eq!(m.minute, 0);
+        assert_eq!(
+            TotalCount::ALL.map(|t| m.totals[t]),
+            // requests, admitted, denied, refused, unmatched, bypassed, unavailable, calls
+            [8, 3, 2, 1, 0, 1, 1, 6]
+        );
+        assert_eq!(
+            figures(m, 0),
+            only(&[
+                (Matched, 7),
+                (Admitted, 3),
+                (DeniedByOthers, 2),
+                (FailOpen, 1),
+                (FailClosed, 1),
+                (Calls, 6)
+            ])
+        );
+        assert_eq!(
+            figures(m, 1),
+            only(&[
+                (Matched, 3),
+                (Denied, 2),
+                (FailClosed, 1),
+                (PenaltiesStarted, 1),
+                (Calls, 2)
+            ])
+        );
+        assert_eq!(
+            figures(m, 2),
+            only(&[
+                (Matched, 2),
+                (Admitted, 1),
+                (ShadowWouldDeny, 1),
+                (Refused, 1),
+                (Calls, 1)
+            ])
+        );
+        assert_eq!(figures(m, 3), only(&[(Matched, 1), (Refused, 1)]));
+        assert_eq!(m.denied[1].top(10), [("192.0.2.1", 2)]);
+        assert!(m.denied[0].is_empty() && m.denied[2].is_empty());
+        assert!(rec.take().is_empty(), "taken");
+    }
+
+    /// An admission that made no call came from leased units.
+    #[test]
+    fn an_admission_without_a_call_counts_as_leased() {
+        let c = config();
+        let mut rec = Recorder::new(&c, StatsSettings::default());
+        let state = RuleState {
+            verdict: Verdict::Admitted,
+            limit: 5,
+            remaining: 3,
+            reset_after_ms: 400,
+            window: 1,
+        };
+        let decision = Decision::settle(vec![state], &[Mode::Enforce]);
+        let handled = Handled {
+            outcome: Outcome::Forward(Forward::Admitted(Decided {
+                rules: vec![&c.rules[0]],
+                decision,
+            })),
+            events: vec![],
+            refund: None,
+            refresh: None,
+            reread: vec![],
+        };
+        rec.request(&c, &handled, 0, 10);
+        rec.request(&c, &handled, 1, 20);
+        let m = &rec.take()[0];
+        assert_eq!(m.rules[0][RuleCount::Leased], 1);
+        assert_eq!(m.rules[0][RuleCount::Admitted], 2);
+        assert_eq!(m.rules[0][RuleCount::Calls], 1);
+    }
+
+    #[test]
+    fn clients_can_be_kept_as_their_hash() {
+        let c = config();
+        let mut rec = Recorder::new(&c, hashed());
+        let cache = RefCell::new(BlockCache::new(60_000));
+        let deny = "[1, 5, 4, 200, 0, 1, 0, 1, 0, 60000, 60000, 1, 0]";
+        send(&mut rec, &c, &cache, "/login", &[reply(deny)], 0);
+        let m = &rec.take()[0];
+        let shown = m.denied[1].top(1)[0].0.to_owned();
+        assert_eq!(shown, hashed_client("192.0.2.1"));
+        assert!(!shown.contains("192.0.2.1"));
+    }
+
+    /// A write is due `stats_every` after the first request, then after
+    /// each write began; one at a time, unless one is lost in flight.
+    #[test]
+    fn writes_come_at_most_every_stats_every() {
+        let c = config();
+        let every = StatsSettings::default().every_ms;
+        let mut rec = Recorder::new(&c, StatsSettings::default());
+        let cache = RefCell::new(BlockCache::new(60_000));
+        assert!(rec.due(0).is_none(), "nothing counted");
+        send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 1_000);
+        assert!(rec.due(1_000).is_none());
+        assert!(rec.due(1_000 + every - 1).is_none());
+        let first = rec.due(1_000 + every).expect("due");
+        assert_eq!(first[0].totals[TotalCount::Requests], 1);
+        send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 2_000 + every);
+        assert!(rec.due(3_000 + 2 * every).is_none(), "one write at a time");
+        rec.written(Some(first));
+        assert!(rec.due(999 + 2 * every).is_none());
+        let second = rec.due(1_000 + 2 * every).expect("due again");
+        assert_eq!(
+            second[0].totals[TotalCount::Requests],
+            2,
+            "the failed one too"
+        );
+        // A write that never ends is given up after a minute.
+        send(
+            &mut rec,
+            &c,
+            &cache,
+            "/",
+            &[reply(ADMIT)],
+            2_000 + 2 * every,
+        );
+        assert!(rec.due(999 + 2 * every + WRITE_LOST_MS).is_none());
+        assert!(rec.due(1_000 + 2 * every + WRITE_LOST_MS).is_some());
+    }
+
+    /// Minutes fall where their requests did; a failed write's minutes
+    /// count again with what came since; past the bound the oldest go.
+    #[test]
+    fn minutes_are_kept_in_order_and_bounded() {
+        let c = config();
+        let mut rec = Recorder::new(&c, StatsSettings::default());
+        let cache = RefCell::new(BlockCache::new(60_000));
+        send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 59_999);
+        send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 60_000);
+        let failed = rec.take();
+        assert_eq!(failed.iter().map(|m| m.minute).collect::<Vec<_>>(), [0, 1]);
+        send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 61_000);
+        rec.restore(failed);
+        let again = rec.take();
+        let requests: Vec<(u64, u64)> = again
+            .iter()
+            .map(|m| (m.minute, m.totals[TotalCount::Requests]))
+            .collect();
+        assert_eq!(requests, [(0, 1), (1, 2)]);
+        for minute in 0..MAX_MINUTES as u64 + 5 {
+            send(
+                &mut rec,
+                &c,
+                &cache,
+                "/",
+                &[reply(ADMIT)],
+                minute * MINUTE_MS,
+            );
+        }
+        assert_eq!(rec.lost(), 5);
+        rec.restore(again);
+        assert_eq!(
+            rec.lost(),
+            7,
+            "restored minutes older than all kept are lost"
+        );
+        let kept = rec.take();
+        assert_eq!(kept.len(), MAX_MINUTES);
+        assert_eq!(kept[0].minute, 5);
+    }
+}

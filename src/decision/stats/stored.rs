@@ -1,0 +1,268 @@
+//! How stats are kept in Redis, owned here alone: the keys, the stats
+//! script with its SHA1, the call that adds an isolate's minutes, and the
+//! reading of what is kept back into minutes. `lua/stats.lua` documents the
+//! same from the script's side.
+
+use super::{
+    counts::{RuleCounts, TotalCounts, RULE_COUNTS, TOTAL_COUNTS},
+    recorder::{Minute, MINUTE_MS},
+    top::{TopDenied, KEPT},
+};
+use crate::{decision::redis_rest::Script, rules::config::Config};
+
+/// The stats script, behind the same `#!lua flags=allow-key-locking`
+/// shebang as the limiter's.
+pub const STATS: Script = Script {
+    source: include_str!(concat!(env!("OUT_DIR"), "/stats.lua")),
+    sha1: include_str!(concat!(env!("OUT_DIR"), "/stats.sha1")),
+};
+
+/// Milliseconds in a day.
+pub const DAY_MS: u64 = 86_400_000;
+
+/// Minutes in a day.
+pub const DAY_MINUTES: u64 = DAY_MS / MINUTE_MS;
+
+/// The key of a day's figures (days since the Unix epoch, UTC): over every
+/// request, or for one rule. Every stats key is under the hash tag
+/// `{#stats}`, which no client's identifier can be (a hashed one is `#` and
+/// 40 hex digits), so one call reaches them all on Redis Cluster.
+pub fn day_key(day: u64, rule: Option<&str>) -> String {
+    match rule {
+        Some(rule) => format!("el:{{#stats}}:{day}:{rule}"),
+        None => format!("el:{{#stats}}:{day}"),
+    }
+}
+
+/// A minute's field in its day's key (figures), and the field of the
+/// rule's clients most denied in it.
+pub fn fields(minute: u64) -> (String, String) {
+    let of_day = minute % DAY_MINUTES;
+    (of_day.to_string(), format!("{of_day}c"))
+}
+
+/// Figures as stored: decimal integers separated by spaces.
+pub fn figures_text(figures: &[u64]) -> String {
+    let words: Vec<String> = figures.iter().map(u64::to_string).collect();
+    words.join(" ")
+}
+
+/// Figures read back; missing ones (a record written before a figure was
+/// added) are 0, unreadable text reads as none.
+pub fn read_figures<const N: usize>(text: &str) -> [u64; N] {
+    let mut out = [0; N];
+    for (slot, word) in out.iter_mut().zip(text.split(' ')) {
+        *slot = word.parse().unwrap_or(0);
+    }
+    out
+}
+
+/// Clients as stored: `client count` pairs separated by spaces, the most
+/// denied first.
+pub fn clients_text(top: &TopDenied) -> String {
+    let words: Vec<String> = top
+        .top(KEPT)
+        .into_iter()
+        .map(|(client, n)| format!("{client} {n}"))
+        .collect();
+    words.join(" ")
+}
+
+/// Clients read back.
+pub fn read_clients(text: &str) -> TopDenied {
+    let mut top = TopDenied::default();
+    let words: Vec<&str> = text.split(' ').collect();
+    for pair in words.chunks_exact(2) {
+        if let Ok(n) = pair[1].parse() {
+            top.add(pair[0], n);
+        }
+    }
+    top
+}
+
+/// One key's share of a write: the key, when it expires, its fields and
+/// values.
+type KeyWrite = (String, u64, Vec<(String, String)>);
+
+/// The stats script's `KEYS` and `ARGV` adding `minutes` (of `config`'s
+/// rules) to what is kept, each day's keys expiring `keep_ms` after the day
+/// ends.
+pub fn write_call(config: &Config, keep_ms: u64, minutes: &[Minute]) -> (Vec<String>, Vec<String>) {
+    let mut writes: Vec<KeyWrite> = Vec::new();
+    let mut put = |key: String, day: u64, field: String, value: String| {
+        let at = match writes.iter().position(|(k, _, _)| *k == key) {
+            Some(at) => at,
+            None => {
+                let expires = (day + 1) * DAY_MS + keep_ms;
+                writes.push((key, expires, Vec::new()));
+                writes.len() - 1
+            }
+        };
+        writes[at].2.push((field, value));
+    };
+    for m in minutes {
+        let day = m.minute / DAY_MINUTES;
+        let (figures, clients) = fields(m.minute);
+        if m.totals != TotalCounts::default() {
+            put(
+                day_key(day, None),
+                day,
+                figures.clone(),
+                figures_text(&m.totals.0),
+            );
+        }
+        for ((rule, counts), denied) in config.rules.iter().zip(&m.rules).zip(&m.denied) {
+            if *counts != RuleCounts::default() {
+                let key = day_key(day, Some(&rule.name));
+                put(key, day, figures.clone(), figures_text(&counts.0));
+            }
+            if !denied.is_empty() {
+                let key = day_key(day, Some(&rule.name));
+                put(key, day, clients.clone(), clients_text(denied));
+            }
+        }
+    }
+    let mut keys = Vec::with_capacity(writes.len());
+    let mut args = vec![KEPT.to_string()];
+    for (key, expires, fields) in writes {
+        keys.push(key);
+        args.push(expires.to_string());
+        args.push(fields.len().to_string());
+        for (field, value) in fields {
+            args.push(field);
+            args.push(value);
+        }
+    }
+    (keys, args)
+}
+
+/// What a day's key of one rule holds, read back: per minute (since the
+/// epoch) its figures and clients, in no particular order.
+pub fn read_rule_day(day: u64, pairs: &[(String, String)]) -> Vec<(u64, RuleCounts, TopDenied)> {
+    let mut out: Vec<(u64, RuleCounts, TopDenied)> = Vec::new();
+    for (field, value) in pairs {
+        let (of_day, clients) = match field.strip_suffix('c') {
+            Some(of_day) => (of_day, true),
+            None => (field.as_str(), false),
+        };
+        let Some(minute) = of_day.parse::<u64>().ok().filter(|m| *m < DAY_MINUTES) else {
+            continue;
+        };
+        let minute = day * DAY_MINUTES + minute;
+        let at = match out.iter().position(|(m, _, _)| *m == minute) {
+            Some(at) => at,
+            None => {
+                out.push((minute, RuleCounts::default(), TopDenied::default()));
+                out.len() - 1
+            }
+        };
+        match clients {
+            true => out[at].2 = read_clients(value),
+            false => out[at].1 = RuleCounts(read_figures::<RULE_COUNTS>(value)),
+        }
+    }
+    out
+}
+
+/// What a day's key over every request holds, read back: per minute (since
+/// the epoch) its figures.
+pub fn read_totals_day(day: u64, pairs: &[(String, String)]) -> Vec<(u64, TotalCounts)> {
+    pairs
+        .iter()
+        .filter_map(|(field, value)| {
+            let minute = field.parse::<u64>().ok().filter(|m| *m < DAY_MINUTES)?;
+            let figures = TotalCounts(read_figures::<TOTAL_COUNTS>(value));
+            Some((day * DAY_MINUTES + minute, figures))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::stats::counts::{RuleCount, TotalCount};
+    use serde_json::json;
+
+    fn config() -> Config {
+        Config::from_json(&json!({"rules": [
+            {"name": "a", "key": ["ip"], "algorithm": "gcra", "rate": 5, "period": "1s"},
+            {"name": "b", "key": ["ip"], "algorithm": "gcra", "rate": 5, "period": "1s"}
+        ]}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_write_names_each_days_keys_once_and_skips_what_is_empty() {
+        let c = config();
+        // The last minute of day 3 and the first of day 4.
+        let mut late = Minute::new(4 * DAY_MINUTES - 1, 2);
+        late.totals[TotalCount::Requests] = 2;
+        late.rules[0][RuleCount::Matched] = 2;
+        late.rules[0][RuleCount::Denied] = 1;
+        late.denied[0].add("192.0.2.1", 1);
+        let mut early = Minute::new(4 * DAY_MINUTES, 2);
+        early.totals[TotalCount::Requests] = 1;
+        early.rules[1][RuleCount::Matched] = 1;
+        let keep = 3_600_000;
+        let (keys, args) = write_call(&c, keep, &[late, early]);
+        assert_eq!(
+            keys,
+            [
+                "el:{#stats}:3",
+                "el:{#stats}:3:a",
+                "el:{#stats}:4",
+                "el:{#stats}:4:b"
+            ]
+        );
+        let day_end = |d: u64| ((d + 1) * DAY_MS + keep).to_string();
+        let want: Vec<String> = [
+            "10",
+            &day_end(3),
+            "1",
+            "1439",
+            "2 0 0 0 0 0 0 0",
+            &day_end(3),
+            "2",
+            "1439",
+            "2 0 1 0 0 0 0 0 0 0 0",
+            "1439c",
+            "192.0.2.1 1",
+            &day_end(4),
+            "1",
+            "0",
+            "1 0 0 0 0 0 0 0",
+            &day_end(4),
+            "1",
+            "0",
+            "1 0 0 0 0 0 0 0 0 0 0",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(args, want);
+        // Every key shares the one hash tag.
+        assert!(keys.iter().all(|k| k.starts_with("el:{#stats}:")));
+    }
+
+    #[test]
+    fn what_is_written_reads_back() {
+        let pairs: Vec<(String, String)> = [
+            ("5", "3 1 2"),
+            ("5c", "k1 2 k2 1"),
+            ("7", "1 1 0 0 0 0 0 0 0 0 0 9"),
+            ("x", "1"),
+            ("1440", "1"),
+        ]
+        .iter()
+        .map(|(f, v)| (f.to_string(), v.to_string()))
+        .collect();
+        let mut read = read_rule_day(2, &pairs);
+        read.sort_by_key(|(m, _, _)| *m);
+        assert_eq!(read.len(), 2, "unreadable fields are skipped");
+        assert_eq!(read[0].0, 2 * DAY_MINUTES + 5);
+        assert_eq!(read[0].1 .0[..4], [3, 1, 2, 0], "missing figures are 0");
+        assert_eq!(read[0].2.top(KEPT), [("k1", 2), ("k2", 1)]);
+        assert_eq!(read[1].1[RuleCount::Calls], 0, "extra figures are ignored");
+        let totals = read_totals_day(0, &[("0".into(), "4 4".into())]);
+        assert_eq!(totals[0].1[TotalCount::Admitted], 4);
+    }
+}

@@ -1,0 +1,22 @@
+// Redraws the figures every few seconds, without reloading the page: the
+// server reads Redis (the token stays there) and sends the frame's HTML.
+const status = document.getElementById("status");
+const every = Number(status.dataset.redrawMs) || 5000;
+
+async function redraw() {
+  try {
+    const answer = await fetch("/live", { cache: "no-store" });
+    const text = await answer.text();
+    if (answer.ok) {
+      document.getElementById("live").innerHTML = text;
+      status.textContent = "updated " + new Date().toLocaleTimeString() + ", every " + every / 1000 + " s";
+    } else {
+      status.textContent = "the figures could not be read: " + text;
+    }
+  } catch (e) {
+    status.textContent = "edge-limiter stats --serve cannot be reached: " + e;
+  }
+  setTimeout(redraw, every);
+}
+
+redraw();

@@ -1,0 +1,279 @@
+//! `edge-limiter stats`: what the deployment's isolates recorded, read from
+//! its Redis with the settings `inspect` uses, and told as the very report
+//! `simulate` prints ([`Report`], rendered by the same code), so that what a
+//! policy would have done and what it did read alike.
+
+use serde_json::Value;
+
+use crate::{
+    decision::{
+        redis_rest::{RestClient, RestError},
+        stats::{
+            counts::{add, RuleCount, RuleCounts, TotalCount, TotalCounts},
+            recorder::MINUTE_MS,
+            stored::{day_key, read_rule_day, read_totals_day, DAY_MS},
+            top::{TopDenied, KEPT},
+        },
+    },
+    operator::{
+        inspect::{find_rule, InspectError},
+        simulate::report::{
+            most_denied, BucketReport, ClientReport, Kind, Point, Report, RuleReport,
+        },
+    },
+    rules::{config::Config, rule::Mode},
+};
+
+/// The span asked for: from `since_ms` (inclusive) to `until_ms`
+/// (exclusive), epoch milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// Its start.
+    pub since_ms: u64,
+    /// Its end.
+    pub until_ms: u64,
+}
+
+impl Span {
+    /// The minutes (since the epoch) the span touches.
+    fn minutes(self) -> std::ops::Range<u64> {
+        self.since_ms / MINUTE_MS..self.until_ms.saturating_sub(1) / MINUTE_MS + 1
+    }
+
+    /// The days (since the epoch) the span touches.
+    fn days(self) -> std::ops::RangeInclusive<u64> {
+        self.since_ms / DAY_MS..=self.until_ms.saturating_sub(1) / DAY_MS
+    }
+}
+
+/// One minute of one rule, as recorded.
+pub type RuleMinute = (u64, RuleCounts, TopDenied);
+
+/// What the isolates recorded over a span, minute by minute.
+#[derive(Debug, Clone, Default)]
+pub struct Recorded {
+    /// Over every request: per minute (since the epoch), its figures.
+    pub totals: Vec<(u64, TotalCounts)>,
+    /// Per rule read, in the order asked: its name and its minutes.
+    pub rules: Vec<(String, Vec<RuleMinute>)>,
+}
+
+/// A hash's fields and values from `HGETALL`'s reply.
+fn pairs(reply: &Value) -> Result<Vec<(String, String)>, RestError> {
+    let words = reply.as_array().ok_or_else(|| {
+        RestError::Malformed("HGETALL answered something other than a list".into())
+    })?;
+    let text: Vec<&str> = words.iter().filter_map(Value::as_str).collect();
+    Ok(text
+        .chunks_exact(2)
+        .map(|p| (p[0].to_owned(), p[1].to_owned()))
+        .collect())
+}
+
+/// The rules `names` asks for, in `config`'s order when it names none.
+pub fn selected(config: &Config, names: &[String]) -> Result<Vec<String>, InspectError> {
+    if names.is_empty() {
+        return Ok(config.rules.iter().map(|r| r.name.clone()).collect());
+    }
+    names
+        .iter()
+        .map(|n| find_rule(config, n).map(|r| r.name.clone()))
+        .collect()
+}
+
+/// Reads what the isolates recorded over `span` for `rules`: one
+/// `HGETALL` per day, and per rule and day.
+pub async fn read(
+    client: &RestClient,
+    rules: &[String],
+    span: Span,
+) -> Result<Recorded, InspectError> {
+    let wanted = span.minutes();
+    let mut recorded = Recorded {
+        totals: Vec::new(),
+        rules: rules.iter().map(|r| (r.clone(), Vec::new())).collect(),
+    };
+    for day in span.days() {
+        let key = day_key(day, None);
+        let totals = pairs(&client.command(&["HGETALL", &key]).await?)?;
+        recorded.totals.extend(
+            read_totals_day(day, &totals)
+                .into_iter()
+                .filter(|(m, _)| wanted.contains(m)),
+        );
+        for (rule, minutes) in &mut recorded.rules {
+            let key = day_key(day, Some(rule));
+            let fields = pairs(&client.command(&["HGETALL", &key]).await?)?;
+            minutes.extend(
+                read_rule_day(day, &fields)
+                    .into_iter()
+                    .filter(|(m, _, _)| wanted.contains(m)),
+            );
+        }
+    }
+    recorded.totals.sort_by_key(|(m, _)| *m);
+    for (_, minutes) in &mut recorded.rules {
+        minutes.sort_by_key(|(m, _, _)| *m);
+    }
+    Ok(recorded)
+}
+
+/// The report of what was recorded over `span`, under `config`'s rules.
+pub fn report(config: &Config, span: Span, recorded: &Recorded) -> Report {
+    let mut totals = TotalCounts::default();
+    let mut busiest: Option<BucketReport> = None;
+    for (minute, t) in &recorded.totals {
+        add(&mut totals.0, &t.0);
+        // The earliest of equally busy minutes.
+        if busiest.is_none_or(|b| t[TotalCount::Requests] > b.requests) {
+            busiest = Some(BucketReport {
+                start_ms: minute * MINUTE_MS,
+                requests: t[TotalCount::Requests],
+                admitted: t[TotalCount::Admitted],
+                denied: t[TotalCount::Denied],
+            });
+        }
+    }
+    let mut rules = Vec::new();
+    let mut series = Vec::new();
+    let mut top_denied = Vec::new();
+    for (name, minutes) in &recorded.rules {
+        let shadow = config
+            .rules
+            .iter()
+            .find(|r| r.name == *name)
+            .is_some_and(|r| r.mode == Mode::Shadow);
+        let mut counts = RuleCounts::default();
+        let mut clients = TopDenied::default();
+        let mut points = Vec::new();
+        for (minute, c, top) in minutes {
+            add(&mut counts.0, &c.0);
+            clients.merge(top);
+            points.push(Point {
+                start_s: minute * MINUTE_MS / 1000,
+                admitted: c[RuleCount::Admitted],
+                // As in a replay: a shadow rule's red line is its would-deny.
+                denied: c[RuleCount::Denied] + c[RuleCount::ShadowWouldDeny],
+                denied_by_others: c[RuleCount::DeniedByOthers],
+            });
+        }
+        top_denied.extend(
+            clients
+                .top(KEPT)
+                .into_iter()
+                .map(|(client, denied)| ClientReport {
+                    rule: name.clone(),
+                    client: client.to_owned(),
+                    denied,
+                    requests: None,
+                }),
+        );
+        rules.push(RuleReport {
+            name: name.clone(),
+            shadow,
+            counts,
+        });
+        series.push(points);
+    }
+    Report {
+        kind: Kind::Recorded,
+        requests: totals[TotalCount::Requests],
+        admitted: totals[TotalCount::Admitted],
+        denied: totals[TotalCount::Denied],
+        refused: totals[TotalCount::Refused],
+        unmatched: totals[TotalCount::Unmatched],
+        bypassed: totals[TotalCount::Bypassed],
+        unavailable: totals[TotalCount::Unavailable],
+        calls: totals[TotalCount::Calls],
+        span_ms: Some((span.since_ms, span.until_ms)),
+        rules,
+        // Ordered as a replay orders them.
+        top_denied: most_denied(top_denied),
+        bucket_ms: MINUTE_MS,
+        busiest,
+        series,
+        ..Report::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn config() -> Config {
+        Config::from_json(&json!({"rules": [
+            {"name": "api", "key": ["ip"], "algorithm": "gcra", "rate": 5, "period": "1s"},
+            {"name": "look", "key": ["ip"], "algorithm": "gcra", "rate": 5, "period": "1s",
+             "mode": "shadow"}
+        ]}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_span_names_the_minutes_and_days_it_touches() {
+        let span = Span {
+            since_ms: DAY_MS - MINUTE_MS - 1,
+            until_ms: DAY_MS + MINUTE_MS,
+        };
+        let day = DAY_MS / MINUTE_MS;
+        assert_eq!(span.minutes(), day - 2..day + 1);
+        assert_eq!(span.days(), 0..=1);
+    }
+
+    #[test]
+    fn recorded_minutes_make_the_replays_report() {
+        let c = config();
+        let mut busy = TotalCounts::default();
+        busy[TotalCount::Requests] = 9;
+        busy[TotalCount::Admitted] = 6;
+        busy[TotalCount::Denied] = 3;
+        let mut quiet = TotalCounts::default();
+        quiet[TotalCount::Requests] = 2;
+        quiet[TotalCount::Admitted] = 2;
+        let mut api = RuleCounts::default();
+        api[RuleCount::Matched] = 9;
+        api[RuleCount::Admitted] = 6;
+        api[RuleCount::Denied] = 3;
+        let mut top = TopDenied::default();
+        top.add("192.0.2.9", 3);
+        let mut look = RuleCounts::default();
+        look[RuleCount::Matched] = 2;
+        look[RuleCount::Admitted] = 2;
+        look[RuleCount::ShadowWouldDeny] = 1;
+        let recorded = Recorded {
+            totals: vec![(10, quiet), (11, busy)],
+            rules: vec![
+                ("api".into(), vec![(11, api, top)]),
+                ("look".into(), vec![(10, look, TopDenied::default())]),
+            ],
+        };
+        let span = Span {
+            since_ms: 10 * MINUTE_MS,
+            until_ms: 12 * MINUTE_MS,
+        };
+        let r = report(&c, span, &recorded);
+        assert_eq!((r.requests, r.admitted, r.denied), (11, 8, 3));
+        assert_eq!(r.rules[0].counts, api);
+        assert!(r.rules[1].shadow);
+        assert_eq!(
+            r.top_denied,
+            [ClientReport {
+                rule: "api".into(),
+                client: "192.0.2.9".into(),
+                denied: 3,
+                requests: None
+            }]
+        );
+        assert_eq!(r.busiest.unwrap().start_ms, 11 * MINUTE_MS);
+        assert_eq!(r.series[1][0].denied, 1, "a shadow rule's would-deny");
+        let text = r.render_text("stats");
+        assert!(
+            text.contains("Busiest minute: 1970-01-01T00:11:00"),
+            "{text}"
+        );
+        assert!(text.contains("| 192.0.2.9 | api  |      3 |\n"), "{text}");
+        assert_eq!(r.to_json()["rules"]["look"]["shadow_would_deny"], 1);
+        assert_eq!(r.to_json()["busiest_minute"]["requests"], 9);
+    }
+}

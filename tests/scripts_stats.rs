@@ -1,0 +1,230 @@
+//! The stats script against a real redis-server, through the REST endpoint
+//! (whose `allow-key-locking` guard refuses a key missing from `KEYS`):
+//! writes add up figure by figure and client by client, every key expires
+//! `stats_keep` after its day, the call runs on a cluster, and a day's
+//! figures of one rule take bounded memory.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod support;
+
+use std::cell::RefCell;
+
+use edge_limiter::{
+    decision::stats::{
+        counts::{RuleCount, RuleCounts, TotalCount, RULE_COUNTS},
+        recorder::{Minute, Recorder},
+        stored::{day_key, read_rule_day, read_totals_day, write_call, DAY_MINUTES, DAY_MS, STATS},
+        write::flush,
+    },
+    rules::{config::Config, stats::StatsSettings},
+};
+use serde_json::json;
+use support::{Backend, BUDGET};
+
+fn config() -> Config {
+    Config::from_json(&json!({"rules": [
+        {"name": "api", "key": ["ip"], "algorithm": "gcra", "rate": 5, "period": "1s"},
+        {"name": "login", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1m"}
+    ]}))
+    .unwrap()
+}
+
+/// Milliseconds since the epoch.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Today, in days since the epoch: keys of days long gone would expire at
+/// once.
+fn today() -> u64 {
+    now_ms() / DAY_MS
+}
+
+/// A day's key as (field, value) pairs.
+async fn fields(b: &Backend, key: &str) -> Vec<(String, String)> {
+    let all = b.client.command(&["HGETALL", key]).await.unwrap();
+    let words: Vec<String> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    words
+        .chunks_exact(2)
+        .map(|p| (p[0].clone(), p[1].clone()))
+        .collect()
+}
+
+/// Writes `minutes` the way an isolate does, asserting it worked.
+async fn write(b: &Backend, c: &Config, settings: StatsSettings, minutes: Vec<Minute>) {
+    let recorder = RefCell::new(Recorder::new(c, settings));
+    let events = flush(&b.client, c, &recorder, minutes).await;
+    assert!(events.is_empty(), "{events:?}");
+}
+
+/// A minute with `n` requests denied by `login`, by these clients.
+fn denials(minute: u64, clients: &[(&str, u64)]) -> Minute {
+    let mut m = Minute::new(minute, 2);
+    for (client, n) in clients {
+        m.totals[TotalCount::Requests] += n;
+        m.totals[TotalCount::Denied] += n;
+        m.rules[1][RuleCount::Matched] += n;
+        m.rules[1][RuleCount::Denied] += n;
+        m.rules[1][RuleCount::Calls] += n;
+        m.denied[1].add(client, *n);
+    }
+    m
+}
+
+#[tokio::test]
+async fn embedded_sha1_is_the_sources_and_what_redis_computes() {
+    assert_eq!(
+        STATS.sha1,
+        sha1_smol::Sha1::from(STATS.source).digest().to_string()
+    );
+    assert!(STATS.source.starts_with("#!lua flags=allow-key-locking\n"));
+    let b = Backend::start();
+    let loaded = b
+        .client
+        .command(&["SCRIPT", "LOAD", STATS.source])
+        .await
+        .unwrap();
+    assert_eq!(loaded, json!(STATS.sha1));
+}
+
+/// Two isolates' writes of the same minute: figures add up, clients add up
+/// and only the ten most denied stay, in order.
+#[tokio::test]
+async fn writes_add_up_and_keep_the_most_denied() {
+    let b = Backend::start();
+    let c = config();
+    let day = today();
+    let minute = day * DAY_MINUTES + 600;
+    let mut many: Vec<(String, u64)> = (0..9).map(|i| (format!("10.0.0.{i}"), 2)).collect();
+    many.push(("10.0.0.99".into(), 1));
+    let many: Vec<(&str, u64)> = many.iter().map(|(c, n)| (c.as_str(), *n)).collect();
+    write(
+        &b,
+        &c,
+        StatsSettings::default(),
+        vec![denials(minute, &many)],
+    )
+    .await;
+    let other = [("10.0.0.5", 3), ("192.0.2.7", 4)];
+    write(
+        &b,
+        &c,
+        StatsSettings::default(),
+        vec![denials(minute, &other)],
+    )
+    .await;
+    let read = read_rule_day(day, &fields(&b, &day_key(day, Some("login"))).await);
+    assert_eq!(read.len(), 1);
+    let (at, counts, clients) = &read[0];
+    assert_eq!(*at, minute);
+    let mut want = RuleCounts::default();
+    want[RuleCount::Matched] = 26;
+    want[RuleCount::Denied] = 26;
+    want[RuleCount::Calls] = 26;
+    assert_eq!(*counts, want);
+    let top = clients.top(100);
+    assert_eq!(top.len(), 10, "{top:?}");
+    assert_eq!(top[..2], [("10.0.0.5", 5), ("192.0.2.7", 4)]);
+    assert!(
+        !top.iter().any(|(c, _)| *c == "10.0.0.99"),
+        "the least denied made room: {top:?}"
+    );
+    let totals = read_totals_day(day, &fields(&b, &day_key(day, None)).await);
+    assert_eq!(totals[0].1[TotalCount::Requests], 26);
+    assert!(
+        b.client
+            .command(&["EXISTS", &day_key(day, Some("api"))])
+            .await
+            .unwrap()
+            == json!(0),
+        "a rule with nothing counted writes no key"
+    );
+}
+
+#[tokio::test]
+async fn each_days_keys_expire_stats_keep_after_the_day_ends() {
+    let b = Backend::start();
+    let c = config();
+    let now_ms = now_ms();
+    let today = now_ms / DAY_MS;
+    let keep = StatsSettings {
+        keep_ms: 3_600_000,
+        ..StatsSettings::default()
+    };
+    let minute = today * DAY_MINUTES + 5;
+    write(&b, &c, keep, vec![denials(minute, &[("k", 1)])]).await;
+    for key in [day_key(today, None), day_key(today, Some("login"))] {
+        let pttl = b.client.command(&["PTTL", &key]).await.unwrap();
+        let left = pttl.as_i64().unwrap();
+        let want = ((today + 1) * DAY_MS + keep.keep_ms - now_ms) as i64;
+        // Within the second the test takes.
+        assert!(
+            (want - 2_000..=want).contains(&left),
+            "{key}: {left} of {want}"
+        );
+    }
+}
+
+/// On a one-node cluster, which refuses keys of several slots: every key
+/// of a write, over two days and every rule, is in one slot.
+#[tokio::test]
+async fn a_write_runs_on_a_cluster() {
+    let b = Backend::start_cluster();
+    let c = config();
+    let day = today();
+    let mut first = denials(day * DAY_MINUTES - 1, &[("k", 1)]);
+    first.rules[0][RuleCount::Matched] = 1;
+    let second = denials(day * DAY_MINUTES, &[("k", 2)]);
+    write(&b, &c, StatsSettings::default(), vec![first, second]).await;
+    let read = read_rule_day(day, &fields(&b, &day_key(day, Some("login"))).await);
+    assert_eq!(read[0].2.top(1), [("k", 2)]);
+}
+
+/// What a rule's day takes in Redis when every minute of it is written,
+/// each figure seven digits long and ten clients of 64 characters denied:
+/// the most it can hold. The README states the bound this checks.
+#[tokio::test]
+async fn a_rules_day_takes_bounded_memory() {
+    let b = Backend::start();
+    let c = config();
+    let clients: Vec<String> = (0..10).map(|i| format!("{i:0>64}")).collect();
+    let day = today();
+    for hour in 0..24 {
+        let minutes: Vec<Minute> = (0..60)
+            .map(|m| {
+                let mut minute = Minute::new(day * DAY_MINUTES + hour * 60 + m, 2);
+                // A busy rule that denies no one, for comparison.
+                let mut busy = RuleCounts::default();
+                for c in [RuleCount::Matched, RuleCount::Admitted, RuleCount::Calls] {
+                    busy[c] = 1234;
+                }
+                minute.rules[0] = busy;
+                minute.rules[1] = RuleCounts([9_999_999; RULE_COUNTS]);
+                for client in &clients {
+                    minute.denied[1].add(client, 999_999);
+                }
+                minute
+            })
+            .collect();
+        let (keys, args) = write_call(&c, 3_600_000, &minutes);
+        let written = b.client.run_script(&STATS, &keys, &args, BUDGET).await;
+        assert_eq!(written.unwrap(), json!(180));
+    }
+    let key = day_key(day, Some("login"));
+    let fields = fields(&b, &key).await;
+    assert_eq!(fields.len(), 2 * DAY_MINUTES as usize);
+    let bytes: u64 = b.redis(&["MEMORY", "USAGE", &key]).trim().parse().unwrap();
+    println!("a rule's day, every minute written at its largest: {bytes} bytes");
+    assert!(bytes <= 1_600_000, "{bytes} bytes");
+    let busy = day_key(day, Some("api"));
+    let bytes: u64 = b.redis(&["MEMORY", "USAGE", &busy]).trim().parse().unwrap();
+    println!("a rule's day, 1234 requests a minute and no denial: {bytes} bytes");
+}

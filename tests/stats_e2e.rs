@@ -1,0 +1,570 @@
+//! Stats end to end: the built worker in `wrangler dev` counts what it did
+//! and writes it, after responses, at most every `stats_every`; with stats
+//! off it writes nothing and calls nothing more.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use edge_limiter::decision::protocol::LIMITER;
+use edge_limiter::decision::stats::{
+    counts::{RuleCount, TotalCount},
+    stored::{day_key, read_rule_day, read_totals_day, DAY_MS, STATS},
+    top::TopDenied,
+};
+use edge_limiter_local::fault_proxy::{Exchange, Fault};
+use serde_json::Value;
+use support::{
+    report::Table,
+    worker::{Stack, Worker},
+    Backend, TOKEN,
+};
+
+const PER_IP: &str = r#"
+[[vars.LIMITER.rules]]
+name = "per-ip"
+key = ["ip"]
+algorithm = "gcra"
+rate = 1
+period = "1m"
+burst = 3
+"#;
+
+/// The same rule, with stats written every second.
+fn with_stats(rules: &str) -> String {
+    format!("[vars.LIMITER]\nstats = true\nstats_every = \"1s\"\n{rules}")
+}
+
+/// Sends `n` requests from `ip`, one after the other; their statuses.
+async fn send(url: &str, ip: &str, n: usize) -> Vec<u16> {
+    let client = reqwest::Client::new();
+    let mut statuses = Vec::new();
+    for _ in 0..n {
+        let r = client
+            .get(url)
+            .header("CF-Connecting-IP", ip)
+            .send()
+            .await
+            .expect("the worker answers");
+        statuses.push(r.status().as_u16());
+    }
+    statuses
+}
+
+/// A key's (field, value) pairs, read straight from Redis.
+fn pairs(b: &Backend, key: &str) -> Vec<(String, String)> {
+    let text = b.redis(&["HGETALL", key]);
+    let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    lines
+        .chunks_exact(2)
+        .map(|p| (p[0].clone(), p[1].clone()))
+        .collect()
+}
+
+fn today() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    now.as_millis() as u64 / DAY_MS
+}
+
+/// Today's request-wide figures and `rule`'s, summed over the minutes.
+fn kept(b: &Backend, rule: &str) -> (Vec<u64>, Vec<u64>, Vec<(String, u64)>) {
+    let day = today();
+    let mut totals = vec![0; TotalCount::ALL.len()];
+    for (_, t) in read_totals_day(day, &pairs(b, &day_key(day, None))) {
+        totals.iter_mut().zip(t.0).for_each(|(a, b)| *a += b);
+    }
+    let mut rules = vec![0; RuleCount::ALL.len()];
+    // The traffic may straddle a minute.
+    let mut clients = TopDenied::default();
+    for (_, r, top) in read_rule_day(day, &pairs(b, &day_key(day, Some(rule)))) {
+        rules.iter_mut().zip(r.0).for_each(|(a, b)| *a += b);
+        clients.merge(&top);
+    }
+    let clients = clients.top(10).into_iter().map(|(c, n)| (c.to_owned(), n));
+    (totals, rules, clients.collect())
+}
+
+#[tokio::test]
+async fn a_worker_writes_what_it_did_after_stats_every() {
+    let stack = Stack::start(&with_stats(PER_IP));
+    let url = format!("{}/page", stack.worker.url);
+    let started = Instant::now();
+    let statuses = send(&url, "203.0.113.10", 5).await;
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    let b = &stack.backend;
+    // The worker saw them all within a second of the first (unless this
+    // machine is too loaded to tell): no write was due yet.
+    if started.elapsed() < Duration::from_millis(1000) {
+        assert_eq!(kept(b, "per-ip").0[0], 0, "nothing written before a second");
+    }
+    // The next request after `stats_every` writes everything, itself too.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut sent = 5;
+    loop {
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        send(&url, "203.0.113.10", 1).await;
+        sent += 1;
+        let (totals, _, _) = kept(b, "per-ip");
+        if totals[TotalCount::Requests as usize] == sent {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kept {totals:?} of {sent}; log:\n{}",
+            stack.worker.log()
+        );
+    }
+    let (totals, rule, clients) = kept(b, "per-ip");
+    let denied = sent - 3;
+    let mut want = vec![0; TotalCount::ALL.len()];
+    want[TotalCount::Requests as usize] = sent;
+    want[TotalCount::Admitted as usize] = 3;
+    want[TotalCount::Denied as usize] = denied;
+    // Three admissions and the first denial asked Redis; the block cache
+    // answered the rest.
+    want[TotalCount::Calls as usize] = 4;
+    assert_eq!(totals, want);
+    let mut want = vec![0; RuleCount::ALL.len()];
+    want[RuleCount::Matched as usize] = sent;
+    want[RuleCount::Admitted as usize] = 3;
+    want[RuleCount::Denied as usize] = denied;
+    want[RuleCount::Calls as usize] = 4;
+    assert_eq!(rule, want);
+    assert_eq!(clients, [("203.0.113.10".to_owned(), denied)]);
+    assert_eq!(stack.origin.hits().await["total"], Value::from(3));
+
+    // `edge-limiter stats` beside the worker's wrangler.toml and .dev.vars
+    // reads the same, and tells it as simulate would.
+    let (report, _) = stats_command(&stack, &["--json"]);
+    let report: Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(
+        (&report["requests"], &report["admitted"], &report["denied"]),
+        (&Value::from(sent), &Value::from(3), &Value::from(denied))
+    );
+    let rule = &report["rules"]["per-ip"];
+    assert_eq!(
+        (&rule["matched"], &rule["denied"], &rule["calls"]),
+        (&Value::from(sent), &Value::from(denied), &Value::from(4))
+    );
+    assert_eq!(
+        report["top_denied"],
+        serde_json::json!([{"client": "203.0.113.10", "rule": "per-ip", "denied": denied}])
+    );
+    let plot = stack.worker.dir.join("stats.svg");
+    let (text, _) = stats_command(&stack, &["per-ip", "--plot", plot.to_str().unwrap()]);
+    let row = format!(
+        "| per-ip | enforce | {sent:>7} |        3 | {denied:>6} |                     0 |"
+    );
+    assert!(text.contains(&row), "{text}");
+    assert!(text.contains("| 203.0.113.10 | per-ip |"), "{text}");
+    assert!(std::fs::read_to_string(plot).unwrap().starts_with("<svg"));
+}
+
+/// `edge-limiter stats ARGS` in the worker's directory, reading its
+/// wrangler.toml and .dev.vars as an operator beside it would: stdout and
+/// stderr, once it succeeded.
+fn stats_command(stack: &Stack, args: &[&str]) -> (String, String) {
+    command(stack, "stats", args)
+}
+
+/// `edge-limiter COMMAND ARGS` in the worker's directory, talking to the
+/// REST endpoint itself (not through a fault proxy in front of the worker):
+/// stdout and stderr, once it succeeded.
+fn command(stack: &Stack, command: &str, args: &[&str]) -> (String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_edge-limiter"))
+        .arg(command)
+        .args(args)
+        .current_dir(&stack.worker.dir)
+        .env("UPSTASH_REDIS_REST_URL", stack.backend.endpoint.url())
+        .env("UPSTASH_REDIS_REST_TOKEN", TOKEN)
+        .output()
+        .expect("the command runs");
+    let (stdout, stderr) = (
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    );
+    assert!(out.status.success(), "{args:?}: {stderr}");
+    (stdout, stderr)
+}
+
+#[tokio::test]
+async fn with_stats_off_nothing_is_written_and_no_call_is_added() {
+    let stack = Stack::start(PER_IP);
+    let url = format!("{}/page", stack.worker.url);
+    send(&url, "203.0.113.10", 5).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    send(&url, "203.0.113.10", 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let b = &stack.backend;
+    assert_eq!(b.redis(&["KEYS", "el:{#stats}*"]).trim(), "");
+    assert_eq!(
+        b.redis(&["SCRIPT", "EXISTS", STATS.sha1]).trim(),
+        "0",
+        "the stats script was never sent"
+    );
+}
+
+/// Known traffic through two workers on one Redis, the fault proxy in
+/// front of it: some admitted, some denied, a shadow rule's would-deny, a
+/// spell of Redis answering 503 under a rule that fails open, and a hot
+/// client decided from leases.
+const KNOWN: &str = r#"
+[vars.LIMITER]
+stats = true
+stats_every = "1s"
+
+[[vars.LIMITER.rules]]
+name = "limited"
+key = ["header:x-client"]
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 4
+path_prefix = "/limited"
+fail = "open"
+
+[[vars.LIMITER.rules]]
+name = "shadow"
+key = ["header:x-client"]
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 2
+path_prefix = "/shadow"
+mode = "shadow"
+
+[[vars.LIMITER.rules]]
+name = "leased"
+key = ["header:x-client"]
+algorithm = "gcra"
+rate = 100
+period = "1s"
+burst = 200
+lease = 20
+lease_for = "1s"
+path_prefix = "/leased"
+"#;
+
+/// One limiter-script call the proxy saw: the keys it named, and whether
+/// it only refreshed leases (every rule's cost 0). `None` for anything
+/// else: the stats script, or an `EVALSHA` Redis answered `NOSCRIPT`
+/// (the worker counts that call once, with the `EVAL` that follows).
+fn limiter_call(x: &Exchange) -> Option<(Vec<String>, bool)> {
+    let body: Vec<Value> = serde_json::from_slice(&x.request).ok()?;
+    let text = |i: usize| body.get(i).and_then(Value::as_str).unwrap_or_default();
+    let ours = (text(0) == "EVALSHA" && text(1) == LIMITER.sha1)
+        || (text(0) == "EVAL" && text(1) == LIMITER.source);
+    let noscript = x
+        .upstream
+        .as_ref()
+        .is_some_and(|(_, reply)| String::from_utf8_lossy(reply).contains("NOSCRIPT"));
+    if !ours || noscript {
+        return None;
+    }
+    let n = body.get(2)?.as_u64()? as usize;
+    let keys: Vec<String> = (3..3 + n).map(|i| text(i).to_owned()).collect();
+    let args: Vec<&str> = (3 + n..body.len()).map(text).collect();
+    // The general decision's ARGV: 'decide', clock, modes, then per rule
+    // its algorithm and cost first (lua/limiter.lua's table).
+    let refresh = args.first() == Some(&"decide") && args.get(4) == Some(&"0");
+    Some((keys, refresh))
+}
+
+/// Sends `n` requests of `client` to `path`, alternating between the
+/// workers; their statuses.
+async fn alternate(workers: [&Worker; 2], path: &str, client: &str, n: usize) -> Vec<u16> {
+    let http = reqwest::Client::new();
+    let mut statuses = Vec::new();
+    for i in 0..n {
+        let url = format!("{}{path}", workers[i % 2].url);
+        let r = http
+            .get(url)
+            .header("x-client", client)
+            .send()
+            .await
+            .unwrap();
+        statuses.push(r.status().as_u16());
+    }
+    statuses
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_stats_agree_with_what_was_sent_and_decided() {
+    let stack = Stack::builder(KNOWN)
+        .instances(2)
+        .through_fault_proxy()
+        .start();
+    let workers = [&stack.worker, &stack.others[0]];
+    let proxy = stack.proxy.as_ref().expect("asked for");
+    // Compile the worker in both isolates first; these count too.
+    let mut sent = 0;
+    for w in workers {
+        reqwest::get(format!("{}/warm", w.url)).await.unwrap();
+        sent += 1;
+    }
+    let limited = alternate(workers, "/limited", "c1", 6).await;
+    assert_eq!(limited, [200, 200, 200, 200, 429, 429]);
+    let shadow = alternate(workers, "/shadow", "c2", 5).await;
+    assert_eq!(shadow, [200; 5]);
+    proxy.set(Fault::Status {
+        status: 503,
+        body: "down".into(),
+    });
+    // Long enough for a write to come due, and fail, in each worker.
+    let mut open = alternate(workers, "/limited", "c3", 2).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    open.extend(alternate(workers, "/limited", "c3", 2).await);
+    proxy.set(Fault::Pass);
+    assert_eq!(open, [200; 4]);
+    let hot = alternate(workers, "/leased", "c4", 40).await;
+    assert_eq!(hot, [200; 40]);
+    sent += 6 + 5 + 4 + 40;
+
+    // The next request to each worker after `stats_every` writes what is
+    // left, itself included; a write that was due during the spell failed
+    // and went with a later one.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let report = loop {
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        for w in workers {
+            reqwest::get(format!("{}/trigger", w.url)).await.unwrap();
+            sent += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (json, _) = command(&stack, "stats", &["--json"]);
+        let report: Value = serde_json::from_str(&json).unwrap();
+        if report["requests"] == sent {
+            break report;
+        }
+        assert!(
+            Instant::now() < deadline && report["requests"].as_u64() < Some(sent),
+            "stats hold {} requests of {sent}:\n{json}",
+            report["requests"]
+        );
+    };
+
+    // What the proxy saw of the limiter's calls, per rule.
+    let calls: Vec<(Vec<String>, bool)> =
+        proxy.exchanges().iter().filter_map(limiter_call).collect();
+    let calls_of = |rule: &str| {
+        let named = |keys: &Vec<String>| keys.iter().any(|k| k.ends_with(&format!("}}:{rule}")));
+        let all = calls.iter().filter(|(keys, _)| named(keys)).count() as u64;
+        let deciding = calls
+            .iter()
+            .filter(|(keys, refresh)| named(keys) && !refresh)
+            .count() as u64;
+        (all, deciding)
+    };
+    let (hot_calls, hot_deciding) = calls_of("leased");
+    let triggers = sent - 2 - 55;
+    let expected = [
+        ("requests", sent),
+        ("admitted", 2 + triggers + 4 + 5 + 40),
+        ("denied", 2),
+        ("refused", 0),
+        ("unmatched", 2 + triggers),
+        ("bypassed", 4),
+        ("unavailable", 0),
+        ("calls", calls.len() as u64),
+        ("limited.matched", 10),
+        ("limited.admitted", 4),
+        ("limited.denied", 2),
+        ("limited.fail_open", 4),
+        ("limited.calls", calls_of("limited").0),
+        ("shadow.matched", 5),
+        ("shadow.admitted", 5),
+        ("shadow.shadow_would_deny", 3),
+        ("shadow.calls", calls_of("shadow").0),
+        ("leased.matched", 40),
+        ("leased.admitted", 40),
+        ("leased.leased", 40 - hot_deciding),
+        ("leased.calls", hot_calls),
+    ];
+    let mut table = Table::new(
+        "Stats of two workers against what was sent and what the proxy saw",
+        &["figure", "expected", "recorded", "exact"],
+    );
+    let mut wrong = Vec::new();
+    for (figure, want) in expected {
+        let got = match figure.split_once('.') {
+            Some((rule, name)) => &report["rules"][rule][name],
+            None => &report[figure],
+        };
+        let exact = got.as_u64() == Some(want);
+        table.row(vec![
+            figure.to_owned(),
+            want.to_string(),
+            got.to_string(),
+            if exact { "yes" } else { "NO" }.to_owned(),
+        ]);
+        if !exact {
+            wrong.push(figure);
+        }
+    }
+    table.print("stats_two_workers");
+    assert!(wrong.is_empty(), "{wrong:?}:\n{report:#}");
+    assert!(
+        40 - hot_deciding > 0,
+        "no request was decided from a lease: the test does not see them"
+    );
+    // Every other figure of every rule is 0.
+    for (rule, figures) in report["rules"].as_object().unwrap() {
+        for (name, value) in figures.as_object().unwrap() {
+            let listed = expected.iter().any(|(f, _)| *f == format!("{rule}.{name}"));
+            if !listed && name != "mode" {
+                assert_eq!(*value, Value::from(0), "{rule}.{name}");
+            }
+        }
+    }
+    assert_eq!(
+        report["top_denied"],
+        serde_json::json!([{"client": "c1", "rule": "limited", "denied": 2}])
+    );
+    for w in workers {
+        assert!(
+            !w.events_of("stats_write_failed").is_empty(),
+            "no write failed during the spell, so none was kept for later:\n{}",
+            w.log()
+        );
+    }
+}
+
+/// Rules whose decisions depend on the order of requests and not on their
+/// timing (nothing refills while a test runs), so that a log replayed by
+/// `simulate` on its own clock and the same requests sent to the worker
+/// are decided alike.
+const ORDERED: &str = r#"
+[vars.LIMITER]
+stats = true
+stats_every = "1s"
+
+[[vars.LIMITER.rules]]
+name = "per-ip"
+key = ["ip"]
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 8
+except_ips = ["10.0.0.1/32"]
+
+[[vars.LIMITER.rules]]
+name = "login"
+path_prefix = "/login"
+methods = ["POST"]
+key = ["ip"]
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 2
+penalty = "1h"
+
+[[vars.LIMITER.rules]]
+name = "search"
+path = "/api/search"
+key = ["ip"]
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 3
+mode = "shadow"
+
+[[vars.LIMITER.rules]]
+name = "k"
+path_prefix = "/k"
+key = ["query:k"]
+algorithm = "gcra"
+rate = 1
+period = "1h"
+burst = 2
+"#;
+
+/// The per-rule table of a text report: its lines from the header to the
+/// first blank one.
+fn rule_table(report: &str) -> String {
+    let start = report.find("| rule ").expect("a table");
+    let end = report[start..]
+        .find("\n\n")
+        .map_or(report.len(), |e| start + e);
+    report[start..end].to_owned()
+}
+
+#[tokio::test]
+async fn simulate_and_stats_of_the_same_traffic_give_the_same_table() {
+    let stack = Stack::start(ORDERED);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    // (ip, method, path): a browser, a scraper, a password guesser, a
+    // search typist, and a query naming its key twice.
+    let mut log: Vec<(&str, &str, String)> = Vec::new();
+    for p in ["/", "/cart", "/api/items", "/"] {
+        log.push(("203.0.113.5", "GET", p.to_owned()));
+    }
+    for i in 0..12 {
+        log.push(("192.0.2.77", "GET", format!("/items/{i}")));
+    }
+    for _ in 0..6 {
+        log.push(("198.51.100.23", "POST", "/login".to_owned()));
+    }
+    for q in ["s", "sh", "sho", "shoe", "shoes"] {
+        log.push(("203.0.113.40", "GET", format!("/api/search?q={q}")));
+    }
+    for k in ["a", "a", "a", "b"] {
+        log.push(("203.0.113.60", "GET", format!("/k?k={k}")));
+    }
+    log.push(("203.0.113.61", "GET", "/k?k=a&k=b".to_owned()));
+    let http = reqwest::Client::new();
+    let mut csv = String::from("time,ip,method,path\n");
+    for (i, (ip, method, path)) in log.iter().enumerate() {
+        csv.push_str(&format!("{},{ip},{method},{path}\n", now_ms + i as u64));
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        http.request(method, format!("{}{path}", stack.worker.url))
+            .header("CF-Connecting-IP", *ip)
+            .send()
+            .await
+            .unwrap();
+    }
+    let csv_path = stack.worker.dir.join("traffic.csv");
+    std::fs::write(&csv_path, csv).unwrap();
+    // The last interval, written by the next request after `stats_every`
+    // (from an address no rule limits: the tables do not count it).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut sent = log.len() as u64;
+    let stats = loop {
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        http.get(format!("{}/trigger", stack.worker.url))
+            .header("CF-Connecting-IP", "10.0.0.1")
+            .send()
+            .await
+            .unwrap();
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (json, _) = command(&stack, "stats", &["--json"]);
+        let report: Value = serde_json::from_str(&json).unwrap();
+        if report["requests"] == sent {
+            break command(&stack, "stats", &[]).0;
+        }
+        assert!(Instant::now() < deadline, "stats hold {json}");
+    };
+    let csv_arg = csv_path.to_str().unwrap();
+    let (simulated, _) = command(&stack, "simulate", &["--log", csv_arg, "--quiet"]);
+    assert_eq!(
+        rule_table(&stats),
+        rule_table(&simulated),
+        "stats:\n{stats}\nsimulate:\n{simulated}"
+    );
+    // The traffic reaches what it is for.
+    let table = rule_table(&stats);
+    for row in [
+        "| per-ip | enforce |      31 |       22 |      4 |                     5 |                 0 |             0 |                 0 |",
+        "| login  | enforce |       6 |        2 |      4 |                     0 |                 0 |             0 |                 1 |",
+        "| search | shadow  |       5 |        5 |      0 |                     0 |                 2 |             0 |                 0 |",
+        "| k      | enforce |       5 |        3 |      1 |                     0 |                 0 |             1 |                 0 |",
+    ] {
+        assert!(table.contains(row), "{row}\n{table}");
+    }
+}
