@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use super::{body, canon};
+use super::{body, canon, json};
 
 /// The parts of a request the limiter looks at, independent of any runtime.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -30,7 +30,7 @@ pub struct RequestMeta {
     /// [`body::MAX_BODY_BYTES`], or its stream failed.
     pub body_cut: bool,
     /// The body parsed as JSON, filled in on first use.
-    pub json: std::cell::OnceCell<Option<body::Json>>,
+    pub json: std::cell::OnceCell<Option<json::Json>>,
 }
 
 impl RequestMeta {
@@ -85,7 +85,7 @@ impl RequestMeta {
                     .as_ref()
                     .filter(|_| body::is_json(content_type))
                     .and_then(|_| self.json())
-                    .and_then(|doc| body::json_last_value(doc, JSON_METHOD_FIELD));
+                    .and_then(|doc| json::last_value(doc, METHOD_FIELD));
                 // A form or JSON body that could not be read whole may name
                 // any method in a field: it counts as every method.
                 let unread = (body::is_form(content_type) || body::is_json(content_type))
@@ -179,9 +179,9 @@ impl RequestMeta {
     }
 
     /// The body parsed as JSON, once per request.
-    pub(crate) fn json(&self) -> Option<&body::Json> {
+    pub(crate) fn json(&self) -> Option<&json::Json> {
         self.json
-            .get_or_init(|| self.body.as_deref().and_then(body::parse_json))
+            .get_or_init(|| self.body.as_deref().and_then(json::parse))
             .as_ref()
     }
 }
@@ -193,9 +193,6 @@ const METHOD_FIELD: &str = "_method";
 /// In [`RequestMeta::methods`], a method the limiter cannot know: every
 /// rule's `methods` take it, and it costs the most any method does.
 pub const ANY_METHOD: &str = "*";
-
-/// [`METHOD_FIELD`] as a member of a JSON body's top-level object.
-const JSON_METHOD_FIELD: &str = "/_method";
 
 /// Headers through which a POST may ask the origin to treat it as another
 /// method.

@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use super::{
     body, canon,
     cidr::Cidr,
+    json,
     lease::Lease,
     policy::Policy,
     request::{CfField, RequestMeta, ANY_METHOD},
@@ -415,8 +416,8 @@ impl KeyPart {
             KeyPart::Path => Ok(Cow::Borrowed(req.path.as_str())),
             KeyPart::UserAgent => Ok(header("user-agent")),
             KeyPart::Cf(field) => Ok(Cow::Borrowed(req.cf(*field).unwrap_or_default())),
-            KeyPart::Json(pointer) => match req.json().map(|doc| body::json_value(doc, pointer)) {
-                Some(Err(body::Repeated)) => Err(Ambiguous { part: self.clone() }),
+            KeyPart::Json(pointer) => match req.json().map(|doc| json::value(doc, pointer)) {
+                Some(Err(json::Repeated)) => Err(Ambiguous { part: self.clone() }),
                 Some(Ok(value)) => Ok(canon::number_or_uuid(value.unwrap_or_default())),
                 None => Ok(Cow::Borrowed("")),
             },
