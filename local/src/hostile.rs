@@ -186,6 +186,7 @@ fn run(c: &str, n: usize) -> String {
 }
 
 const JSON: &str = "application/json";
+const FORM: &str = "application/x-www-form-urlencoded";
 
 /// An ordinary request: what every shape's cost is compared with.
 pub fn ordinary() -> Shape {
@@ -202,7 +203,12 @@ pub fn ordinary() -> Shape {
 
 /// Every hostile shape.
 pub fn shapes() -> Vec<Shape> {
-    json_shapes()
+    let mut all = json_shapes();
+    all.extend(method_shapes());
+    all.extend(path_shapes());
+    all.extend(header_shapes());
+    all.extend(form_shapes());
+    all
 }
 
 fn json_shapes() -> Vec<Shape> {
@@ -275,5 +281,143 @@ fn json_shapes() -> Vec<Shape> {
                 json_array(BODY_BYTES - 30, "\"Ab\"")
             ),
         ),
+    ]
+}
+
+fn method_shapes() -> Vec<Shape> {
+    let values = repeated(110_000, ",", |i| i.to_string());
+    // With the query, within 128 KB of request line and headers.
+    let fewer = repeated(90_000, ",", |i| i.to_string());
+    let form = repeated(BODY_BYTES, "&", |i| format!("_method={i}"));
+    let query = repeated(URL_BYTES - 200, "&", |i| format!("_method={i}"));
+    vec![
+        Shape::new("X-HTTP-Method-Override: 20 000 values", "POST", "/api/x")
+            .header("x-http-method-override", values),
+        Shape::new("a form of 6 500 _method fields", "POST", "/api/x").body(FORM, form.clone()),
+        Shape::new("_method 1 400 times in the query", "POST", "/api/x").query(query.clone()),
+        Shape::new(
+            "_method in header, query and form at once",
+            "POST",
+            "/api/x",
+        )
+        .header("x-http-method-override", fewer)
+        .query(query)
+        .body(FORM, form),
+        Shape::new("a JSON _method named 10 000 times", "POST", "/api/items/1").body(
+            JSON,
+            format!(
+                "{{{}}}",
+                repeated(BODY_BYTES - 2, ",", |i| format!(
+                    "\"_method\":\"{}\"",
+                    i % 3
+                ))
+            ),
+        ),
+    ]
+}
+
+fn path_shapes() -> Vec<Shape> {
+    let routed = format!(
+        "/index.php/x/{}y.json",
+        run("a%2561/", (URL_BYTES - 100) / 7)
+    );
+    vec![
+        Shape::new(
+            "a path of 2 300 encoded segments behind index.php",
+            "POST",
+            routed,
+        )
+        .body(JSON, "{\"a\":{\"b\":1}}"),
+        Shape::new(
+            "8 000 numeric segments",
+            "GET",
+            run("/0", URL_BYTES / 2 - 10),
+        ),
+        Shape::new("8 000 segments", "GET", run("/x", URL_BYTES / 2 - 10)),
+        Shape::new(
+            "5 000 %25 escapes in the path",
+            "GET",
+            format!("/{}61", run("%25", URL_BYTES / 3 - 10)),
+        ),
+        Shape::new(
+            "2 700 %u escapes in the path",
+            "GET",
+            format!("/{}", run("%u0130", URL_BYTES / 6 - 10)),
+        ),
+        Shape::new(
+            "segments ending in dots and ;parameters",
+            "GET",
+            run("/a.;b=1", URL_BYTES / 7 - 10),
+        ),
+        Shape::new("a query of 3 000 parameters", "GET", "/api/items.json").query(repeated(
+            URL_BYTES - 100,
+            "&",
+            |i| format!("p{i}=1"),
+        )),
+        Shape::new("the keyed parameter 2 700 times", "GET", "/api/items.json")
+            .query(repeated(URL_BYTES - 100, "&", |i| {
+                format!("id={}", i % 2 + 7)
+            }))
+            .header("x-api-key", "k"),
+        Shape::new(
+            "a keyed value of 5 000 %25 escapes",
+            "GET",
+            "/api/items.json",
+        )
+        .query(format!("id={}61", run("%25", URL_BYTES / 3 - 10))),
+    ]
+}
+
+fn header_shapes() -> Vec<Shape> {
+    let get = |name| Shape::new(name, "GET", "/api/items/1");
+    let mut many = get("8 000 headers");
+    for i in 0..8_000 {
+        many = many.header(&format!("x-{i}"), "1");
+    }
+    let mut keys = get("x-api-key sent 8 000 times");
+    for _ in 0..8_000 {
+        keys = keys.header("x-api-key", "k");
+    }
+    let basic = repeated(HEADER_BYTES, "", |_| "YWxhZGRpbjpvcGVuc2VzYW1l".to_owned());
+    vec![
+        many,
+        keys,
+        get("30 000 cookies").header("cookie", repeated(HEADER_BYTES, ";", |_| "a=1".into())),
+        get("20 000 sid cookies, one value")
+            .header("cookie", repeated(HEADER_BYTES, "; ", |_| "sid=1".into())),
+        get("a 120 KB Basic credential").header("authorization", format!("Basic {basic}")),
+        get("a 120 KB Bearer token").header("authorization", format!("Bearer {basic}")),
+        get("x-api-key of 20 000 comma pieces")
+            .header("x-api-key", repeated(HEADER_BYTES, ",", |i| i.to_string())),
+        get("x-api-key of 120 000 commas").header("x-api-key", run(",", HEADER_BYTES)),
+        get("a 120 KB User-Agent").header("user-agent", run("M", HEADER_BYTES)),
+    ]
+}
+
+fn form_shapes() -> Vec<Shape> {
+    let post = |name| Shape::new(name, "POST", "/api/account");
+    let part = "--B\r\nContent-Disposition: form-data; name=\"user\"\r\n\r\nu\r\n";
+    let parts = format!("{}--B--\r\n", run(part, (BODY_BYTES - 10) / part.len()));
+    let long = run("b", 200);
+    let near = format!("\r\n--{}x", run("b", 199));
+    let near_misses = format!(
+        "--{long}\r\nContent-Disposition: form-data; name=\"user\"\r\n\r\nu{}\r\n--{long}--\r\n",
+        run(&near, (BODY_BYTES - 700) / near.len())
+    );
+    let folded = format!(
+        "--B\r\nContent-Disposition: form-data;{}\r\n name=\"user\"\r\n\r\nu\r\n--B--\r\n",
+        run("\r\n x=1;", (BODY_BYTES - 100) / 7)
+    );
+    let multipart = |boundary: &str| format!("multipart/form-data; boundary={boundary}");
+    vec![
+        post("1 100 multipart parts").body(&multipart("B"), parts),
+        post("a 200-byte boundary, near misses on every line").body(&multipart(&long), near_misses),
+        post("a multipart part head of 9 000 folded lines").body(&multipart("B"), folded),
+        post("an unclosed multipart body")
+            .body(&multipart("B"), run("--B\r\n\r\nu\r\n", BODY_BYTES / 11)),
+        post("the keyed form field 9 000 times")
+            .body(FORM, repeated(BODY_BYTES, "&", |_| "user=a".into())),
+        post("a form of 64 KB not UTF-8").body(FORM, vec![0xff; BODY_BYTES]),
+        post("a body beyond the 64 KB read").body(FORM, run("user=a&", 2 * BODY_BYTES / 7)),
     ]
 }

@@ -11,81 +11,100 @@ use crate::rules::canon;
 /// Bytes of a body the limiter reads at most, and only for rules keyed on it.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// The distinct canonical values of the fields named `name` (canonical, see
-/// [`canon::name`]) in a form body of this content type: urlencoded, or
-/// multipart. Any other type has no fields.
-pub fn form_values<'a>(body: &'a [u8], content_type: &str, name: &str) -> Vec<Cow<'a, str>> {
-    match media_type(content_type).as_str() {
-        // PHP reads fields of a body that is not UTF-8 too: its bytes that
-        // are not become U+FFFD here.
-        "application/x-www-form-urlencoded" => match String::from_utf8_lossy(body) {
-            Cow::Borrowed(text) => canon::form_field_values(text, name),
-            Cow::Owned(text) => canon::form_field_values(&text, name)
-                .into_iter()
-                .map(|v| Cow::Owned(v.into_owned()))
-                .collect(),
-        },
-        "multipart/form-data" => match boundary(content_type) {
-            Some(b) => multipart_values(body, &b, name),
-            None => vec![],
-        },
-        _ => vec![],
+/// The canonical value of every field named `name` (canonical, see
+/// [`canon::name`]) in a form body of this content type, as often as
+/// given: urlencoded, or multipart. Any other type has no fields.
+pub fn form_fields<'a, 'n>(
+    body: &'a [u8],
+    content_type: &str,
+    name: &'n str,
+) -> impl Iterator<Item = Cow<'a, str>> + use<'a, 'n> {
+    let (urlencoded, multipart) = match form_kind(content_type) {
+        Some(Form::Urlencoded) => (Some(canon::form_fields(body, name)), None),
+        Some(Form::Multipart) => (
+            None,
+            boundary(content_type).map(|b| multipart_values(body, b, name)),
+        ),
+        None => (None, None),
+    };
+    let urlencoded = urlencoded.into_iter().flatten().map(canon::form_value_of);
+    urlencoded.chain(multipart.into_iter().flatten())
+}
+
+/// The kinds of form [`form_fields`] reads.
+enum Form {
+    Urlencoded,
+    Multipart,
+}
+
+/// The kind of form a body of this content type is, by its media type,
+/// cut where PHP cuts it (at `;`, `,` or a space):
+/// `application/x-www-form-urlencoded,` is a form to PHP.
+fn form_kind(content_type: &str) -> Option<Form> {
+    let media = content_type
+        .trim_start()
+        .split([';', ',', ' '])
+        .next()
+        .unwrap_or_default()
+        .trim();
+    if media.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
+        Some(Form::Urlencoded)
+    } else if media.eq_ignore_ascii_case("multipart/form-data") {
+        Some(Form::Multipart)
+    } else {
+        None
     }
 }
 
-/// Whether a body of this content type is a form [`form_values`] reads.
+/// Whether a body of this content type is a form [`form_fields`] reads.
 pub fn is_form(content_type: &str) -> bool {
-    matches!(
-        media_type(content_type).as_str(),
-        "application/x-www-form-urlencoded" | "multipart/form-data"
-    )
+    form_kind(content_type).is_some()
 }
 
 /// Whether a body of this content type is JSON to Laravel, which reads a
 /// JSON body's members as form fields: a type naming `/json` or `+json`
 /// anywhere, as its check does (here in any case, which can only add).
 pub fn is_json(content_type: &str) -> bool {
-    let lower = content_type.to_ascii_lowercase();
-    lower.contains("/json") || lower.contains("+json")
+    find_in_any_case(content_type, "/json").is_some()
+        || find_in_any_case(content_type, "+json").is_some()
 }
 
-/// The media type of a content type, cut where PHP cuts it (at `;`, `,`
-/// or a space): `application/x-www-form-urlencoded,` is a form to PHP.
-fn media_type(content_type: &str) -> String {
-    content_type
-        .trim_start()
-        .split([';', ',', ' '])
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase()
+/// Where `needle` (in lower case) first occurs in `text`, in any case.
+fn find_in_any_case(text: &str, needle: &str) -> Option<usize> {
+    text.as_bytes()
+        .windows(needle.len())
+        .position(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
 }
 
 /// The `boundary` parameter of a multipart content type, as PHP finds it:
 /// after `boundary=` anywhere, to its closing quote when quoted, else to a
 /// `,` or `;`. Longer than RFC 2046's 70 characters (with room to spare)
 /// is no boundary: searching for one would cost its length per byte.
-fn boundary(content_type: &str) -> Option<String> {
-    let at = content_type.to_ascii_lowercase().find("boundary=")? + "boundary=".len();
+fn boundary(content_type: &str) -> Option<&str> {
+    let at = find_in_any_case(content_type, "boundary=")? + "boundary=".len();
     let value = &content_type[at..];
     let value = match value.strip_prefix('"') {
         Some(quoted) => quoted.split('"').next().unwrap_or_default(),
         None => value.split([',', ';']).next().unwrap_or_default().trim(),
     };
-    (!value.is_empty() && value.len() <= MAX_BOUNDARY).then(|| value.to_owned())
+    (!value.is_empty() && value.len() <= MAX_BOUNDARY).then_some(value)
 }
 
 /// The longest boundary read: RFC 2046 allows 70 characters.
 const MAX_BOUNDARY: usize = 200;
 
+/// Where `needle` first occurs in `haystack`, at `from` or after.
 fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
-    if needle.is_empty() || from > haystack.len() {
-        return None;
+    let (&first, rest) = needle.split_first()?;
+    let mut at = from;
+    while at < haystack.len() {
+        at += haystack[at..].iter().position(|&b| b == first)?;
+        if haystack[at + 1..].starts_with(rest) {
+            return Some(at);
+        }
+        at += 1;
     }
-    haystack[from..]
-        .windows(needle.len())
-        .position(|w| w == needle)
-        .map(|p| p + from)
+    None
 }
 
 /// One part of a multipart body: its head (the header lines) and content.
@@ -158,66 +177,119 @@ fn multipart_values<'a>(body: &'a [u8], boundary: &str, name: &str) -> Vec<Cow<'
     let (parts, _) = multipart_parts(body, boundary);
     let mut values = Vec::new();
     for (head, content) in parts {
-        let head = unfolded(&String::from_utf8_lossy(head)).to_ascii_lowercase();
-        let field = |wanted: &str| {
-            head.lines().find_map(|line| {
-                let (field, value) = line.split_once(':')?;
-                (field.trim() == wanted).then(|| value.trim())
-            })
-        };
-        if !field("content-disposition").is_some_and(|d| names(d, name)) {
+        let head = String::from_utf8_lossy(head);
+        let [disposition, encoding] = part_headers(&head);
+        if !disposition.is_some_and(|d| names(&d, name)) {
             continue;
         }
         values.push(String::from_utf8_lossy(canon::before_nul_bytes(content)));
         // Go decodes quoted-printable, Django base64: an encoded value is
         // read as two (a NUL no other value holds), which refuses it.
-        let encoding = field("content-transfer-encoding");
-        if encoding.is_some_and(|e| !matches!(e, "7bit" | "8bit" | "binary")) {
+        let plain = |e: &str| {
+            ["7bit", "8bit", "binary"]
+                .iter()
+                .any(|p| e.eq_ignore_ascii_case(p))
+        };
+        if encoding.is_some_and(|e| !plain(&e)) {
             values.push(Cow::Borrowed("\0"));
         }
     }
-    canon::distinct(values.into_iter())
+    values
 }
 
-/// A part's header lines, each continuation line joined to the one it
-/// continues.
-fn unfolded(head: &str) -> String {
-    let mut out = String::new();
-    for line in head.lines() {
-        let continues = line.starts_with([' ', '\t']) || !line.contains(':');
-        if out.is_empty() || !continues {
-            out.push('\n');
+/// The part headers a field is read by.
+const PART_HEADERS: [&str; 2] = ["content-disposition", "content-transfer-encoding"];
+
+/// The values of the first of each of [`PART_HEADERS`] in a part's `head`,
+/// its name matched in any case.
+fn part_headers(head: &str) -> [Option<Cow<'_, str>>; 2] {
+    let mut found = [None, None];
+    for line in unfolded(head) {
+        let Some((name, _)) = canon::split_once_at(&line, b':') else {
+            continue;
+        };
+        let Some(i) = PART_HEADERS
+            .iter()
+            .position(|n| name.trim().eq_ignore_ascii_case(n))
+        else {
+            continue;
+        };
+        if found[i].is_none() {
+            found[i] = Some(match line {
+                Cow::Borrowed(line) => Cow::Borrowed(after_colon(line)),
+                Cow::Owned(line) => Cow::Owned(after_colon(&line).to_owned()),
+            });
         }
-        out.push_str(line);
     }
-    out
+    found
 }
 
-/// Whether a `Content-Disposition` value (lower case) names the field
-/// `name` (canonical), by `name=` or by `name*=`.
-fn names(disposition: &str, name: &str) -> bool {
-    disposition.split(';').skip(1).any(|p| {
-        let Some((key, value)) = p.split_once('=') else {
-            return false;
-        };
-        let value = match key.trim() {
-            "name" => value.trim().trim_matches(['"', '\'']),
-            // `charset'language'name`, percent-encoded.
-            "name*" => value.rsplit_once('\'').map_or("", |(_, n)| n),
-            _ => return false,
-        };
-        canon::name(value) == name
+/// A header line's value: after its first `:`, trimmed.
+fn after_colon(line: &str) -> &str {
+    canon::split_once_at(line, b':').map_or("", |(_, value)| value.trim())
+}
+
+/// A part's header lines, each with the lines that continue it joined to
+/// it: a line starting with a blank or without a `:` continues the one
+/// before (PHP, Go). Only a folded header is copied.
+fn unfolded(head: &str) -> impl Iterator<Item = Cow<'_, str>> {
+    let continues = |l: &str| l.starts_with([' ', '\t']) || !l.bytes().any(|b| b == b':');
+    let mut lines = lines(head).peekable();
+    std::iter::from_fn(move || {
+        let mut line = Cow::Borrowed(lines.next()?);
+        while let Some(more) = lines.next_if(|l| continues(l)) {
+            if !more.is_empty() {
+                line.to_mut().push_str(more);
+            }
+        }
+        Some(line)
     })
+}
+
+/// The lines of `text` as `str::lines` gives them, found a byte at a time.
+fn lines(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let (line, next) = match canon::split_once_at(rest, b'\n') {
+            Some((line, next)) => (line.strip_suffix('\r').unwrap_or(line), next),
+            None => (rest, ""),
+        };
+        rest = next;
+        Some(line)
+    })
+}
+
+/// Whether a `Content-Disposition` value names the field `name`
+/// (canonical), by `name=` or by `name*=`, in any case.
+fn names(disposition: &str, name: &str) -> bool {
+    canon::split_where(disposition, |b| b == b';')
+        .skip(1)
+        .any(|p| {
+            let Some((key, value)) = canon::split_once_at(p, b'=') else {
+                return false;
+            };
+            let key = key.trim();
+            let value = if key.eq_ignore_ascii_case("name") {
+                value.trim().trim_matches(['"', '\''])
+            } else if key.eq_ignore_ascii_case("name*") {
+                // `charset'language'name`, percent-encoded.
+                value.rsplit_once('\'').map_or("", |(_, n)| n)
+            } else {
+                return false;
+            };
+            canon::is_name(value, name)
+        })
 }
 
 /// Whether every field of a form body of this content type can be read:
 /// not a multipart body without its closing delimiter (or boundary), which
 /// an origin's more lenient parser may still read fields from.
 pub fn fields_readable(body: &[u8], content_type: &str) -> bool {
-    match media_type(content_type).as_str() {
-        "multipart/form-data" => {
-            boundary(content_type).is_some_and(|b| multipart_parts(body, &b).1)
-        }
+    match form_kind(content_type) {
+        Some(Form::Multipart) => boundary(content_type).is_some_and(|b| multipart_parts(body, b).1),
         _ => true,
     }
 }
@@ -225,6 +297,17 @@ pub fn fields_readable(body: &[u8], content_type: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The values of a field, each once.
+    fn form_values<'a>(body: &'a [u8], content_type: &str, name: &str) -> Vec<Cow<'a, str>> {
+        let mut values: Vec<Cow<'a, str>> = Vec::new();
+        for value in form_fields(body, content_type, name) {
+            if !values.contains(&value) {
+                values.push(value);
+            }
+        }
+        values
+    }
 
     #[test]
     fn form_fields_urlencoded_and_multipart() {

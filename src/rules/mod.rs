@@ -9,6 +9,7 @@ pub mod config;
 pub mod json;
 pub mod lease;
 pub mod overrides;
+pub mod pattern;
 pub mod policy;
 mod raw;
 pub mod request;

@@ -216,7 +216,7 @@ impl<'c> IsolatesReplay<'c> {
         };
         let methods = record.request.methods();
         for ((rule_id, rule, id), state) in selection.rules.iter().zip(states) {
-            let cost = rule.cost.for_methods(&methods);
+            let cost = rule.cost.for_methods(methods);
             if !state.admitted() || cost == 0 || !rule.count_status.is_empty() {
                 continue;
             }
