@@ -4,8 +4,9 @@
 //! `Limiter::handle` up to and through its call to a real Redis behind the
 //! REST endpoint), and a counting global allocator, in this test binary
 //! alone, holds its allocations, bytes allocated and peak heap to the
-//! ordinary request's plus a small multiple of what the request carries.
-//! Nothing here reads a clock: `scripts/bench --parts 8` reports CPU.
+//! ordinary request's plus a small multiple of what the request carries;
+//! a panic on any of them fails it too. Nothing here reads a clock:
+//! `scripts/bench --parts 8` reports CPU.
 #![cfg(not(target_arch = "wasm32"))]
 
 mod support;
@@ -43,7 +44,7 @@ const ALLOCATED_PER_BYTE: usize = 32;
 /// carries, beyond the ordinary request's.
 const PEAK_PER_BYTE: usize = 24;
 /// What a request may vary by from one run to the next, outside its
-/// content: how the REST reply arrives.
+/// content (how the REST reply arrives): allocations, and bytes.
 const SLACK_ALLOCATIONS: u64 = 64;
 const SLACK_BYTES: u64 = 16 * 1024;
 
