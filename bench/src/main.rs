@@ -3,14 +3,15 @@
 //! both. `scripts/bench` builds what it needs and runs this; it prints one
 //! table and saves it, with the date and machine, to `bench/RESULTS.md`.
 //!
-//! The seven parts (see `report.rs`): Redis-side cost per decision, worker
+//! The eight parts (see `report.rs`): Redis-side cost per decision, worker
 //! overhead under load, REST calls per decision, wasm size and start,
-//! exactness under load, latency with Redis far away, and a hot key under
-//! quota leases. Only figures: no timing fails a run; targets are ratios
-//! to figures of the same run.
+//! exactness under load, latency with Redis far away, a hot key under
+//! quota leases, and hostile requests. Only figures: no timing fails a
+//! run; targets are ratios to figures of the same run.
 
 mod cpu;
 mod far;
+mod hostile;
 mod hot;
 mod load;
 mod peer;
@@ -35,8 +36,8 @@ use edge_limiter_local::{
 use crate::{
     load::Shape,
     report::{
-        Results, OURS, OURS_BASELINE, OURS_FAR, OURS_HOT, OURS_SHARED, OURS_UNMATCHED, PASSTHROUGH,
-        PEER, PEER_FAR, PEER_HOT,
+        Results, OURS, OURS_BASELINE, OURS_FAR, OURS_HOSTILE, OURS_HOT, OURS_SHARED,
+        OURS_UNMATCHED, PASSTHROUGH, PEER, PEER_FAR, PEER_HOT,
     },
     stack::{repo, Origin, Worker, TOKEN},
 };
@@ -52,9 +53,10 @@ usage: edge-limiter-bench [--quick] [--rounds N] [--seconds S] [--baseline DIR]
                another build of our worker (what scripts/build-worker leaves
                in build/, e.g. of an earlier commit), run beside this one
                under load: a change's before and after in one run
-  --parts LIST the parts to run, comma-separated (default 1,2,3,4,6,7; 2 also
-               measures 5): '--parts 2 --baseline DIR --no-save' compares
-               two builds under load in a few minutes
+  --parts LIST the parts to run, comma-separated (default 1,2,3,4,6,7,8; 2
+               also measures 5): '--parts 2 --baseline DIR --no-save' compares
+               two builds under load in a few minutes, '--parts 8 --no-save'
+               sends the hostile requests alone
   --no-save    print the table only
   --out FILE   where to save it (default bench/RESULTS.md)";
 
@@ -66,13 +68,15 @@ struct Options {
     redis_calls: u32,
     far_clients: u32,
     baseline: Option<PathBuf>,
+    /// Requests of each hostile shape per measurement (part 8).
+    hostile_batch: usize,
     /// Which parts run; index 0 is unused, 5 goes with 2.
-    parts: [bool; 8],
+    parts: [bool; 9],
     out: Option<PathBuf>,
 }
 
 impl Options {
-    /// Whether `part` (1 to 7) is to run.
+    /// Whether `part` (1 to 8) is to run.
     fn runs(&self, part: usize) -> bool {
         self.parts[part]
     }
@@ -85,7 +89,8 @@ impl Options {
             redis_calls: 50_000,
             far_clients: 200,
             baseline: None,
-            parts: [true; 8],
+            hostile_batch: 60,
+            parts: [true; 9],
             out: Some(repo().join("bench/RESULTS.md")),
         };
         while let Some(arg) = args.next() {
@@ -102,6 +107,7 @@ impl Options {
                     o.seconds = 3;
                     o.redis_calls = 20_000;
                     o.far_clients = 20;
+                    o.hostile_batch = 20;
                 }
                 "--rounds" => {
                     let n = number("--rounds")?;
@@ -124,14 +130,14 @@ impl Options {
 }
 
 /// `1,2,6` as the parts it names; 5 is measured with 2, so it names 2.
-fn parts(list: &str) -> Result<[bool; 8], String> {
-    let mut on = [false; 8];
+fn parts(list: &str) -> Result<[bool; 9], String> {
+    let mut on = [false; 9];
     for item in list.split(',') {
         match item.trim().parse::<usize>() {
-            Ok(n @ 1..=7) => on[if n == 5 { 2 } else { n }] = true,
+            Ok(n @ 1..=8) => on[if n == 5 { 2 } else { n }] = true,
             _ => {
                 return Err(format!(
-                    "--parts takes numbers 1 to 7, comma-separated, not {list:?}"
+                    "--parts takes numbers 1 to 8, comma-separated, not {list:?}"
                 ))
             }
         }
@@ -320,6 +326,17 @@ async fn run(o: &Options) -> Result<Results, String> {
         let key = format!("shared-{}", std::process::id());
         let shared = hot::shared(&http, [&pair[0], &ours_shared], &origin, &key, seconds).await?;
         r.shared = Some(shared);
+    }
+
+    if o.runs(8) {
+        say("part 8: hostile requests");
+        let ours = spawn_hostile(&scratch, &endpoint_url, &origin.url)?;
+        ours.ready(&http).await?;
+        let settings = hostile::Settings {
+            batch: o.hostile_batch,
+            rounds: o.load_rounds.clamp(1, 3) as usize,
+        };
+        r.hostile = hostile::run(&http, &ours, &passthrough, &endpoint_url, settings).await?;
     }
 
     drop(passthrough);
@@ -576,9 +593,7 @@ fn spawn_ours(
     origin: &str,
 ) -> Result<Worker, String> {
     let dir = scratch.join(label);
-    for file in BUILD {
-        copy(build.join(file), dir.join("build").join(file))?;
-    }
+    copy_build(build, &dir)?;
     // A --baseline build may predate leases: the part 7 rules are ours only.
     let hot_rules = match label {
         OURS_BASELINE => String::new(),
@@ -593,6 +608,28 @@ fn spawn_ours(
         Path::new("build/worker/shim.mjs"),
         &rest_vars(rest, origin),
         &rules,
+    )
+}
+
+/// A copy of the worker build in `build` under `dir/build`, so that a
+/// rebuild during the run changes nothing.
+fn copy_build(build: &Path, dir: &Path) -> Result<(), String> {
+    for file in BUILD {
+        copy(build.join(file), dir.join("build").join(file))?;
+    }
+    Ok(())
+}
+
+/// Our worker under part 8's rules, which read every part of a request.
+fn spawn_hostile(scratch: &Path, rest: &str, origin: &str) -> Result<Worker, String> {
+    let dir = scratch.join(OURS_HOSTILE);
+    copy_build(&repo().join("build"), &dir)?;
+    Worker::spawn(
+        OURS_HOSTILE,
+        dir,
+        Path::new("build/worker/shim.mjs"),
+        &rest_vars(rest, origin),
+        &hostile::rules(),
     )
 }
 
@@ -734,11 +771,13 @@ mod tests {
         assert!(parse(&["--bogus"]).is_err());
         let o = parse(&["--parts", "2,6"]).unwrap();
         assert_eq!(
-            (1..=7).map(|p| o.runs(p)).collect::<Vec<_>>(),
-            [false, true, false, false, true, true, false]
+            (1..=8).map(|p| o.runs(p)).collect::<Vec<_>>(),
+            [false, true, false, false, true, true, false, false]
         );
         assert!(parse(&["--parts", "7"]).unwrap().runs(7));
-        assert!(parse(&["--parts", "8"]).is_err());
+        let alone = parse(&["--parts", "8"]).unwrap();
+        assert!(alone.runs(8) && !alone.runs(2));
+        assert!(parse(&["--parts", "9"]).is_err());
         assert!(parse(&["--parts"]).is_err());
     }
 }

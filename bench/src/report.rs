@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use crate::{
     far::{self, Situation},
+    hostile::{Hostile, MOST_TIMES_ORDINARY},
     hot::{self, Shared, Steady},
     load::{pooled_percentile, Run},
     redis_side::{
@@ -49,6 +50,8 @@ pub struct Results {
     /// key two workers shared.
     pub hot: Vec<(&'static str, Vec<Steady>)>,
     pub shared: Option<Shared>,
+    /// Part 8.
+    pub hostile: Hostile,
     /// Part 4.
     pub wasm: Size,
     pub our_bundle: Option<Size>,
@@ -141,6 +144,8 @@ pub const OURS_HOT: &str = "ours-hot";
 pub const PEER_HOT: &str = "peer-hot";
 /// The second of our workers sharing a key with the first (part 7).
 pub const OURS_SHARED: &str = "ours-shared";
+/// Ours under rules that read every part of a request (part 8).
+pub const OURS_HOSTILE: &str = "ours-hostile";
 
 /// One row of the table: part, measure, ours, the other, ratio, target, met.
 type Row = [String; 7];
@@ -181,6 +186,7 @@ pub fn render(r: &Results) -> String {
         hot_rows(&r.far_hot, "6 Redis 40 ms away, hot key", true),
         hot_rows(&r.hot, "7 hot key", false),
         shared_rows(r),
+        hostile_rows(&r.hostile),
     ];
     for cells in parts.iter().flatten() {
         let _ = writeln!(out, "| {} |", cells.join(" | "));
@@ -622,6 +628,69 @@ fn shared_rows(r: &Results) -> Vec<Row> {
     ]
 }
 
+/// Part 8: each hostile shape's CPU in the worker's own workerd against an
+/// ordinary request's just before it, the worst of them, and whether the
+/// isolate lived through them.
+fn hostile_rows(h: &Hostile) -> Vec<Row> {
+    let Some(settings) = h.settings else {
+        return vec![];
+    };
+    let part = "8 hostile";
+    let target = format!("<= {MOST_TIMES_ORDINARY:.2}");
+    let mut worst: Option<(f64, &str)> = None;
+    let mut rows = Vec::new();
+    for f in &h.shapes {
+        let times = median(&f.times_beyond_carrying());
+        if worst.is_none_or(|(w, _)| times > w) {
+            worst = Some((times, &f.name));
+        }
+        let statuses: Vec<String> = f.statuses.iter().map(u16::to_string).collect();
+        rows.push(row([
+            part,
+            &format!(
+                "{} ({} bytes, answered {}): workerd CPU per request, ms, vs an ordinary request's (peer column): {:.2} times it; the passthrough's {:.2} vs {:.2}",
+                f.name,
+                f.size,
+                statuses.join("/"),
+                median(&f.times()),
+                median(&f.passthrough),
+                median(&f.passthrough_ordinary),
+            ),
+            &with_spread(&f.ours, 2),
+            &with_spread(&f.ordinary, 2),
+            &format!("{times:.2}"),
+            &target,
+            met((!times.is_nan()).then_some(times <= MOST_TIMES_ORDINARY)),
+        ]));
+    }
+    if let Some((times, name)) = worst {
+        rows.push(row([
+            part,
+            &format!(
+                "the worst of {} shapes ({name}), {} requests each a round: times an ordinary request's CPU, beyond carrying it",
+                h.shapes.len(),
+                settings.batch
+            ),
+            &format!("{times:.2}"),
+            "-",
+            "",
+            &target,
+            met(Some(times <= MOST_TIMES_ORDINARY)),
+        ]));
+    }
+    let (calls, status) = h.sentinel;
+    rows.push(row([
+        part,
+        "REST calls for a denial the isolate cached before the part, asked again after it (0: its memory lived through the part) (HTTP status)",
+        &format!("{calls} ({status})"),
+        "-",
+        "",
+        "0 (429)",
+        met(Some(calls == 0 && status == 429)),
+    ]));
+    rows
+}
+
 /// Part 2's overhead rows of ours against `other` (the peer, or another
 /// build of ours), with the targets or without.
 fn overhead_rows(r: &Results, other: &str, part: &str, targets: bool) -> Vec<Row> {
@@ -803,6 +872,15 @@ fn notes(r: &Results) -> String {
         hot::SHARED.1 .0,
         hot::SHARED.1 .1
     );
+    if let Some(settings) = r.hostile.settings {
+        let _ = writeln!(
+            out,
+            "8. Every shape of `edge_limiter_local::hostile` (the requests `tests/hostile_cost.rs` holds to their allocations), each within what Cloudflare passes to a worker (a 16 KB URL, 128 KB of headers) and what ours reads of a body (64 KB), through ours in a `wrangler dev` of its own under rules that read every part of a request (`hostile::RULES`: methods, costs per method, path patterns, keys on headers, cookies, the query, `Authorization`, `request.cf`, JSON and form fields; limits no shape reaches, so every request is decided in Redis), then through the passthrough. {} rounds in a different order each; in each, {} requests of the shape, {} in flight, each just after as many ordinary requests through the same worker, and as many of it through the passthrough (and of an ordinary request at the start of the round); CPU is the user + system time of the workerd that runs the worker (the one started with an inspector), per request. Each round's ratio is the shape's CPU, less what carrying it cost the passthrough beyond an ordinary request (workerd's own work on a large request, which no worker can spare), over the ordinary batch's; the median over rounds is in the ratio column, and the plain ratio in the measure. Before the part, a client is denied by a rule of 1 a day and its denial cached (`cache_hold = \"1h\"`); after it, that client asks again and the endpoint's counter says whether Redis was asked: a restarted isolate would have lost the cached denial.",
+            settings.rounds,
+            settings.batch,
+            crate::hostile::IN_FLIGHT,
+        );
+    }
 
     let _ = writeln!(out, "\n<details><summary>Every round</summary>\n");
     for (label, samples) in &r.redis {

@@ -23,7 +23,8 @@ pub const STEPS: [&str; 6] = [
 /// REST calls for each of [`STEPS`], with the status the worker answered.
 pub type Counts = Vec<(u64, u16)>;
 
-async fn requests(http: &reqwest::Client, endpoint: &str) -> Result<u64, String> {
+/// Requests the endpoint has served (`GET /__stats`).
+pub async fn requests(http: &reqwest::Client, endpoint: &str) -> Result<u64, String> {
     let stats: Value = async {
         http.get(format!("{endpoint}/__stats"))
             .bearer_auth(TOKEN)

@@ -9,8 +9,9 @@
 //! Without base64 mode, bulk strings that are not UTF-8 reach the client lossily
 //! converted (U+FFFD), because JSON strings cannot hold raw bytes; base64 mode is exact.
 //!
-//! [`testenv`] starts `redis-server` and the `upstash-local` binary for tests, and
-//! [`fault_proxy`] stands between a client and the endpoint to make it misbehave.
+//! [`testenv`] starts `redis-server` and the `upstash-local` binary for tests,
+//! [`fault_proxy`] stands between a client and the endpoint to make it misbehave,
+//! and [`hostile`] holds the requests the cost test and the bench send an attacker's way.
 
 #![warn(missing_docs)]
 
@@ -26,6 +27,7 @@ use tokio::net::TcpListener;
 
 mod exec;
 pub mod fault_proxy;
+pub mod hostile;
 mod http;
 mod json;
 pub mod keyspecs;

@@ -1,305 +1,110 @@
-//! What a rule can read from a request's body: a value in a JSON document
-//! by RFC 6901 pointer, or a field of a form. At most [`MAX_BODY_BYTES`]
-//! are ever read; a larger body, or one that does not parse, gives no value
-//! (the key part is then missing, as any other). A field or member given
-//! twice with different values gives several, which refuses the request.
+//! What a rule can read from a request's body: a field of a form, and
+//! whether a body is JSON ([`super::json`] reads that). At most
+//! [`MAX_BODY_BYTES`] are ever read; a larger body gives no value (the key
+//! part is then missing, as any other). A field given twice with different
+//! values gives several, which refuses the request.
 
-use std::{borrow::Cow, cell::RefCell};
-
-use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde_json::Value;
+use std::borrow::Cow;
 
 use crate::rules::canon;
 
 /// Bytes of a body the limiter reads at most, and only for rules keyed on it.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// The text a JSON value counts as: a string as itself up to any NUL
-/// ([`canon::before_nul`]), a number as the integer it equals where it
-/// equals one ([`canon::number_or_uuid`]: `1.0`, `1e0` and `1` are `1`,
-/// as JavaScript and Python compare them), a boolean, object or array as
-/// compact JSON.
-/// `null` and a missing value count as missing (`None`).
-fn json_text(value: &Value) -> Option<Cow<'_, str>> {
-    match value {
-        Value::Null => None,
-        Value::String(s) => Some(Cow::Borrowed(canon::before_nul(s))),
-        Value::Number(n) => Some(canon::number_or_uuid(Cow::Owned(n.to_string()))),
-        other => Some(Cow::Owned(other.to_string())),
-    }
-}
-
-/// A parsed JSON body.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Json {
-    doc: Value,
-    /// Pointers of the members an object names twice with different
-    /// values. `JSON.parse` keeps the last, but Go's gjson, simdjson and
-    /// other streaming readers the first, so neither is the value.
-    repeated: Vec<String>,
-}
-
-/// Parses a JSON body. Deeply nested or invalid documents (bad UTF-8
-/// included) give `None`: serde_json refuses nesting beyond 128 levels
-/// rather than recursing without bound.
-pub fn parse_json(body: &[u8]) -> Option<Json> {
-    let repeated = RefCell::new(Vec::new());
-    let seed = Member {
-        pointer: String::new(),
-        repeated: &repeated,
+/// The canonical value of every field named `name` (canonical, see
+/// [`canon::name`]) in a form body of this content type, as often as
+/// given: urlencoded, or multipart. Any other type has no fields.
+pub fn form_fields<'a, 'n>(
+    body: &'a [u8],
+    content_type: &str,
+    name: &'n str,
+) -> impl Iterator<Item = Cow<'a, str>> + use<'a, 'n> {
+    let (urlencoded, multipart) = match form_kind(content_type) {
+        Some(Form::Urlencoded) => (Some(canon::form_fields(body, name)), None),
+        Some(Form::Multipart) => (
+            None,
+            boundary(content_type).map(|b| multipart_values(body, b, name)),
+        ),
+        None => (None, None),
     };
-    // Read as text, as the REST replies are: the worker then carries one
-    // copy of serde_json's reader (invalid UTF-8 fails either way).
-    let mut reader = serde_json::Deserializer::from_str(std::str::from_utf8(body).ok()?);
-    let doc = seed.deserialize(&mut reader).ok()?;
-    reader.end().ok()?;
-    Some(Json {
-        doc,
-        repeated: repeated.into_inner(),
-    })
+    let urlencoded = urlencoded.into_iter().flatten().map(canon::form_value_of);
+    urlencoded.chain(multipart.into_iter().flatten())
 }
 
-/// The value at `pointer` in a parsed JSON body, as text; `Err` when a
-/// member named twice lies on the way there or inside it, or when it is an
-/// object or an array of several distinct values. An array counts as its
-/// plain values, since Laravel's and Rails' lookups by a field take an
-/// array as any of its elements (`{"email": ["victim", "x"]}` finds
-/// `victim`).
-pub fn json_value<'a>(json: &'a Json, pointer: &str) -> Result<Option<Cow<'a, str>>, Repeated> {
-    let within = |outer: &str, inner: &str| {
-        inner
-            .strip_prefix(outer)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-    };
-    if json
-        .repeated
-        .iter()
-        .any(|r| within(r, pointer) || within(pointer, r))
-    {
-        return Err(Repeated);
-    }
-    match lookup(&json.doc, pointer)? {
-        Some(found @ (Value::Array(_) | Value::Object(_))) => {
-            let mut scalars = Vec::new();
-            leaves(found, &mut scalars)?;
-            let texts = canon::distinct(scalars.into_iter().filter_map(json_text));
-            match texts.as_slice() {
-                [_, _, ..] => Err(Repeated),
-                _ => Ok(texts.into_iter().next()),
-            }
-        }
-        found => Ok(found.and_then(json_text)),
+/// The kinds of form [`form_fields`] reads.
+enum Form {
+    Urlencoded,
+    Multipart,
+}
+
+/// The kind of form a body of this content type is, by its media type,
+/// cut where PHP cuts it (at `;`, `,` or a space):
+/// `application/x-www-form-urlencoded,` is a form to PHP.
+fn form_kind(content_type: &str) -> Option<Form> {
+    let media = content_type
+        .trim_start()
+        .split([';', ',', ' '])
+        .next()
+        .unwrap_or_default()
+        .trim();
+    if media.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
+        Some(Form::Urlencoded)
+    } else if media.eq_ignore_ascii_case("multipart/form-data") {
+        Some(Form::Multipart)
+    } else {
+        None
     }
 }
 
-/// The plain values of an array, nested arrays flattened (Laravel's
-/// `where` flattens them); an object has several meanings to origins
-/// (Laravel takes its first value, MongoDB an operator), so it has none.
-fn leaves<'a>(value: &'a Value, out: &mut Vec<&'a Value>) -> Result<(), Repeated> {
-    match value {
-        Value::Array(items) => items.iter().try_for_each(|i| leaves(i, out)),
-        Value::Object(_) => Err(Repeated),
-        scalar => {
-            out.push(scalar);
-            Ok(())
-        }
-    }
-}
-
-/// The value at `pointer`, members matched without regard to case, as Go's
-/// `encoding/json` and ASP.NET Core's defaults match them; `Err` when two
-/// names that differ only in case have different values on the way.
-fn lookup<'a>(doc: &'a Value, pointer: &str) -> Result<Option<&'a Value>, Repeated> {
-    let mut at = doc;
-    for token in pointer.split('/').skip(1) {
-        let token = token.replace("~1", "/").replace("~0", "~");
-        let next = match at {
-            Value::Object(members) => {
-                let wanted = canon::fold(&token);
-                let mut named = members
-                    .iter()
-                    .filter(|(name, _)| canon::fold(name) == wanted)
-                    .map(|(_, value)| value);
-                let first = named.next();
-                if named.any(|other| Some(other) != first) {
-                    return Err(Repeated);
-                }
-                first
-            }
-            Value::Array(items) => token.parse::<usize>().ok().and_then(|i| items.get(i)),
-            _ => None,
-        };
-        match next {
-            Some(value) => at = value,
-            None => return Ok(None),
-        }
-    }
-    Ok(Some(at))
-}
-
-/// The value at `pointer` as text, a member named twice taken at its last
-/// value, as `JSON.parse` and PHP's `json_decode` take it.
-pub fn json_last_value<'a>(json: &'a Json, pointer: &str) -> Option<Cow<'a, str>> {
-    json.doc.pointer(pointer).and_then(json_text)
-}
-
-/// A JSON member named twice with different values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Repeated;
-
-/// Reads one JSON value at `pointer`, noting the members named twice.
-struct Member<'r> {
-    pointer: String,
-    repeated: &'r RefCell<Vec<String>>,
-}
-
-impl Member<'_> {
-    fn child(&self, token: &str) -> Self {
-        let token = token.replace('~', "~0").replace('/', "~1");
-        Member {
-            pointer: format!("{}/{token}", self.pointer),
-            repeated: self.repeated,
-        }
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for Member<'_> {
-    type Value = Value;
-
-    fn deserialize<D: Deserializer<'de>>(self, reader: D) -> Result<Value, D::Error> {
-        reader.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Member<'_> {
-    type Value = Value;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
-        Ok(Value::Bool(v))
-    }
-
-    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Value, A::Error> {
-        let mut out = Vec::new();
-        while let Some(item) = items.next_element_seed(self.child(&out.len().to_string()))? {
-            out.push(item);
-        }
-        Ok(Value::Array(out))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Value, A::Error> {
-        let mut out = serde_json::Map::new();
-        while let Some(name) = members.next_key::<String>()? {
-            let member = self.child(&name);
-            let pointer = member.pointer.clone();
-            let value = members.next_value_seed(member)?;
-            if out.get(&name).is_some_and(|earlier| *earlier != value) {
-                self.repeated.borrow_mut().push(pointer);
-            }
-            out.insert(name, value);
-        }
-        Ok(Value::Object(out))
-    }
-}
-
-/// The distinct canonical values of the fields named `name` (canonical, see
-/// [`canon::name`]) in a form body of this content type: urlencoded, or
-/// multipart. Any other type has no fields.
-pub fn form_values<'a>(body: &'a [u8], content_type: &str, name: &str) -> Vec<Cow<'a, str>> {
-    match media_type(content_type).as_str() {
-        // PHP reads fields of a body that is not UTF-8 too: its bytes that
-        // are not become U+FFFD here.
-        "application/x-www-form-urlencoded" => match String::from_utf8_lossy(body) {
-            Cow::Borrowed(text) => canon::form_field_values(text, name),
-            Cow::Owned(text) => canon::form_field_values(&text, name)
-                .into_iter()
-                .map(|v| Cow::Owned(v.into_owned()))
-                .collect(),
-        },
-        "multipart/form-data" => match boundary(content_type) {
-            Some(b) => multipart_values(body, &b, name),
-            None => vec![],
-        },
-        _ => vec![],
-    }
-}
-
-/// Whether a body of this content type is a form [`form_values`] reads.
+/// Whether a body of this content type is a form [`form_fields`] reads.
 pub fn is_form(content_type: &str) -> bool {
-    matches!(
-        media_type(content_type).as_str(),
-        "application/x-www-form-urlencoded" | "multipart/form-data"
-    )
+    form_kind(content_type).is_some()
 }
 
 /// Whether a body of this content type is JSON to Laravel, which reads a
 /// JSON body's members as form fields: a type naming `/json` or `+json`
 /// anywhere, as its check does (here in any case, which can only add).
 pub fn is_json(content_type: &str) -> bool {
-    let lower = content_type.to_ascii_lowercase();
-    lower.contains("/json") || lower.contains("+json")
+    find_in_any_case(content_type, "/json").is_some()
+        || find_in_any_case(content_type, "+json").is_some()
 }
 
-/// The media type of a content type, cut where PHP cuts it (at `;`, `,`
-/// or a space): `application/x-www-form-urlencoded,` is a form to PHP.
-fn media_type(content_type: &str) -> String {
-    content_type
-        .trim_start()
-        .split([';', ',', ' '])
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase()
+/// Where `needle` (in lower case) first occurs in `text`, in any case.
+fn find_in_any_case(text: &str, needle: &str) -> Option<usize> {
+    text.as_bytes()
+        .windows(needle.len())
+        .position(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
 }
 
 /// The `boundary` parameter of a multipart content type, as PHP finds it:
 /// after `boundary=` anywhere, to its closing quote when quoted, else to a
 /// `,` or `;`. Longer than RFC 2046's 70 characters (with room to spare)
 /// is no boundary: searching for one would cost its length per byte.
-fn boundary(content_type: &str) -> Option<String> {
-    let at = content_type.to_ascii_lowercase().find("boundary=")? + "boundary=".len();
+fn boundary(content_type: &str) -> Option<&str> {
+    let at = find_in_any_case(content_type, "boundary=")? + "boundary=".len();
     let value = &content_type[at..];
     let value = match value.strip_prefix('"') {
         Some(quoted) => quoted.split('"').next().unwrap_or_default(),
         None => value.split([',', ';']).next().unwrap_or_default().trim(),
     };
-    (!value.is_empty() && value.len() <= MAX_BOUNDARY).then(|| value.to_owned())
+    (!value.is_empty() && value.len() <= MAX_BOUNDARY).then_some(value)
 }
 
 /// The longest boundary read: RFC 2046 allows 70 characters.
 const MAX_BOUNDARY: usize = 200;
 
+/// Where `needle` first occurs in `haystack`, at `from` or after.
 fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
-    if needle.is_empty() || from > haystack.len() {
-        return None;
+    let (&first, rest) = needle.split_first()?;
+    let mut at = from;
+    while at < haystack.len() {
+        at += haystack[at..].iter().position(|&b| b == first)?;
+        if haystack[at + 1..].starts_with(rest) {
+            return Some(at);
+        }
+        at += 1;
     }
-    haystack[from..]
-        .windows(needle.len())
-        .position(|w| w == needle)
-        .map(|p| p + from)
+    None
 }
 
 /// One part of a multipart body: its head (the header lines) and content.
@@ -372,66 +177,119 @@ fn multipart_values<'a>(body: &'a [u8], boundary: &str, name: &str) -> Vec<Cow<'
     let (parts, _) = multipart_parts(body, boundary);
     let mut values = Vec::new();
     for (head, content) in parts {
-        let head = unfolded(&String::from_utf8_lossy(head)).to_ascii_lowercase();
-        let field = |wanted: &str| {
-            head.lines().find_map(|line| {
-                let (field, value) = line.split_once(':')?;
-                (field.trim() == wanted).then(|| value.trim())
-            })
-        };
-        if !field("content-disposition").is_some_and(|d| names(d, name)) {
+        let head = String::from_utf8_lossy(head);
+        let [disposition, encoding] = part_headers(&head);
+        if !disposition.is_some_and(|d| names(&d, name)) {
             continue;
         }
         values.push(String::from_utf8_lossy(canon::before_nul_bytes(content)));
         // Go decodes quoted-printable, Django base64: an encoded value is
         // read as two (a NUL no other value holds), which refuses it.
-        let encoding = field("content-transfer-encoding");
-        if encoding.is_some_and(|e| !matches!(e, "7bit" | "8bit" | "binary")) {
+        let plain = |e: &str| {
+            ["7bit", "8bit", "binary"]
+                .iter()
+                .any(|p| e.eq_ignore_ascii_case(p))
+        };
+        if encoding.is_some_and(|e| !plain(&e)) {
             values.push(Cow::Borrowed("\0"));
         }
     }
-    canon::distinct(values.into_iter())
+    values
 }
 
-/// A part's header lines, each continuation line joined to the one it
-/// continues.
-fn unfolded(head: &str) -> String {
-    let mut out = String::new();
-    for line in head.lines() {
-        let continues = line.starts_with([' ', '\t']) || !line.contains(':');
-        if out.is_empty() || !continues {
-            out.push('\n');
+/// The part headers a field is read by.
+const PART_HEADERS: [&str; 2] = ["content-disposition", "content-transfer-encoding"];
+
+/// The values of the first of each of [`PART_HEADERS`] in a part's `head`,
+/// its name matched in any case.
+fn part_headers(head: &str) -> [Option<Cow<'_, str>>; 2] {
+    let mut found = [None, None];
+    for line in unfolded(head) {
+        let Some((name, _)) = canon::split_once_at(&line, b':') else {
+            continue;
+        };
+        let Some(i) = PART_HEADERS
+            .iter()
+            .position(|n| name.trim().eq_ignore_ascii_case(n))
+        else {
+            continue;
+        };
+        if found[i].is_none() {
+            found[i] = Some(match line {
+                Cow::Borrowed(line) => Cow::Borrowed(after_colon(line)),
+                Cow::Owned(line) => Cow::Owned(after_colon(&line).to_owned()),
+            });
         }
-        out.push_str(line);
     }
-    out
+    found
 }
 
-/// Whether a `Content-Disposition` value (lower case) names the field
-/// `name` (canonical), by `name=` or by `name*=`.
-fn names(disposition: &str, name: &str) -> bool {
-    disposition.split(';').skip(1).any(|p| {
-        let Some((key, value)) = p.split_once('=') else {
-            return false;
-        };
-        let value = match key.trim() {
-            "name" => value.trim().trim_matches(['"', '\'']),
-            // `charset'language'name`, percent-encoded.
-            "name*" => value.rsplit_once('\'').map_or("", |(_, n)| n),
-            _ => return false,
-        };
-        canon::name(value) == name
+/// A header line's value: after its first `:`, trimmed.
+fn after_colon(line: &str) -> &str {
+    canon::split_once_at(line, b':').map_or("", |(_, value)| value.trim())
+}
+
+/// A part's header lines, each with the lines that continue it joined to
+/// it: a line starting with a blank or without a `:` continues the one
+/// before (PHP, Go). Only a folded header is copied.
+fn unfolded(head: &str) -> impl Iterator<Item = Cow<'_, str>> {
+    let continues = |l: &str| l.starts_with([' ', '\t']) || !l.bytes().any(|b| b == b':');
+    let mut lines = lines(head).peekable();
+    std::iter::from_fn(move || {
+        let mut line = Cow::Borrowed(lines.next()?);
+        while let Some(more) = lines.next_if(|l| continues(l)) {
+            if !more.is_empty() {
+                line.to_mut().push_str(more);
+            }
+        }
+        Some(line)
     })
+}
+
+/// The lines of `text` as `str::lines` gives them, found a byte at a time.
+fn lines(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let (line, next) = match canon::split_once_at(rest, b'\n') {
+            Some((line, next)) => (line.strip_suffix('\r').unwrap_or(line), next),
+            None => (rest, ""),
+        };
+        rest = next;
+        Some(line)
+    })
+}
+
+/// Whether a `Content-Disposition` value names the field `name`
+/// (canonical), by `name=` or by `name*=`, in any case.
+fn names(disposition: &str, name: &str) -> bool {
+    canon::split_where(disposition, |b| b == b';')
+        .skip(1)
+        .any(|p| {
+            let Some((key, value)) = canon::split_once_at(p, b'=') else {
+                return false;
+            };
+            let key = key.trim();
+            let value = if key.eq_ignore_ascii_case("name") {
+                value.trim().trim_matches(['"', '\''])
+            } else if key.eq_ignore_ascii_case("name*") {
+                // `charset'language'name`, percent-encoded.
+                value.rsplit_once('\'').map_or("", |(_, n)| n)
+            } else {
+                return false;
+            };
+            canon::is_name(value, name)
+        })
 }
 
 /// Whether every field of a form body of this content type can be read:
 /// not a multipart body without its closing delimiter (or boundary), which
 /// an origin's more lenient parser may still read fields from.
 pub fn fields_readable(body: &[u8], content_type: &str) -> bool {
-    match media_type(content_type).as_str() {
-        "multipart/form-data" => {
-            boundary(content_type).is_some_and(|b| multipart_parts(body, &b).1)
-        }
+    match form_kind(content_type) {
+        Some(Form::Multipart) => boundary(content_type).is_some_and(|b| multipart_parts(body, b).1),
         _ => true,
     }
 }
@@ -440,109 +298,15 @@ pub fn fields_readable(body: &[u8], content_type: &str) -> bool {
 mod tests {
     use super::*;
 
-    /// A value where no member is named twice.
-    fn value<'a>(json: &'a Json, pointer: &str) -> Option<Cow<'a, str>> {
-        json_value(json, pointer).expect("no repeated member on the way")
-    }
-
-    #[test]
-    fn json_values_by_pointer() {
-        let doc = parse_json(br#"{"user": {"name": "Alice", "id": 7, "n": 1.0, "tags": ["a"], "none": null}, "a/b": "slash"}"#).unwrap();
-        assert_eq!(value(&doc, "/user/name").as_deref(), Some("Alice"));
-        assert_eq!(value(&doc, "/user/id").as_deref(), Some("7"));
-        assert_eq!(value(&doc, "/user/n").as_deref(), Some("1"));
-        assert_eq!(value(&doc, "/user/tags").as_deref(), Some("a"));
-        assert_eq!(value(&doc, "/user/none"), None);
-        assert_eq!(value(&doc, "/user/missing"), None);
-        assert_eq!(value(&doc, "/a~1b").as_deref(), Some("slash"));
-        let nul = parse_json(br#"{"u": "alice\u0000x"}"#).unwrap();
-        assert_eq!(value(&nul, "/u").as_deref(), Some("alice"));
-    }
-
-    #[test]
-    fn numbers_equal_to_an_integer_count_as_its_digits() {
-        let doc = parse_json(
-            br#"{"int": 1000000000000000000, "exp": 1e18, "float": 1000000000000000000.0,
-                "text": "1000000000000000000", "neg": -12e0, "zero": -0.0, "half": 1.5,
-                "huge": 18446744073709551616, "huge_exp": 1.8446744073709552e19}"#,
-        )
-        .unwrap();
-        for pointer in ["/int", "/exp", "/float", "/text"] {
-            let text = value(&doc, pointer);
-            assert_eq!(text.as_deref(), Some("1000000000000000000"), "{pointer}");
+    /// The values of a field, each once.
+    fn form_values<'a>(body: &'a [u8], content_type: &str, name: &str) -> Vec<Cow<'a, str>> {
+        let mut values: Vec<Cow<'a, str>> = Vec::new();
+        for value in form_fields(body, content_type, name) {
+            if !values.contains(&value) {
+                values.push(value);
+            }
         }
-        assert_eq!(value(&doc, "/neg").as_deref(), Some("-12"));
-        assert_eq!(value(&doc, "/zero").as_deref(), Some("0"));
-        assert_eq!(value(&doc, "/half").as_deref(), Some("1.5"));
-        assert_eq!(value(&doc, "/huge"), value(&doc, "/huge_exp"));
-    }
-
-    #[test]
-    fn member_names_are_matched_without_regard_to_case() {
-        let doc = r#"{"USER": {"Name": "v"}, "uſername": "w", "id": 1}"#;
-        let doc = parse_json(doc.as_bytes()).unwrap();
-        assert_eq!(value(&doc, "/user/name").as_deref(), Some("v"));
-        assert_eq!(value(&doc, "/username").as_deref(), Some("w"));
-        assert_eq!(value(&doc, "/ID").as_deref(), Some("1"));
-        // Two spellings of one name with different values: no value.
-        let doc = parse_json(br#"{"Username": "victim", "username": "r1", "ok": 1, "OK": 1}"#);
-        let doc = doc.unwrap();
-        assert_eq!(json_value(&doc, "/username"), Err(Repeated));
-        assert_eq!(json_value(&doc, "/USERNAME"), Err(Repeated));
-        assert_eq!(value(&doc, "/ok").as_deref(), Some("1"));
-    }
-
-    #[test]
-    fn an_array_of_scalars_counts_as_its_elements() {
-        let doc = parse_json(
-            br#"{"one": ["v", "v"], "two": ["v", "x"], "none": [], "nulls": [null],
-                "nested": [["v"]], "numbers": [1, 1.0]}"#,
-        )
-        .unwrap();
-        assert_eq!(value(&doc, "/one").as_deref(), Some("v"));
-        assert_eq!(json_value(&doc, "/two"), Err(Repeated));
-        assert_eq!(value(&doc, "/none"), None);
-        assert_eq!(value(&doc, "/nulls"), None);
-        assert_eq!(value(&doc, "/nested").as_deref(), Some("v"));
-        assert_eq!(value(&doc, "/numbers").as_deref(), Some("1"));
-        assert_eq!(value(&doc, "/two/1").as_deref(), Some("x"));
-        let doc = parse_json(br#"{"o": {"$eq": "v"}, "in": [["v"], "x"], "deep": [{"a": 1}]}"#);
-        let doc = doc.unwrap();
-        for pointer in ["/o", "/in", "/deep", ""] {
-            assert_eq!(json_value(&doc, pointer), Err(Repeated), "{pointer}");
-        }
-        assert_eq!(value(&doc, "/o/$eq").as_deref(), Some("v"));
-    }
-
-    #[test]
-    fn a_member_named_twice_with_different_values_has_no_value() {
-        let doc = parse_json(
-            br#"{"u": "first", "u": "last", "same": 1, "same": 1,
-                "o": {"a/b": [{"x": 1, "x": 2}]}, "ok": "yes"}"#,
-        )
-        .unwrap();
-        for pointer in [
-            "/u",
-            "/o",
-            "/o/a~1b",
-            "/o/a~1b/0",
-            "/o/a~1b/0/x",
-            "/o/a~1b/0/x/y",
-        ] {
-            assert_eq!(json_value(&doc, pointer), Err(Repeated), "{pointer}");
-        }
-        for (pointer, expected) in [("/same", Some("1")), ("/ok", Some("yes")), ("/o2", None)] {
-            assert_eq!(value(&doc, pointer).as_deref(), expected, "{pointer}");
-        }
-        assert_eq!(json_value(&doc, ""), Err(Repeated), "the whole document");
-    }
-
-    #[test]
-    fn hostile_json_gives_no_value() {
-        let deep = format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000));
-        assert_eq!(parse_json(deep.as_bytes()), None);
-        assert_eq!(parse_json(b"{\"u\": \"\xff\xfe\"}"), None);
-        assert_eq!(parse_json(b"{\"u\": "), None);
+        values
     }
 
     #[test]

@@ -73,23 +73,18 @@ fn decode_once(input: &[u8]) -> Vec<u8> {
 }
 
 fn has_escape(input: &[u8]) -> bool {
-    (0..input.len()).any(|i| {
+    (0..input.len()).filter(|&i| input[i] == b'%').any(|i| {
         let w = &input[i..];
         u_escape(w).is_some()
-            || matches!(w, [b'%', hi, lo, ..] if hex(*hi).is_some() && hex(*lo).is_some())
+            || matches!(w, [_, hi, lo, ..] if hex(*hi).is_some() && hex(*lo).is_some())
     })
 }
 
 /// Percent-escapes decoded, up to 3 times (`DECODE_PASSES`), as bytes, and
 /// cut at the first NUL byte (see [`before_nul_bytes`]).
 pub fn percent_decoded(raw: &str) -> Cow<'_, [u8]> {
-    decoded_times(raw, DECODE_PASSES)
-}
-
-/// Percent-escapes decoded up to `passes` times, cut at the first NUL.
-fn decoded_times(raw: &str, passes: usize) -> Cow<'_, [u8]> {
     let mut bytes = Cow::Borrowed(raw.as_bytes());
-    for _ in 0..passes {
+    for _ in 0..DECODE_PASSES {
         if !has_escape(&bytes) {
             break;
         }
@@ -120,7 +115,11 @@ pub fn before_nul(text: &str) -> &str {
 /// A path segment as Windows names a file: without the dots and spaces it
 /// ends with, so that IIS serves `/admin.` and `/admin%20` as `/admin`.
 pub fn windows_segment(segment: &str) -> &str {
-    segment.trim_end_matches(['.', ' '])
+    let end = segment
+        .bytes()
+        .rposition(|b| b != b'.' && b != b' ')
+        .map_or(0, |last| last + 1);
+    &segment[..end]
 }
 
 /// A path segment as origins resolve it: as Windows names it
@@ -143,6 +142,14 @@ fn text(bytes: Cow<'_, [u8]>) -> Cow<'_, str> {
     }
 }
 
+/// [`form_value`] of text that may be a copy.
+pub fn form_value_of(raw: Cow<'_, str>) -> Cow<'_, str> {
+    match raw {
+        Cow::Borrowed(raw) => form_value(raw),
+        Cow::Owned(raw) => Cow::Owned(form_value(&raw).into_owned()),
+    }
+}
+
 /// A form value (`application/x-www-form-urlencoded`, as in a query):
 /// percent-escapes decoded, and every `+`, literal or escaped, read as a
 /// space, since origins disagree on whether `+` or `%2B` means one.
@@ -155,33 +162,47 @@ pub fn form_value(raw: &str) -> Cow<'_, str> {
     }
 }
 
-/// The distinct canonical values of every field named `name` (canonical,
-/// see [`name`]) in form-encoded text: a query, or an
+/// The raw value of every field named `field` (canonical, see [`name`])
+/// in form-encoded text, as often as given: a query, or an
 /// `application/x-www-form-urlencoded` body. Fields are separated by `&`
-/// and, as some servers also read them, `;`.
-pub fn form_field_values<'a>(text: &'a str, field: &str) -> Vec<Cow<'a, str>> {
-    let pairs = text
-        .split(['&', ';'])
+/// and, as some servers also read them, `;`. Text that is not UTF-8 is
+/// read as PHP reads it, its stray bytes as U+FFFD; [`form_value`] reads
+/// a value.
+pub fn form_fields<'a, 'f>(
+    text: &'a [u8],
+    field: &'f str,
+) -> impl Iterator<Item = Cow<'a, str>> + use<'a, 'f> {
+    text.split(|&b| b == b'&' || b == b';')
         .filter(|pair| !pair.is_empty())
-        .map(|pair| pair.split_once('=').unwrap_or((pair, "")));
-    distinct(
-        pairs
-            .filter(|(n, _)| name(n) == field)
-            .map(|(_, v)| form_value(v)),
-    )
+        .map(|pair| match pair.iter().position(|&b| b == b'=') {
+            Some(at) => (&pair[..at], &pair[at + 1..]),
+            None => (pair, &pair[pair.len()..]),
+        })
+        .filter(move |(n, _)| is_name(&String::from_utf8_lossy(n), field))
+        .map(|(_, v)| String::from_utf8_lossy(v))
 }
 
-/// Each value once, in first-seen order; linear, since a body can name one
-/// field thousands of times.
-pub fn distinct<'a>(values: impl Iterator<Item = Cow<'a, str>>) -> Vec<Cow<'a, str>> {
-    let mut seen = std::collections::HashSet::new();
-    let mut out: Vec<Cow<'a, str>> = Vec::new();
-    for v in values {
-        if seen.insert(v.clone()) {
-            out.push(v);
+/// `text` split at every byte `separator` holds, which must be ASCII (so
+/// that no character is split): a byte at a time, where splitting by
+/// character would decode each.
+pub fn split_where(text: &str, separator: impl Fn(u8) -> bool) -> impl Iterator<Item = &str> {
+    let mut rest = Some(text);
+    std::iter::from_fn(move || {
+        let t = rest?;
+        match t.bytes().position(&separator) {
+            Some(at) => {
+                rest = Some(&t[at + 1..]);
+                Some(&t[..at])
+            }
+            None => rest.take(),
         }
-    }
-    out
+    })
+}
+
+/// `text` split at its first `separator` (ASCII), as [`split_where`] finds it.
+pub fn split_once_at(text: &str, separator: u8) -> Option<(&str, &str)> {
+    let at = text.bytes().position(|b| b == separator)?;
+    Some((&text[..at], &text[at + 1..]))
 }
 
 /// A value the origin compares without regard to case or surrounding
@@ -263,7 +284,11 @@ pub fn plain_letters(text: &str) -> Cow<'_, str> {
 /// `[0]`) are dropped: PHP, Rack and Express read `user[]` as `user` (an
 /// array, which Laravel's and Rails' lookups match by any element).
 pub fn name(raw: &str) -> String {
-    let decoded = form_value(raw);
+    name_chars(&form_value(raw)).collect()
+}
+
+/// The characters of [`name`] of a decoded name, one at a time.
+fn name_chars(decoded: &str) -> impl Iterator<Item = char> + '_ {
     let mut base = decoded.trim_start_matches([' ', '[', ']']);
     while let Some(open) = base.strip_suffix(']').and_then(|b| b.rfind('[')) {
         let index = &base[open + 1..base.len() - 1];
@@ -272,13 +297,23 @@ pub fn name(raw: &str) -> String {
         }
         base = &base[..open];
     }
-    base.chars()
-        .filter(|&c| c != ']')
-        .map(|c| match c {
-            '.' | ' ' | '[' => '_',
-            c => fold_char(c),
-        })
-        .collect()
+    base.chars().filter(|&c| c != ']').map(|c| match c {
+        '.' | ' ' | '[' => '_',
+        c => fold_char(c),
+    })
+}
+
+/// Whether a parameter or cookie name reads as `wanted` (canonical), as
+/// [`name`] reads it: compared as it is read, without building it.
+pub fn is_name(raw: &str, wanted: &str) -> bool {
+    // Letters, digits, `-` and `_` stay as they are, but for their case.
+    if raw
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return raw.eq_ignore_ascii_case(wanted);
+    }
+    name_chars(&form_value(raw)).eq(wanted.chars())
 }
 
 /// A character as an origin that ignores case compares it: in lower case
@@ -445,35 +480,35 @@ pub fn credentials(value: &str) -> Cow<'_, str> {
 /// decoder), so that every spelling of one credential is one.
 fn base64_bytes(text: &str) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let sextets: Vec<u32> = text
-        .bytes()
-        .filter_map(|b| ALPHABET.iter().position(|&a| a == b))
-        .map(|s| s as u32)
-        .collect();
-    let mut bytes = Vec::with_capacity(sextets.len() * 3 / 4);
-    for group in sextets.chunks(4) {
-        let n = group
-            .iter()
-            .enumerate()
-            .fold(0, |n, (i, s)| n | s << (18 - 6 * i));
-        // Four sextets hold three bytes, three two, two one, one none.
-        bytes.extend_from_slice(&n.to_be_bytes()[1..group.len() * 6 / 8 + 1]);
+    let sextet = |b: u8| match b {
+        b'A'..=b'Z' => Some(b - b'A'),
+        b'a'..=b'z' => Some(b - b'a' + 26),
+        b'0'..=b'9' => Some(b - b'0' + 52),
+        b'+' => Some(62),
+        b'/' => Some(63),
+        _ => None,
+    };
+    // Whole groups of four sextets are three bytes, written back as the
+    // same four; only the last, short group changes.
+    let mut out: Vec<u8> = Vec::with_capacity(text.len() + 2);
+    out.extend(text.bytes().filter(|&b| sextet(b).is_some()));
+    let whole = out.len() / 4 * 4;
+    let tail: Vec<u8> = out[whole..].iter().filter_map(|&b| sextet(b)).collect();
+    out.truncate(whole);
+    // Two sextets hold one byte (its low four bits spare), three hold two
+    // (two bits spare), one holds none.
+    let (kept, spare, pad) = match tail.len() {
+        2 => (2, 0b1111, "=="),
+        3 => (3, 0b11, "="),
+        _ => (0, 0, ""),
+    };
+    for (i, &s) in tail.iter().take(kept).enumerate() {
+        let s = if i + 1 == kept { s & !spare } else { s };
+        out.push(ALPHABET[usize::from(s)]);
     }
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for group in bytes.chunks(3) {
-        let n = group
-            .iter()
-            .enumerate()
-            .fold(0, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
-        for i in 0..4 {
-            if i <= group.len() {
-                out.push(char::from(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    out.extend_from_slice(pad.as_bytes());
+    // Only bytes of the alphabet and `=`: ASCII.
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// A value as an origin that parses it reads it: an integer, however
@@ -491,6 +526,29 @@ pub fn number_or_uuid(value: Cow<'_, str>) -> Cow<'_, str> {
         Some(b'+') => (false, &text[1..]),
         _ => (false, text),
     };
+    // Only a digit or `.` starts an integer, and a UUID takes 32 digits.
+    let integer_start = unsigned.chars().next().is_some_and(|c| {
+        c == '.' || c.is_ascii_digit() || !c.is_ascii() && decimal_digit(c).is_some()
+    });
+    if !integer_start && text.len() < 32 {
+        return value;
+    }
+    // Plain digits, the commonest number: their leading zeros dropped.
+    if !unsigned.is_empty() && unsigned.bytes().all(|b| b.is_ascii_digit()) {
+        let digits = match unsigned.trim_start_matches('0') {
+            "" => "0",
+            n if n.len() > MOST_DIGITS => return value,
+            n => n,
+        };
+        if minus && digits != "0" {
+            return Cow::Owned(format!("-{digits}"));
+        }
+        // The digits lie in the value: as long, they are the value.
+        if value.len() == digits.len() {
+            return value;
+        }
+        return Cow::Owned(digits.to_owned());
+    }
     let canonical = match integer(unsigned) {
         Some(n) if minus && n != "0" => format!("-{n}"),
         Some(n) => n,
@@ -506,13 +564,15 @@ pub fn number_or_uuid(value: Cow<'_, str>) -> Cow<'_, str> {
     }
 }
 
+/// Digits of the longest integer read as one.
+const MOST_DIGITS: usize = 40;
+
 /// The shortest decimal digits of the unsigned integer `text` writes, if
 /// it writes one: in decimal with digits of any script and `_` between
 /// them (Python's `int()`), a fraction of zeros (Django's IntegerField,
 /// JS `Number()`) or an exponent (JS, PHP's `(int)`, MySQL's casts), or
 /// with `0x`, `0o` or `0b` (JS `Number()`). At most 40 digits.
 fn integer(text: &str) -> Option<String> {
-    const MOST: usize = 40;
     let radix = match text.as_bytes() {
         [b'0', b'x' | b'X', ..] => 16,
         [b'0', b'o' | b'O', ..] => 8,
@@ -533,7 +593,7 @@ fn integer(text: &str) -> Option<String> {
     let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
     let fraction = ascii_digits(fraction)?;
     let digits = ascii_digits(whole)? + &fraction;
-    if digits.is_empty() || exponent.unsigned_abs() as usize > MOST {
+    if digits.is_empty() || exponent.unsigned_abs() as usize > MOST_DIGITS {
         return None;
     }
     // The value is `digits` x 10^shift: whole when the digits shifted out
@@ -550,7 +610,7 @@ fn integer(text: &str) -> Option<String> {
     };
     match integer.trim_start_matches('0') {
         "" => Some("0".to_owned()),
-        n if n.len() <= MOST => Some(n.to_owned()),
+        n if n.len() <= MOST_DIGITS => Some(n.to_owned()),
         _ => None,
     }
 }
@@ -641,42 +701,70 @@ pub fn normalize_path(raw: &str) -> String {
 /// A decoded path with its segments resolved, as [`normalize_path`] says,
 /// numbers without their leading zeros if `numbers`.
 fn resolved(decoded: &[u8], numbers: bool) -> String {
-    let text = String::from_utf8_lossy(decoded).replace('\\', "/");
-    let mut segments: Vec<Cow<'_, str>> = Vec::new();
-    for seg in text.split('/') {
-        let seg = seg.split(';').next().unwrap_or_default();
-        match seg {
+    let text = String::from_utf8_lossy(decoded);
+    let mut path = String::with_capacity(text.len() + 1);
+    for segment in split_where(&text, |b| b == b'/' || b == b'\\') {
+        match split_once_at(segment, b';').map_or(segment, |(before, _)| before) {
             "" | "." => {}
-            ".." => {
-                segments.pop();
-            }
-            s => match path_segment(s) {
-                s if s.is_empty() => {}
-                _ if !numbers => segments.push(Cow::Borrowed(windows_segment(s))),
-                s => segments.push(s),
+            // Segments hold no `/`: the last one starts at the last `/`.
+            ".." => path.truncate(path.rfind('/').unwrap_or(0)),
+            s => match windows_segment(s) {
+                "" => {}
+                s => {
+                    let s = match numbers {
+                        true => number_or_uuid(Cow::Borrowed(s)),
+                        false => Cow::Borrowed(s),
+                    };
+                    path.push('/');
+                    if s.is_ascii() {
+                        let at = path.len();
+                        path.push_str(&s);
+                        path[at..].make_ascii_lowercase();
+                    } else {
+                        path.extend(s.chars().map(fold_char));
+                    }
+                }
             },
         }
     }
-    fold(&format!("/{}", segments.join("/")))
+    if path.is_empty() {
+        path.push('/');
+    }
+    path
 }
 
-/// Other paths than `canonical` (what [`normalize_path`] gives for `raw`)
-/// that an origin may route the request to, for rules to match any of:
-/// the path decoded fewer times (an origin that decodes once routes
-/// `/search/x%252F..` below `/search`, which more passes resolve above
-/// it) or with its numbers as written (for a pattern such as `/v/0*`),
-/// each also after a PHP front controller (`/index.php/login` is `/login`
-/// to Laravel and Symfony) and without a format suffix (`/login.json` is
-/// `/login` to Rails). Keys use the canonical path alone.
-pub fn alternate_paths(raw: &str, canonical: &str) -> Vec<String> {
-    let mut bases = vec![canonical.to_owned(), resolved(&percent_decoded(raw), false)];
-    if has_escape(raw.as_bytes()) {
-        for passes in [0, 1] {
-            bases.push(resolved(&decoded_times(raw, passes), true));
+/// The path as [`normalize_path`] gives it, and the other paths an origin
+/// may route the request to, for rules to match any of: the path decoded
+/// fewer times (an origin that decodes once routes `/search/x%252F..`
+/// below `/search`, which more passes resolve above it) or with its
+/// numbers as written (for a pattern such as `/v/0*`), each also after a
+/// PHP front controller (`/index.php/login` is `/login` to Laravel and
+/// Symfony) and without a format suffix (`/login.json` is `/login` to
+/// Rails). Keys use the normalized path alone. Each decoding pass is made
+/// once.
+pub fn path_and_routes(raw: &str) -> (String, Vec<String>) {
+    let escaped = has_escape(raw.as_bytes());
+    let once = match escaped {
+        true => Cow::Owned(decode_once(raw.as_bytes())),
+        false => Cow::Borrowed(raw.as_bytes()),
+    };
+    let mut full = Cow::Borrowed(&*once);
+    for _ in 1..DECODE_PASSES {
+        if !has_escape(&full) {
+            break;
+        }
+        full = Cow::Owned(decode_once(&full));
+    }
+    let full = before_nul_bytes(&full);
+    let canonical = resolved(full, true);
+    let mut bases = vec![canonical.clone(), resolved(full, false)];
+    if escaped {
+        for decoded in [raw.as_bytes(), &once] {
+            bases.push(resolved(before_nul_bytes(decoded), true));
         }
     }
     bases.dedup();
-    let mut out: Vec<String> = Vec::new();
+    let mut routes: Vec<String> = Vec::new();
     for base in bases {
         let (script, routed) = php_script(&base)
             .map(|(script, routed)| (script.to_owned(), routed))
@@ -687,12 +775,12 @@ pub fn alternate_paths(raw: &str, canonical: &str) -> Vec<String> {
             .chain(formats)
             .flatten()
         {
-            if path != canonical && !out.contains(&path) {
-                out.push(path);
+            if path != canonical && !routes.contains(&path) {
+                routes.push(path);
             }
         }
     }
-    out
+    (canonical, routes)
 }
 
 /// The first `.php` segment of a path and what follows it: the script
@@ -927,7 +1015,11 @@ mod tests {
 
     #[test]
     fn other_routes_of_a_path_are_listed() {
-        let routes = |raw: &str| alternate_paths(raw, &normalize_path(raw));
+        let routes = |raw: &str| {
+            let (path, routes) = path_and_routes(raw);
+            assert_eq!(path, normalize_path(raw), "{raw}");
+            routes
+        };
         assert_eq!(routes("/login"), Vec::<String>::new());
         assert_eq!(routes("/index.php/login"), ["/login", "/index.php"]);
         assert_eq!(routes("/login.json"), ["/login"]);

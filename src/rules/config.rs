@@ -8,6 +8,7 @@ use super::{
     canon,
     cidr::Cidr,
     lease::Lease,
+    pattern::PathPattern,
     policy::{Gcra, Policy, PolicyError, Window, Windows, MAX_DURATION_MS},
     raw::{Algorithm, FromJson, RawConfig, RawCost, RawDuration, RawRule},
     request::{CfField, RequestMeta},
@@ -295,6 +296,7 @@ impl TryFrom<RawRule> for Rule {
         let path_prefix =
             path_pattern("path_prefix", raw.path_prefix.unwrap_or_else(|| "/".into()))?;
         let path = raw.path.map(|p| path_pattern("path", p)).transpose()?;
+        let path = path.as_deref().map(PathPattern::new);
         let methods = methods(&raw.methods)?;
         let with_headers = header_names("with_headers", &raw.with_headers)?;
         let without_headers = header_names("without_headers", &raw.without_headers)?;
@@ -913,7 +915,10 @@ mod tests {
         assert!(!c.x_ratelimit_headers);
         let r = &c.rules[0];
         assert_eq!(r.host.as_deref(), Some("*.example.com"));
-        assert_eq!(r.path.as_deref(), Some("/api/*/items"));
+        assert_eq!(
+            r.path.as_ref().map(PathPattern::as_str),
+            Some("/api/*/items")
+        );
         assert_eq!(
             (r.with_headers.as_slice(), r.without_headers.as_slice()),
             (

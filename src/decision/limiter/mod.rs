@@ -207,7 +207,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             return Handled::new(Outcome::Forward(Forward::Unlimited), events);
         }
         let methods = req.methods();
-        let checks = selection.checks(&methods);
+        let checks = selection.checks(methods);
         let leased = self.observe(&checks, now_ms);
         let reread = self.reread_due(&checks, now_ms);
         if let Some(mut handled) = self.admit_from_leases(&checks, &leased, now_ms) {
@@ -224,7 +224,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         handled.events = events;
         handled.reread = reread;
         if let Outcome::Forward(Forward::Admitted(decided)) = &handled.outcome {
-            handled.refund = selection.pending_refund(&decided.decision, &methods);
+            handled.refund = selection.pending_refund(&decided.decision, methods);
         }
         handled
     }

@@ -343,7 +343,7 @@ impl<'c> Replay<'c> {
         let methods = record.request.methods();
         let mut charged = self.charged.borrow_mut();
         for ((rule_id, rule, id), state) in selection.rules.iter().zip(states) {
-            let cost = rule.cost.for_methods(&methods);
+            let cost = rule.cost.for_methods(methods);
             if !state.admitted() || cost == 0 || !rule.count_status.is_empty() {
                 continue;
             }

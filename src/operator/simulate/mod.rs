@@ -343,7 +343,7 @@ fn send_batch(
         .zip(&selections)
         .filter_map(|(record, selection)| match selection {
             Ok(s) if !s.rules.is_empty() => Some(Job {
-                checks: s.checks(&record.request.methods()),
+                checks: s.checks(record.request.methods()),
                 now_ms: record.time_ms,
             }),
             _ => None,
@@ -375,7 +375,7 @@ fn send_batch(
                         let methods = record.request.methods();
                         let rules = s.rules.iter().map(|(rule_id, rule, id)| {
                             let parts = id.iter().map(|p| p.to_string()).collect();
-                            (*rule_id, parts, rule.cost.for_methods(&methods))
+                            (*rule_id, parts, rule.cost.for_methods(methods))
                         });
                         (status, rules.collect())
                     }),
