@@ -15,10 +15,10 @@ use std::{
 
 use edge_limiter::{
     decision::{
-        keys::redis_key,
+        keys::{override_key, redis_key},
         limiter::RefundRule,
         model::Model,
-        protocol::{override_key, run, Charge, Check, Reply, ScriptCall, LIMITER},
+        protocol::{run, Charge, Check, Reply, ScriptCall, LIMITER},
         verdict::Decision,
     },
     rules::{

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::{
-    keys::{redis_key, window_offset},
+    keys::{override_key, penalty_key, redis_key, window_offset},
     redis_rest::{RestClient, RestError, Script},
     verdict::{Decision, Grant, OverrideRead, OverrideSource, Retry, RuleState, Verdict},
 };
@@ -112,12 +112,6 @@ pub struct Check<'a> {
     pub rule: &'a Rule,
     /// Units this request costs under it (0 peeks).
     pub cost: u64,
-}
-
-/// The key of a client's running penalty on a rule: its state key and
-/// `:p` (rule names hold no `:`, so no rule's key can be another's penalty).
-pub fn penalty_key(state_key: &str) -> String {
-    format!("{state_key}:p")
 }
 
 /// One rule of a call: its key, figures, cost and bucket offset.
@@ -225,17 +219,6 @@ pub struct LeaseAsk {
     /// How long the lease lasts at most, ms; a window's ends with the
     /// bucket its units are counted in, if that comes first.
     pub for_ms: u64,
-}
-
-/// The key of a client's override on a rule: its state key and `:o`.
-pub fn override_key(state_key: &str) -> String {
-    format!("{state_key}:o")
-}
-
-/// The key of a rule's override for every client. No client's key can be
-/// it: theirs hold a `{` hash tag.
-pub fn rule_wide_key(rule: &str) -> String {
-    format!("el:rule:{rule}:o")
 }
 
 /// What one rule-wide override key held when read.

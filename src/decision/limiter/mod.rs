@@ -11,11 +11,11 @@ pub use leased::LeaseRefresh;
 use super::{
     block_cache::BlockCache,
     events::{Action, Event},
-    keys::redis_key,
+    keys::{override_key, penalty_key, redis_key, rule_wide_key},
     leases::Leases,
     protocol::{
-        override_key, penalty_key, read_rule_wide, rule_wide_key, run, Charge, Check, LeaseAsk,
-        Reply, ScriptCall, ScriptError, ScriptRunner, WideRead,
+        read_rule_wide, run, Charge, Check, LeaseAsk, Reply, ScriptCall, ScriptError, ScriptRunner,
+        WideRead,
     },
     rule_wide::RuleWide,
     verdict::{Decision, OverrideSource, Retry},

@@ -15,9 +15,9 @@ use serde_json::Value;
 
 use super::resp;
 use crate::decision::{
-    keys::redis_key,
+    keys::{override_key, redis_key},
     model::Model,
-    protocol::{override_key, Charge, Check, Reply, ScriptCall, LIMITER},
+    protocol::{Charge, Check, Reply, ScriptCall, LIMITER},
     rule_wide::RuleWide,
     verdict::Decision,
 };
