@@ -18,7 +18,7 @@ use super::{
         WideRead,
     },
     rule_wide::RuleWide,
-    verdict::{Decision, OverrideSource, Retry},
+    verdict::{Decision, OverrideSource},
 };
 use crate::rules::{
     config::Config,
@@ -384,7 +384,7 @@ fn decided<'c>(
         .filter_map(|((r, s), key)| {
             let retry = s.retry()?;
             Some(Event {
-                retry_after: retry_seconds(retry),
+                retry_after: retry.seconds(),
                 key: Some((*key).to_owned()),
                 ..Event::new(Action::WouldDeny, &r.name)
             })
@@ -396,7 +396,7 @@ fn decided<'c>(
         let binding = decision.binding();
         events.push(Event {
             status: Some(429),
-            retry_after: retry_seconds(retry),
+            retry_after: retry.seconds(),
             key: keys.get(binding).map(|k| (*k).to_owned()),
             overridden: override_named(&decision, binding),
             ..Event::new(Action::Deny, &rules[binding].name)
@@ -438,11 +438,6 @@ fn ignored_overrides(
             })
         })
         .collect()
-}
-
-/// Whole seconds a client is told to wait, at least 1; none for never.
-pub fn retry_seconds(retry: Retry) -> Option<u64> {
-    retry.ms().map(|ms| ms.div_ceil(1000).max(1))
 }
 
 /// The rules a request falls under, as the worker picks them.
