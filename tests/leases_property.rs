@@ -20,12 +20,11 @@ use edge_limiter::{
         keys::{redis_key, window_offset},
         leases::Leases,
         limiter::{Forward, Limiter, Outcome},
-        model::Model,
         protocol::Check,
         redis_rest::RestClient,
         rule_wide::RuleWide,
     },
-    operator::simulate::conform::over_limit,
+    operator::simulate::{conform::over_limit, model::Model},
     rules::{config::Config, lease::Lease, policy::Policy, request::RequestMeta},
 };
 use proptest::{

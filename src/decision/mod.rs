@@ -1,14 +1,12 @@
 //! Deciding one request: the Redis keys, the script protocol and its
 //! verdicts, the REST client that carries it, the isolate's block cache,
-//! and the [`limiter::Limiter`] that puts them together. The reference
-//! model the script is held to lives here too.
+//! and the [`limiter::Limiter`] that puts them together.
 
 pub mod block_cache;
 pub mod events;
 pub mod keys;
 pub mod leases;
 pub mod limiter;
-pub mod model;
 pub mod protocol;
 pub mod redis_rest;
 pub mod rule_wide;

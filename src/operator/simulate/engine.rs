@@ -13,10 +13,9 @@ use std::{
 
 use serde_json::Value;
 
-use super::resp;
+use super::{model::Model, resp};
 use crate::decision::{
     keys::{override_key, redis_key},
-    model::Model,
     protocol::{Charge, Check, Reply, ScriptCall, LIMITER},
     rule_wide::RuleWide,
     verdict::Decision,

@@ -12,6 +12,7 @@ pub mod conform;
 pub mod engine;
 pub mod isolates;
 pub mod log;
+pub mod model;
 pub mod plot;
 pub mod report;
 mod resp;
