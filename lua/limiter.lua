@@ -2,9 +2,9 @@
 -- nothing, in one call. common.lua, gcra.lua, windowed.lua and penalty.lua
 -- are joined in front of this file at build time (see build.rs).
 --
--- Which entry answers a call (src/decision/protocol.rs's Entry says the
--- same); the two one-rule paths carry no operation name, the cheapest
--- encoding measured:
+-- Which entry answers a call (src/decision/protocol/script.rs's Entry
+-- says the same); the two one-rule paths carry no operation name, the
+-- cheapest encoding measured:
 --   #ARGV <= 3, ARGV[1] not 'reset'  one GCRA rule on Redis's clock (gcra.lua)
 --   #ARGV > 3, ARGV[1] not 'decide'  one windowed rule on Redis's clock
 --            'reset' nor 'refund'     (windowed.lua)

@@ -1,0 +1,76 @@
+//! The limiter script: the files in `lua/` joined and embedded with its
+//! SHA1, and the entry points a call selects in it.
+
+use crate::decision::redis_rest::Script;
+
+/// The limiter script: the files `build.rs` lists, joined behind a
+/// `#!lua flags=allow-key-locking` shebang, without their comments.
+pub const LIMITER: Script = Script {
+    source: include_str!(concat!(env!("OUT_DIR"), "/limiter.lua")),
+    sha1: include_str!(concat!(env!("OUT_DIR"), "/limiter.sha1")),
+};
+
+/// The Lua files joined into [`LIMITER`], in order, each with its text:
+/// the list `build.rs` keeps, for the tests that hold the script to them.
+#[cfg(test)]
+const LUA_FILES: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/lua_files.rs"));
+
+/// The script's entry points, and what selects each. The cheapest encoding
+/// measured is kept: the two one-rule paths carry no operation name, and
+/// are told apart by how many arguments they get (the table at the top of
+/// `lua/limiter.lua` says the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// A GCRA rule alone on Redis's clock: 2 or 3 arguments, the first no
+    /// operation name (`lua/gcra.lua`).
+    OneGcra,
+    /// A windowed rule alone on Redis's clock: 4 or more arguments, the
+    /// first no operation name (`lua/windowed.lua`). Either one-rule entry
+    /// with a second key reads it as the client's override, and becomes
+    /// [`Entry::Decide`] inside the script when it holds one.
+    OneWindowed,
+    /// Everything else: `ARGV[1] == 'decide'` (`lua/limiter.lua`).
+    Decide,
+    /// `ARGV[1] == 'reset'`, alone: deletes every key given.
+    Reset,
+    /// `ARGV[1] == 'refund'`: gives refundable charges back.
+    Refund,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn the_script_is_the_files_without_comments_line_for_line() {
+        let (shebang, body) = LIMITER.source.split_once('\n').expect("a shebang line");
+        assert_eq!(shebang, "#!lua flags=allow-key-locking");
+        let files: Vec<&str> = LUA_FILES.iter().flat_map(|(_, f)| f.lines()).collect();
+        let embedded: Vec<&str> = body.lines().collect();
+        // Line for line, so a Redis error's line number is the file's.
+        assert_eq!(embedded.len(), files.len());
+        for (n, (line, file)) in embedded.iter().zip(&files).enumerate() {
+            let dropped = file.trim().strip_prefix(line).map(str::trim_start);
+            assert!(
+                dropped.is_some_and(|d| d.is_empty() || d.starts_with("--")),
+                "line {}: {line:?} is not {file:?} less its blanks and comment",
+                n + 2
+            );
+        }
+        let written: usize = LUA_FILES.iter().map(|(_, f)| f.len()).sum();
+        assert!(LIMITER.source.len() < written / 2, "the comments are gone");
+    }
+
+    #[test]
+    fn every_lua_file_is_in_the_script() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/lua");
+        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| format!("lua/{}", e.unwrap().file_name().to_string_lossy()))
+            .filter(|name| name.ends_with(".lua"))
+            .collect();
+        on_disk.sort();
+        let mut joined: Vec<String> = LUA_FILES.iter().map(|(n, _)| n.to_string()).collect();
+        joined.sort();
+        assert_eq!(joined, on_disk);
+    }
+}
