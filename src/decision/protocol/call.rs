@@ -407,7 +407,7 @@ impl ScriptCall {
         match self {
             ScriptCall::OneRule(one) => one.rule.one_rule_args(),
             ScriptCall::Decide(g) => g.args(g.now_ms, true),
-            ScriptCall::Reset(_) => vec!["reset".to_owned()],
+            ScriptCall::Reset(_) => vec![Entry::RESET.to_owned()],
             ScriptCall::Refund(r) => r.args(),
         }
     }
@@ -505,7 +505,7 @@ impl General {
     fn args(&self, now_ms: Option<u64>, whole: bool) -> Vec<String> {
         let modes: String = self.rules.iter().map(|(_, m)| m.letter()).collect();
         let clock = now_ms.map(|n| n.to_string()).unwrap_or_default();
-        let mut args = vec!["decide".to_owned(), clock, modes];
+        let mut args = vec![Entry::DECIDE.to_owned(), clock, modes];
         for (rule, _) in &self.rules {
             rule.push_general(&mut args);
         }
@@ -543,7 +543,7 @@ impl Refund {
     /// as a decision has them, then its mark.
     fn args(&self) -> Vec<String> {
         let clock = self.now_ms.map(|n| n.to_string()).unwrap_or_default();
-        let mut args = vec!["refund".to_owned(), clock];
+        let mut args = vec![Entry::REFUND.to_owned(), clock];
         for (rule, mark) in &self.rules {
             rule.push_general(&mut args);
             push_numbers(&mut args, &[*mark]);
