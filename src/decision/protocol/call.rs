@@ -393,8 +393,9 @@ impl ScriptCall {
     pub fn keys(&self) -> Vec<String> {
         match self {
             ScriptCall::OneRule(one) => {
-                let state = Some(one.rule.key.clone());
-                state.into_iter().chain(one.override_key.clone()).collect()
+                let mut keys = vec![one.rule.key.clone()];
+                keys.extend(one.override_key.clone());
+                keys
             }
             ScriptCall::Decide(g) => g.keys(),
             ScriptCall::Reset(keys) => keys.clone(),
@@ -488,11 +489,10 @@ impl General {
 
     /// One key per rule, then one per override read, then one per penalty.
     fn keys(&self) -> Vec<String> {
-        let rules = self.rules.iter().map(|(r, _)| r.key.clone());
-        rules
-            .chain(self.overrides.iter().map(|o| o.key.clone()))
-            .chain(self.penalties.iter().map(|p| p.key.clone()))
-            .collect()
+        let mut keys: Vec<String> = self.rules.iter().map(|(r, _)| r.key.clone()).collect();
+        keys.extend(self.overrides.iter().map(|o| o.key.clone()));
+        keys.extend(self.penalties.iter().map(|p| p.key.clone()));
+        keys
     }
 
     /// `decide`, the clock (empty for Redis's), the mode letters, each
