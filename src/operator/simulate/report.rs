@@ -5,7 +5,10 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use super::{clock::format_ms, log::LineError};
+use super::{
+    clock::format_ms,
+    log::{LineError, REORDER_MS},
+};
 use crate::{
     decision::verdict::Decision,
     rules::{config::Config, rule::Mode},
@@ -468,7 +471,7 @@ impl Report {
                 "\n{} requests were logged more than {} s out of order; each was decided at the \
                  latest time reached before it\n",
                 self.late,
-                super::REORDER_MS / 1000
+                REORDER_MS / 1000
             ));
         }
         if self.unreadable > 0 {
