@@ -30,7 +30,7 @@
 -- before the request (us), or -1 minus that when the request is denied;
 -- the caller derives every header from it. Numbers go to redis.call as
 -- '%d' text, which Redis converts for less than a Lua number.
-if args <= 3 and argv[1] ~= 'reset' then
+if args <= 3 and not named then
   local key, interval_us, burst, cost = KEYS[1], argv[1] + 0, argv[2] + 0, 1
   if argv[3] then
     cost = argv[3] + 0

@@ -2,12 +2,13 @@
 -- nothing, in one call. common.lua, gcra.lua, windowed.lua and penalty.lua
 -- are joined in front of this file at build time (see build.rs).
 --
--- Which entry answers a call (src/decision/protocol.rs's Entry says the
--- same); the two one-rule paths carry no operation name, the cheapest
--- encoding measured:
---   #ARGV <= 3, ARGV[1] not 'reset'  one GCRA rule on Redis's clock (gcra.lua)
---   #ARGV > 3, ARGV[1] not 'decide'  one windowed rule on Redis's clock
---            'reset' nor 'refund'     (windowed.lua)
+-- Which entry answers a call (src/decision/protocol/script.rs's Entry
+-- says the same); the two one-rule paths carry no operation name (`named`,
+-- at the end of common.lua, lists the names), the cheapest encoding
+-- measured:
+--   #ARGV <= 3, no operation named   one GCRA rule on Redis's clock (gcra.lua)
+--   #ARGV > 3, no operation named    one windowed rule on Redis's clock
+--                                    (windowed.lua)
 --   either, with KEYS[2]             its rule takes overrides: KEYS[2] is
 --                                    the client's override key; when it
 --                                    holds one, ARGV is rewritten as the

@@ -52,7 +52,7 @@
 -- through to that path. One window reads one field and adds the cost as
 -- the text it came as: conversions and redis.calls are what a call pays
 -- most for.
-local one_rule = args > 3 and argv[1] ~= 'decide' and argv[1] ~= 'reset' and argv[1] ~= 'refund'
+local one_rule = args > 3 and not named
 if one_rule then
   -- The windows' figures stay text: they are joined into field names.
   local key, cost = KEYS[1], lone_cost

@@ -17,10 +17,10 @@ use edge_limiter::{
     decision::{
         block_cache::BlockCache,
         events::Action,
-        keys::redis_key,
+        keys::{override_key, redis_key, rule_wide_key},
         leases::Leases,
         limiter::Limiter,
-        protocol::{override_key, rule_wide_key, run, Charge, Check, LeaseAsk, Reply, ScriptCall},
+        protocol::{run, Charge, Check, LeaseAsk, Reply, ScriptCall},
         rule_wide::{RuleWide, REREAD_MS},
     },
     rules::{config::Config, overrides::Override, rule::Rule},

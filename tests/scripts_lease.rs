@@ -17,10 +17,10 @@ use edge_limiter::{
     decision::{
         block_cache::BlockCache,
         events::Action,
-        keys::{redis_key, window_offset},
+        keys::{override_key, redis_key, window_offset},
         leases::Leases,
         limiter::{Forward, Handled, Limiter, Outcome},
-        protocol::{override_key, run, Check, LeaseAsk, Reply, ScriptCall},
+        protocol::{run, Check, LeaseAsk, Reply, ScriptCall},
         redis_rest::RestClient,
         rule_wide::RuleWide,
         verdict::{Decision, Grant},

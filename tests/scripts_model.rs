@@ -1,5 +1,5 @@
 //! The real script on a real redis-server, held to the reference model
-//! (`src/model.rs`): random rule sets and request sequences, every reply
+//! (`src/operator/simulate/model.rs`): random rule sets and request sequences, every reply
 //! field compared exactly. Once on a pinned clock, which covers any span of
 //! time in no time; once as in production, on Redis's own clock with real
 //! waits and the state stored as production stores it (a GCRA key's expiry
@@ -15,12 +15,12 @@ use std::{
 
 use edge_limiter::{
     decision::{
-        keys::redis_key,
+        keys::{override_key, redis_key},
         limiter::RefundRule,
-        model::Model,
-        protocol::{override_key, run, Charge, Check, Reply, ScriptCall, LIMITER},
+        protocol::{run, Charge, Check, Reply, ScriptCall, LIMITER},
         verdict::Decision,
     },
+    operator::simulate::model::Model,
     rules::{
         overrides::Override,
         policy::{Gcra, Policy, Window, Windows},

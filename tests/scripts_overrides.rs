@@ -8,9 +8,8 @@ mod support;
 
 use edge_limiter::{
     decision::{
-        protocol::{
-            override_key, read_rule_wide, run, Check, Reply, ScriptCall, WideRead, LIMITER,
-        },
+        keys::override_key,
+        protocol::{read_rule_wide, run, Check, Reply, ScriptCall, WideRead, LIMITER},
         verdict::{Decision, OverrideSource, Retry},
     },
     rules::{

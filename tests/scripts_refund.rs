@@ -9,10 +9,10 @@ mod support;
 
 use edge_limiter::{
     decision::{
-        model::Model,
         protocol::{run, Charge, Check, Reply, ScriptCall},
         verdict::Decision,
     },
+    operator::simulate::model::Model,
     rules::{overrides::Override, rule::Rule},
 };
 use serde_json::json;

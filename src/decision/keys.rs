@@ -1,5 +1,6 @@
-//! Turns a rule and a client's identifier into the Redis key holding its
-//! state, so that no identifier can reach another rule's or client's key.
+//! Every Redis key the limiter names: a client's state key on a rule, built
+//! so that no identifier can reach another rule's or client's key, and the
+//! penalty and override keys beside it.
 
 use sha1_smol::Sha1;
 
@@ -78,6 +79,28 @@ pub fn window_offset(key: &str, span_ms: u64) -> u64 {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h % span_ms.max(1)
+}
+
+/// The key of a client's running penalty on a rule: its state key and
+/// `:p` (rule names hold no `:`, so no rule's key can be another's penalty).
+pub fn penalty_key(state_key: &str) -> String {
+    format!("{state_key}:p")
+}
+
+/// The key of a client's override on a rule: its state key and `:o`.
+pub fn override_key(state_key: &str) -> String {
+    format!("{state_key}:o")
+}
+
+/// The key of a rule's override for every client. No client's key can be
+/// it: theirs hold a `{` hash tag.
+pub fn rule_wide_key(rule: &str) -> String {
+    format!("el:rule:{rule}:o")
+}
+
+/// A `SCAN` pattern matching every client's [`override_key`] on `rule`.
+pub fn client_overrides_pattern(rule: &str) -> String {
+    format!("el:{{*}}:{rule}:o")
 }
 
 #[cfg(test)]

@@ -1,15 +1,13 @@
 //! Deciding one request: the Redis keys, the script protocol and its
 //! verdicts, the REST client that carries it, the isolate's block cache,
 //! and the [`limiter::Limiter`] that puts them together; and [`stats`],
-//! what an isolate counts of what it decided. The reference model the
-//! script is held to lives here too.
+//! what an isolate counts of what it decided.
 
 pub mod block_cache;
 pub mod events;
 pub mod keys;
 pub mod leases;
 pub mod limiter;
-pub mod model;
 pub mod protocol;
 pub mod redis_rest;
 pub mod rule_wide;

@@ -25,6 +25,11 @@ impl Retry {
         }
     }
 
+    /// Whole seconds a client is told to wait, at least 1; none for never.
+    pub fn seconds(self) -> Option<u64> {
+        self.ms().map(|ms| ms.div_ceil(1000).max(1))
+    }
+
     /// Whether this frees up strictly later than `other` (never being the
     /// latest of all).
     pub fn later_than(self, other: Retry) -> bool {

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::{
     decision::{
-        limiter::{retry_seconds, Decided, Forward, Outcome, UNAVAILABLE_RETRY_S},
+        limiter::{Decided, Forward, Outcome, UNAVAILABLE_RETRY_S},
         verdict::{Decision, Retry, RuleState},
     },
     rules::{
@@ -216,7 +216,7 @@ pub fn for_decision(
             headers.push(("X-RateLimit-Reset".to_owned(), t.to_string()));
         }
     }
-    if let Some(s) = decision.retry().and_then(retry_seconds) {
+    if let Some(s) = decision.retry().and_then(Retry::seconds) {
         headers.push(("Retry-After".to_owned(), s.to_string()));
     }
     headers
@@ -256,7 +256,7 @@ fn overridden(rule: &Rule, decision: &Decision, i: usize) -> Option<Policy> {
 /// An RFC 9457 problem document for a denied request; `rule` is the
 /// binding one.
 pub fn problem_body(rule: &Rule, decision: &Decision) -> String {
-    let retry = decision.retry().and_then(retry_seconds);
+    let retry = decision.retry().and_then(Retry::seconds);
     let name = &rule.name;
     let detail = match (blocked(decision, decision.binding()), retry) {
         (true, Some(s)) => {

@@ -8,11 +8,8 @@ use serde_json::{json, Value};
 
 use crate::{
     decision::{
-        keys::redis_key,
-        protocol::{
-            penalty_key, read_rule_wide, rule_wide_key, run, Check, Reply, ScriptCall, ScriptError,
-            WideRead,
-        },
+        keys::{penalty_key, redis_key, rule_wide_key},
+        protocol::{read_rule_wide, run, Check, Reply, ScriptCall, ScriptError, WideRead},
         redis_rest::{RestClient, RestError},
         verdict::{OverrideRead, OverrideSource, Retry, RuleState, Verdict},
     },

@@ -10,8 +10,7 @@ use super::{
 };
 use crate::{
     decision::{
-        keys::redis_key,
-        protocol::{override_key, rule_wide_key},
+        keys::{client_overrides_pattern, override_key, redis_key, rule_wide_key},
         redis_rest::{RestClient, RestError},
     },
     rules::{config::Config, overrides::Override, policy::Policy, rule::Rule},
@@ -176,7 +175,7 @@ pub async fn list(client: &RestClient, rule: &Rule) -> Result<Vec<Stored>, Inspe
     if let Some(wide) = read(client, rule, rule_wide_key(&rule.name)).await? {
         found.push(wide);
     }
-    let pattern = format!("el:{{*}}:{}:o", rule.name);
+    let pattern = client_overrides_pattern(&rule.name);
     let mut cursor = "0".to_owned();
     loop {
         let page = client

@@ -16,12 +16,11 @@ use edge_limiter::{
         events::{Action, Event},
         leases::Leases,
         limiter::{Forward, Handled, Limiter, Outcome},
-        model::Model,
         protocol::{Check, ScriptRunner},
         redis_rest::{RestClient, RestError, Script},
         rule_wide::RuleWide,
     },
-    operator::limits,
+    operator::{limits, simulate::model::Model},
     rules::{
         config::Config, overrides::Override, policy::Policy, request::RequestMeta, rule::Rule,
     },

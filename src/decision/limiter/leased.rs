@@ -1,6 +1,8 @@
 //! The limiter's side of quota leases: which requests are decided from
 //! this isolate's leased units, what each call asks for, and the refresh
 //! after a response. The units themselves live in [`crate::decision::leases`].
+//! A request takes these steps only when a matching rule leases: the
+//! request's own take a [`Leased`], which only such a request has.
 
 use super::*;
 use crate::{
@@ -19,16 +21,19 @@ pub struct LeaseRefresh {
     pub rules: Vec<(RuleId, Vec<String>, u64)>,
 }
 
+/// The state key of each matching rule that leases, in check order
+/// (`None` for the others), for a request under at least one such rule.
+pub(super) struct Leased(Vec<Option<String>>);
+
 impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
-    /// The state key of every matching rule that leases, in check order
-    /// (`None` for the others), each request counted toward its demand.
-    pub(super) fn observe(
-        &self,
-        checks: &[(Check<'c>, Vec<&str>)],
-        now_ms: u64,
-    ) -> Vec<Option<String>> {
+    /// The request's [`Leased`] keys, each counted toward its key's demand;
+    /// `None`, with no lease state touched, when no matching rule leases.
+    pub(super) fn observe(&self, checks: &[(Check<'c>, Vec<&str>)], now_ms: u64) -> Option<Leased> {
+        if checks.iter().all(|(c, _)| c.rule.lease.is_none()) {
+            return None;
+        }
         let mut leases = self.leases.borrow_mut();
-        checks
+        let keys = checks
             .iter()
             .map(|(c, id)| {
                 c.rule.lease?;
@@ -36,7 +41,8 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                 leases.observe(&key, now_ms);
                 Some(key)
             })
-            .collect()
+            .collect();
+        Some(Leased(keys))
     }
 
     /// The request admitted from leased units, when every matching rule
@@ -44,13 +50,13 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     pub(super) fn admit_from_leases(
         &self,
         checks: &[(Check<'c>, Vec<&str>)],
-        leased: &[Option<String>],
+        leased: &Leased,
         now_ms: u64,
     ) -> Option<Handled<'c>> {
         let mut leases = self.leases.borrow_mut();
         let keyed: Vec<(&Check<'c>, &str)> = checks
             .iter()
-            .zip(leased)
+            .zip(&leased.0)
             .map(|((c, _), key)| Some((c, key.as_deref()?)))
             .collect::<Option<_>>()?;
         if !keyed
@@ -90,13 +96,13 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     pub(super) fn lease_asks(
         &self,
         checks: &[(Check<'c>, Vec<&str>)],
-        leased: &[Option<String>],
+        leased: &Leased,
         now_ms: u64,
     ) -> Vec<LeaseAsk> {
         let mut leases = self.leases.borrow_mut();
         checks
             .iter()
-            .zip(leased)
+            .zip(&leased.0)
             .enumerate()
             .filter_map(|(i, ((c, _), key))| {
                 let lease = c.rule.lease?;
@@ -117,14 +123,14 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     pub(super) fn refresh_due(
         &self,
         selection: &Selection<'c, '_>,
-        leased: &[Option<String>],
+        leased: &Leased,
         now_ms: u64,
     ) -> Option<LeaseRefresh> {
         let mut leases = self.leases.borrow_mut();
         let rules: Vec<(RuleId, Vec<String>, u64)> = selection
             .rules
             .iter()
-            .zip(leased)
+            .zip(&leased.0)
             .filter_map(|((rule_id, rule, id), key)| {
                 let (lease, key) = (rule.lease?, key.as_deref()?);
                 let horizon_ms = lease_horizon_ms(rule, key, now_ms);

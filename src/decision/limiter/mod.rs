@@ -7,18 +7,19 @@ use std::{borrow::Cow, cell::RefCell, time::Duration};
 mod leased;
 
 pub use leased::LeaseRefresh;
+use leased::Leased;
 
 use super::{
     block_cache::BlockCache,
     events::{Action, Event},
-    keys::redis_key,
+    keys::{override_key, penalty_key, redis_key, rule_wide_key},
     leases::Leases,
     protocol::{
-        override_key, penalty_key, read_rule_wide, rule_wide_key, run, Charge, Check, LeaseAsk,
-        Reply, ScriptCall, ScriptError, ScriptRunner, WideRead,
+        read_rule_wide, run, Charge, Check, LeaseAsk, Reply, ScriptCall, ScriptError, ScriptRunner,
+        WideRead,
     },
     rule_wide::RuleWide,
-    verdict::{Decision, OverrideSource, Retry},
+    verdict::{Decision, OverrideSource},
 };
 use crate::rules::{
     config::Config,
@@ -210,16 +211,17 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         let checks = selection.checks(methods);
         let leased = self.observe(&checks, now_ms);
         let reread = self.reread_due(&checks, now_ms);
-        if let Some(mut handled) = self.admit_from_leases(&checks, &leased, now_ms) {
-            // Only a request served from leases refreshes them: one that
-            // made a call asked for its lease in it.
-            handled.refresh = self.refresh_due(&selection, &leased, now_ms);
-            handled.events = events;
-            handled.reread = reread;
-            return handled;
+        if let Some(leased) = &leased {
+            if let Some(mut handled) = self.admit_from_leases(&checks, leased, now_ms) {
+                // Only a request served from leases refreshes them: one
+                // that made a call asked for its lease in it.
+                handled.refresh = self.refresh_due(&selection, leased, now_ms);
+                handled.events = events;
+                handled.reread = reread;
+                return handled;
+            }
         }
-        let asks = self.lease_asks(&checks, &leased, now_ms);
-        let mut handled = self.decide(&checks, asks, now_ms).await;
+        let mut handled = self.decide(&checks, leased.as_ref(), now_ms).await;
         events.append(&mut handled.events);
         handled.events = events;
         handled.reread = reread;
@@ -332,33 +334,44 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         }
     }
 
-    /// Decides the checks of the matched rules, from the cache or Redis,
-    /// asking for `asks` in the call.
+    /// Decides the checks of the matched rules, from the cache or Redis;
+    /// with `leased` keys, asking for their leases in the call and
+    /// settling what it brings back.
     async fn decide(
         &self,
         checks: &[(Check<'c>, Vec<&str>)],
-        asks: Vec<LeaseAsk>,
+        leased: Option<&Leased>,
         now_ms: u64,
     ) -> Handled<'c> {
+        let asks = leased.map_or_else(Vec::new, |l| self.lease_asks(checks, l, now_ms));
         let call = self.call_for(checks, asks, now_ms);
         let signature = call.signature();
         let cached = self.cache.borrow_mut().lookup(&signature, now_ms);
         if let Some(decision) = cached {
-            self.answered(&call);
+            if leased.is_some() {
+                self.answered(&call);
+            }
             return decided(checks, &call, decision);
         }
         let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
-        let epochs = self.epochs(&call);
+        let epochs = leased.map(|_| self.epochs(&call));
         let result = run(self.store, &call, budget)
             .await
             .and_then(|r| r.decision());
-        self.answered(&call);
+        if leased.is_some() {
+            self.answered(&call);
+        }
         match result {
             Ok(mut decision) => {
                 self.cache
                     .borrow_mut()
                     .remember(signature, &decision, now_ms);
-                let granted = self.settle_leases(checks, &call, &epochs, &mut decision, now_ms);
+                let granted = match &epochs {
+                    Some(epochs) => {
+                        self.settle_leases(checks, &call, epochs, &mut decision, now_ms)
+                    }
+                    None => vec![],
+                };
                 let mut handled = decided(checks, &call, decision);
                 handled.events.extend(granted);
                 handled
@@ -384,7 +397,7 @@ fn decided<'c>(
         .filter_map(|((r, s), key)| {
             let retry = s.retry()?;
             Some(Event {
-                retry_after: retry_seconds(retry),
+                retry_after: retry.seconds(),
                 key: Some((*key).to_owned()),
                 ..Event::new(Action::WouldDeny, &r.name)
             })
@@ -396,7 +409,7 @@ fn decided<'c>(
         let binding = decision.binding();
         events.push(Event {
             status: Some(429),
-            retry_after: retry_seconds(retry),
+            retry_after: retry.seconds(),
             key: keys.get(binding).map(|k| (*k).to_owned()),
             overridden: override_named(&decision, binding),
             ..Event::new(Action::Deny, &rules[binding].name)
@@ -438,11 +451,6 @@ fn ignored_overrides(
             })
         })
         .collect()
-}
-
-/// Whole seconds a client is told to wait, at least 1; none for never.
-pub fn retry_seconds(retry: Retry) -> Option<u64> {
-    retry.ms().map(|ms| ms.div_ceil(1000).max(1))
 }
 
 /// The rules a request falls under, as the worker picks them.
@@ -1156,5 +1164,65 @@ mod tests {
                 assert_eq!(events[0].key.as_deref(), Some("el:rule:hot:o"));
             }
         }
+    }
+
+    /// Decides a request for `path` at `now` while the isolate's lease
+    /// table is held elsewhere: every lease step reads or writes it, so
+    /// one would find it borrowed and panic.
+    fn with_leases_held<'c>(
+        config: &'c Config,
+        store: &Fake,
+        cache: &RefCell<BlockCache>,
+        path: &str,
+        now: u64,
+    ) -> Handled<'c> {
+        let leases = RefCell::new(Leases::new());
+        let _held = leases.borrow_mut();
+        let limiter = Limiter {
+            config,
+            store,
+            cache,
+            leases: &leases,
+            wide: &RefCell::new(RuleWide::new()),
+            pinned: false,
+        };
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(limiter.handle(&req(path), now))
+    }
+
+    /// A request under rules without `lease` takes no lease step: not on
+    /// the one-rule path, the general one, a denial from the cache or a
+    /// failed call. A request under a rule that leases does, as the same
+    /// hold shows.
+    #[test]
+    fn a_request_under_rules_that_do_not_lease_takes_no_lease_step() {
+        let c = config(json!({}));
+        let cache = RefCell::new(BlockCache::new(HOLD));
+        let admit = fake(Ok(serde_json::from_str(ADMIT_ONE).unwrap()));
+        let one = with_leases_held(&c, &admit, &cache, "/", 0);
+        assert!(matches!(
+            one.outcome,
+            Outcome::Forward(Forward::Admitted(_))
+        ));
+        let deny = fake(Ok(serde_json::from_str(DENY_LOGIN).unwrap()));
+        for now in [0, 1_000] {
+            let general = with_leases_held(&c, &deny, &cache, "/login", now);
+            assert!(matches!(general.outcome, Outcome::Deny(_)));
+        }
+        assert_eq!(deny.calls.get(), 1, "the second denial came from the cache");
+        let fault = fake(Err(RestError::Timeout { budget_ms: 300 }));
+        let failed = with_leases_held(&c, &fault, &cache, "/", 0);
+        assert_eq!(failed.outcome, Outcome::Forward(Forward::Bypassed));
+
+        let leasing = leasing_with_overrides();
+        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            with_leases_held(&leasing, &admit, &cache, "/", 0);
+        }));
+        assert!(
+            stepped.is_err(),
+            "a leasing request's steps find the table held"
+        );
     }
 }

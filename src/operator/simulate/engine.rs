@@ -13,11 +13,10 @@ use std::{
 
 use serde_json::Value;
 
-use super::resp;
+use super::{model::Model, resp};
 use crate::decision::{
-    keys::redis_key,
-    model::Model,
-    protocol::{override_key, Charge, Check, Reply, ScriptCall, LIMITER},
+    keys::{override_key, redis_key},
+    protocol::{Charge, Check, Reply, ScriptCall, LIMITER},
     rule_wide::RuleWide,
     verdict::Decision,
 };

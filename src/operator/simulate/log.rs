@@ -14,6 +14,12 @@ use serde::Deserialize;
 use super::clock;
 use crate::rules::request::RequestMeta;
 
+/// How far out of order a log's requests may come and still be decided in
+/// time order: nginx and Apache write a request when it ends, and Logpush
+/// batches overlap. Requests later than this are decided at the latest time
+/// already reached, and counted.
+pub const REORDER_MS: u64 = 60_000;
+
 /// A log format the simulator reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {

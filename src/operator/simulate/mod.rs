@@ -12,6 +12,7 @@ pub mod conform;
 pub mod engine;
 pub mod isolates;
 pub mod log;
+pub mod model;
 pub mod plot;
 pub mod report;
 mod resp;
@@ -27,14 +28,8 @@ use crate::{
     rules::{config::Config, rule::RuleId},
 };
 use engine::{Engine, EngineError, Job};
-use log::{Format, LineError, LogError, LogReader, Record};
+use log::{Format, LineError, LogError, LogReader, Record, REORDER_MS};
 use report::{Report, Tally};
-
-/// How far out of order a log's requests may come and still be decided in
-/// time order: nginx and Apache write a request when it ends, and Logpush
-/// batches overlap. Requests later than this are decided at the latest time
-/// already reached, and counted.
-pub const REORDER_MS: u64 = 60_000;
 
 /// Requests sent to the engine at once (pipelined to Redis).
 const BATCH: usize = 2048;

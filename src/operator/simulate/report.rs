@@ -7,7 +7,10 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use super::{clock::format_ms, log::LineError};
+use super::{
+    clock::format_ms,
+    log::{LineError, REORDER_MS},
+};
 use crate::{
     decision::{
         stats::counts::{Fate, RuleCount, RuleCounts, RuleFate},
@@ -537,7 +540,7 @@ impl Report {
                 "\n{} requests were logged more than {} s out of order; each was decided at the \
                  latest time reached before it\n",
                 self.late,
-                super::REORDER_MS / 1000
+                REORDER_MS / 1000
             ));
         }
         if self.unreadable > 0 {

@@ -165,6 +165,20 @@ struct WindowState {
     current: i64,
 }
 
+/// One request's rules as the model decides them: each check with its
+/// client, and what is in force for it ([`Model::in_force`]).
+struct Request<'a, 'c, 's> {
+    checks: &'a [(Check<'c>, Vec<&'s str>)],
+    clients: Vec<Client>,
+    /// Each rule with the figures in force (an override's, if any).
+    rules: Vec<Rule>,
+    /// Whether an override blocks each rule.
+    blocked: Vec<bool>,
+    /// What each rule that takes overrides reports of those it read.
+    overrides: Vec<Option<OverrideRead>>,
+    now_ms: u64,
+}
+
 /// The request's verdict over the rules' standings. Denied: the enforced
 /// denying rule that frees up last binds (the first of equals). Admitted:
 /// the first with the fewest units left.
@@ -299,7 +313,32 @@ impl Model {
     /// rule's by the TAT the charge left (us), a windowed rule's by the
     /// charge's time on the key's shifted clock (ms).
     pub fn decide(&mut self, checks: &[(Check<'_>, Vec<&str>)], now_ms: u64) -> Decision {
-        self.run(checks, now_ms)
+        let req = self.request(checks, now_ms);
+        let (mut states, writes): (Vec<ModelState>, Vec<Option<Write>>) = checks
+            .iter()
+            .enumerate()
+            .map(|(i, (c, _))| self.check_rule(&req, i, c.cost))
+            .unzip();
+        let enforced: Vec<bool> = checks
+            .iter()
+            .map(|(c, _)| c.rule.mode == Mode::Enforce)
+            .collect();
+        let allowed = !(0..checks.len()).any(|i| enforced[i] && !states[i].allowed);
+        let mut refund_marks = vec![];
+        if allowed {
+            refund_marks = self.charge(&req, writes);
+        } else {
+            self.as_they_stand(&req, &mut states);
+        }
+        let penalties_started = self.start_penalties(&req, &mut states);
+        Decision {
+            verdict: request_verdict(&states, &enforced, allowed),
+            rules: states.into_iter().map(ModelState::state).collect(),
+            penalties_started,
+            refund_marks,
+            grants: vec![],
+            overrides: req.overrides.into_iter().flatten().collect(),
+        }
     }
 
     /// Gives back charges by their marks, at `now_ms`: what a GCRA charge
@@ -365,7 +404,13 @@ impl Model {
             .collect()
     }
 
-    fn run(&mut self, checks: &[(Check<'_>, Vec<&str>)], now_ms: u64) -> Decision {
+    /// `checks` at `now_ms`, each with its client and what is in force
+    /// for it.
+    fn request<'a, 'c, 's>(
+        &self,
+        checks: &'a [(Check<'c>, Vec<&'s str>)],
+        now_ms: u64,
+    ) -> Request<'a, 'c, 's> {
         let clients: Vec<Client> = checks
             .iter()
             .map(|(c, id)| {
@@ -375,108 +420,138 @@ impl Model {
                 )
             })
             .collect();
-        let left = |model: &Model, i: usize| {
-            let end = checks[i]
-                .0
-                .rule
-                .penalty_ms
-                .and(model.penalties.get(&clients[i]).copied());
-            end.map_or(0, |end| end.saturating_sub(now_ms))
-        };
-        let read: Vec<(Rule, bool, Option<OverrideRead>)> = checks
+        let (rules, blocked, overrides) = checks
+            .iter()
+            .zip(&clients)
+            .enumerate()
+            .map(|(i, ((c, _), client))| self.in_force(c.rule, client, i))
+            .collect();
+        Request {
+            checks,
+            clients,
+            rules,
+            blocked,
+            overrides,
+            now_ms,
+        }
+    }
+
+    /// What is left of the penalty running for rule `i`'s client, ms (0:
+    /// none).
+    fn penalty_left(&self, req: &Request<'_, '_, '_>, i: usize) -> u64 {
+        let end = req.checks[i]
+            .0
+            .rule
+            .penalty_ms
+            .and(self.penalties.get(&req.clients[i]).copied());
+        end.map_or(0, |end| end.saturating_sub(req.now_ms))
+    }
+
+    /// Rule `i` at `cost`, under what is in force for its client: a block
+    /// denies like a running penalty without end, and neither charges.
+    fn check_rule(
+        &self,
+        req: &Request<'_, '_, '_>,
+        i: usize,
+        cost: u64,
+    ) -> (ModelState, Option<Write>) {
+        let blocked = req.blocked[i];
+        let running = self.penalty_left(req, i);
+        let cost = if running > 0 || blocked { 0 } else { cost };
+        let (mut state, mut write) = self.check(&req.rules[i], &req.clients[i], cost, req.now_ms);
+        if blocked {
+            state.allowed = false;
+            state.remaining = 0;
+            state.retry_after_ms = None;
+            write = None;
+        } else if running > 0 {
+            state.allowed = false;
+            state.retry_after_ms = Some(running);
+            state.reset_after_ms = state.reset_after_ms.max(running);
+            write = None;
+        }
+        (state, write)
+    }
+
+    /// Stores an admitted request's `writes`, one per rule; returns the
+    /// refund mark of each charge of a rule with `count_status`.
+    fn charge(
+        &mut self,
+        req: &Request<'_, '_, '_>,
+        writes: Vec<Option<Write>>,
+    ) -> Vec<(usize, u64)> {
+        let marks = writes
             .iter()
             .enumerate()
-            .map(|(i, (c, _))| self.in_force(c.rule, &clients[i], i))
+            .filter_map(|(i, write)| Some((i, self.refund_mark(req, i, write.as_ref()?)?)))
             .collect();
-        // A block denies like a running penalty without end.
-        let check = |model: &Model, i: usize, cost: u64| {
-            let (rule, blocked) = (&read[i].0, read[i].1);
-            let running = left(model, i);
-            let cost = if running > 0 || blocked { 0 } else { cost };
-            let (mut state, mut write) = model.check(rule, &clients[i], cost, now_ms);
-            if blocked {
-                state.allowed = false;
-                state.remaining = 0;
-                state.retry_after_ms = None;
-                write = None;
-            } else if running > 0 {
-                state.allowed = false;
-                state.retry_after_ms = Some(running);
-                state.reset_after_ms = state.reset_after_ms.max(running);
-                write = None;
-            }
-            (state, write)
-        };
-        let mut states = Vec::with_capacity(checks.len());
-        let mut writes = Vec::with_capacity(checks.len());
-        for (i, (c, _)) in checks.iter().enumerate() {
-            let (state, write) = check(self, i, c.cost);
-            states.push(state);
-            writes.push(write);
+        for (write, client) in writes.into_iter().zip(req.clients.iter().cloned()) {
+            self.apply(write, client);
         }
-        let enforced: Vec<bool> = checks
-            .iter()
-            .map(|(c, _)| c.rule.mode == Mode::Enforce)
-            .collect();
-        let allowed = !(0..checks.len()).any(|i| enforced[i] && !states[i].allowed);
-        let mut refund_marks = vec![];
-        if allowed {
-            for (i, write) in writes.iter().enumerate() {
-                let rule = checks[i].0.rule;
-                let mark = match (write, &rule.policy) {
-                    _ if rule.count_status.is_empty() => None,
-                    (Some(Write::Tat(tat)), _) => {
-                        if let Policy::Gcra(g) = &read[i].0.policy {
-                            let marks = self.charged_at_us.entry(clients[i].clone()).or_default();
-                            marks.retain(|(m, _)| *m > now_ms * 1000);
-                            marks.push((*tat, emission_us(g.rate(), g.period_ms())));
-                        }
-                        Some(*tat)
-                    }
-                    (Some(Write::Buckets(_)), Policy::Windowed(ws)) => {
-                        let longest = ws.iter().map(|w| w.duration_ms()).max().unwrap_or(1);
-                        let key = documented_key(&clients[i].0, &clients[i].1);
-                        Some(now_ms + edge_offset(&key, longest))
-                    }
-                    _ => None,
-                };
-                refund_marks.extend(mark.map(|m| (i, m)));
-            }
-        }
-        if allowed {
-            for (write, client) in writes.into_iter().zip(clients.iter().cloned()) {
-                self.apply(write, client);
-            }
-        } else {
-            for (i, state) in states.iter_mut().enumerate() {
-                if state.allowed {
-                    *state = check(self, i, 0).0;
+        marks
+    }
+
+    /// The refund mark of rule `i`'s charge `write`, if the rule has
+    /// `count_status`: a GCRA charge's TAT (us), noted with the interval it
+    /// was made at; a windowed charge's time on the key's shifted clock (ms).
+    fn refund_mark(&mut self, req: &Request<'_, '_, '_>, i: usize, write: &Write) -> Option<u64> {
+        let rule = req.checks[i].0.rule;
+        match (write, &rule.policy) {
+            _ if rule.count_status.is_empty() => None,
+            (Write::Tat(tat), _) => {
+                if let Policy::Gcra(g) = &req.rules[i].policy {
+                    let marks = self
+                        .charged_at_us
+                        .entry(req.clients[i].clone())
+                        .or_default();
+                    marks.retain(|(m, _)| *m > req.now_ms * 1000);
+                    marks.push((*tat, emission_us(g.rate(), g.period_ms())));
                 }
+                Some(*tat)
+            }
+            (Write::Buckets(_), Policy::Windowed(ws)) => {
+                let longest = ws.iter().map(|w| w.duration_ms()).max().unwrap_or(1);
+                let key = documented_key(&req.clients[i].0, &req.clients[i].1);
+                Some(req.now_ms + edge_offset(&key, longest))
+            }
+            _ => None,
+        }
+    }
+
+    /// A denied request charges nothing: the rules that would have
+    /// admitted it are reported as they stand, at cost 0.
+    fn as_they_stand(&self, req: &Request<'_, '_, '_>, states: &mut [ModelState]) {
+        for (i, state) in states.iter_mut().enumerate() {
+            if state.allowed {
+                *state = self.check_rule(req, i, 0).0;
             }
         }
+    }
+
+    /// Starts the penalty of each rule that has one and denied on its own,
+    /// unless one runs already or a block denied; returns their indices.
+    fn start_penalties(
+        &mut self,
+        req: &Request<'_, '_, '_>,
+        states: &mut [ModelState],
+    ) -> Vec<usize> {
         let mut started = vec![];
-        for (i, (c, _)) in checks.iter().enumerate() {
+        for (i, (c, _)) in req.checks.iter().enumerate() {
             let Some(ms) = c.rule.penalty_ms else {
                 continue;
             };
             // A call at cost 0 (a refresh, a look) denies no request.
-            if !states[i].allowed && left(self, i) == 0 && !read[i].1 && c.cost > 0 {
-                self.penalties.insert(clients[i].clone(), now_ms + ms);
+            if !states[i].allowed && self.penalty_left(req, i) == 0 && !req.blocked[i] && c.cost > 0
+            {
+                self.penalties
+                    .insert(req.clients[i].clone(), req.now_ms + ms);
                 let s = &mut states[i];
                 s.retry_after_ms = Some(s.retry_after_ms.map_or(ms, |r| r.max(ms)));
                 s.reset_after_ms = s.reset_after_ms.max(ms);
                 started.push(i);
             }
         }
-        let verdict = request_verdict(&states, &enforced, allowed);
-        Decision {
-            verdict,
-            rules: states.into_iter().map(ModelState::state).collect(),
-            penalties_started: started,
-            refund_marks,
-            grants: vec![],
-            overrides: read.into_iter().filter_map(|(_, _, r)| r).collect(),
-        }
+        started
     }
 
     /// Forgets one client's state on one rule.

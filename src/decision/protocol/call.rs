@@ -1,0 +1,776 @@
+//! Every call the limiter script answers, encoded as its `KEYS` and
+//! `ARGV` as `lua/limiter.lua` lays them out.
+
+use super::script::Entry;
+use crate::{
+    decision::keys::{override_key, penalty_key, redis_key, window_offset},
+    rules::{
+        overrides::Override,
+        policy::{Policy, Windows},
+        rule::{Mode, Rule},
+    },
+};
+
+/// How the general decision treats one rule: `ARGV[3]` holds one letter
+/// per rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallMode {
+    /// `e`: denies, and is charged when the request is admitted.
+    Enforce,
+    /// `s`: reported, never denies, charged when the request is admitted.
+    Shadow,
+    /// `r`: as `e`, with a refund mark in the reply (`count_status`).
+    EnforceRefundable,
+    /// `q`: as `s`, with a refund mark in the reply.
+    ShadowRefundable,
+}
+
+impl CallMode {
+    /// The mode of a rule in `mode`, refundable or not.
+    pub fn of(mode: Mode, refundable: bool) -> CallMode {
+        match (mode, refundable) {
+            (Mode::Enforce, false) => CallMode::Enforce,
+            (Mode::Shadow, false) => CallMode::Shadow,
+            (Mode::Enforce, true) => CallMode::EnforceRefundable,
+            (Mode::Shadow, true) => CallMode::ShadowRefundable,
+        }
+    }
+
+    /// Its letter in `ARGV[3]`.
+    pub fn letter(self) -> char {
+        match self {
+            CallMode::Enforce => 'e',
+            CallMode::Shadow => 's',
+            CallMode::EnforceRefundable => 'r',
+            CallMode::ShadowRefundable => 'q',
+        }
+    }
+
+    /// Whether the reply carries a refund mark for the rule.
+    pub fn refundable(self) -> bool {
+        matches!(
+            self,
+            CallMode::EnforceRefundable | CallMode::ShadowRefundable
+        )
+    }
+
+    /// The rule's own mode: whether its denial blocks.
+    pub fn rule_mode(self) -> Mode {
+        match self {
+            CallMode::Enforce | CallMode::EnforceRefundable => Mode::Enforce,
+            CallMode::Shadow | CallMode::ShadowRefundable => Mode::Shadow,
+        }
+    }
+}
+
+/// A rule applied to one request, with its cost.
+#[derive(Debug, Clone, Copy)]
+pub struct Check<'a> {
+    /// The rule.
+    pub rule: &'a Rule,
+    /// Units this request costs under it (0 peeks).
+    pub cost: u64,
+}
+
+/// One rule of a call: its key, figures, cost and bucket offset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleArgs {
+    /// The client's state key for the rule.
+    pub key: String,
+    /// The rule's figures.
+    pub policy: Policy,
+    /// Units asked for (0 peeks).
+    pub cost: u64,
+    /// How far this key's window edges are shifted, ms (windows only).
+    pub offset_ms: u64,
+}
+
+impl RuleArgs {
+    fn new(rule: &Rule, cost: u64, id: &[&str]) -> RuleArgs {
+        let key = redis_key(&rule.name, id);
+        let offset_ms = window_offset(&key, rule.policy.longest_ms());
+        RuleArgs {
+            key,
+            policy: rule.policy.clone(),
+            cost,
+            offset_ms,
+        }
+    }
+
+    /// The general decision's arguments for this rule: `gcra`, cost,
+    /// interval (us), burst; or `window`, cost, offset (ms), n, then n x
+    /// (duration, limit, precision) in ms.
+    fn push_general(&self, args: &mut Vec<String>) {
+        match &self.policy {
+            Policy::Gcra(g) => {
+                args.push("gcra".to_owned());
+                push_numbers(args, &[self.cost, g.interval_us(), g.burst()]);
+            }
+            Policy::Windowed(ws) => {
+                args.push("window".to_owned());
+                push_numbers(args, &[self.cost, self.offset_ms, ws.len() as u64]);
+                push_windows(args, ws);
+            }
+        }
+    }
+
+    /// The one-rule path's arguments: interval (us) and burst; or the
+    /// offset, then each window; then the cost when it is not 1.
+    fn one_rule_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        match &self.policy {
+            Policy::Gcra(g) => push_numbers(&mut args, &[g.interval_us(), g.burst()]),
+            Policy::Windowed(ws) => {
+                push_numbers(&mut args, &[self.offset_ms]);
+                push_windows(&mut args, ws);
+            }
+        }
+        if self.cost != 1 {
+            push_numbers(&mut args, &[self.cost]);
+        }
+        args
+    }
+}
+
+fn push_numbers(args: &mut Vec<String>, numbers: &[u64]) {
+    args.extend(numbers.iter().map(u64::to_string));
+}
+
+fn push_windows(args: &mut Vec<String>, windows: &Windows) {
+    for w in windows.iter() {
+        push_numbers(args, &[w.duration_ms(), w.limit(), w.precision_ms()]);
+    }
+}
+
+/// A rule governing a request alone on Redis's clock, with no penalty and
+/// charged now: the script's cheapest path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OneRule {
+    /// The rule's key and figures.
+    pub rule: RuleArgs,
+    /// The rule's mode, for settling the reply.
+    pub mode: Mode,
+    /// The client's override key ([`override_key`]) when the rule takes
+    /// overrides: sent as `KEYS[2]`, and when it holds one the script
+    /// decides the call as the general decision would ([`OneRule::general`]).
+    pub override_key: Option<String>,
+}
+
+/// A penalty the general decision may start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Penalty {
+    /// 0-based index of its rule in the call.
+    pub rule: usize,
+    /// Its length, ms.
+    pub ms: u64,
+    /// Where it runs: [`penalty_key`] of the rule's key.
+    pub key: String,
+}
+
+/// A lease asked for with a decision: see `lua/limiter.lua`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseAsk {
+    /// 0-based index of its rule in the call.
+    pub rule: usize,
+    /// The most units wanted (at least 1).
+    pub units: u64,
+    /// How long the lease lasts at most, ms; a window's ends with the
+    /// bucket its units are counted in, if that comes first.
+    pub for_ms: u64,
+}
+
+/// An override the general decision reads for a rule: the client's, from
+/// its key, and the rule's own, as the caller holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverrideAsk {
+    /// 0-based index of its rule in the call.
+    pub rule: usize,
+    /// The client's override key ([`override_key`]).
+    pub key: String,
+    /// The rule-wide override's text, empty for none.
+    pub wide: String,
+    /// How long the rule-wide override lasts, ms (-1: without end).
+    pub wide_ms: i64,
+}
+
+/// The general decision: every rule all or nothing, on a pinned clock or
+/// Redis's, with penalties, leases and overrides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct General {
+    /// The pinned clock, ms (tests, simulation); `None` for Redis's.
+    pub now_ms: Option<u64>,
+    /// The rules, in call order, each with how it is treated.
+    pub rules: Vec<(RuleArgs, CallMode)>,
+    /// The penalties of rules that have one.
+    pub penalties: Vec<Penalty>,
+    /// The leases asked for, granted only if the request is admitted.
+    pub leases: Vec<LeaseAsk>,
+    /// The overrides read, one per rule that takes them.
+    pub overrides: Vec<OverrideAsk>,
+}
+
+/// Every call the limiter script answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScriptCall {
+    /// One rule alone on Redis's clock ([`Entry::OneGcra`],
+    /// [`Entry::OneWindowed`]).
+    OneRule(OneRule),
+    /// The decision on a request ([`Entry::Decide`]).
+    Decide(General),
+    /// Forget these keys ([`Entry::Reset`]); replies with how many existed.
+    Reset(Vec<String>),
+    /// Give refundable charges back ([`Entry::Refund`]).
+    Refund(Refund),
+}
+
+/// A charge to give back after a response: the rule and client it was
+/// made for and its units, the refund mark its decision replied with, and
+/// the override it was made under. A GCRA charge is given back at the
+/// interval it was made at, or a raised rate's refund would erase other
+/// requests' charges.
+#[derive(Debug, Clone)]
+pub struct Charge<'a> {
+    /// The rule and the units charged.
+    pub check: Check<'a>,
+    /// The client's identifier parts.
+    pub id: Vec<&'a str>,
+    /// The decision's refund mark for the rule.
+    pub mark: u64,
+    /// The text of the override the decision applied to the rule (see
+    /// `rules::overrides`); empty for none.
+    pub under: &'a str,
+}
+
+/// Refundable charges to give back, each rule with the mark its decision
+/// replied with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refund {
+    /// The pinned clock, ms; `None` for Redis's.
+    pub now_ms: Option<u64>,
+    /// Each rule's key, figures and charged cost, with its refund mark.
+    pub rules: Vec<(RuleArgs, u64)>,
+}
+
+impl ScriptCall {
+    /// A decision over `checks`, each with its client's identifier parts;
+    /// `now_ms` pins the clock (tests, simulation), `None` uses Redis's.
+    /// Every rule is charged when all admit; for a rule with
+    /// `count_status` the reply carries a refund mark, by which
+    /// [`ScriptCall::refund`] gives the charge back once the origin's
+    /// status shows it is not counted.
+    pub fn decide(checks: &[(Check<'_>, Vec<&str>)], now_ms: Option<u64>) -> ScriptCall {
+        ScriptCall::decide_leasing(checks, vec![], now_ms)
+    }
+
+    /// A decision that also asks for `leases`, granted only if the request
+    /// is admitted (asks for no units are left out).
+    pub fn decide_leasing(
+        checks: &[(Check<'_>, Vec<&str>)],
+        mut leases: Vec<LeaseAsk>,
+        now_ms: Option<u64>,
+    ) -> ScriptCall {
+        leases.retain(|l| l.units > 0 && l.rule < checks.len());
+        if leases.is_empty() {
+            if let Some(one) = ScriptCall::one_rule(checks, now_ms) {
+                return ScriptCall::OneRule(one);
+            }
+        }
+        ScriptCall::Decide(General::new(checks, leases, now_ms))
+    }
+
+    /// Gives back `charges`, each at the figures it was charged under.
+    pub fn refund(charges: &[Charge<'_>], now_ms: Option<u64>) -> ScriptCall {
+        let rules = charges
+            .iter()
+            .map(|c| {
+                let mut args = RuleArgs::new(c.check.rule, c.check.cost, &c.id);
+                if let Some(Override::Figures(figures)) = Override::parse(c.under, &args.policy) {
+                    args.policy = figures;
+                }
+                (args, c.mark)
+            })
+            .collect();
+        ScriptCall::Refund(Refund { now_ms, rules })
+    }
+
+    /// The one-rule path, where it decides the same as the general one: a
+    /// lone rule on Redis's clock, with no penalty and nothing to refund.
+    fn one_rule(checks: &[(Check<'_>, Vec<&str>)], now_ms: Option<u64>) -> Option<OneRule> {
+        let (None, [(check, id)]) = (now_ms, checks) else {
+            return None;
+        };
+        let rule = check.rule;
+        let plain = rule.count_status.is_empty() && rule.penalty_ms.is_none();
+        plain.then(|| {
+            let rule_args = RuleArgs::new(rule, check.cost, id);
+            OneRule {
+                override_key: rule.overrides.then(|| override_key(&rule_args.key)),
+                rule: rule_args,
+                mode: rule.mode,
+            }
+        })
+    }
+
+    /// This call carrying the rule-wide overrides the caller holds:
+    /// `wide(i)` is the one in force for the call's rule `i` (its text and
+    /// ms left, -1 for no end). A lone rule under one goes the general
+    /// way, where the script applies it.
+    pub fn with_rule_wide(mut self, wide: impl Fn(usize) -> Option<(String, i64)>) -> ScriptCall {
+        if let ScriptCall::OneRule(one) = &self {
+            if one.override_key.is_some() && wide(0).is_some() {
+                self = ScriptCall::Decide(one.general());
+            }
+        }
+        if let ScriptCall::Decide(g) = &mut self {
+            for o in &mut g.overrides {
+                if let Some((text, ms)) = wide(o.rule) {
+                    (o.wide, o.wide_ms) = (text, ms);
+                }
+            }
+        }
+        self
+    }
+
+    /// A look at where one client stands on `rule`, consuming nothing:
+    /// one state per window (a decision reports only the binding window),
+    /// or the one GCRA state. Each window is peeked as a rule of its own
+    /// over the same key and offset, so it reads the rule's own counters.
+    pub fn inspect(rule: &Rule, id: &[&str]) -> ScriptCall {
+        let windows = match &rule.policy {
+            Policy::Windowed(ws) if ws.len() > 1 => ws,
+            _ => return ScriptCall::decide(&[(Check { rule, cost: 0 }, id.to_vec())], None),
+        };
+        let whole = RuleArgs::new(rule, 0, id);
+        let rules = windows
+            .iter()
+            .filter_map(|w| Windows::new(vec![*w]).ok())
+            .map(|one| {
+                let args = RuleArgs {
+                    policy: Policy::Windowed(one),
+                    ..whole.clone()
+                };
+                (args, CallMode::Enforce)
+            })
+            .collect();
+        ScriptCall::Decide(General {
+            now_ms: None,
+            rules,
+            penalties: vec![],
+            leases: vec![],
+            overrides: vec![],
+        })
+    }
+
+    /// Forgets the state of the given rules for these clients; a rule's
+    /// running penalty goes too.
+    pub fn reset(rules: &[(&Rule, Vec<&str>)]) -> ScriptCall {
+        let mut keys = Vec::with_capacity(rules.len());
+        for (rule, id) in rules {
+            let key = redis_key(&rule.name, id);
+            if rule.penalty_ms.is_some() {
+                keys.push(penalty_key(&key));
+            }
+            keys.push(key);
+        }
+        ScriptCall::Reset(keys)
+    }
+
+    /// The entry point this call takes in the script.
+    pub fn entry(&self) -> Entry {
+        match self {
+            ScriptCall::OneRule(one) => match one.rule.policy {
+                Policy::Gcra(_) => Entry::OneGcra,
+                Policy::Windowed(_) => Entry::OneWindowed,
+            },
+            ScriptCall::Decide(_) => Entry::Decide,
+            ScriptCall::Reset(_) => Entry::Reset,
+            ScriptCall::Refund(_) => Entry::Refund,
+        }
+    }
+
+    /// The call's `KEYS`: each rule's state key, then the client override
+    /// keys read, then the penalty keys.
+    pub fn keys(&self) -> Vec<String> {
+        match self {
+            ScriptCall::OneRule(one) => {
+                let mut keys = vec![one.rule.key.clone()];
+                keys.extend(one.override_key.clone());
+                keys
+            }
+            ScriptCall::Decide(g) => g.keys(),
+            ScriptCall::Reset(keys) => keys.clone(),
+            ScriptCall::Refund(r) => r.rules.iter().map(|(a, _)| a.key.clone()).collect(),
+        }
+    }
+
+    /// The call's `ARGV`, as `lua/limiter.lua` lays it out.
+    pub fn args(&self) -> Vec<String> {
+        match self {
+            ScriptCall::OneRule(one) => one.rule.one_rule_args(),
+            ScriptCall::Decide(g) => g.args(g.now_ms, true),
+            ScriptCall::Reset(_) => vec![Entry::RESET.to_owned()],
+            ScriptCall::Refund(r) => r.args(),
+        }
+    }
+
+    /// The state key of each rule in call order.
+    pub fn rule_keys(&self) -> Vec<&str> {
+        match self {
+            ScriptCall::OneRule(one) => vec![one.rule.key.as_str()],
+            ScriptCall::Decide(g) => g.rules.iter().map(|(r, _)| r.key.as_str()).collect(),
+            ScriptCall::Refund(r) => r.rules.iter().map(|(a, _)| a.key.as_str()).collect(),
+            ScriptCall::Reset(_) => vec![],
+        }
+    }
+
+    /// What decides the same way wherever it is sent: the keys and every
+    /// argument but the clock, the leases asked for and a rule-wide
+    /// override's time left. The block cache keys its denials on it.
+    pub fn signature(&self) -> String {
+        let args = match self {
+            ScriptCall::Decide(g) => g.args(None, false),
+            other => other.args(),
+        };
+        let mut s = self.keys().join("\n");
+        for arg in args {
+            s.push('\n');
+            s.push_str(&arg);
+        }
+        s
+    }
+}
+
+impl General {
+    fn new(
+        checks: &[(Check<'_>, Vec<&str>)],
+        leases: Vec<LeaseAsk>,
+        now_ms: Option<u64>,
+    ) -> General {
+        let rules: Vec<(RuleArgs, CallMode)> = checks
+            .iter()
+            .map(|(c, id)| {
+                let refundable = !c.rule.count_status.is_empty();
+                (
+                    RuleArgs::new(c.rule, c.cost, id),
+                    CallMode::of(c.rule.mode, refundable),
+                )
+            })
+            .collect();
+        let penalties = checks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (c, _))| {
+                Some(Penalty {
+                    rule: i,
+                    ms: c.rule.penalty_ms?,
+                    key: penalty_key(&rules[i].0.key),
+                })
+            })
+            .collect();
+        let overrides = checks
+            .iter()
+            .enumerate()
+            .filter(|(_, (c, _))| c.rule.overrides)
+            .map(|(i, _)| OverrideAsk {
+                rule: i,
+                key: override_key(&rules[i].0.key),
+                wide: String::new(),
+                wide_ms: -1,
+            })
+            .collect();
+        General {
+            now_ms,
+            rules,
+            penalties,
+            leases,
+            overrides,
+        }
+    }
+
+    /// One key per rule, then one per override read, then one per penalty.
+    fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.rules.iter().map(|(r, _)| r.key.clone()).collect();
+        keys.extend(self.overrides.iter().map(|o| o.key.clone()));
+        keys.extend(self.penalties.iter().map(|p| p.key.clone()));
+        keys
+    }
+
+    /// `decide`, the clock (empty for Redis's), the mode letters, each
+    /// rule's arguments, then (when `whole`: a signature leaves them out)
+    /// `lease`, their count and (1-based rule, units, ms) triples, then
+    /// `override`, their count and (1-based rule, rule-wide text, its ms
+    /// left) triples (a signature leaves the ms left empty: it changes
+    /// every millisecond, the decision does not), then `penalty` and
+    /// (1-based rule, ms) pairs.
+    fn args(&self, now_ms: Option<u64>, whole: bool) -> Vec<String> {
+        let modes: String = self.rules.iter().map(|(_, m)| m.letter()).collect();
+        let clock = now_ms.map(|n| n.to_string()).unwrap_or_default();
+        let mut args = vec![Entry::DECIDE.to_owned(), clock, modes];
+        for (rule, _) in &self.rules {
+            rule.push_general(&mut args);
+        }
+        if whole && !self.leases.is_empty() {
+            args.push("lease".to_owned());
+            push_numbers(&mut args, &[self.leases.len() as u64]);
+            for l in &self.leases {
+                push_numbers(&mut args, &[l.rule as u64 + 1, l.units, l.for_ms]);
+            }
+        }
+        if !self.overrides.is_empty() {
+            args.push("override".to_owned());
+            push_numbers(&mut args, &[self.overrides.len() as u64]);
+            for o in &self.overrides {
+                push_numbers(&mut args, &[o.rule as u64 + 1]);
+                args.push(o.wide.clone());
+                args.push(match whole {
+                    true => o.wide_ms.to_string(),
+                    false => String::new(),
+                });
+            }
+        }
+        if !self.penalties.is_empty() {
+            args.push("penalty".to_owned());
+            for p in &self.penalties {
+                push_numbers(&mut args, &[p.rule as u64 + 1, p.ms]);
+            }
+        }
+        args
+    }
+}
+
+impl Refund {
+    /// `refund`, the clock (empty for Redis's), then each rule's arguments
+    /// as a decision has them, then its mark.
+    fn args(&self) -> Vec<String> {
+        let clock = self.now_ms.map(|n| n.to_string()).unwrap_or_default();
+        let mut args = vec![Entry::REFUND.to_owned(), clock];
+        for (rule, mark) in &self.rules {
+            rule.push_general(&mut args);
+            push_numbers(&mut args, &[*mark]);
+        }
+        args
+    }
+}
+
+impl OneRule {
+    /// The same decision as a general call, reading the client's override
+    /// with no rule-wide one: what the script turns this call into when
+    /// the override key holds something.
+    pub fn general(&self) -> General {
+        General {
+            now_ms: None,
+            rules: vec![(self.rule.clone(), CallMode::of(self.mode, false))],
+            penalties: vec![],
+            leases: vec![],
+            overrides: self
+                .override_key
+                .iter()
+                .map(|key| OverrideAsk {
+                    rule: 0,
+                    key: key.clone(),
+                    wide: String::new(),
+                    wide_ms: -1,
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::config::Config;
+    use serde_json::json;
+    /// A check of one unit for client `a`.
+    fn unit_for_a(rule: &Rule) -> (Check<'_>, Vec<&'static str>) {
+        (Check { rule, cost: 1 }, vec!["a"])
+    }
+
+    fn args(call: &ScriptCall) -> Vec<String> {
+        call.args()
+    }
+
+    fn one(rule: &Rule, cost: u64, offset_ms: u64) -> Vec<String> {
+        RuleArgs {
+            key: String::new(),
+            policy: rule.policy.clone(),
+            cost,
+            offset_ms,
+        }
+        .one_rule_args()
+    }
+
+    fn general(rule: &Rule, cost: u64, offset_ms: u64) -> Vec<String> {
+        let mut out = vec![];
+        RuleArgs {
+            key: String::new(),
+            policy: rule.policy.clone(),
+            cost,
+            offset_ms,
+        }
+        .push_general(&mut out);
+        out
+    }
+
+    #[test]
+    fn rule_arguments_follow_the_script_layout() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s", "burst": 5},
+            {"name": "w", "key": ["ip"], "algorithm": "windowed", "windows": [["1s", 10, "100ms"]]},
+            {"name": "ww", "key": ["ip"], "algorithm": "windowed", "windows": [["1s", 10, "100ms"], ["1m", 100, "1m"]]}
+        ]}))
+        .unwrap();
+        let (g, w, ww) = (&c.rules[0], &c.rules[1], &c.rules[2]);
+        assert_eq!(general(g, 2, 0), ["gcra", "2", "100000", "5"]);
+        assert_eq!(
+            general(ww, 1, 42),
+            ["window", "1", "42", "2", "1000", "10", "100", "60000", "100", "60000"]
+        );
+        // A rule alone has arguments of its own: no tag, the cost only when not 1.
+        assert_eq!(one(g, 1, 0), ["100000", "5"]);
+        assert_eq!(one(g, 0, 0), ["100000", "5", "0"]);
+        assert_eq!(one(w, 1, 7), ["7", "1000", "10", "100"]);
+        assert_eq!(one(w, 2, 7), ["7", "1000", "10", "100", "2"]);
+    }
+
+    /// The hash tag a key carries: what Redis Cluster hashes to its slot.
+    fn hash_tag(key: &str) -> &str {
+        let open = key.find('{').expect("a hash tag");
+        let close = open + key[open..].find('}').expect("a closed hash tag");
+        &key[open + 1..close]
+    }
+
+    #[test]
+    fn every_key_of_a_decision_lies_in_its_clients_slot() {
+        // Two rules on one identifier, with a penalty, overrides and a lease:
+        // one slot, as the README's cluster section says, so one call.
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "g", "key": ["header:x-api-key"], "algorithm": "gcra", "rate": 10, "period": "1s",
+             "burst": 20, "overrides": true, "penalty": "1m", "lease": 4},
+            {"name": "w", "key": ["header:x-api-key"], "algorithm": "windowed",
+             "windows": [["1s", 10, "100ms"]], "overrides": true}
+        ]}))
+        .unwrap();
+        for id in ["k-1", "a key with spaces and {braces}"] {
+            let checks: Vec<_> = c
+                .rules
+                .iter()
+                .map(|r| (Check { rule: r, cost: 1 }, vec![id]))
+                .collect();
+            let lease = LeaseAsk {
+                rule: 0,
+                units: 2,
+                for_ms: 100,
+            };
+            let call = ScriptCall::decide_leasing(&checks, vec![lease], None);
+            // A lone rule's call reads its override key too.
+            let lone = ScriptCall::decide(&checks[1..], None);
+            assert_eq!(lone.entry(), Entry::OneWindowed);
+            for (call, n) in [(call, 5), (lone, 2)] {
+                let keys = call.keys();
+                assert_eq!(keys.len(), n, "{keys:?}");
+                assert!(
+                    keys.iter().all(|k| hash_tag(k) == hash_tag(&keys[0])),
+                    "{keys:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn each_call_names_its_entry_and_the_signature_leaves_out_the_clock() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s"},
+            {"name": "w", "key": ["ip"], "algorithm": "windowed", "windows": [["1s", 10, "100ms"]]},
+            {"name": "p", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1m", "penalty": "1h"}
+        ]}))
+        .unwrap();
+        let check = |i: usize| unit_for_a(&c.rules[i]);
+        assert_eq!(
+            ScriptCall::decide(&[check(0)], None).entry(),
+            Entry::OneGcra
+        );
+        assert_eq!(
+            ScriptCall::decide(&[check(1)], None).entry(),
+            Entry::OneWindowed
+        );
+        assert_eq!(ScriptCall::decide(&[check(2)], None).entry(), Entry::Decide);
+        assert_eq!(
+            ScriptCall::decide(&[check(0)], Some(5)).entry(),
+            Entry::Decide
+        );
+        assert_eq!(
+            ScriptCall::reset(&[(&c.rules[0], vec!["a"])]).entry(),
+            Entry::Reset
+        );
+        let pinned = |now| ScriptCall::decide(&[check(0), check(1)], Some(now));
+        assert_ne!(pinned(1).args(), pinned(2).args());
+        assert_eq!(pinned(1).signature(), pinned(2).signature());
+        let penalty = ScriptCall::decide(&[check(2)], None);
+        assert_eq!(penalty.keys(), ["el:{a}:p", "el:{a}:p:p"]);
+        assert_eq!(penalty.rule_keys(), ["el:{a}:p"]);
+        assert_eq!(
+            &penalty.args()[3..],
+            ["gcra", "1", "60000000", "1", "penalty", "1", "3600000"]
+        );
+    }
+
+    /// A rule-wide override with an end is sent with its time left, which
+    /// changes every millisecond; a signature leaves that out, or no
+    /// denial under such an override could be answered from the cache.
+    #[test]
+    fn the_signature_leaves_out_a_rule_wide_overrides_time_left() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s",
+             "overrides": true}
+        ]}))
+        .unwrap();
+        let text = "v1 gcra 1 60000 2 60000000";
+        let under = |left_ms: i64, text: &str| {
+            ScriptCall::decide(&[unit_for_a(&c.rules[0])], None)
+                .with_rule_wide(|_| Some((text.to_owned(), left_ms)))
+        };
+        assert_ne!(under(5000, text).args(), under(4999, text).args());
+        assert_eq!(under(5000, text).signature(), under(4999, text).signature());
+        assert_ne!(
+            under(5000, text).signature(),
+            under(5000, crate::rules::overrides::BLOCK_TEXT).signature()
+        );
+    }
+
+    #[test]
+    fn calls_carry_one_key_per_rule() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "a", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s", "burst": 5},
+            {"name": "b", "key": ["ip"], "algorithm": "windowed", "windows": [["1m", 100, "1m"]]}
+        ]}))
+        .unwrap();
+        let checks = vec![
+            (
+                Check {
+                    rule: &c.rules[0],
+                    cost: 1,
+                },
+                vec!["1.2.3.4"],
+            ),
+            (
+                Check {
+                    rule: &c.rules[1],
+                    cost: 2,
+                },
+                vec!["1.2.3.4"],
+            ),
+        ];
+        let call = ScriptCall::decide(&checks, Some(5));
+        assert_eq!(call.keys(), ["el:{1.2.3.4}:a", "el:{1.2.3.4}:b"]);
+        let offset = window_offset("el:{1.2.3.4}:b", 60_000).to_string();
+        assert_eq!(
+            args(&call),
+            [
+                "decide", "5", "ee", "gcra", "1", "100000", "5", "window", "2", &offset, "1",
+                "60000", "100", "60000"
+            ]
+        );
+        assert_eq!(args(&ScriptCall::decide(&checks, None))[1], "");
+    }
+}

@@ -1,0 +1,169 @@
+//! The limiter script: the files in `lua/` joined and embedded with its
+//! SHA1, and the entry points a call selects in it.
+
+use crate::decision::redis_rest::Script;
+
+/// The limiter script: the files `build.rs` lists, joined behind a
+/// `#!lua flags=allow-key-locking` shebang, without their comments.
+pub const LIMITER: Script = Script {
+    source: include_str!(concat!(env!("OUT_DIR"), "/limiter.lua")),
+    sha1: include_str!(concat!(env!("OUT_DIR"), "/limiter.sha1")),
+};
+
+/// The Lua files joined into [`LIMITER`], in order, each with its text:
+/// the list `build.rs` keeps, for the tests that hold the script to them.
+#[cfg(test)]
+const LUA_FILES: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/lua_files.rs"));
+
+/// The script's entry points, and what selects each. The cheapest encoding
+/// measured is kept: the two one-rule paths carry no operation name, and
+/// are told apart by how many arguments they get (the table at the top of
+/// `lua/limiter.lua` says the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// A GCRA rule alone on Redis's clock: 2 or 3 arguments, the first no
+    /// operation name (`lua/gcra.lua`).
+    OneGcra,
+    /// A windowed rule alone on Redis's clock: 4 or more arguments, the
+    /// first no operation name (`lua/windowed.lua`). Either one-rule entry
+    /// with a second key reads it as the client's override, and becomes
+    /// [`Entry::Decide`] inside the script when it holds one.
+    OneWindowed,
+    /// Everything else: `ARGV[1] == 'decide'` (`lua/limiter.lua`).
+    Decide,
+    /// `ARGV[1] == 'reset'`, alone: deletes every key given.
+    Reset,
+    /// `ARGV[1] == 'refund'`: gives refundable charges back.
+    Refund,
+}
+
+impl Entry {
+    /// Every entry point.
+    pub const ALL: [Entry; 5] = [
+        Entry::OneGcra,
+        Entry::OneWindowed,
+        Entry::Decide,
+        Entry::Reset,
+        Entry::Refund,
+    ];
+
+    /// `ARGV[1]` of a general decision.
+    pub const DECIDE: &'static str = "decide";
+    /// `ARGV[1]` of a reset.
+    pub const RESET: &'static str = "reset";
+    /// `ARGV[1]` of a refund.
+    pub const REFUND: &'static str = "refund";
+
+    /// The operation name `ARGV[1]` holds for this entry; `None` for the
+    /// one-rule paths, which carry none. The script lists the same names
+    /// once (`named`, at the end of `lua/common.lua`), and takes a call
+    /// whose `ARGV[1]` is none of them for a one-rule path.
+    pub fn operation(self) -> Option<&'static str> {
+        match self {
+            Entry::OneGcra | Entry::OneWindowed => None,
+            Entry::Decide => Some(Entry::DECIDE),
+            Entry::Reset => Some(Entry::RESET),
+            Entry::Refund => Some(Entry::REFUND),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    #[test]
+    fn the_script_is_the_files_without_comments_line_for_line() {
+        let (shebang, body) = LIMITER.source.split_once('\n').expect("a shebang line");
+        assert_eq!(shebang, "#!lua flags=allow-key-locking");
+        let files: Vec<&str> = LUA_FILES.iter().flat_map(|(_, f)| f.lines()).collect();
+        let embedded: Vec<&str> = body.lines().collect();
+        // Line for line, so a Redis error's line number is the file's.
+        assert_eq!(embedded.len(), files.len());
+        for (n, (line, file)) in embedded.iter().zip(&files).enumerate() {
+            let dropped = file.trim().strip_prefix(line).map(str::trim_start);
+            assert!(
+                dropped.is_some_and(|d| d.is_empty() || d.starts_with("--")),
+                "line {}: {line:?} is not {file:?} less its blanks and comment",
+                n + 2
+            );
+        }
+        let written: usize = LUA_FILES.iter().map(|(_, f)| f.len()).sum();
+        assert!(LIMITER.source.len() < written / 2, "the comments are gone");
+    }
+
+    #[test]
+    fn every_lua_file_is_in_the_script() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/lua");
+        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| format!("lua/{}", e.unwrap().file_name().to_string_lossy()))
+            .filter(|name| name.ends_with(".lua"))
+            // A script of its own: decision::stats::stored::STATS.
+            .filter(|name| name != "lua/stats.lua")
+            .collect();
+        on_disk.sort();
+        let mut joined: Vec<String> = LUA_FILES.iter().map(|(n, _)| n.to_string()).collect();
+        joined.sort();
+        assert_eq!(joined, on_disk);
+    }
+
+    /// Each Lua file's code, comments gone, as the script embeds it.
+    fn code(name: &str) -> Vec<&'static str> {
+        let mut embedded = LIMITER.source.lines().skip(1);
+        for (file, text) in LUA_FILES {
+            let lines: Vec<&str> = embedded.by_ref().take(text.lines().count()).collect();
+            if file.ends_with(name) {
+                return lines;
+            }
+        }
+        panic!("no {name} in the script")
+    }
+
+    /// The names quoted (`'...'`) in `line`.
+    fn quoted(line: &str) -> BTreeSet<&str> {
+        line.split('\'').skip(1).step_by(2).collect()
+    }
+
+    /// A new operation cannot slip into a one-rule path: the script lists
+    /// the operations once (`named`, in common.lua), the same as `Entry`
+    /// and as limiter.lua's table of entries; the one-rule paths' guards
+    /// read that list, and no other line tests that `ARGV[1]` is not some
+    /// name; every name the script compares `ARGV[1]` with is an operation.
+    #[test]
+    fn every_guard_knows_every_operation() {
+        let operations: BTreeSet<&str> = Entry::ALL.iter().filter_map(|e| e.operation()).collect();
+        let (_, limiter) = LUA_FILES
+            .iter()
+            .find(|(n, _)| n.ends_with("limiter.lua"))
+            .unwrap();
+        let table: BTreeSet<&str> = limiter
+            .lines()
+            .filter_map(|l| l.strip_prefix("--   ARGV[1] == "))
+            .flat_map(quoted)
+            .collect();
+        assert_eq!(table, operations, "limiter.lua's table of entries");
+        let script: Vec<&str> = LIMITER.source.lines().collect();
+        let named: Vec<&&str> = script
+            .iter()
+            .filter(|l| l.starts_with("local named ="))
+            .collect();
+        assert_eq!(named.len(), 1, "one list of the operations");
+        assert_eq!(quoted(named[0]), operations, "{}", named[0]);
+        for line in &script {
+            assert!(!line.contains("[1] ~= '"), "a guard of its own: {line}");
+            if line.contains("[1] == '") {
+                assert!(quoted(line).is_subset(&operations), "{line}");
+            }
+        }
+        for file in ["gcra.lua", "windowed.lua"] {
+            let guards = code(file)
+                .iter()
+                .filter(|l| l.contains("and not named"))
+                .count();
+            assert_eq!(guards, 1, "{file}'s one-rule path goes by the list");
+        }
+    }
+}
