@@ -203,45 +203,83 @@ async fn run(o: &Options) -> Result<Results, String> {
     }
     let mut r = fresh_results(o);
     r.background.push(format!("before the run: {}", busy()));
-
-    let http = reqwest::Client::new();
-    let redis = RedisServer::start();
-    let endpoint = Endpoint::start(&redis.addr(), TOKEN);
-    let endpoint_url = endpoint.url();
-    let origin = Origin::start()?;
+    let b = Shared::start(built)?;
 
     say("part 4: sizes");
-    r.wasm = size::size_of_file(&built.join("index_bg.wasm"))?;
-
+    r.wasm = size::size_of_file(&b.built.join("index_bg.wasm"))?;
     if o.runs(1) {
         say("part 1: Redis-side cost (redis-benchmark)");
-        redis_part(o, &redis, &mut r)?;
+        redis_part(o, &b.redis, &mut r)?;
     }
+    let passthrough = near_parts(o, &b, &mut r).await?;
+    if o.runs(2) {
+        stats_part(o, &b, &mut r).await?;
+    }
+    if o.runs(6) {
+        far_away_part(o, &b, &passthrough, &mut r).await?;
+    }
+    if o.runs(7) {
+        hot_key_part(o, &b, &passthrough, &mut r).await?;
+    }
+    if o.runs(8) {
+        hostile_part(o, &b, &passthrough, &mut r).await?;
+    }
+    drop(passthrough);
+    let _ = std::fs::remove_dir_all(&b.scratch);
+    Ok(r)
+}
 
+/// What every part shares: Redis, its REST endpoint, the origin, the
+/// worker build, where the workers' copies go, and an HTTP client.
+/// Its fields drop in the order they are written: the origin, then the
+/// endpoint, then Redis.
+struct Shared {
+    origin: Origin,
+    endpoint: Endpoint,
+    redis: RedisServer,
+    /// The endpoint's URL.
+    rest: String,
+    http: reqwest::Client,
+    /// What `scripts/build-worker` left in `build/`.
+    built: PathBuf,
+    scratch: PathBuf,
+}
+
+impl Shared {
+    fn start(built: PathBuf) -> Result<Shared, String> {
+        let redis = RedisServer::start();
+        let endpoint = Endpoint::start(&redis.addr(), TOKEN);
+        Ok(Shared {
+            origin: Origin::start()?,
+            rest: endpoint.url(),
+            endpoint,
+            redis,
+            http: reqwest::Client::new(),
+            built,
+            scratch: std::env::temp_dir()
+                .join(format!("edge-limiter-bench-{}", std::process::id())),
+        })
+    }
+}
+
+/// Parts 2 to 5, through the four workers on the endpoint itself (and the
+/// `--baseline` build); returns the passthrough, which later parts measure
+/// against.
+async fn near_parts(o: &Options, b: &Shared, r: &mut Results) -> Result<Worker, String> {
     say("starting four workers in wrangler dev");
-    let scratch = std::env::temp_dir().join(format!("edge-limiter-bench-{}", std::process::id()));
-    let (workers, probe, baseline) = start_all(o, &http, &scratch, &endpoint_url, &origin).await?;
+    let (workers, probe, baseline) = start_all(o, &b.http, &b.scratch, &b.rest, &b.origin).await?;
     let [passthrough, ours, peer, ours_unmatched] = workers;
-
     if o.runs(3) {
-        say("part 3: round trips");
-        // Only ours has count_status: the peer runs the first four steps.
-        for (label, worker, salt, logins) in [(OURS, &ours, 1, true), (PEER, &peer, 2, false)] {
-            let counts =
-                trips::count(&http, &endpoint_url, &redis.addr(), worker, salt, logins).await?;
-            r.trips.push((label, counts));
-        }
+        trips_part(b, [&ours, &peer], r).await?;
     }
     if o.runs(4) {
         say("part 4: instantiation in workerd");
-        r.instantiate_ms = size::instantiate_ms(&http, &probe, 5, 200).await?;
+        r.instantiate_ms = size::instantiate_ms(&b.http, &probe, 5, 200).await?;
     }
-
     // Idle wrangler still wakes up now and then: keep it out of the load runs.
     drop(probe);
     r.our_bundle = ours.bundle().map(|(_, b)| size::size_of(&b)).transpose()?;
     r.peer_bundle = peer.bundle().map(|(_, b)| size::size_of(&b)).transpose()?;
-
     if o.runs(2) {
         say("parts 2 and 5: load through wrangler dev (wrk)");
         let mut order = vec![
@@ -254,94 +292,119 @@ async fn run(o: &Options) -> Result<Results, String> {
         if let Some(b) = &baseline {
             order.push((b, OURS_BASELINE, "/load", 4));
         }
-        load_part(o, &http, &origin, &order, &mut r).await?;
+        load_part(o, &b.http, &b.origin, &order, r).await?;
     }
+    Ok(passthrough)
+}
 
-    drop((ours, peer, ours_unmatched, baseline));
-
-    if o.runs(2) {
-        say("part 2: our worker with stats on against stats off");
-        let shape = Shape {
-            connections: CONNECTIONS,
-            seconds: o.seconds,
-            hot_every: HOT_EVERY,
-        };
-        let cost = stats_cost::measure(
-            &http,
-            &origin,
-            endpoint.addr(),
-            &built,
-            &scratch,
-            shape,
-            o.load_rounds,
-        );
-        r.stats_cost = Some(cost.await?);
+/// Part 3: REST calls per step, ours then the peer.
+async fn trips_part(b: &Shared, [ours, peer]: [&Worker; 2], r: &mut Results) -> Result<(), String> {
+    say("part 3: round trips");
+    // Only ours has count_status: the peer runs the first four steps.
+    for (label, worker, salt, logins) in [(OURS, ours, 1, true), (PEER, peer, 2, false)] {
+        let counts = trips::count(&b.http, &b.rest, &b.redis.addr(), worker, salt, logins).await?;
+        r.trips.push((label, counts));
     }
+    Ok(())
+}
 
-    if o.runs(6) {
-        say("part 6: Redis 40 ms away");
-        let proxy = FaultProxy::start(endpoint.addr()).map_err(|e| format!("fault proxy: {e}"))?;
-        proxy.set(Fault::Delay(far::DELAY));
-        let far_workers = [
-            spawn_ours(OURS_FAR, &built, &scratch, &proxy.url(), &origin.url)?,
-            spawn_peer(PEER_FAR, &scratch, &proxy.url(), &origin.url)?,
-        ];
-        far_part(o, &http, &far_workers, &passthrough, &proxy, &mut r).await?;
-        let far_hot = hot_part(
-            o,
-            &http,
-            &far_workers,
-            &passthrough,
-            [&proxy, &proxy],
-            &origin,
-            "far",
-        )
-        .await?;
-        r.far_hot = far_hot;
-    }
+/// Part 2's stats on against stats off, in workers of their own.
+async fn stats_part(o: &Options, b: &Shared, r: &mut Results) -> Result<(), String> {
+    say("part 2: our worker with stats on against stats off");
+    let shape = Shape {
+        connections: CONNECTIONS,
+        seconds: o.seconds,
+        hot_every: HOT_EVERY,
+    };
+    let cost = stats_cost::measure(
+        &b.http,
+        &b.origin,
+        b.endpoint.addr(),
+        &b.built,
+        &b.scratch,
+        shape,
+        o.load_rounds,
+    );
+    r.stats_cost = Some(cost.await?);
+    Ok(())
+}
 
-    if o.runs(7) {
-        say("part 7: a hot key under leases, and two workers sharing a key");
-        let proxy = || FaultProxy::start(endpoint.addr()).map_err(|e| format!("fault proxy: {e}"));
-        let proxies = [proxy()?, proxy()?];
-        let workers = [
-            spawn_ours(OURS_HOT, &built, &scratch, &proxies[0].url(), &origin.url)?,
-            spawn_peer(PEER_HOT, &scratch, &proxies[1].url(), &origin.url)?,
-            spawn_ours(OURS_SHARED, &built, &scratch, &endpoint_url, &origin.url)?,
-        ];
-        let [ours_hot, peer_hot, ours_shared] = workers;
-        let pair = [ours_hot, peer_hot];
-        r.hot = hot_part(
-            o,
-            &http,
-            &pair,
-            &passthrough,
-            [&proxies[0], &proxies[1]],
-            &origin,
-            "near",
-        )
-        .await?;
-        ours_shared.ready(&http).await?;
-        let seconds = if o.seconds < 10 { 3 } else { 10 };
-        let key = format!("shared-{}", std::process::id());
-        let shared = hot::shared(&http, [&pair[0], &ours_shared], &origin, &key, seconds).await?;
-        r.shared = Some(shared);
-    }
+/// Part 6: ours and the peer with every REST call 40 ms away, fresh
+/// clients and then a hot key.
+async fn far_away_part(
+    o: &Options,
+    b: &Shared,
+    passthrough: &Worker,
+    r: &mut Results,
+) -> Result<(), String> {
+    say("part 6: Redis 40 ms away");
+    let proxy = FaultProxy::start(b.endpoint.addr()).map_err(|e| format!("fault proxy: {e}"))?;
+    proxy.set(Fault::Delay(far::DELAY));
+    let origin = &b.origin.url;
+    let far_workers = [
+        spawn_ours(OURS_FAR, &b.built, &b.scratch, &proxy.url(), origin)?,
+        spawn_peer(PEER_FAR, &b.scratch, &proxy.url(), origin)?,
+    ];
+    far_part(o, &b.http, &far_workers, passthrough, &proxy, r).await?;
+    let proxies = [&proxy, &proxy];
+    r.far_hot = hot_part(
+        o,
+        &b.http,
+        &far_workers,
+        passthrough,
+        proxies,
+        &b.origin,
+        "far",
+    )
+    .await?;
+    Ok(())
+}
 
-    if o.runs(8) {
-        say("part 8: hostile requests");
-        let ours = spawn_hostile(&scratch, &endpoint_url, &origin.url)?;
-        ours.ready(&http).await?;
-        let settings = hostile::Settings {
-            batch: o.hostile_batch,
-            rounds: o.load_rounds.clamp(1, 3) as usize,
-        };
-        r.hostile = hostile::run(&http, &ours, &passthrough, &endpoint_url, settings).await?;
-    }
+/// Part 7: a hot key through ours under leases and the peer, each behind
+/// a proxy counting its calls; then one key shared by two of our workers.
+async fn hot_key_part(
+    o: &Options,
+    b: &Shared,
+    passthrough: &Worker,
+    r: &mut Results,
+) -> Result<(), String> {
+    say("part 7: a hot key under leases, and two workers sharing a key");
+    let proxy = || FaultProxy::start(b.endpoint.addr()).map_err(|e| format!("fault proxy: {e}"));
+    let proxies = [proxy()?, proxy()?];
+    let origin = &b.origin.url;
+    let workers = [
+        spawn_ours(OURS_HOT, &b.built, &b.scratch, &proxies[0].url(), origin)?,
+        spawn_peer(PEER_HOT, &b.scratch, &proxies[1].url(), origin)?,
+        spawn_ours(OURS_SHARED, &b.built, &b.scratch, &b.rest, origin)?,
+    ];
+    let [ours_hot, peer_hot, ours_shared] = workers;
+    let pair = [ours_hot, peer_hot];
+    let counted = [&proxies[0], &proxies[1]];
+    r.hot = hot_part(o, &b.http, &pair, passthrough, counted, &b.origin, "near").await?;
+    ours_shared.ready(&b.http).await?;
+    let seconds = if o.seconds < 10 { 3 } else { 10 };
+    let key = format!("shared-{}", std::process::id());
+    let workers = [&pair[0], &ours_shared];
+    r.shared = Some(hot::shared(&b.http, workers, &b.origin, &key, seconds).await?);
+    Ok(())
+}
 
-    drop(passthrough);
-    let _ = std::fs::remove_dir_all(&scratch);
-    Ok(r)
+/// Part 8: hostile requests through ours, in a worker of its own.
+async fn hostile_part(
+    o: &Options,
+    b: &Shared,
+    passthrough: &Worker,
+    r: &mut Results,
+) -> Result<(), String> {
+    say("part 8: hostile requests");
+    let ours = spawn_hostile(&b.scratch, &b.rest, &b.origin.url)?;
+    ours.ready(&b.http).await?;
+    let settings = hostile::Settings {
+        batch: o.hostile_batch,
+        rounds: o.load_rounds.clamp(1, 3) as usize,
+    };
+    r.hostile = hostile::run(&b.http, &ours, passthrough, &b.rest, settings).await?;
+    Ok(())
 }
 
 /// Every worker of parts 2 to 5, the instantiate probe and the

@@ -198,51 +198,74 @@ pub fn render(r: &Results) -> String {
 /// Part 1, Redis's own time per decision. Every target is a ratio within
 /// this run.
 fn redis_rows(r: &Results) -> Vec<Row> {
-    let vs = |ours: &str, other: &str, what: &str, target: Option<f64>, other_is: Vec<f64>| {
-        let u = usec(r, ours);
-        let ratio_now = median(&u) / median(&other_is);
-        [
-            "1 Redis".to_owned(),
-            format!("{what}: us/call"),
-            with_spread(&u, 2),
-            with_spread(&other_is, 2),
-            ratio(median(&u), median(&other_is)),
-            target.map_or(String::new(), |t| format!("ours/{other} <= {t:.2}")),
-            target
-                .map_or("", |t| met((!u.is_empty()).then_some(ratio_now <= t)))
-                .to_owned(),
-        ]
-    };
-    let mut rows = vec![
-        vs(
+    let mut rows = redis_ratio_rows(r);
+    rows.extend(redis_rate_rows(r));
+    rows.extend(redis_reference_rows(r));
+    rows
+}
+
+/// Part 1's time per call of ours against another script's: `ours` and
+/// `other_is`, each sample of it, named `other` in the target.
+fn redis_vs(
+    r: &Results,
+    ours: &str,
+    other: &str,
+    what: &str,
+    target: Option<f64>,
+    other_is: Vec<f64>,
+) -> Row {
+    let u = usec(r, ours);
+    let ratio_now = median(&u) / median(&other_is);
+    [
+        "1 Redis".to_owned(),
+        format!("{what}: us/call"),
+        with_spread(&u, 2),
+        with_spread(&other_is, 2),
+        ratio(median(&u), median(&other_is)),
+        target.map_or(String::new(), |t| format!("ours/{other} <= {t:.2}")),
+        target
+            .map_or("", |t| met((!u.is_empty()).then_some(ratio_now <= t)))
+            .to_owned(),
+    ]
+}
+
+/// Part 1's rows with a target: time per call against a floor or the peer.
+fn redis_ratio_rows(r: &Results) -> Vec<Row> {
+    vec![
+        redis_vs(
+            r,
             "ours GCRA",
             "floor",
             "GCRA vs its own floor, a logic-free PTTL + SET PX (floor in the peer column)",
             Some(1.30),
             usec(r, FLOOR_PTTL_SET),
         ),
-        vs(
+        redis_vs(
+            r,
             "ours GCRA",
             "peer",
             "GCRA vs token bucket",
             None,
             usec(r, "peer token bucket"),
         ),
-        vs(
+        redis_vs(
+            r,
             GCRA_OVERRIDES,
             "plain",
             "GCRA on a rule that takes overrides (none set) vs the same rule without (plain in the peer column)",
             Some(1.25),
             usec(r, "ours GCRA"),
         ),
-        vs(
+        redis_vs(
+            r,
             "ours windowed x1",
             "peer",
             "one window vs sliding window",
             Some(1.00),
             usec(r, "peer sliding window"),
         ),
-        vs(
+        redis_vs(
+            r,
             "ours windowed x3",
             "peer",
             "1 s + 1 min + 1 h windows, ours in 1 call vs the peer's 3 calls (us per decision)",
@@ -252,8 +275,12 @@ fn redis_rows(r: &Results) -> Vec<Row> {
                 .map(|u| 3.0 * u)
                 .collect(),
         ),
-    ];
-    for (ours, theirs, what, per) in [
+    ]
+}
+
+/// Part 1's decisions per second, ours against the peer's.
+fn redis_rate_rows(r: &Results) -> Vec<Row> {
+    let pairs = [
         (
             "ours GCRA",
             "peer token bucket",
@@ -272,20 +299,29 @@ fn redis_rows(r: &Results) -> Vec<Row> {
             "1 s + 1 min + 1 h windows: decisions/s",
             3.0,
         ),
-    ] {
-        let (o, q) = (ops(r, ours), ops(r, theirs));
-        let q: Vec<f64> = q.iter().map(|x| x / per).collect();
-        rows.push(row([
-            "1 Redis",
-            what,
-            &with_spread(&o, 0),
-            &with_spread(&q, 0),
-            &ratio(median(&o), median(&q)),
-            "",
-            "",
-        ]));
-    }
-    for (label, what) in [
+    ];
+    pairs
+        .into_iter()
+        .map(|(ours, theirs, what, per)| {
+            let (o, q) = (ops(r, ours), ops(r, theirs));
+            let q: Vec<f64> = q.iter().map(|x| x / per).collect();
+            row([
+                "1 Redis",
+                what,
+                &with_spread(&o, 0),
+                &with_spread(&q, 0),
+                &ratio(median(&o), median(&q)),
+                "",
+                "",
+            ])
+        })
+        .collect()
+}
+
+/// Part 1's scripts with no peer to compare to: what a figure costs, and
+/// what a script that does next to nothing costs.
+fn redis_reference_rows(r: &Results) -> Vec<Row> {
+    let references = [
         (
             GCRA_FRACTIONAL,
             "GCRA at 7 per second (no whole millisecond per unit: one GET more): us/call",
@@ -298,18 +334,21 @@ fn redis_rows(r: &Results) -> Vec<Row> {
             FLOOR_CLOCK_RW,
             "reference: the same, reading Redis's clock first (TIME + GET + SET): us/call",
         ),
-    ] {
-        rows.push(row([
-            "1 Redis",
-            what,
-            &with_spread(&usec(r, label), 2),
-            "-",
-            "",
-            "",
-            "",
-        ]));
-    }
-    rows
+    ];
+    references
+        .into_iter()
+        .map(|(label, what)| {
+            row([
+                "1 Redis",
+                what,
+                &with_spread(&usec(r, label), 2),
+                "-",
+                "",
+                "",
+                "",
+            ])
+        })
+        .collect()
 }
 
 /// Part 2, each worker under load in wrangler dev.
