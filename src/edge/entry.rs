@@ -17,6 +17,7 @@ use crate::{
     decision::{
         block_cache::BlockCache,
         events::Event,
+        in_flight::{Bell, InFlight, Pause, Paused},
         leases::Leases,
         limiter::{Handled, LeaseRefresh, Limiter, PendingRefund},
         redis_rest::RestClient,
@@ -52,6 +53,8 @@ struct Isolate {
     leases: RefCell<Leases>,
     /// The rule-wide overrides as last read.
     wide: RefCell<RuleWide>,
+    /// Its decision calls in flight, and the requests waiting on them.
+    in_flight: InFlight,
     /// What it counted and has not written yet, when stats are on.
     stats: Option<RefCell<Recorder>>,
 }
@@ -79,6 +82,7 @@ fn isolate(env: &Env) -> std::result::Result<Rc<Isolate>, String> {
         leases: RefCell::new(Leases::new()),
         wide: RefCell::new(RuleWide::new()),
         headers_read: config.headers_read(),
+        in_flight: InFlight::new(JsPause),
         config,
         origin: origin(env)?,
         client: RestClient::new(&url.to_string(), &token.to_string()).map_err(|e| e.to_string())?,
@@ -123,6 +127,7 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
         refund,
         refresh,
         reread,
+        ..
     } = handled;
     log(&events);
     let work = Background {
@@ -269,6 +274,7 @@ impl Isolate {
             cache: &self.cache,
             leases: &self.leases,
             wide: &self.wide,
+            in_flight: &self.in_flight,
             pinned: false,
         }
     }
@@ -278,6 +284,45 @@ impl Isolate {
         if let Some(stats) = &self.stats {
             f(&mut stats.borrow_mut());
         }
+    }
+}
+
+/// A request's pause in workerd: a promise of its own, which a timer of
+/// its own settles at the deadline, and another request's ring sooner.
+/// workerd runs what follows a promise in the context that made it, so
+/// the request resumes (and makes its calls) in its own, and the timer is
+/// I/O of its own while it waits: without it, workerd would cancel the
+/// request as hung.
+struct JsPause;
+
+#[wasm_bindgen::prelude::wasm_bindgen]
+extern "C" {
+    #[wasm_bindgen(js_name = setTimeout)]
+    fn set_timeout(handler: &js_sys::Function, ms: f64) -> JsValue;
+}
+
+impl Pause for JsPause {
+    fn now_ms(&self) -> u64 {
+        js_sys::Date::now() as u64
+    }
+
+    fn until(&self, until_ms: u64) -> (Bell, Paused) {
+        let ms = until_ms.saturating_sub(self.now_ms()) as f64;
+        // The executor runs at once, within `Promise::new`.
+        let mut settle = None;
+        let promise = js_sys::Promise::new(&mut |resolve, _| {
+            set_timeout(&resolve, ms);
+            settle = Some(resolve);
+        });
+        let bell = Bell::new(move || {
+            if let Some(settle) = settle {
+                drop(settle.call0(&JsValue::UNDEFINED));
+            }
+        });
+        (
+            bell,
+            Box::pin(async move { drop(JsFuture::from(promise).await) }),
+        )
     }
 }
 
