@@ -30,7 +30,7 @@ async fn get(client: &reqwest::Client, url: &str, ip: &str) -> reqwest::Response
 #[tokio::test]
 async fn requests_beyond_the_burst_get_429_and_never_reach_the_origin() {
     let stack = Stack::start(PER_IP);
-    let client = reqwest::Client::new();
+    let client = support::http();
     let url = format!("{}/page", stack.worker.url);
 
     for i in 0..3u32 {
@@ -87,7 +87,7 @@ async fn requests_beyond_the_burst_get_429_and_never_reach_the_origin() {
 async fn requests_outside_every_rule_pass_without_headers() {
     let rules = PER_IP.replace("burst = 3", "burst = 3\npath_prefix = \"/api\"");
     let stack = Stack::start(&rules);
-    let client = reqwest::Client::new();
+    let client = support::http();
     for _ in 0..5 {
         let r = get(
             &client,

@@ -17,7 +17,7 @@ use support::{
 const IP: &str = "203.0.113.50";
 
 async fn send(method: reqwest::Method, url: String, ip: &str) -> Response {
-    reqwest::Client::new()
+    support::http()
         .request(method, url)
         .header("CF-Connecting-IP", ip)
         .send()

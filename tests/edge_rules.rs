@@ -23,7 +23,7 @@ use support::{
 };
 
 fn client() -> reqwest::Client {
-    reqwest::Client::new()
+    support::http()
 }
 
 async fn get(url: &str, ip: &str) -> Response {

@@ -752,7 +752,9 @@ async fn an_error_echoing_the_request_does_not_leak_the_token() {
         assert!(!shown.contains(TOKEN), "HTTP {status}: {redacted}");
     }
     proxy.set(Fault::Echo(502));
-    let response = reqwest::get(format!("{}/closed/1", worker.url))
+    let response = support::http()
+        .get(format!("{}/closed/1", worker.url))
+        .send()
         .await
         .unwrap();
     assert_eq!(response.status(), 503);

@@ -57,7 +57,7 @@ windows = [["1h", 20, "1m"]]
 
 /// `PAGE` requests for `path` from `ip`, all at once; their statuses.
 async fn page(stack: &Stack, path: &str, ip: &str) -> Vec<StatusCode> {
-    let http = reqwest::Client::new();
+    let http = support::http();
     let url = format!("{}{path}", stack.worker.url);
     let sent = (0..PAGE).map(|_| {
         let request = http.get(&url).header("CF-Connecting-IP", ip).send();
@@ -73,7 +73,7 @@ async fn a_fresh_clients_page_load_costs_two_calls_and_admits_exactly_the_limit(
     // The script loaded (EVALSHA's NOSCRIPT, then EVAL) before the count.
     for path in ["/plain", "/leased", "/windowed"] {
         let url = format!("{}{path}", stack.worker.url);
-        let warm = reqwest::Client::new().get(url);
+        let warm = support::http().get(url);
         let warm = warm.header("CF-Connecting-IP", "203.0.113.200").send();
         assert_eq!(warm.await.unwrap().status(), StatusCode::OK);
     }

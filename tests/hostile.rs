@@ -918,7 +918,7 @@ path_prefix = "/behind-proxy"
 #[tokio::test]
 async fn forwarded_headers_change_the_client_key_only_when_configured() {
     let stack = Stack::start(FORWARDED_RULES);
-    let http = reqwest::Client::new();
+    let http = support::http();
     let spoofs: [(&str, &str); 8] = [
         ("x-forwarded-for", "10.0.0.1"),
         ("x-forwarded-for", "10.0.0.2, 203.0.113.1"),
@@ -1163,7 +1163,7 @@ async fn host_spellings_stay_under_their_rule() {
         .next()
         .unwrap_or_default()
         .to_owned();
-    let http = reqwest::Client::new();
+    let http = support::http();
     let mut table = Table::new(
         "Hosts: case and a trailing dot",
         &["Host", "expected", "got"],
@@ -1212,7 +1212,7 @@ fn rule_verdict(reply: &reqwest::Response) -> String {
 #[tokio::test]
 async fn method_spellings_stay_under_their_rule() {
     let stack = Stack::start(PATH_RULES);
-    let http = reqwest::Client::new();
+    let http = support::http();
     let mut table = Table::new(
         "Methods: HEAD and overrides",
         &["request", "expected", "got"],
@@ -1299,7 +1299,7 @@ async fn routes_and_mangled_names_an_origin_takes_stay_under_their_rule() {
         "hostile-routes",
         &rows,
     );
-    let http = reqwest::Client::new();
+    let http = support::http();
     // Past the 64 KB the limiter reads, a `_method` may hide: such a POST
     // counts as every method.
     let long = format!("pad={}&_method=DELETE", "a".repeat(70_000));
@@ -1510,7 +1510,7 @@ async fn a_flood_of_denied_requests_from_100k_identifiers_writes_nothing() {
 
     let stack = Stack::start(FLOOD_RULES);
     let backend = &stack.backend;
-    let http = reqwest::Client::new();
+    let http = support::http();
     let send = |ip: String| {
         let request = http
             .get(format!("{}/", stack.worker.url))

@@ -85,7 +85,7 @@ fn json(stdout: &str) -> Value {
 }
 
 async fn get(url: &str, ip: &str) -> StatusCode {
-    reqwest::Client::new()
+    support::http()
         .get(url)
         .header("CF-Connecting-IP", ip)
         .header("X-Api-Key", "k1")

@@ -75,7 +75,7 @@ struct Tally {
 }
 
 async fn hammer(workers: &[String; 2], path: &str, client_key: &str) -> (Tally, Vec<String>) {
-    let http = reqwest::Client::new();
+    let http = support::http();
     let start = Arc::new(Barrier::new(CLIENTS));
     let tasks: Vec<_> = (0..CLIENTS)
         .map(|c| {
@@ -145,7 +145,11 @@ async fn two_instances_admit_exactly_the_limit_under_64_concurrent_clients() {
     let workers = [a.url.clone(), b.url.clone()];
     // Compile the worker in both isolates before the clock matters.
     for w in &workers {
-        reqwest::get(format!("{w}/warm")).await.unwrap();
+        support::http()
+            .get(format!("{w}/warm"))
+            .send()
+            .await
+            .unwrap();
     }
 
     let cases = [

@@ -17,7 +17,7 @@ use reqwest::StatusCode;
 use support::{header, worker::Stack};
 
 async fn get(url: &str, ip: &str) -> reqwest::Response {
-    reqwest::Client::new()
+    support::http()
         .get(url)
         .header("CF-Connecting-IP", ip)
         .send()

@@ -45,7 +45,7 @@ async fn get(worker: &Worker, key: &str) -> reqwest::Response {
 }
 
 async fn get_at(worker: &Worker, path: &str, key: &str) -> reqwest::Response {
-    reqwest::Client::new()
+    support::http()
         .get(format!("{}{path}", worker.url))
         .header("x-api-key", key)
         .header("CF-Connecting-IP", "198.51.100.25")

@@ -607,7 +607,7 @@ async fn run_on_redis_clock(
     steps: &[Step],
 ) -> Result<Tally, TestCaseError> {
     let rules = rules_of("live", specs);
-    let http = reqwest::Client::new();
+    let http = support::http();
     let url = backend.endpoint.url();
     let mut model = Model::new();
     let mut wide: Vec<Option<String>> = vec![None; rules.len()];

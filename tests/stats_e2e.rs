@@ -38,7 +38,7 @@ fn with_stats(rules: &str) -> String {
 
 /// Sends `n` requests from `ip`, one after the other; their statuses.
 async fn send(url: &str, ip: &str, n: usize) -> Vec<u16> {
-    let client = reqwest::Client::new();
+    let client = support::http();
     let mut statuses = Vec::new();
     for _ in 0..n {
         let r = client
@@ -276,7 +276,7 @@ fn limiter_call(x: &Exchange) -> Option<(Vec<String>, bool)> {
 /// Sends `n` requests of `client` to `path`, alternating between the
 /// workers; their statuses.
 async fn alternate(workers: [&Worker; 2], path: &str, client: &str, n: usize) -> Vec<u16> {
-    let http = reqwest::Client::new();
+    let http = support::http();
     let mut statuses = Vec::new();
     for i in 0..n {
         let url = format!("{}{path}", workers[i % 2].url);
@@ -302,7 +302,11 @@ async fn two_workers_stats_agree_with_what_was_sent_and_decided() {
     // Compile the worker in both isolates first; these count too.
     let mut sent = 0;
     for w in workers {
-        reqwest::get(format!("{}/warm", w.url)).await.unwrap();
+        support::http()
+            .get(format!("{}/warm", w.url))
+            .send()
+            .await
+            .unwrap();
         sent += 1;
     }
     let limited = alternate(workers, "/limited", "c1", 6).await;
@@ -330,7 +334,11 @@ async fn two_workers_stats_agree_with_what_was_sent_and_decided() {
     let report = loop {
         tokio::time::sleep(Duration::from_millis(1100)).await;
         for w in workers {
-            reqwest::get(format!("{}/trigger", w.url)).await.unwrap();
+            support::http()
+                .get(format!("{}/trigger", w.url))
+                .send()
+                .await
+                .unwrap();
             sent += 1;
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -517,7 +525,7 @@ async fn simulate_and_stats_of_the_same_traffic_give_the_same_table() {
         log.push(("203.0.113.60", "GET", format!("/k?k={k}")));
     }
     log.push(("203.0.113.61", "GET", "/k?k=a&k=b".to_owned()));
-    let http = reqwest::Client::new();
+    let http = support::http();
     let mut csv = String::from("time,ip,method,path\n");
     for (i, (ip, method, path)) in log.iter().enumerate() {
         csv.push_str(&format!("{},{ip},{method},{path}\n", now_ms + i as u64));

@@ -146,7 +146,7 @@ fn edge_limiter(stack: &Stack, args: &[&str]) -> Command {
 
 /// Sends `n` requests of `client`; their statuses.
 async fn send(stack: &Stack, client: &str, n: usize) -> Vec<u16> {
-    let http = reqwest::Client::new();
+    let http = support::http();
     let mut statuses = Vec::new();
     for _ in 0..n {
         let url = format!("{}/x", stack.worker.url);

@@ -98,6 +98,23 @@ impl Backend {
     }
 }
 
+/// The HTTP client for a test's requests, one per test thread.
+///
+/// Each `reqwest::Client::new()` loads the system's root certificates
+/// (native-tls): about 60 ms of CPU on this machine, paid per request by
+/// helpers that built a client for each, and seconds on a loaded one.
+/// Every request opens a connection of its own: none is kept idle, so
+/// none outlives the test's runtime, which opened it.
+pub fn http() -> reqwest::Client {
+    thread_local! {
+        static CLIENT: reqwest::Client = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .expect("an HTTP client");
+    }
+    CLIENT.with(reqwest::Client::clone)
+}
+
 /// A response header's value, if it is there.
 pub fn header<'a>(r: &'a reqwest::Response, name: &str) -> Option<&'a str> {
     r.headers().get(name).map(|v| v.to_str().unwrap())

@@ -27,7 +27,9 @@ impl Origin {
 
     /// How many requests reached the origin, in total and per path.
     pub async fn hits(&self) -> serde_json::Value {
-        reqwest::get(format!("{}/__origin/hits", self.url))
+        super::http()
+            .get(format!("{}/__origin/hits", self.url))
+            .send()
             .await
             .unwrap()
             .json()
