@@ -458,7 +458,7 @@ pub fn forwarded_client(list: &str) -> Cow<'_, str> {
 /// An `Authorization` value as servers read it: the scheme in any case
 /// and any run of spaces or tabs after it (Spring Security, ASP.NET Core
 /// and Passport all accept `bearer` and extra spaces), as `scheme token`;
-/// `basic` credentials as [`base64_bytes`] reads them.
+/// `basic` credentials as `base64_bytes` reads them.
 pub fn credentials(value: &str) -> Cow<'_, str> {
     let value = value.trim();
     match value.split_once([' ', '\t']) {
@@ -512,9 +512,9 @@ fn base64_bytes(text: &str) -> String {
 }
 
 /// A value as an origin that parses it reads it: an integer, however
-/// written, as its shortest ASCII digits ([`integer`]: `0123`, `+123`,
+/// written, as its shortest ASCII digits (`integer`: `0123`, `+123`,
 /// ` 123`, `123.0`, `1.23e2`, `0x7b`, `1_23` and `١٢٣` are `123`; `-0` is
-/// `0`), a UUID as its lower-case hyphenated form ([`uuid`]); any other
+/// `0`), a UUID as its lower-case hyphenated form (`uuid`); any other
 /// value as it is. An origin taking the value as a number (`<int:pk>`, a
 /// `long` parameter, `int()`, `Number()`, a cast in SQL) or a UUID reads
 /// every such spelling as one id.

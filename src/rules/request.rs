@@ -19,7 +19,7 @@ pub struct RequestMeta {
     pub host: String,
     /// The path as [`canon::normalize_path`] gives it, without the query.
     pub path: String,
-    /// Other paths an origin may route it to ([`canon::alternate_paths`]):
+    /// Other paths an origin may route it to ([`canon::path_and_routes`]):
     /// a rule for any of them applies.
     pub routes: Vec<String>,
     /// Query string without the `?`, if any.
