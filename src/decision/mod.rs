@@ -3,6 +3,7 @@
 //! and the [`limiter::Limiter`] that puts them together; and [`stats`],
 //! what an isolate counts of what it decided.
 
+pub mod batch;
 pub mod block_cache;
 pub mod events;
 pub mod keys;

@@ -7,6 +7,7 @@ use std::{
     future::Future,
     rc::Rc,
     task::{Poll, Waker},
+    time::Duration,
 };
 
 use wasm_bindgen::{JsCast, JsValue};
@@ -17,6 +18,7 @@ use worker::{
 
 use crate::{
     decision::{
+        batch::{Batched, Batches, Bell, Runtime},
         block_cache::BlockCache,
         events::Event,
         leases::Leases,
@@ -46,6 +48,9 @@ struct Isolate {
     config: Config,
     origin: Option<String>,
     client: RestClient,
+    /// The script calls of its requests, those made at the same moment
+    /// carried together.
+    calls: Batches<RestClient, Resolve>,
     /// Shared by the isolate's requests: what it learned about denied clients.
     cache: RefCell<BlockCache>,
     /// Units leased to this isolate.
@@ -71,6 +76,7 @@ fn isolate(env: &Env) -> std::result::Result<Rc<Isolate>, String> {
         return Err("set UPSTASH_REDIS_REST_URL and UPSTASH_REDIS_REST_TOKEN (wrangler secret put, or .dev.vars locally)".into());
     };
     let config = load_config(env)?;
+    let client = RestClient::new(&url.to_string(), &token.to_string()).map_err(|e| e.to_string())?;
     let ready = Rc::new(Isolate {
         stats: config
             .stats
@@ -80,7 +86,8 @@ fn isolate(env: &Env) -> std::result::Result<Rc<Isolate>, String> {
         wide: RefCell::new(RuleWide::new()),
         config,
         origin: origin(env)?,
-        client: RestClient::new(&url.to_string(), &token.to_string()).map_err(|e| e.to_string())?,
+        calls: Batches::new(client.clone()),
+        client,
     });
     ISOLATE.with(|s| *s.borrow_mut() = Some(ready.clone()));
     Ok(ready)
@@ -113,7 +120,9 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
         meta.cf = cf_facts(&req);
     }
     let now_ms = js_sys::Date::now() as u64;
-    let calls = Counted::new(&isolate.client);
+    let ctx = Rc::new(ctx);
+    let batched = isolate.calls.for_request(OnRequest(ctx.clone()));
+    let calls = Counted::new(&batched);
     let handled = isolate.limiter(&calls).handle(&meta, now_ms).await;
     isolate.count(|s| s.request(&isolate.config, &handled, calls.take(), now_ms));
     let Handled {
@@ -172,7 +181,7 @@ struct Background {
 /// stats, when due. `None` when there is nothing to do; otherwise where
 /// the status goes. A request whose origin fetch failed, or that was
 /// cancelled, keeps its charges: the origin may have acted on it.
-fn background(isolate: &Rc<Isolate>, ctx: &Context, work: Background) -> Option<StatusSender> {
+fn background(isolate: &Rc<Isolate>, ctx: &Rc<Context>, work: Background) -> Option<StatusSender> {
     let Background {
         refund,
         refresh,
@@ -184,8 +193,10 @@ fn background(isolate: &Rc<Isolate>, ctx: &Context, work: Background) -> Option<
     }
     let (sender, status) = status_channel();
     let isolate = isolate.clone();
+    let runtime = OnRequest(ctx.clone());
     ctx.wait_until(async move {
-        let calls = Counted::new(&isolate.client);
+        let batched = isolate.calls.for_request(runtime);
+        let calls = Counted::new(&batched);
         let limiter = isolate.limiter(&calls);
         let config = &isolate.config;
         let now_ms = js_sys::Date::now() as u64;
@@ -256,12 +267,12 @@ fn status_channel() -> (StatusSender, impl Future<Output = Option<u16>>) {
     (StatusSender(slot), status)
 }
 
+/// One request's script calls, carried with the isolate's others, counted.
+type Calls<'a> = Counted<'a, Batched<'a, RestClient, OnRequest>>;
+
 impl Isolate {
-    /// A limiter on `store`: the isolate's client, its calls counted.
-    fn limiter<'a>(
-        &'a self,
-        store: &'a Counted<'a, RestClient>,
-    ) -> Limiter<'a, 'a, Counted<'a, RestClient>> {
+    /// A limiter on `store`: the isolate's calls, a request's counted.
+    fn limiter<'a>(&'a self, store: &'a Calls<'a>) -> Limiter<'a, 'a, Calls<'a>> {
         Limiter {
             config: &self.config,
             store,
@@ -278,6 +289,75 @@ impl Isolate {
             f(&mut stats.borrow_mut());
         }
     }
+}
+
+/// The runtime of one request, for its script calls: its context, whose
+/// `waitUntil` carries a batch it opens to the end, and the timers.
+#[derive(Clone)]
+struct OnRequest(Rc<Context>);
+
+/// A promise's `resolve`: whoever awaits the promise resumes in their own
+/// request's context, whichever request rings it (workerd moves the
+/// continuation to the context that made the promise).
+struct Resolve(Option<js_sys::Function>);
+
+impl Bell for Resolve {
+    fn ring(&self) {
+        if let Some(resolve) = &self.0 {
+            let _ = resolve.call0(&JsValue::UNDEFINED);
+        }
+    }
+}
+
+impl Runtime for OnRequest {
+    type Bell = Resolve;
+
+    fn now_ms() -> f64 {
+        js_sys::Date::now()
+    }
+
+    /// The wait's timer is the request's own pending event, which also
+    /// keeps workerd from taking a request waiting on another's promise
+    /// for one that hangs.
+    fn bell(&self, limit: Duration) -> (Resolve, impl Future<Output = ()>) {
+        let (resolve, timer, rung) = alarm(limit);
+        let wait = async move {
+            let _ = rung.await;
+            global().clear_timeout_with_handle(timer);
+        };
+        (Resolve(resolve), wait)
+    }
+
+    /// A timer of 0 ms: workerd runs it once the events already waiting
+    /// for the isolate are handled.
+    fn turn(&self) -> impl Future<Output = ()> + 'static {
+        let (_, _, done) = alarm(Duration::ZERO);
+        async move {
+            let _ = done.await;
+        }
+    }
+
+    fn spawn(&self, task: impl Future<Output = ()> + 'static) {
+        self.0.wait_until(task);
+    }
+}
+
+/// A promise that a timer resolves after `after`: its `resolve`, the
+/// timer's id and the promise, already awaited.
+fn alarm(after: Duration) -> (Option<js_sys::Function>, i32, JsFuture) {
+    let (mut resolve, mut timer) = (None, 0);
+    // The executor runs before `new Promise` returns.
+    let promise = js_sys::Promise::new(&mut |r, _| {
+        timer = global()
+            .set_timeout_with_callback_and_timeout_and_arguments_0(&r, after.as_millis() as i32)
+            .unwrap_or(0);
+        resolve = Some(r);
+    });
+    (resolve, timer, JsFuture::from(promise))
+}
+
+fn global() -> web_sys::WorkerGlobalScope {
+    js_sys::global().unchecked_into()
 }
 
 fn log(events: &[Event]) {
@@ -409,7 +489,7 @@ async fn forward(
     url: &Url,
     origin: Option<&str>,
 ) -> Result<web_sys::Response> {
-    let global: web_sys::WorkerGlobalScope = js_sys::global().unchecked_into();
+    let global = global();
     let sent = match origin {
         None => global.fetch_with_request(req),
         Some(origin) => {
