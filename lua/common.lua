@@ -60,4 +60,4 @@ end
 -- number, so its guard takes any call that names none: a new operation
 -- added here cannot be taken for a lone rule.
 local op = argv[1]
-local named = op == 'decide' or op == 'reset' or op == 'refund'
+local named = op == 'decide' or op == 'group' or op == 'reset' or op == 'refund'

@@ -71,7 +71,7 @@ end
 -- The general path's functions (limiter.lua), built only for the calls
 -- that reach it: Redis builds every function of a script anew on each call.
 local gcra_ahead, gcra_check, gcra_commit, gcra_refund
-if argv[1] == 'decide' or argv[1] == 'refund' then
+if argv[1] == 'decide' or argv[1] == 'group' or argv[1] == 'refund' then
   -- How far the key's TAT lies ahead of now, microseconds (0: not at all).
   --   now_us    the pinned clock, or nil for Redis's clock
   function gcra_ahead(key, now_us, interval_us)

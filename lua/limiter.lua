@@ -16,11 +16,15 @@
 --   ARGV[1] == 'reset'               forget every key in KEYS (below)
 --   ARGV[1] == 'refund'              give back refundable charges (below)
 --   ARGV[1] == 'decide'              the general decision (below)
+--   ARGV[1] == 'group'               several requests of one client under
+--                                    the same rules, each decided by the
+--                                    general decision after the one before,
+--                                    at the same instant (below)
 --
 -- The general decision:
 -- KEYS[i]   state of rule i (all under one hash tag when run on a cluster);
 --           after the rules' keys, one penalty key per rule with a penalty
--- ARGV[1]   'decide'
+-- ARGV[1]   'decide' ('group' for a group)
 -- ARGV[2]   now in milliseconds, or '' to keep Redis's own time (key
 --           expiries, TIME), so that edge locations with skewed clocks agree
 -- ARGV[3]   one letter per rule: 'e' enforces, 's' is a shadow rule whose
@@ -33,6 +37,9 @@
 -- ARGV[4..] per rule, in KEYS order:
 --             'gcra',   cost, interval (us), burst
 --             'window', cost, offset (ms), n, then n x (duration, limit, precision) (ms)
+--           then, for a group: 'costs', m, and m x (one cost per rule, in
+--           KEYS order): each further request's, in the order they are
+--           decided after the first (whose costs are the rules' own);
 --           then, if any rule asks for a lease: 'lease', m, and m x (its
 --           1-based index, the most units it wants, its longest length
 --           (ms)); then, if any rule takes overrides:
@@ -59,6 +66,9 @@
 -- '<duration ms>:<limit>' per window; a block denies like a running
 -- penalty, for the override key's time left (no Retry-After when it has
 -- no end).
+-- A group replies with each request's six integers per rule, penalties
+-- mask and refund marks, one request after another, then the leases
+-- (asked with the last request) and the overrides read, once.
 --
 -- A lease is charged with the request, only when it is admitted, and
 -- takes at most half of what the rule has left after it. GCRA accounts
@@ -117,7 +127,7 @@ local rules = #modes
 local ENFORCE, REFUNDABLE, REFUNDABLE_SHADOW = 101, 114, 113
 local reply, writes, first, aheads = { 0, 0, 0, 0, 0, 0 }, { nil }, { nil }, {}
 
--- Where each rule's arguments start, and the penalties after them.
+-- Where each rule's arguments start, and the sections after them.
 local at = 4
 for i = 1, rules do
   first[i] = at
@@ -126,6 +136,12 @@ for i = 1, rules do
   else
     at = at + 4
   end
+end
+-- A group's further requests, and where their costs start.
+local further, costs_at = 0, 0
+if ARGV[at] == 'costs' then
+  further, costs_at = ARGV[at + 1] + 0, at + 2
+  at = at + 2 + further * rules
 end
 local leases = nil
 if ARGV[at] == 'lease' then
@@ -231,13 +247,14 @@ if overrides then
   end
 end
 
--- Decides every rule into reply[6i - 5 .. 6i] and writes[i]: at its own
--- cost or, when peeking, at cost 0 and only for the rules that admitted the
--- request. Returns whether an enforced rule denies it.
-local function decide(peek)
+-- Decides every rule into reply[base + 6i - 5 .. base + 6i] and
+-- writes[i]: at its own cost or, when peeking, at cost 0 and only for the
+-- rules that admitted the request. Returns whether an enforced rule
+-- denies it.
+local function decide(peek, base)
   local denied = false
   for i = 1, rules do
-    local k, at, mode = 6 * i, first[i], string.byte(modes, i)
+    local k, at, mode = base + 6 * i, first[i], string.byte(modes, i)
     if not peek or reply[k - 5] == 1 then
       -- A running penalty denies whatever the rate says: the rule is then
       -- reported as it stands (at cost 0), with the penalty's time left.
@@ -283,13 +300,13 @@ local function decide(peek)
 end
 
 -- The lease granted to one lease asked for, charged with the request
--- into writes[i]: units and how long they may be spent (ms). Built only
--- for calls that ask for one.
+-- whose fields start after reply[base] into writes[i]: units and how long
+-- they may be spent (ms). Built only for calls that ask for one.
 local grant
 if leases then
-  function grant(lease)
+  function grant(lease, base)
     local i = lease.rule
-    local k, at = 6 * i, first[i]
+    local k, at = base + 6 * i, first[i]
     if reply[k - 5] ~= 1 then
       return 0, 0
     end
@@ -322,56 +339,70 @@ if leases then
   end
 end
 
-local denied = decide(false)
-local granted = {}
-if denied then
-  -- Nothing is consumed anywhere: report the admitting rules as they stand.
-  decide(true)
-else
-  for j, lease in ipairs(leases or {}) do
-    granted[2 * j - 1], granted[2 * j] = grant(lease)
-  end
-  for i = 1, rules do
-    local write = writes[i]
-    if type(write) == 'number' then
-      gcra_commit(KEYS[i], now_us, write)
-    elseif write then
-      windowed_commit(KEYS[i], write)
+-- Each request in turn, its fields from reply[base + 1] on: one, or a
+-- group's, each decided as if it came after the one before at the same
+-- instant, so that each sees what those before it charged.
+local granted, clock_us, base = {}, now_us, 0
+for request = 0, further do
+  if request > 0 then
+    -- This request's costs go where every step reads the rule's cost.
+    for i = 1, rules do
+      ARGV[first[i] + 1] = ARGV[costs_at + (request - 1) * rules + i - 1]
     end
+    base = #reply
   end
-end
-if penalties then
-  -- Every rule that denied on its own starts its penalty, a shadow rule's
-  -- too: it then reports the denials enforcing it would have made. A call
-  -- at cost 0 (a lease refresh, a look) denies no request, and starts none.
-  local started = 0
-  for i, penalty in pairs(penalties) do
-    local k = 6 * i
-    if reply[k - 5] == 0 and not penalty.running and not blocked[i] and ARGV[first[i] + 1] ~= '0' then
-      penalty_start(penalty.key, now_ms, penalty.ms)
-      started = started + 2 ^ (i - 1)
-      reply[k - 1] = math.max(reply[k - 1], penalty.ms)
-      reply[k - 2] = math.max(reply[k - 2], penalty.ms)
-    end
-  end
-  reply[#reply + 1] = started
-end
--- Refund marks, when the request was charged.
-local clock_us = now_us
-for i = 1, rules do
-  local mode = string.byte(modes, i)
-  if mode == REFUNDABLE or mode == REFUNDABLE_SHADOW then
-    local write, mark = writes[i], 0
-    if not denied and type(write) == 'number' then
-      if not clock_us then
-        local time = redis.call('TIME')
-        clock_us = time[1] * 1000000 + time[2]
+  local denied = decide(false, base)
+  if denied then
+    -- Nothing is consumed anywhere: report the admitting rules as they stand.
+    decide(true, base)
+  else
+    -- A group asks for its leases with its last request.
+    if request == further then
+      for j, lease in ipairs(leases or {}) do
+        granted[2 * j - 1], granted[2 * j] = grant(lease, base)
       end
-      mark = clock_us + write
-    elseif not denied and write then
-      mark = write.now
     end
-    reply[#reply + 1] = mark
+    for i = 1, rules do
+      local write = writes[i]
+      if type(write) == 'number' then
+        gcra_commit(KEYS[i], now_us, write)
+      elseif write then
+        windowed_commit(KEYS[i], write)
+      end
+    end
+  end
+  if penalties then
+    -- Every rule that denied on its own starts its penalty, a shadow rule's
+    -- too: it then reports the denials enforcing it would have made. A call
+    -- at cost 0 (a lease refresh, a look) denies no request, and starts none.
+    local started = 0
+    for i, penalty in pairs(penalties) do
+      local k = base + 6 * i
+      if reply[k - 5] == 0 and not penalty.running and not blocked[i] and ARGV[first[i] + 1] ~= '0' then
+        penalty_start(penalty.key, now_ms, penalty.ms)
+        started = started + 2 ^ (i - 1)
+        reply[k - 1] = math.max(reply[k - 1], penalty.ms)
+        reply[k - 2] = math.max(reply[k - 2], penalty.ms)
+      end
+    end
+    reply[#reply + 1] = started
+  end
+  -- Refund marks, when the request was charged.
+  for i = 1, rules do
+    local mode = string.byte(modes, i)
+    if mode == REFUNDABLE or mode == REFUNDABLE_SHADOW then
+      local write, mark = writes[i], 0
+      if not denied and type(write) == 'number' then
+        if not clock_us then
+          local time = redis.call('TIME')
+          clock_us = time[1] * 1000000 + time[2]
+        end
+        mark = clock_us + write
+      elseif not denied and write then
+        mark = write.now
+      end
+      reply[#reply + 1] = mark
+    end
   end
 end
 for j = 1, 2 * #(leases or {}) do

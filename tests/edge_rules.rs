@@ -145,6 +145,22 @@ async fn at_once(url: &str, ips: impl Iterator<Item = String>) -> Vec<StatusCode
     statuses
 }
 
+/// Loads the script with one request to `url` from an address of its
+/// own, then slows every REST reply to `ROUND_TRIP`; the script calls
+/// made so far.
+async fn slowed(stack: &Stack, url: &str) -> usize {
+    let warm = post(url, "192.0.2.250", "text/plain", vec![]).await;
+    assert_ne!(warm.status(), StatusCode::TOO_MANY_REQUESTS);
+    let proxy = stack.proxy.as_ref().expect("a proxy");
+    assert!(proxy.wait_idle(Duration::from_secs(10)), "calls still held");
+    proxy.set(Fault::DelayReply(ROUND_TRIP));
+    stack.script_calls()
+}
+
+/// How long a REST reply takes in the 64-way tests: the whole burst
+/// arrives while the first request's call is out.
+const ROUND_TRIP: Duration = Duration::from_millis(300);
+
 /// Units `ip` has left on the failed-logins rule, by a peek.
 async fn logins_left(stack: &Stack, ip: &str) -> u64 {
     let rule = &support::rules(serde_json::json!([{
@@ -157,12 +173,16 @@ async fn logins_left(stack: &Stack, ip: &str) -> u64 {
 #[tokio::test]
 async fn concurrent_failures_reach_the_origin_at_most_the_limit() {
     // Charged up front, requests in flight count: N failed logins at once
-    // on a fresh limit of L reach the origin exactly L times, whatever N.
-    let stack = Stack::start(LOGIN);
+    // on a fresh limit of L reach the origin exactly L times, whatever N;
+    // Redis a round trip away, so that those that come while the first
+    // call is out are decided together by one call (issue 32).
+    let stack = Stack::builder(LOGIN).through_fault_proxy().start();
     let url = format!("{}/login?status=403", stack.worker.url);
     let (limit, n) = (3u64, 64u64);
     let ip = "203.0.113.61";
+    let calls = slowed(&stack, &url).await;
     let statuses = at_once(&url, (0..n).map(|_| ip.to_owned())).await;
+    let calls = stack.script_calls() - calls;
     let admitted = statuses
         .iter()
         .filter(|s| **s == StatusCode::FORBIDDEN)
@@ -173,7 +193,13 @@ async fn concurrent_failures_reach_the_origin_at_most_the_limit() {
         .count() as u64;
     assert_eq!((admitted, refused), (limit, n - limit), "{statuses:?}");
     let hits = stack.origin.hits().await["paths"]["/login"].as_u64();
-    assert_eq!(hits, Some(limit), "refused ones never reached the origin");
+    assert_eq!(
+        hits,
+        Some(limit + 1),
+        "refused ones never reached the origin"
+    );
+    assert!(calls as u64 * 4 <= n, "{calls} calls: few decided together");
+    stack.proxy.as_ref().unwrap().set(Fault::Pass);
     settle_charges().await;
     assert_eq!(
         logins_left(&stack, ip).await,
@@ -187,6 +213,7 @@ async fn concurrent_failures_reach_the_origin_at_most_the_limit() {
         &[
             "limit L",
             "at once N",
+            "REST calls",
             "reached the origin",
             "units left after",
             "later ones",
@@ -195,6 +222,7 @@ async fn concurrent_failures_reach_the_origin_at_most_the_limit() {
     table.row(vec![
         limit.to_string(),
         n.to_string(),
+        calls.to_string(),
         admitted.to_string(),
         "0".into(),
         "429".into(),
@@ -436,9 +464,12 @@ async fn a_shadow_penalty_reports_would_deny_for_its_length_and_blocks_nothing()
 
 #[tokio::test]
 async fn sixty_four_at_once_start_exactly_one_penalty() {
-    let stack = Stack::start(PENALTY);
+    // Redis a round trip away: those that come while the first call is
+    // out are decided together by one call (issue 32).
+    let stack = Stack::builder(PENALTY).through_fault_proxy().start();
     let url = format!("{}/p", stack.worker.url);
     let ip = "203.0.113.71";
+    let calls = slowed(&stack, &url).await;
     let handles: Vec<_> = (0..64)
         .map(|_| {
             let url = url.clone();
@@ -452,6 +483,7 @@ async fn sixty_four_at_once_start_exactly_one_penalty() {
         }
     }
     assert_eq!(admitted, 2, "the burst, and nothing more");
+    let calls = stack.script_calls() - calls;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let starts = wait_events(&stack.worker, "penalty_start", "with-penalty", 1).await;
     let denials = stack
@@ -462,9 +494,10 @@ async fn sixty_four_at_once_start_exactly_one_penalty() {
         .count();
     let mut table = Table::new(
         "penalty: 64 requests at once from one client (burst 2, penalty 3 s)",
-        &["admitted", "denied", "penalty starts"],
+        &["REST calls", "admitted", "denied", "penalty starts"],
     );
     table.row(vec![
+        calls.to_string(),
         admitted.to_string(),
         denials.to_string(),
         starts.len().to_string(),
@@ -472,6 +505,7 @@ async fn sixty_four_at_once_start_exactly_one_penalty() {
     table.print("penalty-concurrency");
     assert_eq!(starts.len(), 1, "{}", stack.worker.log());
     assert_eq!(denials, 62);
+    assert!(calls * 4 <= 64, "{calls} calls: few decided together");
 }
 
 // ------------------------------------------------------------- except_ips

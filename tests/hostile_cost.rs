@@ -19,6 +19,7 @@ use std::{
 use edge_limiter::{
     decision::{
         block_cache::BlockCache,
+        in_flight::{InFlight, TokioPause},
         leases::Leases,
         limiter::{Limiter, Outcome},
         redis_rest::RestClient,
@@ -166,6 +167,7 @@ fn a_hostile_request_costs_a_small_multiple_of_what_it_carries() {
         cache: &cache,
         leases: &leases,
         wide: &wide,
+        in_flight: &InFlight::new(TokioPause(|| 0)),
         pinned: false,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()

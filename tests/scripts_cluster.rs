@@ -17,6 +17,7 @@ use edge_limiter::{
     decision::{
         block_cache::BlockCache,
         events::Action,
+        in_flight::{InFlight, TokioPause},
         keys::{override_key, redis_key, rule_wide_key},
         leases::Leases,
         limiter::Limiter,
@@ -127,6 +128,7 @@ async fn the_rule_wide_read_runs_on_a_cluster_and_takes_a_wrong_type_as_none() {
         cache: &RefCell::new(BlockCache::new(1000)),
         leases: &RefCell::new(Leases::new()),
         wide: &wide,
+        in_flight: &InFlight::new(TokioPause(|| 0)),
         pinned: false,
     };
     let names = ["g".to_owned(), "w".to_owned()];

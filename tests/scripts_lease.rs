@@ -17,6 +17,7 @@ use edge_limiter::{
     decision::{
         block_cache::BlockCache,
         events::Action,
+        in_flight::{InFlight, TokioPause},
         keys::{override_key, redis_key, window_offset},
         leases::Leases,
         limiter::{Forward, Handled, Limiter, Outcome},
@@ -238,6 +239,7 @@ struct Isolate {
     cache: RefCell<BlockCache>,
     leases: RefCell<Leases>,
     wide: RefCell<RuleWide>,
+    in_flight: InFlight,
 }
 
 impl Isolate {
@@ -246,6 +248,7 @@ impl Isolate {
             cache: RefCell::new(BlockCache::new(60_000)),
             leases: RefCell::new(Leases::new()),
             wide: RefCell::new(RuleWide::new()),
+            in_flight: InFlight::new(TokioPause(|| 0)),
         }
     }
 
@@ -263,6 +266,7 @@ impl Isolate {
             cache: &self.cache,
             leases: &self.leases,
             wide: &self.wide,
+            in_flight: &self.in_flight,
             pinned,
         }
     }

@@ -59,7 +59,8 @@ fn windowed() -> impl Strategy<Value = Policy> {
 
 /// One request: how long after the previous one, which rules it falls under
 /// (a bit mask), which client, what it costs (0 peeks; above the limit is
-/// allowed here, to test "never"), and what kind of call it makes.
+/// allowed here, to test "never"), and what kind of call it makes; for a
+/// group, what each further request costs.
 #[derive(Debug, Clone)]
 struct Step {
     wait_ms: u64,
@@ -67,6 +68,7 @@ struct Step {
     client: u8,
     cost: u64,
     kind: Kind,
+    further: Vec<u64>,
 }
 
 /// The calls a step makes.
@@ -84,26 +86,78 @@ enum Kind {
     /// Sets the step's first rule's override for every client, as an
     /// isolate passes it, picked the same way.
     Wide,
+    /// Decides the step's request and its further ones, one after another
+    /// at one instant, in one call (a group); each held to the model
+    /// deciding them in that order at that instant.
+    Group,
 }
 
 /// Steps waiting `wait` milliseconds before each request of `cost` units.
 fn steps(
     wait: impl Strategy<Value = u64>,
-    cost: impl Strategy<Value = u64>,
+    cost: impl Strategy<Value = u64> + Clone,
 ) -> impl Strategy<Value = Step> {
     let kind = prop_oneof![
         8 => Just(Kind::Decide),
         2 => Just(Kind::Refund),
         1 => Just(Kind::Override),
         1 => Just(Kind::Wide),
+        3 => Just(Kind::Group),
     ];
-    (wait, 1u8..8, 0u8..2, cost, kind).prop_map(|(wait_ms, rules, client, cost, kind)| Step {
-        wait_ms,
-        rules,
-        client,
-        cost,
-        kind,
-    })
+    let further = prop::collection::vec(cost.clone(), 1..8);
+    (wait, 1u8..8, 0u8..2, cost, kind, further).prop_map(
+        |(wait_ms, rules, client, cost, kind, further)| Step {
+            wait_ms,
+            rules,
+            client,
+            cost,
+            kind,
+            further,
+        },
+    )
+}
+
+impl Step {
+    /// The requests a decision step makes, each a step of its own: itself,
+    /// then a group's further ones.
+    fn requests(&self) -> Vec<Step> {
+        let further = match self.kind {
+            Kind::Group => self.further.as_slice(),
+            _ => &[],
+        };
+        std::iter::once(self.cost)
+            .chain(further.iter().copied())
+            .map(|cost| Step {
+                cost,
+                kind: Kind::Decide,
+                further: vec![],
+                ..self.clone()
+            })
+            .collect()
+    }
+}
+
+/// The call deciding step `s`'s requests over `checks` (its first
+/// request's) at `now_ms` (`None`: Redis's clock): a decision, or a group.
+fn call_of(s: &Step, checks: &[(Check<'_>, Vec<&str>)], now_ms: Option<u64>) -> ScriptCall {
+    let costs: Vec<Vec<u64>> = s
+        .requests()
+        .iter()
+        .map(|r| vec![r.cost; checks.len()])
+        .collect();
+    ScriptCall::group(checks, &costs, vec![], now_ms)
+}
+
+/// A call's decisions: one, or a group's.
+fn decisions_of(call: &ScriptCall, reply: &Value) -> Result<Vec<Decision>, TestCaseError> {
+    let read = call
+        .decode(reply)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    match read {
+        Reply::Decision(d) => Ok(vec![d]),
+        Reply::Decisions(ds) => Ok(ds),
+        other => Err(TestCaseError::fail(format!("{other:?}"))),
+    }
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -307,8 +361,7 @@ fn run_case(
         if checks.is_empty() {
             continue;
         }
-        let call =
-            ScriptCall::decide(&checks, Some(now)).with_rule_wide(wide_of(&checks, &rules, &wide));
+        let call = call_of(s, &checks, Some(now)).with_rule_wide(wide_of(&checks, &rules, &wide));
         let reply = rt
             .block_on(
                 backend
@@ -316,14 +369,24 @@ fn run_case(
                     .run_script(&LIMITER, &call.keys(), &call.args(), BUDGET),
             )
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let real = call
-            .decode(&reply)
-            .and_then(Reply::decision)
-            .map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let expected = model.decide(&checks, now);
-        prop_assert_eq!(&real, &expected, "step {} ({:?}) at {}", n, s, now);
-        if !real.refund_marks.is_empty() {
-            pending.push_back((s.clone(), real.clone(), expected.refund_marks));
+        let real = decisions_of(&call, &reply)?;
+        let requests = s.requests();
+        prop_assert_eq!(real.len(), requests.len());
+        // A group: the model decides its requests in order at one instant.
+        for (k, (real, request)) in real.into_iter().zip(requests).enumerate() {
+            let expected = model.decide(&checks_of(&rules, &request, &client), now);
+            prop_assert_eq!(
+                &real,
+                &expected,
+                "step {} ({:?}), request {} at {}",
+                n,
+                s,
+                k,
+                now
+            );
+            if !real.refund_marks.is_empty() {
+                pending.push_back((request, real, expected.refund_marks));
+            }
         }
     }
     Ok(())
@@ -403,6 +466,7 @@ fn figures_too_large_for_one_integer_come_as_six_fields() {
             client: 0,
             cost,
             kind: Kind::Decide,
+            further: vec![],
         })
     };
     BACKEND.with(|(backend, rt)| {
@@ -560,19 +624,23 @@ async fn run_on_redis_clock(
         }
         // A lone rule that takes overrides runs its one-rule path, which
         // hands a call whose override key holds one to the general path.
-        let call =
-            ScriptCall::decide(&checks, None).with_rule_wide(wide_of(&checks, &rules, &wide));
+        let call = call_of(s, &checks, None).with_rule_wide(wide_of(&checks, &rules, &wide));
         let (before, reply, after) = bracketed(&http, &url, &call).await?;
-        let mut real = call
-            .decode(&reply)
-            .and_then(Reply::decision)
-            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let mut real = decisions_of(&call, &reply)?;
         // A GCRA mark here is on Redis's microsecond clock, which the model
         // does not read: marks are compared on the pinned clock only.
-        real.refund_marks.clear();
+        real.iter_mut().for_each(|d| d.refund_marks.clear());
+        let requests = s.requests();
+        // The model deciding the step's requests in order at `t`.
+        let decide_at = |model: &mut Model, t: u64| -> Vec<Decision> {
+            requests
+                .iter()
+                .map(|r| model.decide(&checks_of(&rules, r, &client), t))
+                .collect()
+        };
         if before == after {
-            let mut expected = model.decide(&checks, before);
-            expected.refund_marks.clear();
+            let mut expected = decide_at(&mut model, before);
+            expected.iter_mut().for_each(|d| d.refund_marks.clear());
             prop_assert_eq!(
                 &real,
                 &expected,
@@ -585,14 +653,15 @@ async fn run_on_redis_clock(
             continue;
         }
         // The millisecond turned while the script ran: its reads may lie on
-        // either side. The verdict must be one the model gives at one of the
-        // two; then both sides forget these clients, so that the next steps
-        // are compared exactly again.
-        let verdicts: Vec<bool> = (before..=after)
-            .map(|t| model.clone().decide(&checks, t).admitted())
+        // either side. The verdicts must be ones the model gives at one of
+        // the two; then both sides forget these clients, so that the next
+        // steps are compared exactly again.
+        let admitted = |ds: &[Decision]| ds.iter().map(Decision::admitted).collect::<Vec<_>>();
+        let verdicts: Vec<Vec<bool>> = (before..=after)
+            .map(|t| admitted(&decide_at(&mut model.clone(), t)))
             .collect();
         prop_assert!(
-            verdicts.contains(&real.admitted()),
+            verdicts.contains(&admitted(&real)),
             "step {} ({:?}) between {} and {} ms: {:?}, the model says {:?}",
             n,
             s,
@@ -638,6 +707,7 @@ fn steps_on_redis_clock_are_mostly_compared_exactly() {
             client: (i % 2) as u8,
             cost: 1,
             kind: Kind::Decide,
+            further: vec![],
         })
         .collect();
     let specs = [

@@ -190,7 +190,9 @@ async fn a_write_runs_on_a_cluster() {
 
 /// What a rule's day takes in Redis when every minute of it is written,
 /// each figure seven digits long and ten clients of 64 characters denied:
-/// the most it can hold. The README states the bound this checks.
+/// the most it can hold. The README states the bound this checks; every
+/// field is counted (`SAMPLES 0`): the default five-field sample of a hash
+/// this wide read from 1.2 to 1.9 MB for the same 1.37 MB.
 #[tokio::test]
 async fn a_rules_day_takes_bounded_memory() {
     let b = Backend::start();
@@ -221,10 +223,18 @@ async fn a_rules_day_takes_bounded_memory() {
     let key = day_key(day, Some("login"));
     let fields = fields(&b, &key).await;
     assert_eq!(fields.len(), 2 * DAY_MINUTES as usize);
-    let bytes: u64 = b.redis(&["MEMORY", "USAGE", &key]).trim().parse().unwrap();
+    let bytes: u64 = b
+        .redis(&["MEMORY", "USAGE", &key, "SAMPLES", "0"])
+        .trim()
+        .parse()
+        .unwrap();
     println!("a rule's day, every minute written at its largest: {bytes} bytes");
-    assert!(bytes <= 1_600_000, "{bytes} bytes");
+    assert!(bytes <= 1_400_000, "{bytes} bytes");
     let busy = day_key(day, Some("api"));
-    let bytes: u64 = b.redis(&["MEMORY", "USAGE", &busy]).trim().parse().unwrap();
+    let bytes: u64 = b
+        .redis(&["MEMORY", "USAGE", &busy, "SAMPLES", "0"])
+        .trim()
+        .parse()
+        .unwrap();
     println!("a rule's day, 1234 requests a minute and no denial: {bytes} bytes");
 }

@@ -108,8 +108,12 @@ fn ctrl_c_stops_the_stack_and_says_what_it_stopped() {
     ];
     let log = tmp.join("stack-test.log");
     let out = fs::File::create(&log).unwrap();
-    let mut cmd = Command::new("bash");
-    cmd.arg("scripts/stack")
+    // With SIGINT at its default, as a terminal's shell leaves it: a
+    // non-interactive bash started in the background ignores it, and a
+    // signal ignored when a script starts cannot be trapped there, so a
+    // test run from such a shell would never see the stack stop.
+    let mut cmd = Command::new("env");
+    cmd.args(["--default-signal=INT", "bash", "scripts/stack"])
         .current_dir(&tree)
         // The tests' own build directory, where the working tree builds.
         .env("CARGO_TARGET_DIR", tmp.parent().unwrap())

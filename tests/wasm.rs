@@ -14,22 +14,31 @@ use wasm_bindgen_test::wasm_bindgen_test;
 use worker::{worker_sys::web_sys, Headers, Method, Request, RequestInit, Response};
 
 #[wasm_bindgen_test]
-fn request_meta_reads_method_path_query_and_headers() {
+fn request_meta_reads_method_path_query_and_the_headers_named() {
     let headers = Headers::new();
     headers.set("CF-Connecting-IP", "203.0.113.5").unwrap();
     headers.set("X-Api-Key", "k1").unwrap();
+    headers.append("X-Api-Key", "k2").unwrap();
+    headers.set("X-Other", "o").unwrap();
     let mut init = RequestInit::new();
     init.with_method(Method::Post).with_headers(headers);
     let req =
         Request::new_with_init("https://API.Example.com:8443/%61pi//v1/?x=1&y=%7B", &init).unwrap();
     let url = req.url().unwrap();
-    let meta = request_meta(req.inner(), &url);
+    let named = ["cf-connecting-ip", "x-api-key", "cookie"].map(String::from);
+    let meta = request_meta(req.inner(), &url, &named);
     assert_eq!(meta.method, "POST");
     assert_eq!(meta.host, "api.example.com");
     assert_eq!(meta.path, "/api/v1", "normalized as the rules see it");
     assert_eq!(meta.query.as_deref(), Some("x=1&y=%7B"));
     assert_eq!(meta.header("cf-connecting-ip"), Some("203.0.113.5"));
-    assert_eq!(meta.header("x-api-key"), Some("k1"));
+    assert_eq!(
+        meta.header("x-api-key"),
+        Some("k1, k2"),
+        "one value, as the runtime joins a header sent twice"
+    );
+    assert_eq!(meta.headers.len(), 2, "{:?}", meta.headers);
+    assert_eq!(meta.header("x-other"), None, "a header no rule reads");
 }
 
 #[wasm_bindgen_test]

@@ -99,6 +99,70 @@ pub async fn measure(
     Ok(out)
 }
 
+/// Requests a fresh client sends at once in a page load: the document and
+/// what it pulls in, as a browser opening a page does.
+pub const PAGE: usize = 30;
+
+/// Where each worker's page load goes, and whether it leases: ours under
+/// GCRA 100 a second with `lease` (`/timed/hot`) and without
+/// (`/timed/page`), the peer under its sliding window of 100 a second.
+pub const PAGE_LOADS: [(&str, &str); 3] = [
+    ("lease = 20", "/timed/hot"),
+    ("no lease", "/timed/page"),
+    ("peer", "/timed/hot"),
+];
+
+/// `pages` page loads through `worker` at `path`, each [`PAGE`] requests of
+/// a fresh client at once (`salt` keeps the clients apart from other
+/// runs'), each just after as many at once through the passthrough; REST
+/// calls counted at `proxy`, per page in [`Situation::calls_per_decision`]
+/// read with `pages`.
+pub async fn page_loads(
+    http: &reqwest::Client,
+    worker: &Worker,
+    passthrough: &Worker,
+    proxy: &FaultProxy,
+    path: &str,
+    pages: u32,
+    salt: &str,
+) -> Result<Situation, String> {
+    let mut s = Situation::default();
+    for page in 0..pages {
+        let key = format!("page-{salt}-{page}");
+        let base = at_once(http, &format!("{}{path}", passthrough.url), &key).await?;
+        s.passthrough_ms.extend(base.iter().map(|(ms, _)| ms));
+        let before = proxy.exchanges().len();
+        for (ms, status) in at_once(http, &format!("{}{path}", worker.url), &key).await? {
+            s.worker_ms.push(ms);
+            match s.statuses.iter_mut().find(|(st, _)| *st == status) {
+                Some((_, n)) => *n += 1,
+                None => s.statuses.push((status, 1)),
+            }
+        }
+        // Calls a worker makes after answering (waitUntil) count too.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if !proxy.wait_idle(Duration::from_secs(10)) {
+            return Err(format!("{}: REST calls still in flight", worker.label));
+        }
+        s.calls += (proxy.exchanges().len() - before) as u64;
+    }
+    Ok(s)
+}
+
+/// [`PAGE`] requests of the client `key` to `url`, all sent at once.
+async fn at_once(http: &reqwest::Client, url: &str, key: &str) -> Result<Vec<(f64, u16)>, String> {
+    let mut sent = tokio::task::JoinSet::new();
+    for i in 0..PAGE {
+        let (http, url, key) = (http.clone(), format!("{url}/{i}"), key.to_owned());
+        sent.spawn(async move { crate::hot::timed(&http, &url, &key).await });
+    }
+    let mut out = Vec::with_capacity(PAGE);
+    while let Some(done) = sent.join_next().await {
+        out.push(done.map_err(|e| e.to_string())??);
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -34,7 +34,11 @@ pub fn our_rules() -> String {
             "[[vars.LIMITER.rules]]\nname = \"{name}\"\nkey = [\"header:x-api-key\"]\nalgorithm = \"gcra\"\nrate = {rate}\nperiod = \"1s\"\nburst = {rate}\nlease = {units}\nlease_for = \"{for_ms}ms\"\npath_prefix = \"/timed/{name}\"\n\n"
         )
     };
-    rule("hot", RATE, LEASE) + &rule("shared", SHARED.0, SHARED.1)
+    // Part 6's page load without a lease: the hot rule's figures.
+    let page = format!(
+        "[[vars.LIMITER.rules]]\nname = \"page\"\nkey = [\"header:x-api-key\"]\nalgorithm = \"gcra\"\nrate = {RATE}\nperiod = \"1s\"\nburst = {RATE}\npath_prefix = \"/timed/page\"\n\n"
+    );
+    rule("hot", RATE, LEASE) + &rule("shared", SHARED.0, SHARED.1) + &page
 }
 
 /// The peer's rule for the hot path, as `PEER_RULES` holds it.
@@ -77,7 +81,7 @@ impl Steady {
 
 /// One request of the client `key` (ours keys on its API key, the peer on
 /// its address, a /64 of its own made from the key), timed.
-async fn timed(http: &reqwest::Client, url: &str, key: &str) -> Result<(f64, u16), String> {
+pub async fn timed(http: &reqwest::Client, url: &str, key: &str) -> Result<(f64, u16), String> {
     let net = key.bytes().fold(0xcbf2_9ce4_u32, |h, b| {
         (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
     });

@@ -357,6 +357,22 @@ async fn far_away_part(
         "far",
     )
     .await?;
+    let [ours, peer] = &far_workers;
+    r.far_pages = o.load_rounds.max(1);
+    for (i, (label, path)) in far::PAGE_LOADS.into_iter().enumerate() {
+        let worker = if label == "peer" { peer } else { ours };
+        let salt = format!("{}-{i}", std::process::id());
+        let loads = far::page_loads(
+            &b.http,
+            worker,
+            passthrough,
+            &proxy,
+            path,
+            r.far_pages,
+            &salt,
+        );
+        r.far_page.push((label, loads.await?));
+    }
     Ok(())
 }
 

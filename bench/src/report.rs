@@ -46,6 +46,10 @@ pub struct Results {
     pub far_clients: u32,
     /// Part 6's hot key, per worker label, one run per round.
     pub far_hot: Vec<(&'static str, Vec<Steady>)>,
+    /// Part 6's page loads, per [`far::PAGE_LOADS`] label, and how many
+    /// pages each.
+    pub far_page: Vec<(&'static str, Situation)>,
+    pub far_pages: u32,
     /// Part 7: the hot key per worker label, one run per round; and the
     /// key two workers shared.
     pub hot: Vec<(&'static str, Vec<Steady>)>,
@@ -184,6 +188,7 @@ pub fn render(r: &Results) -> String {
         exactness_rows(r),
         far_rows(r),
         hot_rows(&r.far_hot, "6 Redis 40 ms away, hot key", true),
+        page_rows(r),
         hot_rows(&r.hot, "7 hot key", false),
         shared_rows(r),
         hostile_rows(&r.hostile),
@@ -559,6 +564,57 @@ fn far_rows(r: &Results) -> Vec<Row> {
     rows
 }
 
+/// Part 6's page loads: each of ours against the peer's, REST calls per
+/// page (target: at most 2) and the added latency of its requests.
+fn page_rows(r: &Results) -> Vec<Row> {
+    let page_of = |label: &str| r.far_page.iter().find(|(l, _)| *l == label).map(|(_, s)| s);
+    let Some(peer) = page_of("peer") else {
+        return vec![];
+    };
+    let pages = f64::from(r.far_pages.max(1));
+    let calls = |s: &Situation| {
+        let statuses: Vec<String> = s
+            .statuses
+            .iter()
+            .map(|(status, n)| format!("{n} x {status}"))
+            .collect();
+        format!("{:.1} ({})", s.calls as f64 / pages, statuses.join(", "))
+    };
+    let latency = |s: &Situation| format!("{:.1} / {:.1}", s.added_ms(50.0), s.added_ms(99.0));
+    let part = "6 Redis 40 ms away, page load";
+    let mut rows = Vec::new();
+    for (label, _) in far::PAGE_LOADS.iter().filter(|(l, _)| *l != "peer") {
+        let Some(ours) = page_of(label) else { continue };
+        let what = format!(
+            "{} requests of a fresh client at once, ours ({label})",
+            far::PAGE
+        );
+        rows.push(row([
+            part,
+            &format!("{what}: REST calls per page (answers)"),
+            &calls(ours),
+            &calls(peer),
+            &ratio(ours.calls as f64, peer.calls as f64),
+            "ours <= 2",
+            met(Some(ours.calls as f64 / pages <= 2.0)),
+        ]));
+        rows.push(row([
+            part,
+            &format!("{what}: added latency p50 / p99, ms"),
+            &latency(ours),
+            &latency(peer),
+            &format!(
+                "{} / {}",
+                ratio(ours.added_ms(50.0), peer.added_ms(50.0)),
+                ratio(ours.added_ms(99.0), peer.added_ms(99.0))
+            ),
+            "",
+            "",
+        ]));
+    }
+    rows
+}
+
 /// A hot key's rows, ours against the peer: REST calls per allowed
 /// request, added latency, CPU, and what went over at the origin. `far`:
 /// with Redis 40 ms away, where the target is on the added p50.
@@ -911,6 +967,16 @@ fn notes(r: &Results) -> String {
         hot::SHARED.1 .0,
         hot::SHARED.1 .1
     );
+    if !r.far_page.is_empty() {
+        let _ = writeln!(
+            out,
+            "6, page load: {} pages per worker, each {} requests of a fresh client (its own API key, and for the peer its own /64) sent at once, just after as many at once through the passthrough; ours under GCRA {} a second (burst the same) with the hot key's lease and without one, the peer under `slidingWindow({}, \"1 s\")`; REST calls counted at the 40 ms proxy per page, `waitUntil` calls included; the added latency is each request's percentile minus the passthrough's.",
+            r.far_pages,
+            far::PAGE,
+            hot::RATE,
+            hot::RATE
+        );
+    }
     if let Some(settings) = r.hostile.settings {
         let _ = writeln!(
             out,

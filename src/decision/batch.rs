@@ -494,7 +494,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(2)).await;
             let known = start(&calls, &lp, &KNOWN, "k2", BUDGET);
             let unknown = start(&calls, &lp, &UNKNOWN, "k3", BUDGET);
-            first.await.unwrap();
+            assert_eq!(first.await.unwrap().0, Ok(json!("k1")));
             assert_eq!(known.await.unwrap(), (Ok(json!("k2")), 12));
             assert_eq!(unknown.await.unwrap(), (Ok(json!("k3")), 22));
             let sent: Vec<Sent> = endpoint.sent().into_iter().map(|(_, s)| s).collect();
@@ -556,7 +556,9 @@ mod tests {
                 start(&calls, &lp, &KNOWN, "k2", BUDGET),
                 start(&calls, &lp, &KNOWN, "k3", BUDGET),
             ];
-            first.await.unwrap();
+            // The endpoint went down under the first request too.
+            let (first, _) = first.await.unwrap();
+            assert!(matches!(first, Err(RestError::Status { status: 502, .. })));
             for t in together {
                 let (answer, _) = t.await.unwrap();
                 assert!(matches!(answer, Err(RestError::Status { status: 502, .. })));
@@ -578,7 +580,7 @@ mod tests {
             .await;
             let kept = start(&calls, &lp, &KNOWN, "k3", BUDGET);
             drop(gone);
-            first.await.unwrap();
+            assert_eq!(first.await.unwrap().0, Ok(json!("k1")));
             assert_eq!(kept.await.unwrap().0, Ok(json!("k3")));
             assert_eq!(endpoint.sent()[1], (2, Sent::One(evalsha(&KNOWN, "k3"))));
         });

@@ -11,7 +11,7 @@ use super::{
     pattern::PathPattern,
     policy::{Gcra, Policy, PolicyError, Window, Windows, MAX_DURATION_MS},
     raw::{Algorithm, FromJson, RawConfig, RawCost, RawDuration, RawRule},
-    request::{CfField, RequestMeta},
+    request::{self, CfField, RequestMeta},
     rule::{Cost, DenyBody, FailMode, KeyPart, Mode, Rule, RuleId, DEFAULT_BUDGET_MS},
     stats::{self, StatsClients, StatsSettings},
 };
@@ -212,6 +212,16 @@ impl Config {
     /// Every rule with its id, in configuration order.
     pub fn rules_with_ids(&self) -> impl Iterator<Item = (RuleId, &Rule)> {
         self.rules.iter().enumerate().map(|(i, r)| (RuleId(i), r))
+    }
+
+    /// Every request header these rules can read, lower-case, each once:
+    /// the worker reads no other, however many a request carries.
+    pub fn headers_read(&self) -> Vec<String> {
+        let mut names: Vec<&str> = request::headers_always_read().collect();
+        names.extend(self.rules.iter().flat_map(Rule::headers_read));
+        names.sort_unstable();
+        names.dedup();
+        names.into_iter().map(str::to_owned).collect()
     }
 
     /// Whether `req` must carry its body before it is decided: a matching
@@ -675,6 +685,7 @@ pub fn duration_text(text: &str) -> Option<u64> {
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::borrow::Cow;
 
     fn one_rule(rule: Value) -> Result<Config, ConfigError> {
         Config::from_json(&json!({ "rules": [rule] }))
@@ -1109,6 +1120,85 @@ mod tests {
             json!("99999999999999999999d"),
         ] {
             assert!(parse_duration(bad.clone()).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn headers_read_are_every_header_the_rules_read() {
+        let rule = |name: &str, extra: Value| {
+            let mut r = json!({"name": name, "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s"});
+            r.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            r
+        };
+        let rules = [
+            rule("with", json!({"with_headers": ["X-Tenant"]})),
+            rule("without", json!({"without_headers": ["x-internal"]})),
+            rule("deletes", json!({"methods": ["DELETE"]})),
+            rule(
+                "keys",
+                json!({"key": ["ip", "header:X-Api-Key", "header:x-forwarded-for", "header:authorization", "header:x-user", "cookie:sid", "user-agent", "form:user", "query:q"], "fold": ["header:x-user"]}),
+            ),
+        ];
+        let sent = [
+            ("cf-connecting-ip", "203.0.113.9"),
+            ("content-type", "application/x-www-form-urlencoded"),
+            ("x-http-method-override", "DELETE"),
+            ("x-http-method", "PATCH"),
+            ("x-method-override", "OPTIONS"),
+            ("x-tenant", "t"),
+            ("x-internal", "1"),
+            ("x-api-key", "k1"),
+            ("x-forwarded-for", "198.51.100.1, 10.0.0.1"),
+            ("authorization", "Bearer tok"),
+            ("x-user", " Alice "),
+            ("cookie", "sid=s1"),
+            ("user-agent", "UA/1"),
+            ("x-noise", "n"),
+            ("accept", "*/*"),
+        ];
+        // Each rule alone, so that no header one reads hides another's
+        // omission, then all together.
+        let configs = rules
+            .iter()
+            .map(|r| json!({ "rules": [r] }))
+            .chain([json!({ "rules": rules })]);
+        for config in configs {
+            let c = Config::from_json(&config).unwrap();
+            // What the rules make of the request with the headers `keep` keeps.
+            let decided = |keep: &dyn Fn(&str) -> bool| {
+                let headers = sent
+                    .iter()
+                    .filter(|(n, _)| keep(n))
+                    .map(|(n, v)| (n.to_string(), v.to_string()));
+                let mut req = RequestMeta::new("POST", "example.com", "/api", Some("q=1"), headers);
+                req.body = Some(b"user=u1&_method=PUT".to_vec());
+                let rules: Vec<_> = c
+                    .rules
+                    .iter()
+                    .map(|r| {
+                        let id = r.identifier(&req);
+                        let id = id.map(|parts| {
+                            parts.into_iter().map(Cow::into_owned).collect::<Vec<_>>()
+                        });
+                        (r.matches(&req), r.needs_body(&req), id)
+                    })
+                    .collect();
+                (req.methods().to_vec(), rules)
+            };
+            let names = c.headers_read();
+            let read = |n: &str| names.iter().any(|m| m == n);
+            assert_eq!(decided(&read), decided(&|_| true), "{config}");
+            // Each matters to this request: none is listed for nothing.
+            for name in &names {
+                assert_ne!(
+                    decided(&|n| n != name && read(n)),
+                    decided(&|_| true),
+                    "{name} in {config}"
+                );
+            }
+            assert!(!read("x-noise") && !read("accept"));
         }
     }
 }

@@ -24,7 +24,8 @@ pub struct RequestMeta {
     pub routes: Vec<String>,
     /// Query string without the `?`, if any.
     pub query: Option<String>,
-    /// Headers with lower-case names, in arrival order.
+    /// Headers with lower-case names, in arrival order; from the worker,
+    /// only those the rules read (`Config::headers_read`).
     pub headers: Vec<(String, String)>,
     /// Facts of `request.cf`, read only when a matching rule keys on one.
     pub cf: Vec<(CfField, String)>,
@@ -299,6 +300,15 @@ const METHOD_FIELD: &str = "_method";
 /// In [`RequestMeta::methods`], a method the limiter cannot know: every
 /// rule's `methods` take it, and it costs the most any method does.
 pub const ANY_METHOD: &str = "*";
+
+/// The headers read of every request, whatever its rules key on: those
+/// its methods are read from ([`RequestMeta::methods`]) and the client's
+/// address (`except_ips`).
+pub fn headers_always_read() -> impl Iterator<Item = &'static str> {
+    ["content-type", "cf-connecting-ip"]
+        .into_iter()
+        .chain(METHOD_OVERRIDES)
+}
 
 /// Headers through which a POST may ask the origin to treat it as another
 /// method.

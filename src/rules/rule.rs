@@ -120,6 +120,19 @@ impl KeyPart {
             _ => false,
         }
     }
+
+    /// The request header reading this part looks at, if any.
+    pub fn header(&self) -> Option<&str> {
+        match self {
+            KeyPart::Ip => Some("cf-connecting-ip"),
+            KeyPart::Header(name) => Some(name),
+            KeyPart::Cookie(_) => Some("cookie"),
+            KeyPart::UserAgent => Some("user-agent"),
+            KeyPart::Form(_) => Some("content-type"),
+            KeyPart::Folded(inner) => inner.header(),
+            KeyPart::Query(_) | KeyPart::Path | KeyPart::Cf(_) | KeyPart::Json(_) => None,
+        }
+    }
 }
 
 impl std::fmt::Display for KeyPart {
@@ -344,6 +357,16 @@ impl Rule {
     /// Whether reading this rule's key needs `request.cf`.
     pub fn reads_cf(&self) -> bool {
         self.key.iter().any(KeyPart::reads_cf)
+    }
+
+    /// The request headers this rule's tests and key read, besides
+    /// [`super::request::headers_always_read`].
+    pub fn headers_read(&self) -> impl Iterator<Item = &str> {
+        self.with_headers
+            .iter()
+            .chain(&self.without_headers)
+            .map(String::as_str)
+            .chain(self.key.iter().filter_map(KeyPart::header))
     }
 }
 

@@ -14,6 +14,7 @@ use edge_limiter::{
     decision::{
         block_cache::BlockCache,
         events::{Action, Event},
+        in_flight::{InFlight, Shared, TokioPause},
         leases::Leases,
         limiter::{Forward, Handled, Limiter, Outcome},
         protocol::{Check, ScriptRunner},
@@ -98,6 +99,9 @@ pub struct Seen {
     pub drawn_local: u64,
     /// Script calls that decided (requests' and refreshes').
     pub decides: u64,
+    /// Requests decided by a call another request of their isolate sent,
+    /// with them (a group).
+    pub shared: u64,
     /// Requests undecided (a Redis error).
     pub errors: u64,
     /// Requests the model decided otherwise (leases off only).
@@ -170,17 +174,41 @@ struct Run<'a> {
     seen: RefCell<Seen>,
     /// With leases off: the reference model, deciding each call as it runs.
     model: Option<RefCell<Model>>,
+    /// Each group call by isolate and number, as its sender saw it, for
+    /// the others it decided.
+    groups: RefCell<HashMap<(usize, u64), Group>>,
+}
+
+/// A group's call as its sender saw it, the model's verdict on each of its
+/// requests, and how many of the others are still to read it.
+type Group = (ByCall, Vec<bool>, usize);
+
+/// The time on `timeline` (the pinned one starting at `t0` when `start`
+/// was), ms.
+fn clock_ms(timeline: Timeline, start: tokio::time::Instant, t0: u64) -> u64 {
+    match timeline {
+        Timeline::Pinned => t0 + start.elapsed().as_millis() as u64,
+        Timeline::Redis => SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis() as u64,
+    }
+}
+
+/// The call that decided a request, as the checker places it.
+#[derive(Debug, Clone, Copy)]
+struct ByCall {
+    /// Its span at Redis (ms) and its place in the order.
+    ran: (u64, u64, u64),
+    /// When it was sent (ms) and its place in the order then.
+    sent: (u64, u64),
+    /// What the model decided for the request (leases off).
+    model: Option<bool>,
 }
 
 impl<'a> Run<'a> {
     fn now_ms(&self) -> u64 {
-        match self.timeline {
-            Timeline::Pinned => self.t0 + self.start.elapsed().as_millis() as u64,
-            Timeline::Redis => SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .expect("after 1970")
-                .as_millis() as u64,
-        }
+        clock_ms(self.timeline, self.start, self.t0)
     }
 
     async fn sleep_until(&self, at_ms: u64) {
@@ -267,28 +295,67 @@ impl<'a> Run<'a> {
         held.last().and_then(|v| v.stored.clone())
     }
 
-    /// Notes what request `arrival` (sent at `now`, `sent_seq` in the
-    /// order) was decided: its charges and their figures' checks, the
-    /// penalties it started, and the model's verdict beside it.
+    /// The call that decided a request of isolate `i` (its own `link`'s,
+    /// or the group's it was decided in); `None` for none.
+    fn by_call(&self, i: usize, link: &Link<'_, '_>, handled: &Handled<'_>) -> Option<ByCall> {
+        let own = |place: usize| {
+            Some(ByCall {
+                ran: link.ran.get()?,
+                sent: link.sent.get()?,
+                model: link.model_admitted.borrow().get(place).copied(),
+            })
+        };
+        let Some(Shared { call, place, sent }) = handled.shared else {
+            return own(0);
+        };
+        let mut groups = self.groups.borrow_mut();
+        if sent {
+            // The others resume only once this request's call returned.
+            let by = own(place)?;
+            let model = link.model_admitted.borrow().clone();
+            groups.insert((i, call), (by, model, place));
+            return Some(by);
+        }
+        self.seen.borrow_mut().shared += 1;
+        let (by, model, left) = groups.get_mut(&(i, call))?;
+        let by = ByCall {
+            model: model.get(place).copied(),
+            ..*by
+        };
+        *left -= 1;
+        if *left == 0 {
+            groups.remove(&(i, call));
+        }
+        Some(by)
+    }
+
+    /// Notes what request `arrival` (sent at `now`) was decided: its
+    /// charges and their figures' checks, the penalties it started, and
+    /// the model's verdict beside it. When the call that decided it, if
+    /// any, was sent.
     fn record(
         &self,
         arrival: &Arrival,
-        (now, sent_seq): (u64, u64),
+        now: u64,
         link: &Link<'_, '_>,
         handled: &Handled<'_>,
         leads: bool,
-    ) {
+    ) -> u64 {
         let i = arrival.isolate;
-        let ran = link.ran.get();
+        let by = self.by_call(i, link, handled);
+        let (sent_ms, sent_seq) = by.map_or((now, 0), |b| b.sent);
         let methods = method(arrival.post);
         let mut seen = self.seen.borrow_mut();
-        seen.keep(i, &handled.events, now);
+        seen.keep(i, &handled.events, sent_ms);
         seen.requests += 1;
         seen.drawn += u64::from(leads);
         let admitted = match &handled.outcome {
             Outcome::Forward(Forward::Admitted(decided)) => {
-                let (from_ms, to_ms, seq, leased) = match ran {
-                    Some((from, to, seq)) => (from, to, seq, false),
+                let (from_ms, to_ms, seq, leased) = match by {
+                    Some(ByCall {
+                        ran: (from, to, seq),
+                        ..
+                    }) => (from, to, seq, false),
                     None => (now, now, self.next_seq(), true),
                 };
                 seen.local += u64::from(leased);
@@ -318,7 +385,11 @@ impl<'a> Run<'a> {
                 true
             }
             Outcome::Deny(decided) => {
-                if let Some((from_ms, to_ms, seq)) = ran {
+                if let Some(ByCall {
+                    ran: (from_ms, to_ms, seq),
+                    ..
+                }) = by
+                {
                     for &j in &decided.decision.penalties_started {
                         let rule = rule_index(decided.rules[j]);
                         seen.penalties.push(Penalty {
@@ -333,10 +404,10 @@ impl<'a> Run<'a> {
             }
             _ => {
                 seen.errors += 1;
-                return;
+                return sent_ms;
             }
         };
-        if let Some(model) = link.model_admitted.get().filter(|&m| m != admitted) {
+        if let Some(model) = by.and_then(|b| b.model).filter(|&m| m != admitted) {
             let verdict = |admitted| if admitted { "admitted" } else { "denied" };
             seen.disagreements.push(format!(
                 "request at {now} (isolate {i}, {methods}): the script {}, the model {}",
@@ -344,6 +415,7 @@ impl<'a> Run<'a> {
                 verdict(model),
             ));
         }
+        sent_ms
     }
 }
 
@@ -362,13 +434,16 @@ fn method(post: bool) -> &'static str {
 struct Link<'r, 'a> {
     run: &'r Run<'a>,
     isolate: usize,
-    /// The request's method and its place in the order when sent, for
-    /// the model.
-    request: Option<(bool, u64)>,
+    /// Whether a request's own (whose calls the model decides), not an
+    /// after-response task's.
+    request: bool,
+    /// When the last call was sent (ms) and its place in the order then.
+    sent: Cell<Option<(u64, u64)>>,
     /// The last call's span (ms) and its place in the order.
     ran: Cell<Option<(u64, u64, u64)>>,
-    /// What the model decided for the last call (leases off).
-    model_admitted: Cell<Option<bool>>,
+    /// What the model decided for each request the last call decided, in
+    /// order (leases off).
+    model_admitted: RefCell<Vec<bool>>,
 }
 
 impl<'r, 'a> Link<'r, 'a> {
@@ -376,16 +451,18 @@ impl<'r, 'a> Link<'r, 'a> {
         Link {
             run,
             isolate,
-            request: None,
+            request: false,
+            sent: Cell::new(None),
             ran: Cell::new(None),
-            model_admitted: Cell::new(None),
+            model_admitted: RefCell::new(vec![]),
         }
     }
 
-    /// The model's decision for this request at `now_ms` (the script's
-    /// clock), under the rule-wide overrides its isolate sent.
-    fn model(&self, now_ms: u64) {
-        let (Some(model), Some((post, sent_seq))) = (&self.run.model, self.request) else {
+    /// The model's decisions for the requests a call with these `args`
+    /// decides at `now_ms` (the script's clock), in order, under the
+    /// rule-wide overrides its isolate sent (at `sent_seq`).
+    fn model(&self, args: &[String], now_ms: u64, sent_seq: u64) {
+        let (Some(model), true) = (&self.run.model, self.request) else {
             return;
         };
         let mut model = model.borrow_mut();
@@ -394,17 +471,45 @@ impl<'r, 'a> Link<'r, 'a> {
             let wide = self.run.view_at(self.isolate, j, sent_seq);
             model.set_rule_wide(&rule.name, wide.map(|o| o.to_text()).as_deref());
         }
-        let checks: Vec<(Check<'_>, Vec<&str>)> = config
-            .rules
+        let admitted = costs_of(args, config.rules.len())
             .iter()
-            .map(|rule| {
-                let cost = rule.cost.for_method(method(post));
-                (Check { rule, cost }, vec![self.run.ip.as_str()])
+            .map(|costs| {
+                let checks: Vec<(Check<'_>, Vec<&str>)> = config
+                    .rules
+                    .iter()
+                    .zip(costs)
+                    .map(|(rule, &cost)| (Check { rule, cost }, vec![self.run.ip.as_str()]))
+                    .collect();
+                model.decide(&checks, now_ms).admitted()
             })
             .collect();
-        let decision = model.decide(&checks, now_ms);
-        self.model_admitted.set(Some(decision.admitted()));
+        *self.model_admitted.borrow_mut() = admitted;
     }
+}
+
+/// The costs per rule of each request a decision's or a group's `args`
+/// decide, in order, for `rules` rules (every rule of a case matches every
+/// request): the rules' own, then a group's further requests', as
+/// `lua/limiter.lua` lays them out.
+fn costs_of(args: &[String], rules: usize) -> Vec<Vec<u64>> {
+    let number = |i: usize| args.get(i).and_then(|a| a.parse::<u64>().ok()).unwrap_or(0);
+    let mut at = 3;
+    let mut first = vec![];
+    for _ in 0..rules {
+        first.push(number(at + 1));
+        at += match args.get(at).map(String::as_str) {
+            Some("window") => 4 + 3 * number(at + 3) as usize,
+            _ => 4,
+        };
+    }
+    let mut costs = vec![first];
+    if args.get(at).map(String::as_str) == Some("costs") {
+        let further = number(at + 1) as usize;
+        for r in 0..further {
+            costs.push((0..rules).map(|i| number(at + 2 + r * rules + i)).collect());
+        }
+    }
+    costs
 }
 
 impl ScriptRunner for Link<'_, '_> {
@@ -417,21 +522,26 @@ impl ScriptRunner for Link<'_, '_> {
     ) -> Result<Value, RestError> {
         let run = self.run;
         let way = run.case.isolates[self.isolate];
+        // Sent in the poll that made the call, with the rule-wide copy
+        // it carries.
+        let sent_seq = run.next_seq();
+        self.sent.set(Some((run.now_ms(), sent_seq)));
         run.sleep(run.latency(way.up_ms)).await;
         let mut args = args.to_vec();
         let from_ms = run.now_ms();
-        if run.timeline == Timeline::Pinned && args[0] == "decide" {
+        if run.timeline == Timeline::Pinned && ["decide", "group"].contains(&args[0].as_str()) {
             args[1] = from_ms.to_string();
         }
+        let sent = &args;
         let reply = run.redis(|client| async move {
             client
-                .run_script(script, keys, &args, unhurried(budget))
+                .run_script(script, keys, sent, unhurried(budget))
                 .await
         });
         let to_ms = run.now_ms();
         // Every script call decides: the rule-wide read is plain commands.
         run.seen.borrow_mut().decides += 1;
-        self.model(from_ms);
+        self.model(&args, from_ms, sent_seq);
         self.ran.set(Some((from_ms, to_ms, run.next_seq())));
         run.sleep(run.latency(way.down_ms)).await;
         reply
@@ -466,16 +576,23 @@ struct Isolates {
     caches: Vec<RefCell<BlockCache>>,
     leases: Vec<RefCell<Leases>>,
     wide: Vec<RefCell<RuleWide>>,
+    in_flight: Vec<InFlight>,
 }
 
 impl Isolates {
-    fn new(n: usize, hold_ms: u64) -> Isolates {
+    /// `n` isolates whose block caches hold denials for `hold_ms`, on
+    /// `run`'s clock.
+    fn new(n: usize, hold_ms: u64, run: &Run<'_>) -> Isolates {
+        let (timeline, start, t0) = (run.timeline, run.start, run.t0);
         Isolates {
             caches: (0..n)
                 .map(|_| RefCell::new(BlockCache::new(hold_ms)))
                 .collect(),
             leases: (0..n).map(|_| RefCell::new(Leases::new())).collect(),
             wide: (0..n).map(|_| RefCell::new(RuleWide::new())).collect(),
+            in_flight: (0..n)
+                .map(|_| InFlight::new(TokioPause(move || clock_ms(timeline, start, t0))))
+                .collect(),
         }
     }
 
@@ -487,6 +604,7 @@ impl Isolates {
             cache: &self.caches[i],
             leases: &self.leases[i],
             wide: &self.wide[i],
+            in_flight: &self.in_flight[i],
             pinned: run.timeline == Timeline::Pinned,
         }
     }
@@ -538,10 +656,7 @@ async fn request(run: &Run<'_>, isolates: &Isolates, arrival: &Arrival, at_ms: u
     let now = run.now_ms();
     let i = arrival.isolate;
     let mut link = Link::new(run, i);
-    // The call, if any, is made (and the rule-wide copy it carries read)
-    // in this same poll: nothing else happens in between.
-    let sent_seq = run.next_seq();
-    link.request = Some((arrival.post, sent_seq));
+    link.request = true;
     let limiter = isolates.limiter(run, i, &link);
     let req = RequestMeta::new(
         method(arrival.post),
@@ -551,8 +666,8 @@ async fn request(run: &Run<'_>, isolates: &Isolates, arrival: &Arrival, at_ms: u
         [("cf-connecting-ip".to_owned(), run.ip.clone())],
     );
     let handled = limiter.handle(&req, now).await;
-    let grants = grants(&handled.events, now, run.now_ms());
-    run.record(arrival, (now, sent_seq), &link, &handled, leads);
+    let sent_ms = run.record(arrival, now, &link, &handled, leads);
+    let grants = grants(&handled.events, sent_ms, run.now_ms());
     // The response goes once the origin answers; then `waitUntil`'s work.
     let after = async {
         run.sleep(run.case.isolates[i].origin_ms).await;
@@ -728,11 +843,12 @@ pub fn run_case(
             ..Seen::default()
         }),
         model: model.then(|| RefCell::new(Model::new())),
+        groups: RefCell::new(HashMap::new()),
     };
     let times = case.times(run.now_ms());
     // With the model beside it, every request makes its own call.
     let hold_ms = if model { 0 } else { config.cache_hold_ms };
-    let isolates = Isolates::new(case.isolates.len(), hold_ms);
+    let isolates = Isolates::new(case.isolates.len(), hold_ms, &run);
     let requests = case
         .arrivals
         .iter()

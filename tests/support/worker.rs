@@ -159,6 +159,19 @@ impl Stack {
         Stack::builder(rules_toml).start()
     }
 
+    /// The script calls (`EVALSHA`, `EVAL`) the fault proxy has seen.
+    pub fn script_calls(&self) -> usize {
+        let proxy = self
+            .proxy
+            .as_ref()
+            .expect("a stack through the fault proxy");
+        let exchanges = proxy.exchanges();
+        let calls = exchanges
+            .iter()
+            .filter(|e| e.request.starts_with(b"[\"EVAL"));
+        calls.count()
+    }
+
     /// The same, with more to say about the stack before it starts.
     pub fn builder(rules_toml: &str) -> StackBuilder {
         StackBuilder {

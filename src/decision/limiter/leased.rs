@@ -8,6 +8,7 @@ use super::*;
 use crate::{
     decision::{
         keys::window_offset,
+        protocol::Group,
         verdict::{Grant, OverrideRead},
     },
     rules::policy::Policy,
@@ -255,7 +256,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
 
     /// Ends the lease asks `call` carried, answered or not.
     pub(super) fn answered(&self, call: &ScriptCall) {
-        if let ScriptCall::Decide(g) = call {
+        if let ScriptCall::Decide(g) | ScriptCall::Group(Group { first: g, .. }) = call {
             let mut leases = self.leases.borrow_mut();
             for ask in &g.leases {
                 leases.answered(&g.rules[ask.rule].0.key);

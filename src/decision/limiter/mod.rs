@@ -4,14 +4,17 @@
 
 use std::{borrow::Cow, cell::RefCell, time::Duration};
 
+mod grouped;
 mod leased;
 
+use grouped::line_of;
 pub use leased::LeaseRefresh;
 use leased::Leased;
 
 use super::{
     block_cache::BlockCache,
     events::{Action, Event},
+    in_flight::{InFlight, Shared},
     keys::{override_key, penalty_key, redis_key, rule_wide_key},
     leases::Leases,
     protocol::{
@@ -82,6 +85,9 @@ pub struct Handled<'c> {
     /// Rules whose rule-wide override this isolate should read again once
     /// the response has gone: see [`Limiter::reread`].
     pub reread: Vec<String>,
+    /// The call that decided this request with others of its client, when
+    /// one did (see [`crate::decision::in_flight`]).
+    pub shared: Option<Shared>,
 }
 
 impl<'c> Handled<'c> {
@@ -92,6 +98,7 @@ impl<'c> Handled<'c> {
             refund: None,
             refresh: None,
             reread: vec![],
+            shared: None,
         }
     }
 }
@@ -180,6 +187,9 @@ pub struct Limiter<'c, 's, S> {
     pub leases: &'s RefCell<Leases>,
     /// The rule-wide overrides as this isolate last read them.
     pub wide: &'s RefCell<RuleWide>,
+    /// The isolate's decision calls in flight, and the requests waiting
+    /// on them.
+    pub in_flight: &'s InFlight,
     /// Whether the script runs on `now_ms` rather than Redis's clock
     /// (tests and simulations, whose time is not real).
     pub pinned: bool,
@@ -212,16 +222,16 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         let leased = self.observe(&checks, now_ms);
         let reread = self.reread_due(&checks, now_ms);
         if let Some(leased) = &leased {
-            if let Some(mut handled) = self.admit_from_leases(&checks, leased, now_ms) {
-                // Only a request served from leases refreshes them: one
-                // that made a call asked for its lease in it.
-                handled.refresh = self.refresh_due(&selection, leased, now_ms);
+            if let Some(mut handled) = self.served_from_leases(&selection, &checks, leased, now_ms)
+            {
                 handled.events = events;
                 handled.reread = reread;
                 return handled;
             }
         }
-        let mut handled = self.decide(&checks, leased.as_ref(), now_ms).await;
+        let mut handled = self
+            .decide(&selection, &checks, leased.as_ref(), now_ms)
+            .await;
         events.append(&mut handled.events);
         handled.events = events;
         handled.reread = reread;
@@ -229,6 +239,21 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             handled.refund = selection.pending_refund(&decided.decision, methods);
         }
         handled
+    }
+
+    /// The request admitted from leased units, when every matching rule
+    /// leases and holds what it costs. Only a request served from leases
+    /// refreshes them: one that made a call asked for its lease in it.
+    fn served_from_leases(
+        &self,
+        selection: &Selection<'c, '_>,
+        checks: &[(Check<'c>, Vec<&str>)],
+        leased: &Leased,
+        now_ms: u64,
+    ) -> Option<Handled<'c>> {
+        let mut handled = self.admit_from_leases(checks, leased, now_ms)?;
+        handled.refresh = self.refresh_due(selection, leased, now_ms);
+        Some(handled)
     }
 
     /// The rules of `checks` that take overrides whose rule-wide copy is
@@ -336,13 +361,21 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
 
     /// Decides the checks of the matched rules, from the cache or Redis;
     /// with `leased` keys, asking for their leases in the call and
-    /// settling what it brings back.
+    /// settling what it brings back. While a call for the same rules and
+    /// keys is in flight, the request waits for it (see `grouped.rs`).
     async fn decide(
         &self,
+        selection: &Selection<'c, '_>,
         checks: &[(Check<'c>, Vec<&str>)],
         leased: Option<&Leased>,
         now_ms: u64,
     ) -> Handled<'c> {
+        let line = line_of(checks);
+        if self.in_flight.busy(&line, now_ms) {
+            return self
+                .wait_in_line(selection, checks, leased, &line, now_ms)
+                .await;
+        }
         let asks = leased.map_or_else(Vec::new, |l| self.lease_asks(checks, l, now_ms));
         let call = self.call_for(checks, asks, now_ms);
         let signature = call.signature();
@@ -354,12 +387,31 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             return decided(checks, &call, decision);
         }
         let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
-        let epochs = leased.map(|_| self.epochs(&call));
-        let result = run(self.store, &call, budget)
+        let _hold = self
+            .in_flight
+            .hold(&line, now_ms, budget.as_millis() as u64);
+        self.send(checks, leased, &call, signature, budget, now_ms)
+            .await
+    }
+
+    /// Sends `call`, deciding `checks` at `now_ms` within `budget`, and
+    /// settles what it brings back: a denial to cache (`signature`), the
+    /// leases it asked for.
+    async fn send(
+        &self,
+        checks: &[(Check<'c>, Vec<&str>)],
+        leased: Option<&Leased>,
+        call: &ScriptCall,
+        signature: String,
+        budget: Duration,
+        now_ms: u64,
+    ) -> Handled<'c> {
+        let epochs = leased.map(|_| self.epochs(call));
+        let result = run(self.store, call, budget)
             .await
             .and_then(|r| r.decision());
         if leased.is_some() {
-            self.answered(&call);
+            self.answered(call);
         }
         match result {
             Ok(mut decision) => {
@@ -367,16 +419,14 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                     .borrow_mut()
                     .remember(signature, &decision, now_ms);
                 let granted = match &epochs {
-                    Some(epochs) => {
-                        self.settle_leases(checks, &call, epochs, &mut decision, now_ms)
-                    }
+                    Some(epochs) => self.settle_leases(checks, call, epochs, &mut decision, now_ms),
                     None => vec![],
                 };
-                let mut handled = decided(checks, &call, decision);
+                let mut handled = decided(checks, call, decision);
                 handled.events.extend(granted);
                 handled
             }
-            Err(error) => failed(checks, &call, &error),
+            Err(error) => failed(checks, call, &error),
         }
     }
 }
@@ -636,6 +686,7 @@ fn failed<'c>(
 mod tests {
     use super::*;
     use crate::decision::{
+        in_flight::TokioPause,
         redis_rest::{RestError, Script},
         verdict::{RequestVerdict, Retry},
     };
@@ -735,6 +786,7 @@ mod tests {
             cache,
             leases: &RefCell::new(Leases::new()),
             wide: &RefCell::new(RuleWide::new()),
+            in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: false,
         };
         tokio::runtime::Builder::new_current_thread()
@@ -786,6 +838,7 @@ mod tests {
             cache: &RefCell::new(BlockCache::new(HOLD)),
             leases: &RefCell::new(Leases::new()),
             wide: &wide,
+            in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: false,
         };
         refresh_one(&limiter);
@@ -818,6 +871,7 @@ mod tests {
             cache: &RefCell::new(BlockCache::new(HOLD)),
             leases: &leases,
             wide: &RefCell::new(RuleWide::new()),
+            in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: false,
         };
         refresh_one(&limiter);
@@ -954,6 +1008,7 @@ mod tests {
             cache: &RefCell::new(BlockCache::new(HOLD)),
             leases: &RefCell::new(Leases::new()),
             wide: &RefCell::new(RuleWide::new()),
+            in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: false,
         };
         tokio::runtime::Builder::new_current_thread()
@@ -993,6 +1048,7 @@ mod tests {
             cache: &cache,
             leases: &RefCell::new(Leases::new()),
             wide: &RefCell::new(RuleWide::new()),
+            in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: false,
         };
         let out = rt.block_on(limiter.handle(&req("/login"), 0));
@@ -1013,6 +1069,7 @@ mod tests {
             cache: &cache,
             leases: &RefCell::new(Leases::new()),
             wide: &RefCell::new(RuleWide::new()),
+            in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: false,
         };
         assert!(rt.block_on(limiter.refund(&refund, 200, 0)).is_empty());
@@ -1049,6 +1106,7 @@ mod tests {
             cache: &cache,
             leases: &RefCell::new(Leases::new()),
             wide: &RefCell::new(RuleWide::new()),
+            in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: false,
         };
         let events = rt.block_on(limiter.refund(&refund, 200, 0));
@@ -1146,6 +1204,7 @@ mod tests {
                 cache: &RefCell::new(BlockCache::new(HOLD)),
                 leases: &RefCell::new(Leases::new()),
                 wide: &wide,
+                in_flight: &InFlight::new(TokioPause(|| 0)),
                 pinned: false,
             };
             assert!(wide.borrow_mut().start_read("hot", 0));
@@ -1184,6 +1243,7 @@ mod tests {
             cache,
             leases: &leases,
             wide: &RefCell::new(RuleWide::new()),
+            in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: false,
         };
         tokio::runtime::Builder::new_current_thread()

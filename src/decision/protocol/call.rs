@@ -209,6 +209,19 @@ pub struct General {
     pub overrides: Vec<OverrideAsk>,
 }
 
+/// Requests of one client under the same rules and keys, decided one
+/// after another at one instant: the first as its [`General`] decision
+/// would be, each further one after it at its own costs, each admitted
+/// while it fits; the leases are asked for with the last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Group {
+    /// The first request's decision, with the group's leases, overrides
+    /// and penalties.
+    pub first: General,
+    /// Each further request's cost per rule, in the order they are decided.
+    pub further: Vec<Vec<u64>>,
+}
+
 /// Every call the limiter script answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ScriptCall {
@@ -217,6 +230,8 @@ pub enum ScriptCall {
     OneRule(OneRule),
     /// The decision on a request ([`Entry::Decide`]).
     Decide(General),
+    /// The decisions on several requests of one client ([`Entry::Group`]).
+    Group(Group),
     /// Forget these keys ([`Entry::Reset`]); replies with how many existed.
     Reset(Vec<String>),
     /// Give refundable charges back ([`Entry::Refund`]).
@@ -278,6 +293,36 @@ impl ScriptCall {
         ScriptCall::Decide(General::new(checks, leases, now_ms))
     }
 
+    /// The decisions on several requests of one client under `checks`'
+    /// rules and keys, one after another at one instant: `costs[r]` holds
+    /// request r's cost on each rule (the checks' own are not read). The
+    /// last asks for `leases`; a group of one is that request's decision.
+    pub fn group(
+        checks: &[(Check<'_>, Vec<&str>)],
+        costs: &[Vec<u64>],
+        mut leases: Vec<LeaseAsk>,
+        now_ms: Option<u64>,
+    ) -> ScriptCall {
+        let at = |costs: &[u64]| -> Vec<(Check<'_>, Vec<&str>)> {
+            checks
+                .iter()
+                .zip(costs)
+                .map(|((c, id), &cost)| (Check { cost, ..*c }, id.clone()))
+                .collect()
+        };
+        let [first, further @ ..] = costs else {
+            return ScriptCall::decide_leasing(checks, leases, now_ms);
+        };
+        if further.is_empty() {
+            return ScriptCall::decide_leasing(&at(first), leases, now_ms);
+        }
+        leases.retain(|l| l.units > 0 && l.rule < checks.len());
+        ScriptCall::Group(Group {
+            first: General::new(&at(first), leases, now_ms),
+            further: further.to_vec(),
+        })
+    }
+
     /// Gives back `charges`, each at the figures it was charged under.
     pub fn refund(charges: &[Charge<'_>], now_ms: Option<u64>) -> ScriptCall {
         let rules = charges
@@ -321,7 +366,12 @@ impl ScriptCall {
                 self = ScriptCall::Decide(one.general());
             }
         }
-        if let ScriptCall::Decide(g) = &mut self {
+        let general = match &mut self {
+            ScriptCall::Decide(g) => Some(g),
+            ScriptCall::Group(group) => Some(&mut group.first),
+            _ => None,
+        };
+        if let Some(g) = general {
             for o in &mut g.overrides {
                 if let Some((text, ms)) = wide(o.rule) {
                     (o.wide, o.wide_ms) = (text, ms);
@@ -383,6 +433,7 @@ impl ScriptCall {
                 Policy::Windowed(_) => Entry::OneWindowed,
             },
             ScriptCall::Decide(_) => Entry::Decide,
+            ScriptCall::Group(_) => Entry::Group,
             ScriptCall::Reset(_) => Entry::Reset,
             ScriptCall::Refund(_) => Entry::Refund,
         }
@@ -398,6 +449,7 @@ impl ScriptCall {
                 keys
             }
             ScriptCall::Decide(g) => g.keys(),
+            ScriptCall::Group(group) => group.first.keys(),
             ScriptCall::Reset(keys) => keys.clone(),
             ScriptCall::Refund(r) => r.rules.iter().map(|(a, _)| a.key.clone()).collect(),
         }
@@ -408,6 +460,7 @@ impl ScriptCall {
         match self {
             ScriptCall::OneRule(one) => one.rule.one_rule_args(),
             ScriptCall::Decide(g) => g.args(g.now_ms, true),
+            ScriptCall::Group(group) => group.args(true),
             ScriptCall::Reset(_) => vec![Entry::RESET.to_owned()],
             ScriptCall::Refund(r) => r.args(),
         }
@@ -417,7 +470,9 @@ impl ScriptCall {
     pub fn rule_keys(&self) -> Vec<&str> {
         match self {
             ScriptCall::OneRule(one) => vec![one.rule.key.as_str()],
-            ScriptCall::Decide(g) => g.rules.iter().map(|(r, _)| r.key.as_str()).collect(),
+            ScriptCall::Decide(g) | ScriptCall::Group(Group { first: g, .. }) => {
+                g.rules.iter().map(|(r, _)| r.key.as_str()).collect()
+            }
             ScriptCall::Refund(r) => r.rules.iter().map(|(a, _)| a.key.as_str()).collect(),
             ScriptCall::Reset(_) => vec![],
         }
@@ -429,6 +484,7 @@ impl ScriptCall {
     pub fn signature(&self) -> String {
         let args = match self {
             ScriptCall::Decide(g) => g.args(None, false),
+            ScriptCall::Group(group) => group.args(false),
             other => other.args(),
         };
         let mut s = self.keys().join("\n");
@@ -503,11 +559,31 @@ impl General {
     /// every millisecond, the decision does not), then `penalty` and
     /// (1-based rule, ms) pairs.
     fn args(&self, now_ms: Option<u64>, whole: bool) -> Vec<String> {
+        self.encode(Entry::DECIDE, &[], now_ms, whole)
+    }
+
+    /// [`General::args`] under operation `op`, with a group's `further`
+    /// requests' costs (`costs`, their count, then each one's per rule)
+    /// after the rules' arguments.
+    fn encode(
+        &self,
+        op: &str,
+        further: &[Vec<u64>],
+        now_ms: Option<u64>,
+        whole: bool,
+    ) -> Vec<String> {
         let modes: String = self.rules.iter().map(|(_, m)| m.letter()).collect();
         let clock = now_ms.map(|n| n.to_string()).unwrap_or_default();
-        let mut args = vec![Entry::DECIDE.to_owned(), clock, modes];
+        let mut args = vec![op.to_owned(), clock, modes];
         for (rule, _) in &self.rules {
             rule.push_general(&mut args);
+        }
+        if !further.is_empty() {
+            args.push("costs".to_owned());
+            push_numbers(&mut args, &[further.len() as u64]);
+            for costs in further {
+                push_numbers(&mut args, costs);
+            }
         }
         if whole && !self.leases.is_empty() {
             args.push("lease".to_owned());
@@ -535,6 +611,16 @@ impl General {
             }
         }
         args
+    }
+}
+
+impl Group {
+    /// `group`, then the first request's decision's arguments with the
+    /// further requests' costs after its rules (see [`General::args`]).
+    fn args(&self, whole: bool) -> Vec<String> {
+        let now_ms = self.first.now_ms.filter(|_| whole);
+        self.first
+            .encode(Entry::GROUP, &self.further, now_ms, whole)
     }
 }
 
@@ -736,6 +822,42 @@ mod tests {
             under(5000, text).signature(),
             under(5000, crate::rules::overrides::BLOCK_TEXT).signature()
         );
+    }
+
+    /// A group's call is its first request's decision with the further
+    /// requests' costs after the rules, and asks for its leases once; a
+    /// group of one is that request's own call.
+    #[test]
+    fn a_group_carries_each_further_requests_costs_after_its_rules() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "a", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s", "burst": 5},
+            {"name": "b", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1m"}
+        ]}))
+        .unwrap();
+        let checks: Vec<_> = c.rules.iter().map(unit_for_a).collect();
+        let lease = LeaseAsk {
+            rule: 0,
+            units: 2,
+            for_ms: 100,
+        };
+        let costs = [vec![1, 1], vec![2, 1], vec![3, 0]];
+        let group = ScriptCall::group(&checks, &costs, vec![lease], Some(7));
+        assert_eq!(group.entry(), Entry::Group);
+        assert_eq!(group.keys(), ["el:{a}:a", "el:{a}:b"]);
+        assert_eq!(group.rule_keys(), ["el:{a}:a", "el:{a}:b"]);
+        assert_eq!(
+            args(&group),
+            [
+                "group", "7", "ee", "gcra", "1", "100000", "5", "gcra", "1", "60000000", "1",
+                "costs", "2", "2", "1", "3", "0", "lease", "1", "1", "2", "100"
+            ]
+        );
+        let lone = ScriptCall::group(&checks[1..], &[vec![4]], vec![], None);
+        let four = Check {
+            cost: 4,
+            ..checks[1].0
+        };
+        assert_eq!(lone, ScriptCall::decide(&[(four, vec!["a"])], None));
     }
 
     #[test]

@@ -14,8 +14,8 @@ mod runner;
 mod script;
 
 pub use call::{
-    CallMode, Charge, Check, General, LeaseAsk, OneRule, OverrideAsk, Penalty, Refund, RuleArgs,
-    ScriptCall,
+    CallMode, Charge, Check, General, Group, LeaseAsk, OneRule, OverrideAsk, Penalty, Refund,
+    RuleArgs, ScriptCall,
 };
 pub use reply::{decode_general, Reply, ScriptError};
 pub use rule_wide_read::{read_rule_wide, WideRead};

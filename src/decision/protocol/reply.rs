@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::call::{General, LeaseAsk, OneRule, ScriptCall};
+use super::call::{General, Group, LeaseAsk, OneRule, ScriptCall};
 use crate::{
     decision::{
         redis_rest::RestError,
@@ -21,6 +21,8 @@ use crate::{
 pub enum Reply {
     /// The verdict on every rule of a decision.
     Decision(Decision),
+    /// A group's decisions, one per request, in the order they were made.
+    Decisions(Vec<Decision>),
     /// How many keys a reset deleted.
     Removed(u64),
     /// Per rule of a refund, whether anything was given back.
@@ -35,8 +37,18 @@ impl Reply {
             Reply::Removed(n) => Err(ScriptError::Reply(format!(
                 "a count ({n}) where a decision was due"
             ))),
-            Reply::Refunded(_) => Err(ScriptError::Reply(
+            Reply::Refunded(_) | Reply::Decisions(_) => Err(ScriptError::Reply(
                 "another call's reply where a decision was due".into(),
+            )),
+        }
+    }
+
+    /// A group's decisions, for a group call.
+    pub fn decisions(self) -> Result<Vec<Decision>, ScriptError> {
+        match self {
+            Reply::Decisions(d) => Ok(d),
+            _ => Err(ScriptError::Reply(
+                "another call's reply where a group's decisions were due".into(),
             )),
         }
     }
@@ -75,12 +87,20 @@ impl From<RestError> for ScriptError {
 /// Fields per rule in the general reply.
 const PER_RULE: usize = 6;
 
+/// A general reply's items: each request's, the leases', the overrides'.
+struct Parts<'r> {
+    requests: &'r [Value],
+    granted: &'r [Value],
+    read: &'r [Value],
+}
+
 impl ScriptCall {
     /// Reads the script's reply to this call.
     pub fn decode(&self, reply: &Value) -> Result<Reply, ScriptError> {
         match self {
             ScriptCall::OneRule(one) => one.decode(reply).map(Reply::Decision),
             ScriptCall::Decide(g) => g.decode(reply).map(Reply::Decision),
+            ScriptCall::Group(group) => group.decode(reply).map(Reply::Decisions),
             ScriptCall::Reset(_) => reply
                 .as_u64()
                 .map(Reply::Removed)
@@ -122,16 +142,47 @@ impl General {
 
     /// Six fields per rule, the penalties mask when the call has
     /// penalties, a refund mark per refundable rule, then units and ms per
-    /// lease asked for.
+    /// lease asked for, then what each override read held.
     fn decode(&self, reply: &Value) -> Result<Decision, ScriptError> {
-        let refundable: Vec<usize> = (0..self.rules.len())
-            .filter(|&i| self.rules[i].1.refundable())
-            .collect();
+        let parts = self.split(reply, 1)?;
+        let mut decision = self.request(reply, parts.requests)?;
+        self.grants(reply, parts.granted, &mut decision)?;
+        decision.overrides = self.overrides_read(reply, parts.read)?;
+        Ok(decision)
+    }
+
+    /// `reply`'s items for `n` requests, its leases, its overrides read.
+    fn split<'r>(&self, reply: &'r Value, n: usize) -> Result<Parts<'r>, ScriptError> {
         let Some(items) = reply.as_array() else {
             return Err(malformed(reply, "is not an array"));
         };
         let (items, read) = items.split_at(items.len().saturating_sub(3 * self.overrides.len()));
-        let (items, granted) = items.split_at(items.len().saturating_sub(2 * self.leases.len()));
+        let (requests, granted) = items.split_at(items.len().saturating_sub(2 * self.leases.len()));
+        if requests.len() != n * self.per_request() {
+            let why = format!("holds {} items for {n} requests", requests.len());
+            return Err(malformed(reply, &why));
+        }
+        Ok(Parts {
+            requests,
+            granted,
+            read,
+        })
+    }
+
+    /// Items one request's decision takes in a reply: its fields, the
+    /// penalties mask, its refund marks.
+    fn per_request(&self) -> usize {
+        let refundable = self.rules.iter().filter(|(_, m)| m.refundable()).count();
+        PER_RULE * self.rules.len() + usize::from(!self.penalties.is_empty()) + refundable
+    }
+
+    /// One request's decision from its `items` of `reply`: six fields per
+    /// rule, the penalties mask when the call has penalties, a refund mark
+    /// per refundable rule.
+    fn request(&self, reply: &Value, items: &[Value]) -> Result<Decision, ScriptError> {
+        let refundable: Vec<usize> = (0..self.rules.len())
+            .filter(|&i| self.rules[i].1.refundable())
+            .collect();
         let (fields, marks) = items.split_at(items.len().saturating_sub(refundable.len()));
         let head = Value::Array(fields.to_vec());
         let mut decision = decode_general(&head, &self.modes(), !self.penalties.is_empty())?;
@@ -143,6 +194,17 @@ impl General {
                 decision.refund_marks.push((i, mark));
             }
         }
+        Ok(decision)
+    }
+
+    /// The leases `granted` (units and ms per lease asked for) with
+    /// `decision`, which they were asked with.
+    fn grants(
+        &self,
+        reply: &Value,
+        granted: &[Value],
+        decision: &mut Decision,
+    ) -> Result<(), ScriptError> {
         for (ask, pair) in self.leases.iter().zip(granted.chunks(2)) {
             let (Some(units), Some(for_ms)) = (pair[0].as_u64(), pair[1].as_u64()) else {
                 return Err(malformed(reply, "holds a lease that is no count"));
@@ -161,6 +223,17 @@ impl General {
                 });
             }
         }
+        Ok(())
+    }
+
+    /// What each override read held: whose, whether the client's key held
+    /// something that is no override, the text in force.
+    fn overrides_read(
+        &self,
+        reply: &Value,
+        read: &[Value],
+    ) -> Result<Vec<OverrideRead>, ScriptError> {
+        let mut overrides = Vec::with_capacity(self.overrides.len());
         for (ask, triple) in self.overrides.iter().zip(read.chunks(3)) {
             let source = match triple[0].as_u64() {
                 Some(0) => OverrideSource::None,
@@ -171,14 +244,38 @@ impl General {
             let (Some(ignored), Some(text)) = (triple[1].as_u64(), triple[2].as_str()) else {
                 return Err(malformed(reply, "holds an override that is no text"));
             };
-            decision.overrides.push(OverrideRead {
+            overrides.push(OverrideRead {
                 rule: ask.rule,
                 source,
                 text: text.to_owned(),
                 ignored: ignored == 1,
             });
         }
-        Ok(decision)
+        Ok(overrides)
+    }
+}
+
+impl Group {
+    /// Each request's decision as [`General::decode`] reads one, in the
+    /// order they were made; the leases go with the last, and every one
+    /// was decided under the same overrides.
+    fn decode(&self, reply: &Value) -> Result<Vec<Decision>, ScriptError> {
+        let g = &self.first;
+        let n = 1 + self.further.len();
+        let parts = g.split(reply, n)?;
+        let mut decisions = parts
+            .requests
+            .chunks(g.per_request())
+            .map(|items| g.request(reply, items))
+            .collect::<Result<Vec<Decision>, ScriptError>>()?;
+        if let Some(last) = decisions.last_mut() {
+            g.grants(reply, parts.granted, last)?;
+        }
+        let overrides = g.overrides_read(reply, parts.read)?;
+        for d in &mut decisions {
+            d.overrides = overrides.clone();
+        }
+        Ok(decisions)
     }
 }
 
@@ -459,6 +556,59 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    /// A group's reply is each request's fields in turn, then the leases
+    /// (the last request's) and the overrides read (every request's).
+    #[test]
+    fn a_group_replies_with_each_requests_fields_then_its_leases_and_overrides() {
+        let c = Config::from_json(&json!({"rules": [
+            {"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 10, "period": "1s",
+             "burst": 3, "overrides": true, "count_status": [401]}
+        ]}))
+        .unwrap();
+        let checks = [unit_for_a(&c.rules[0])];
+        let lease = LeaseAsk {
+            rule: 0,
+            units: 2,
+            for_ms: 100,
+        };
+        let group = ScriptCall::group(&checks, &[vec![1], vec![2], vec![1]], vec![lease], None);
+        let request = |admitted: i64, left: i64, mark: u64| {
+            vec![
+                json!(admitted),
+                json!(3),
+                json!(left),
+                json!(100),
+                json!(if admitted == 1 { 0 } else { 100 }),
+                json!(1),
+                json!(mark),
+            ]
+        };
+        let reply = |last_admitted: i64, units: u64| {
+            let mut items = request(1, 2, 11);
+            items.extend(request(0, 2, 0));
+            items.extend(request(last_admitted, 1, 12 * last_admitted as u64));
+            items.extend([json!(units), json!(100), json!(0), json!(0), json!("")]);
+            Value::Array(items)
+        };
+        let decisions = group
+            .decode(&reply(1, 1))
+            .and_then(Reply::decisions)
+            .unwrap();
+        let admitted: Vec<bool> = decisions.iter().map(Decision::admitted).collect();
+        assert_eq!(admitted, [true, false, true]);
+        let marks: Vec<&[(usize, u64)]> = decisions.iter().map(|d| &d.refund_marks[..]).collect();
+        assert_eq!(marks, [&[(0, 11)][..], &[], &[(0, 12)]]);
+        assert!(decisions[..2].iter().all(|d| d.grants.is_empty()));
+        assert_eq!(decisions[2].grants.len(), 1);
+        assert!(decisions.iter().all(|d| d.overrides.len() == 1));
+        // A lease with a denied last request, or a request short, is malformed.
+        assert!(group.decode(&reply(0, 1)).is_err());
+        let mut short = reply(1, 1);
+        short.as_array_mut().unwrap().remove(0);
+        assert!(group.decode(&short).is_err());
+        assert!(group.decode(&reply(1, 0)).unwrap().decision().is_err());
     }
 
     #[test]

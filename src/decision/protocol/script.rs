@@ -31,6 +31,9 @@ pub enum Entry {
     OneWindowed,
     /// Everything else: `ARGV[1] == 'decide'` (`lua/limiter.lua`).
     Decide,
+    /// `ARGV[1] == 'group'`: several requests of one client under the same
+    /// rules, each decided as [`Entry::Decide`] would after the one before.
+    Group,
     /// `ARGV[1] == 'reset'`, alone: deletes every key given.
     Reset,
     /// `ARGV[1] == 'refund'`: gives refundable charges back.
@@ -39,16 +42,19 @@ pub enum Entry {
 
 impl Entry {
     /// Every entry point.
-    pub const ALL: [Entry; 5] = [
+    pub const ALL: [Entry; 6] = [
         Entry::OneGcra,
         Entry::OneWindowed,
         Entry::Decide,
+        Entry::Group,
         Entry::Reset,
         Entry::Refund,
     ];
 
     /// `ARGV[1]` of a general decision.
     pub const DECIDE: &'static str = "decide";
+    /// `ARGV[1]` of a group.
+    pub const GROUP: &'static str = "group";
     /// `ARGV[1]` of a reset.
     pub const RESET: &'static str = "reset";
     /// `ARGV[1]` of a refund.
@@ -62,6 +68,7 @@ impl Entry {
         match self {
             Entry::OneGcra | Entry::OneWindowed => None,
             Entry::Decide => Some(Entry::DECIDE),
+            Entry::Group => Some(Entry::GROUP),
             Entry::Reset => Some(Entry::RESET),
             Entry::Refund => Some(Entry::REFUND),
         }

@@ -198,8 +198,9 @@ impl Recorder {
             Outcome::Forward(Forward::Unlimited) => m.totals[TotalCount::Unmatched] += 1,
             Outcome::Forward(Forward::Admitted(d)) => {
                 // Only denials are held in the block cache: an admission
-                // without a call was decided from leased units.
-                decided(m, config, d, calls, calls == 0);
+                // without a call, and not decided by another request's,
+                // was decided from leased units.
+                decided(m, config, d, calls, calls == 0 && handled.shared.is_none());
             }
             Outcome::Deny(d) => decided(m, config, d, calls, false),
             Outcome::Refuse { rule, .. } => {
@@ -329,6 +330,7 @@ mod tests {
     use crate::{
         decision::{
             block_cache::BlockCache,
+            in_flight::{InFlight, Shared, TokioPause},
             leases::Leases,
             limiter::Limiter,
             protocol::ScriptRunner,
@@ -405,6 +407,7 @@ mod tests {
             cache,
             leases: &RefCell::new(Leases::new()),
             wide: &RefCell::new(RuleWide::new()),
+            in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: true,
         };
         let handled = tokio::runtime::Builder::new_current_thread()
@@ -515,7 +518,8 @@ mod tests {
         assert!(rec.take().is_empty(), "taken");
     }
 
-    /// An admission that made no call came from leased units.
+    /// An admission that made no call came from leased units, unless a
+    /// call another request sent decided it.
     #[test]
     fn an_admission_without_a_call_counts_as_leased() {
         let c = config();
@@ -537,12 +541,19 @@ mod tests {
             refund: None,
             refresh: None,
             reread: vec![],
+            shared: None,
         };
         rec.request(&c, &handled, 0, 10);
         rec.request(&c, &handled, 1, 20);
+        let shared = Some(Shared {
+            call: 1,
+            place: 0,
+            sent: false,
+        });
+        rec.request(&c, &Handled { shared, ..handled }, 0, 30);
         let m = &rec.take()[0];
         assert_eq!(m.rules[0][RuleCount::Leased], 1);
-        assert_eq!(m.rules[0][RuleCount::Admitted], 2);
+        assert_eq!(m.rules[0][RuleCount::Admitted], 3);
         assert_eq!(m.rules[0][RuleCount::Calls], 1);
     }
 

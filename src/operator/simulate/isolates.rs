@@ -32,9 +32,10 @@ use super::{
 use crate::{
     decision::{
         block_cache::BlockCache,
+        in_flight::{Bell, InFlight, Pause, Paused},
         keys::{redis_key, window_offset},
         leases::Leases,
-        limiter::{select, Forward, Limiter, Outcome},
+        limiter::{select, Forward, Handled, Limiter, Outcome},
         protocol::ScriptRunner,
         redis_rest::{RestError, Script},
         rule_wide::RuleWide,
@@ -126,6 +127,14 @@ pub struct IsolatesReport {
     pub rest_calls: u64,
     /// Requests the exact replay decided with a call.
     pub rest_calls_without_leases: u64,
+    /// Requests decided together with others of their client, each group
+    /// by one call, because they came while a call for the same rules and
+    /// keys was in flight in their isolate.
+    pub grouped: u64,
+    /// The calls that decided them: grouping saved `grouped` less these.
+    pub group_calls: u64,
+    /// Requests admitted from leased units, with no call.
+    pub from_leases: u64,
     /// Requests the exact replay admitted and the lease replay denied.
     pub denied_only_with_leases: u64,
     /// Requests the exact replay denied and the lease replay admitted (a
@@ -142,14 +151,22 @@ pub struct IsolatesReport {
 /// its cost.
 type Charged = (u64, u64, u64);
 
+/// When a group's call ran at Redis (order, ms), and how many of the
+/// requests it decided are still to read it.
+type GroupRun = ((u64, u64), usize);
+
 /// What the replay's tasks share: the isolates, Redis, the clock, and
 /// what they charged.
 struct Replay<'c> {
     config: &'c Config,
     runner: SocketRunner,
-    clock: Clock,
+    clock: Rc<Clock>,
     caches: Vec<RefCell<BlockCache>>,
     leases: Vec<RefCell<Leases>>,
+    in_flight: Vec<InFlight>,
+    /// Each group call's run at Redis, by isolate and call, for the
+    /// requests it decided.
+    groups: RefCell<HashMap<(usize, u64), GroupRun>>,
     /// The plan's rule-wide overrides, held for the whole replay.
     wide: RefCell<RuleWide>,
     /// The farthest isolate's distance to Redis, ms each way.
@@ -179,14 +196,20 @@ impl<'c> IsolatesReplay<'c> {
         latency_ms: u64,
     ) -> Result<IsolatesReplay<'c>, EngineError> {
         let isolates = isolates.max(1);
+        let clock = Rc::new(Clock::at(0));
         let replay = Replay {
             config,
             runner: SocketRunner::start()?,
-            clock: Clock::at(0),
             caches: (0..isolates)
                 .map(|_| RefCell::new(BlockCache::new(config.cache_hold_ms)))
                 .collect(),
             leases: (0..isolates).map(|_| RefCell::new(Leases::new())).collect(),
+            in_flight: (0..isolates)
+                // Calls here never time out, nor does a wait in line.
+                .map(|_| InFlight::new(OnTimeline(clock.clone())).ignoring_budgets())
+                .collect(),
+            groups: RefCell::new(HashMap::new()),
+            clock,
             wide: RefCell::new(RuleWide::new()),
             latency_ms,
             order: Cell::new(0),
@@ -281,8 +304,38 @@ impl<'c> Replay<'c> {
             cache: &self.caches[i],
             leases: &self.leases[i],
             wide: &self.wide,
+            in_flight: &self.in_flight[i],
             pinned: true,
         }
+    }
+
+    /// When the script ran the call that decided a request of isolate `i`
+    /// (`far`: its own way to Redis), at Redis (order, ms): its own call,
+    /// or, for a request decided with others, the call the group's last
+    /// request sent, whose run it noted; `None` for none (leased units,
+    /// the block cache).
+    fn ran(&self, i: usize, far: &Far<'_, '_>, handled: &Handled<'_>) -> Option<(u64, u64)> {
+        let Some(shared) = handled.shared else {
+            return far.ran.get();
+        };
+        let mut report = self.report.borrow_mut();
+        report.grouped += 1;
+        let mut groups = self.groups.borrow_mut();
+        let key = (i, shared.call);
+        if shared.sent {
+            report.group_calls += 1;
+            // Its group's others read it after: they resume once it returned.
+            let ran = far.ran.get()?;
+            groups.insert(key, (ran, shared.place));
+            return Some(ran);
+        }
+        let (ran, left) = groups.get_mut(&key)?;
+        let ran = *ran;
+        *left -= 1;
+        if *left == 0 {
+            groups.remove(&key);
+        }
+        Some(ran)
     }
 
     fn next(&self) -> u64 {
@@ -298,10 +351,15 @@ impl<'c> Replay<'c> {
         let far = Far::new(self, i);
         let now = self.clock.now_ms();
         let handled = self.limiter(i, &far).handle(&record.request, now).await;
+        let ran = self.ran(i, &far, &handled);
         let admitted = match &handled.outcome {
             Outcome::Forward(Forward::Admitted(decided)) => {
-                // At Redis when a call decided it, else here and now.
-                let at = far.ran.get().unwrap_or_else(|| (self.next(), now));
+                // At Redis when a call decided it, else here and now:
+                // the block cache holds only denials.
+                let at = ran.unwrap_or_else(|| {
+                    self.report.borrow_mut().from_leases += 1;
+                    (self.next(), now)
+                });
                 self.charge(&record, &decided.decision.rules, at);
                 true
             }
@@ -357,6 +415,28 @@ impl<'c> Replay<'c> {
     }
 }
 
+/// A pause on the replay's clock, rung by another of the replay's tasks.
+struct OnTimeline(Rc<Clock>);
+
+impl Pause for OnTimeline {
+    fn now_ms(&self) -> u64 {
+        self.0.now_ms()
+    }
+
+    fn until(&self, until_ms: u64) -> (Bell, Paused) {
+        let (bell, rung) = Bell::pair();
+        let clock = self.0.clone();
+        if until_ms == u64::MAX {
+            return (bell, Box::pin(rung));
+        }
+        let paused = async move {
+            let ms = until_ms.saturating_sub(clock.now_ms());
+            rung.or(clock.sleep(ms)).await
+        };
+        (bell, Box::pin(paused))
+    }
+}
+
 /// The script as isolate `i` reaches it: each call run its distance after
 /// it was sent (at that instant of the pinned clock), and answered as far
 /// again.
@@ -393,7 +473,8 @@ impl ScriptRunner for Far<'_, '_> {
         let mut args = args.to_vec();
         let now = clock.now_ms();
         // A pinned clock runs the call when it reaches Redis.
-        if (args[0] == "decide" || args[0] == "refund") && !args[1].is_empty() {
+        let clocked = ["decide", "group", "refund"].contains(&args[0].as_str());
+        if clocked && !args[1].is_empty() {
             args[1] = now.to_string();
         }
         // The private redis-server answers at once: no time passes.
@@ -444,7 +525,7 @@ impl IsolatesReport {
         };
         format!(
             "\nWith leases, through {} isolates{}:\n  \
-             REST calls per request   {:.3} ({} for {} requests; {:.3} without leases)\n  \
+             REST calls per request   {:.3} ({} for {} requests; {:.3} without leases)\n{}  \
              denied only with leases  {}\n  \
              admitted only with leases {}\n  \
              over any rule's limit    {} (checked apart from the script)\n{}",
@@ -457,6 +538,14 @@ impl IsolatesReport {
             self.rest_calls,
             self.requests,
             per(self.rest_calls_without_leases),
+            match self.grouped {
+                0 => String::new(),
+                n => format!(
+                    "  decided together        {n} requests in {} calls ({} calls saved)\n",
+                    self.group_calls,
+                    n - self.group_calls
+                ),
+            },
             self.denied_only_with_leases,
             self.admitted_only_with_leases,
             self.over_limit,
