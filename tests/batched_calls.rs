@@ -2,8 +2,10 @@
 //! share REST requests, end to end in `wrangler dev`: counted at the REST
 //! endpoint (requests, and the commands each carried) while 64 fresh
 //! clients send one request each at once; each decided on its own, each
-//! one billed command; and after `SCRIPT FLUSH`, each entry's `NOSCRIPT`
-//! answered by that call's own `EVAL`.
+//! one billed command; a Redis error in some entries (`WRONGTYPE` on their
+//! state keys) fails those decisions alone; after `SCRIPT FLUSH`, each
+//! entry's `NOSCRIPT` is answered by that call's own `EVAL`. Clients one
+//! after another each get a REST request of their own.
 #![cfg(not(target_arch = "wasm32"))]
 
 mod support;
@@ -20,8 +22,8 @@ const RULES: &str = r#"
 name = "per-ip"
 key = ["ip"]
 algorithm = "gcra"
-rate = 5
-period = "1h"
+rate = 7
+period = "1s"
 burst = 5
 "#;
 
@@ -57,32 +59,37 @@ fn counted(before: &Value, after: &Value) -> (u64, u64, Vec<(u64, u64)>) {
     )
 }
 
-/// One request from each of `CLIENTS` fresh addresses (`prefix.N`), all at
-/// once: each one's status and units left.
-async fn fresh_clients_at_once(stack: &Stack, prefix: &str) -> Vec<(StatusCode, Option<u64>)> {
+/// One request from each of `n` fresh addresses (`prefix.N`), all at once
+/// or one after another: each one's status and units left.
+async fn fresh_clients(
+    stack: &Stack,
+    prefix: &str,
+    n: usize,
+    at_once: bool,
+) -> Vec<(StatusCode, Option<u64>)> {
     // One client for all: 64 of them, each setting up at once, make
     // wrangler's proxy drop some connections on a loaded machine.
     let http = reqwest::Client::new();
-    let tasks: Vec<_> = (0..CLIENTS)
-        .map(|i| {
-            let url = format!("{}/page", stack.worker.url);
-            let ip = format!("{prefix}.{i}");
-            let http = http.clone();
-            tokio::spawn(async move {
-                let r = http
-                    .get(url)
-                    .header("CF-Connecting-IP", ip)
-                    .send()
-                    .await
-                    .unwrap();
-                let left = header(&r, "X-RateLimit-Remaining").and_then(|v| v.parse().ok());
-                (r.status(), left)
-            })
+    let send = |i: usize| {
+        let request = http
+            .get(format!("{}/page", stack.worker.url))
+            .header("CF-Connecting-IP", format!("{prefix}.{i}"));
+        tokio::spawn(async move {
+            let r = request.send().await.unwrap();
+            let left = header(&r, "X-RateLimit-Remaining").and_then(|v| v.parse().ok());
+            (r.status(), left)
         })
-        .collect();
+    };
     let mut answers = vec![];
-    for t in tasks {
-        answers.push(t.await.unwrap());
+    if at_once {
+        let tasks: Vec<_> = (0..n).map(send).collect();
+        for t in tasks {
+            answers.push(t.await.unwrap());
+        }
+    } else {
+        for i in 0..n {
+            answers.push(send(i).await.unwrap());
+        }
     }
     answers
 }
@@ -90,64 +97,89 @@ async fn fresh_clients_at_once(stack: &Stack, prefix: &str) -> Vec<(StatusCode, 
 #[tokio::test]
 async fn decisions_made_at_once_share_rest_requests_each_decided_on_its_own() {
     let stack = Stack::start(RULES);
-    // One request first: the isolate is up, and Redis holds the script.
-    let first = reqwest::Client::new()
-        .get(format!("{}/page", stack.worker.url))
-        .header("CF-Connecting-IP", "198.51.100.1")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(first.status(), StatusCode::OK);
     let mut table = Table::new(
-        "64 fresh clients at once through one isolate",
+        "fresh clients through one isolate",
         &[
             "case",
             "decisions",
             "REST requests",
             "commands",
-            "script calls in Redis",
             "requests by commands carried",
         ],
     );
-    let mut case = async |name: &str, prefix: &str, flush: bool| {
-        if flush {
-            stack.backend.redis(&["SCRIPT", "FLUSH"]);
-        }
+    // What the endpoint counted while `send` ran: requests, commands.
+    let mut count = async |name: &str, prefix: &str, decisions: usize, at_once: bool| {
         let before = endpoint_stats(&stack).await;
-        let calls = stack.backend.script_calls();
-        let answers = fresh_clients_at_once(&stack, prefix).await;
+        let answers = fresh_clients(&stack, prefix, decisions, at_once).await;
         let after = endpoint_stats(&stack).await;
-        let script_calls = stack.backend.script_calls() - calls;
         let (requests, commands, carrying) = counted(&before, &after);
         let shown: Vec<String> = carrying.iter().map(|(n, c)| format!("{n}: {c}")).collect();
         table.row(vec![
             name.into(),
-            CLIENTS.to_string(),
+            decisions.to_string(),
             requests.to_string(),
             commands.to_string(),
-            script_calls.to_string(),
             shown.join(", "),
         ]);
-        // Each client was decided by its own entry: a fresh client's
-        // first request, admitted with the rest of its burst left.
-        for (i, answer) in answers.iter().enumerate() {
-            assert_eq!(*answer, (StatusCode::OK, Some(LIMIT - 1)), "client {i}");
-        }
-        (requests, commands, script_calls)
+        (answers, requests, commands, carrying)
     };
+    let fresh = (StatusCode::OK, Some(LIMIT - 1));
 
-    let (requests, commands, script_calls) = case("script cached", "203.0.113", false).await;
-    assert_eq!(script_calls, CLIENTS as u64, "one script call per decision");
+    // The isolate is up, and Redis holds the script.
+    fresh_clients(&stack, "198.51.100.200", 1, false).await;
+    // One after another: nothing else in flight, so each call goes at
+    // once, alone.
+    let (answers, requests, _, carrying) = count("one after another", "198.51.100", 8, false).await;
+    assert_eq!(answers, vec![fresh; 8]);
+    assert_eq!(
+        (requests, carrying),
+        (8, vec![(1, 8)]),
+        "one REST request each"
+    );
+
+    let (answers, requests, commands, _) = count("at once", "203.0.113", CLIENTS, true).await;
+    assert_eq!(answers, vec![fresh; CLIENTS]);
     assert_eq!(commands, CLIENTS as u64, "one command per decision");
     assert!(
         requests < CLIENTS as u64,
         "{requests} REST requests: no two decisions shared one"
     );
 
-    let (requests, commands, _) = case("after SCRIPT FLUSH", "192.0.2", true).await;
-    // Every EVALSHA answered NOSCRIPT, each followed by its own EVAL.
-    assert_eq!(commands, 2 * CLIENTS as u64);
+    // Every eighth client's state key holds a list with a TTL: the script
+    // reads it (a TTL, and an interval of no whole ms, make it GET the
+    // key), Redis answers WRONGTYPE, and the rule fails closed for that
+    // client alone.
+    let broken: Vec<usize> = (0..CLIENTS).step_by(8).collect();
+    for i in &broken {
+        let key = format!("el:{{192.0.2.{i}}}:per-ip");
+        stack.backend.redis(&["RPUSH", &key, "x"]);
+        stack.backend.redis(&["PEXPIRE", &key, "600000"]);
+    }
+    let (answers, requests, _, carrying) =
+        count("at once, WRONGTYPE in every 8th", "192.0.2", CLIENTS, true).await;
+    for (i, answer) in answers.iter().enumerate() {
+        match broken.contains(&i) {
+            true => assert_eq!(answer.0, StatusCode::SERVICE_UNAVAILABLE, "client {i}"),
+            false => assert_eq!(*answer, fresh, "client {i}"),
+        }
+    }
+    assert!(requests < CLIENTS as u64, "{requests} REST requests");
+    let alone = carrying
+        .iter()
+        .find(|(n, _)| *n == 1)
+        .map_or(0, |(_, c)| *c);
+    assert!(
+        alone < broken.len() as u64,
+        "{alone} calls went alone: perhaps no WRONGTYPE shared a pipeline"
+    );
+
+    // NOSCRIPT for the EVALSHAs that reach Redis before an EVAL has
+    // loaded the script again: each such call follows with its own EVAL.
+    stack.backend.redis(&["SCRIPT", "FLUSH"]);
+    let (answers, requests, commands, _) =
+        count("at once, after SCRIPT FLUSH", "10.0.0", CLIENTS, true).await;
+    assert_eq!(answers, vec![fresh; CLIENTS]);
+    assert!(commands > CLIENTS as u64, "no NOSCRIPT was answered");
     assert!(requests < commands, "{requests} REST requests");
     table.print("batched-calls");
 }
-

@@ -38,9 +38,11 @@ async fn counts_every_request_but_its_own() {
 async fn counts_the_commands_each_request_carried() {
     let env = Env::start();
     env.post("/", json!(["PING"])).await;
-    env.post("/pipeline", json!([["PING"], ["PING"], ["PING"]])).await;
+    env.post("/pipeline", json!([["PING"], ["PING"], ["PING"]]))
+        .await;
     env.post("/multi-exec", json!([["PING"], ["PING"]])).await;
-    env.post("/pipeline", json!([["PING"], ["PING"], ["PING"]])).await;
+    env.post("/pipeline", json!([["PING"], ["PING"], ["PING"]]))
+        .await;
     env.send(env.http.get(env.url("/echo/x")).bearer_auth(TOKEN))
         .await;
     // Refused before its commands were read: a round trip carrying none.
