@@ -27,23 +27,15 @@ use std::{
 use serde_json::Value;
 
 use super::{
+    in_flight::{Bell, Pause},
     protocol::ScriptRunner,
     redis_rest::{command_values, evalsha_or_eval, timed_out, RestError, Script, Transport},
 };
 
-/// What batching needs from the runtime of the request making a call.
-pub trait Runtime {
-    /// Wakes a call waiting for its batch.
-    type Bell: Bell + 'static;
-
-    /// Milliseconds on a clock that moves while calls are waited for.
-    fn now_ms() -> f64;
-
-    /// A bell, and a wait that ends once it is rung or after `limit`,
-    /// whichever comes first. The bell may be rung from another request's
-    /// event: the wait resumes this request in its own.
-    fn bell(&self, limit: Duration) -> (Self::Bell, impl Future<Output = ()>);
-
+/// What batching needs from the runtime of the request making a call,
+/// beyond the clock and the pause a call waits for its batch in (whose
+/// bell the batch's answer rings, from whichever request sent it).
+pub trait Runtime: Pause + Clone + 'static {
     /// Ends once the events already waiting for the isolate are handled.
     fn turn(&self) -> impl Future<Output = ()> + 'static;
 
@@ -52,32 +44,26 @@ pub trait Runtime {
     fn spawn(&self, task: impl Future<Output = ()> + 'static);
 }
 
-/// Rung once a call's answer is in.
-pub trait Bell {
-    /// Ends the wait the bell was made with.
-    fn ring(&self);
-}
-
 /// The isolate's calls: the transport, and what is in flight or gathering.
-pub struct Batches<T, B> {
-    shared: Rc<Shared<T, B>>,
+pub struct Batches<T> {
+    shared: Rc<Shared<T>>,
 }
 
-struct Shared<T, B> {
+struct Shared<T> {
     transport: T,
     /// REST requests sent and not yet answered.
     in_flight: Cell<u32>,
     /// The calls waiting for their turn, when a batch is open.
-    gathering: RefCell<Option<Vec<Waiting<B>>>>,
+    gathering: RefCell<Option<Vec<Waiting>>>,
 }
 
 /// A call in a batch: its command, when its budget ends, and where its
 /// answer goes.
-struct Waiting<B> {
+struct Waiting {
     command: Value,
-    deadline_ms: f64,
+    deadline_ms: u64,
     answer: Rc<Answer>,
-    bell: B,
+    bell: Bell,
 }
 
 type Answer = RefCell<Option<Result<Value, RestError>>>;
@@ -98,9 +84,9 @@ impl Drop for InFlight<'_> {
     }
 }
 
-impl<T: Transport + 'static, B: Bell + 'static> Batches<T, B> {
+impl<T: Transport + 'static> Batches<T> {
     /// Calls through `transport`, none in flight yet.
-    pub fn new(transport: T) -> Batches<T, B> {
+    pub fn new(transport: T) -> Batches<T> {
         Batches {
             shared: Rc::new(Shared {
                 transport,
@@ -111,7 +97,7 @@ impl<T: Transport + 'static, B: Bell + 'static> Batches<T, B> {
     }
 
     /// Calls made by one request, on its `runtime`.
-    pub fn for_request<R: Runtime<Bell = B>>(&self, runtime: R) -> Batched<'_, T, R> {
+    pub fn for_request<R: Runtime>(&self, runtime: R) -> Batched<'_, T, R> {
         Batched {
             batches: self,
             runtime,
@@ -121,7 +107,7 @@ impl<T: Transport + 'static, B: Bell + 'static> Batches<T, B> {
 
 /// One request's calls, carried with the isolate's others.
 pub struct Batched<'b, T, R: Runtime> {
-    batches: &'b Batches<T, R::Bell>,
+    batches: &'b Batches<T>,
     runtime: R,
 }
 
@@ -135,10 +121,11 @@ impl<T: Transport + 'static, R: Runtime> Batched<'_, T, R> {
             return shared.transport.send(command, left).await;
         }
         let answer = Rc::new(RefCell::new(None));
-        let (bell, wait) = self.runtime.bell(left);
+        let deadline_ms = self.runtime.now_ms() + left.as_millis() as u64;
+        let (bell, wait) = self.runtime.until(deadline_ms);
         let waiting = Waiting {
             command,
-            deadline_ms: R::now_ms() + left.as_millis() as f64,
+            deadline_ms,
             answer: answer.clone(),
             bell,
         };
@@ -150,7 +137,8 @@ impl<T: Transport + 'static, R: Runtime> Batched<'_, T, R> {
         };
         if opens {
             let turn = self.runtime.turn();
-            self.runtime.spawn(carry(shared.clone(), turn, R::now_ms));
+            let runtime = self.runtime.clone();
+            self.runtime.spawn(carry(shared.clone(), turn, runtime));
         }
         wait.await;
         let answered = answer.borrow_mut().take();
@@ -160,23 +148,23 @@ impl<T: Transport + 'static, R: Runtime> Batched<'_, T, R> {
 
 /// After `turn`, sends the calls gathered meanwhile in one request, within
 /// the latest of their deadlines, and hands each its own answer.
-async fn carry<T: Transport, B: Bell>(
-    shared: Rc<Shared<T, B>>,
+async fn carry<T: Transport>(
+    shared: Rc<Shared<T>>,
     turn: impl Future<Output = ()>,
-    now_ms: fn() -> f64,
+    clock: impl Pause,
 ) {
     turn.await;
     let gathered = shared.gathering.borrow_mut().take().unwrap_or_default();
     // A call no longer waited for (its deadline came first, its request
     // went) is left out: it has not reached Redis, and nobody would read it.
-    let mut waiting: Vec<Waiting<B>> = gathered
+    let mut waiting: Vec<Waiting> = gathered
         .into_iter()
         .filter(|w| Rc::strong_count(&w.answer) > 1)
         .collect();
-    let Some(latest) = waiting.iter().map(|w| w.deadline_ms).reduce(f64::max) else {
+    let Some(latest) = waiting.iter().map(|w| w.deadline_ms).max() else {
         return;
     };
-    let budget = Duration::from_millis((latest - now_ms()).ceil().max(1.0) as u64);
+    let budget = Duration::from_millis(latest.saturating_sub(clock.now_ms()).max(1));
     let answers = {
         let _flight = InFlight::start(&shared.in_flight);
         if waiting.len() == 1 {
@@ -193,7 +181,7 @@ async fn carry<T: Transport, B: Bell>(
             }
         }
     };
-    for (w, answer) in waiting.iter().zip(answers) {
+    for (w, answer) in waiting.into_iter().zip(answers) {
         *w.answer.borrow_mut() = Some(answer);
         w.bell.ring();
     }
@@ -208,7 +196,8 @@ impl<T: Transport + 'static, R: Runtime> ScriptRunner for Batched<'_, T, R> {
         budget: Duration,
     ) -> Result<Value, RestError> {
         // The fallback to EVAL is this call's own, batched as any call is.
-        evalsha_or_eval(script, keys, args, budget, R::now_ms, |command, left| {
+        let now_ms = || self.runtime.now_ms() as f64;
+        evalsha_or_eval(script, keys, args, budget, now_ms, |command, left| {
             self.one(command, left)
         })
         .await
@@ -232,12 +221,13 @@ impl<T: Transport + 'static, R: Runtime> ScriptRunner for Batched<'_, T, R> {
 
 #[cfg(test)]
 mod tests {
-    use std::{pin::pin, task::Poll, task::Waker};
+    use std::task::Poll;
 
     use serde_json::json;
     use tokio::{task::LocalSet, time::Instant};
 
     use super::*;
+    use crate::decision::in_flight::Paused;
 
     /// What the fake endpoint received: one command, or a pipeline.
     #[derive(Debug, Clone, PartialEq)]
@@ -318,23 +308,6 @@ mod tests {
         asked: Rc<Cell<u32>>,
     }
 
-    #[derive(Default)]
-    struct Rung {
-        rung: Cell<bool>,
-        waker: RefCell<Option<Waker>>,
-    }
-
-    struct TestBell(Rc<Rung>);
-
-    impl Bell for TestBell {
-        fn ring(&self) {
-            self.0.rung.set(true);
-            if let Some(waker) = self.0.waker.borrow_mut().take() {
-                waker.wake();
-            }
-        }
-    }
-
     thread_local! {
         static START: Instant = Instant::now();
     }
@@ -343,31 +316,20 @@ mod tests {
         START.with(|s| s.elapsed().as_millis() as u64)
     }
 
-    impl Runtime for Loop {
-        type Bell = TestBell;
-
-        fn now_ms() -> f64 {
-            START.with(|s| s.elapsed().as_secs_f64() * 1000.0)
+    impl Pause for Loop {
+        fn now_ms(&self) -> u64 {
+            elapsed_ms()
         }
 
-        fn bell(&self, limit: Duration) -> (TestBell, impl Future<Output = ()>) {
+        fn until(&self, until_ms: u64) -> (Bell, Paused) {
             self.asked.set(self.asked.get() + 1);
-            let rung = Rc::new(Rung::default());
-            let heard = rung.clone();
-            let wait = async move {
-                let mut timer = pin!(tokio::time::sleep(limit));
-                std::future::poll_fn(|cx| {
-                    if heard.rung.get() || timer.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(());
-                    }
-                    *heard.waker.borrow_mut() = Some(cx.waker().clone());
-                    Poll::Pending
-                })
-                .await
-            };
-            (TestBell(rung), wait)
+            let (bell, rung) = Bell::pair();
+            let wait = Duration::from_millis(until_ms.saturating_sub(elapsed_ms()));
+            (bell, Box::pin(rung.or(tokio::time::sleep(wait))))
         }
+    }
 
+    impl Runtime for Loop {
         fn turn(&self) -> impl Future<Output = ()> + 'static {
             self.asked.set(self.asked.get() + 1);
             tokio::task::yield_now()
@@ -385,7 +347,7 @@ mod tests {
     };
     const BUDGET: Duration = Duration::from_millis(1000);
 
-    type Calls = Batches<Rc<Endpoint>, TestBell>;
+    type Calls = Batches<Rc<Endpoint>>;
 
     /// A script call for `key` through `calls`, as a request on `lp` makes it.
     async fn call(

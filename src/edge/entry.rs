@@ -7,7 +7,6 @@ use std::{
     future::Future,
     rc::Rc,
     task::{Poll, Waker},
-    time::Duration,
 };
 
 use wasm_bindgen::{JsCast, JsValue};
@@ -16,7 +15,7 @@ use worker::{console_error, console_log, event, worker_sys::web_sys, Context, En
 
 use crate::{
     decision::{
-        batch::{self, Batched, Batches, Runtime},
+        batch::{Batched, Batches, Runtime},
         block_cache::BlockCache,
         events::Event,
         in_flight::{Bell, InFlight, Pause, Paused},
@@ -51,7 +50,7 @@ struct Isolate {
     client: RestClient,
     /// The script calls of its requests, those made at the same moment
     /// carried together.
-    calls: Batches<RestClient, Resolve>,
+    calls: Batches<RestClient>,
     /// Shared by the isolate's requests: what it learned about denied clients.
     cache: RefCell<BlockCache>,
     /// Units leased to this isolate.
@@ -300,72 +299,30 @@ impl Isolate {
 }
 
 /// The runtime of one request, for its script calls: its context, whose
-/// `waitUntil` carries a batch it opens to the end, and the timers.
+/// `waitUntil` carries a batch it opens to the end, and its pauses.
 #[derive(Clone)]
 struct OnRequest(Rc<Context>);
 
-/// A promise's `resolve`: whoever awaits the promise resumes in their own
-/// request's context, whichever request rings it (workerd moves the
-/// continuation to the context that made the promise).
-struct Resolve(Option<js_sys::Function>);
+impl Pause for OnRequest {
+    fn now_ms(&self) -> u64 {
+        JsPause.now_ms()
+    }
 
-impl batch::Bell for Resolve {
-    fn ring(&self) {
-        if let Some(resolve) = &self.0 {
-            let _ = resolve.call0(&JsValue::UNDEFINED);
-        }
+    fn until(&self, until_ms: u64) -> (Bell, Paused) {
+        JsPause.until(until_ms)
     }
 }
 
 impl Runtime for OnRequest {
-    type Bell = Resolve;
-
-    fn now_ms() -> f64 {
-        js_sys::Date::now()
-    }
-
-    /// The wait's timer is the request's own pending event, which also
-    /// keeps workerd from taking a request waiting on another's promise
-    /// for one that hangs.
-    fn bell(&self, limit: Duration) -> (Resolve, impl Future<Output = ()>) {
-        let (resolve, timer, rung) = alarm(limit);
-        let wait = async move {
-            let _ = rung.await;
-            global().clear_timeout_with_handle(timer);
-        };
-        (Resolve(resolve), wait)
-    }
-
     /// A timer of 0 ms: workerd runs it once the events already waiting
     /// for the isolate are handled.
     fn turn(&self) -> impl Future<Output = ()> + 'static {
-        let (_, _, done) = alarm(Duration::ZERO);
-        async move {
-            let _ = done.await;
-        }
+        JsPause.until(0).1
     }
 
     fn spawn(&self, task: impl Future<Output = ()> + 'static) {
         self.0.wait_until(task);
     }
-}
-
-/// A promise that a timer resolves after `after`: its `resolve`, the
-/// timer's id and the promise, already awaited.
-fn alarm(after: Duration) -> (Option<js_sys::Function>, i32, JsFuture) {
-    let (mut resolve, mut timer) = (None, 0);
-    // The executor runs before `new Promise` returns.
-    let promise = js_sys::Promise::new(&mut |r, _| {
-        timer = global()
-            .set_timeout_with_callback_and_timeout_and_arguments_0(&r, after.as_millis() as i32)
-            .unwrap_or(0);
-        resolve = Some(r);
-    });
-    (resolve, timer, JsFuture::from(promise))
-}
-
-fn global() -> web_sys::WorkerGlobalScope {
-    js_sys::global().unchecked_into()
 }
 
 /// A request's pause in workerd: a promise of its own, which a timer of
@@ -543,7 +500,7 @@ async fn forward(
     url: &Url,
     origin: Option<&str>,
 ) -> Result<web_sys::Response> {
-    let global = global();
+    let global: web_sys::WorkerGlobalScope = js_sys::global().unchecked_into();
     let sent = match origin {
         None => global.fetch_with_request(req),
         Some(origin) => {
