@@ -68,17 +68,18 @@ struct Waiting {
 
 type Answer = RefCell<Option<Result<Value, RestError>>>;
 
-/// A REST request in flight, counted for as long as it lives.
-struct InFlight<'a>(&'a Cell<u32>);
+/// A REST request sent and not yet answered, counted for as long as it
+/// lives (not `in_flight::InFlight`, which tracks decision calls by key).
+struct Outstanding<'a>(&'a Cell<u32>);
 
-impl<'a> InFlight<'a> {
-    fn start(count: &'a Cell<u32>) -> InFlight<'a> {
+impl<'a> Outstanding<'a> {
+    fn start(count: &'a Cell<u32>) -> Outstanding<'a> {
         count.set(count.get() + 1);
-        InFlight(count)
+        Outstanding(count)
     }
 }
 
-impl Drop for InFlight<'_> {
+impl Drop for Outstanding<'_> {
     fn drop(&mut self) {
         self.0.set(self.0.get() - 1);
     }
@@ -117,7 +118,7 @@ impl<T: Transport + 'static, R: Runtime> Batched<'_, T, R> {
     async fn one(&self, command: Value, left: Duration) -> Result<Value, RestError> {
         let shared = &self.batches.shared;
         if shared.in_flight.get() == 0 && shared.gathering.borrow().is_none() {
-            let _flight = InFlight::start(&shared.in_flight);
+            let _flight = Outstanding::start(&shared.in_flight);
             return shared.transport.send(command, left).await;
         }
         let answer = Rc::new(RefCell::new(None));
@@ -166,7 +167,7 @@ async fn carry<T: Transport>(
     };
     let budget = Duration::from_millis(latest.saturating_sub(clock.now_ms()).max(1));
     let answers = {
-        let _flight = InFlight::start(&shared.in_flight);
+        let _flight = Outstanding::start(&shared.in_flight);
         if waiting.len() == 1 {
             let command = std::mem::take(&mut waiting[0].command);
             vec![shared.transport.send(command, budget).await]
@@ -211,7 +212,7 @@ impl<T: Transport + 'static, R: Runtime> ScriptRunner for Batched<'_, T, R> {
         budget: Duration,
     ) -> Result<Vec<Result<Value, RestError>>, RestError> {
         let shared = &self.batches.shared;
-        let _flight = InFlight::start(&shared.in_flight);
+        let _flight = Outstanding::start(&shared.in_flight);
         shared
             .transport
             .send_all(command_values(commands), budget)
