@@ -41,6 +41,25 @@ impl Situation {
     pub fn calls_per_decision(&self) -> f64 {
         self.calls as f64 / self.worker_ms.len().max(1) as f64
     }
+
+    /// Keeps a worker request's latency and status.
+    fn answered(&mut self, ms: f64, status: u16) {
+        self.worker_ms.push(ms);
+        match self.statuses.iter_mut().find(|(st, _)| *st == status) {
+            Some((_, n)) => *n += 1,
+            None => self.statuses.push((status, 1)),
+        }
+    }
+}
+
+/// REST calls `proxy` has seen since it had seen `before`, once `worker`'s
+/// are over: calls a worker makes after answering (waitUntil) count too.
+async fn calls_since(proxy: &FaultProxy, before: usize, worker: &Worker) -> Result<u64, String> {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if !proxy.wait_idle(Duration::from_secs(10)) {
+        return Err(format!("{}: REST calls still in flight", worker.label));
+    }
+    Ok((proxy.exchanges().len() - before) as u64)
 }
 
 /// One GET of `url` with these headers, timed: ms, and the status.
@@ -82,18 +101,9 @@ pub async fn measure(
             let (base, _) = timed(http, &format!("{}/rt/page", passthrough.url), &by_ip).await?;
             let (ms, status) = timed(http, &format!("{}/rt/page", worker.url), &by_ip).await?;
             s.passthrough_ms.push(base);
-            s.worker_ms.push(ms);
-            match s.statuses.iter_mut().find(|(st, _)| *st == status) {
-                Some((_, n)) => *n += 1,
-                None => s.statuses.push((status, 1)),
-            }
+            s.answered(ms, status);
         }
-        // Calls a worker makes after answering (waitUntil) count too.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        if !proxy.wait_idle(Duration::from_secs(10)) {
-            return Err(format!("{}: REST calls still in flight", worker.label));
-        }
-        s.calls = (proxy.exchanges().len() - before) as u64;
+        s.calls = calls_since(proxy, before, worker).await?;
         out.push(s);
     }
     Ok(out)
@@ -133,18 +143,9 @@ pub async fn page_loads(
         s.passthrough_ms.extend(base.iter().map(|(ms, _)| ms));
         let before = proxy.exchanges().len();
         for (ms, status) in at_once(http, &format!("{}{path}", worker.url), &key).await? {
-            s.worker_ms.push(ms);
-            match s.statuses.iter_mut().find(|(st, _)| *st == status) {
-                Some((_, n)) => *n += 1,
-                None => s.statuses.push((status, 1)),
-            }
+            s.answered(ms, status);
         }
-        // Calls a worker makes after answering (waitUntil) count too.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        if !proxy.wait_idle(Duration::from_secs(10)) {
-            return Err(format!("{}: REST calls still in flight", worker.label));
-        }
-        s.calls += (proxy.exchanges().len() - before) as u64;
+        s.calls += calls_since(proxy, before, worker).await?;
     }
     Ok(s)
 }
