@@ -29,7 +29,7 @@ burst = 5
 
 /// What the endpoint has counted so far (`GET /__stats`).
 async fn endpoint_stats(stack: &Stack) -> Value {
-    support::http()
+    reqwest::Client::new()
         .get(format!("{}/__stats", stack.backend.endpoint.url()))
         .bearer_auth(TOKEN)
         .send()
@@ -69,7 +69,7 @@ async fn fresh_clients(
 ) -> Vec<(StatusCode, Option<u64>)> {
     // One client for all: 64 of them, each setting up at once, make
     // wrangler's proxy drop some connections on a loaded machine.
-    let http = support::http();
+    let http = reqwest::Client::new();
     let send = |i: usize| {
         let request = http
             .get(format!("{}/page", stack.worker.url))
