@@ -124,9 +124,8 @@ pub const PAGE_LOADS: [(&str, &str); 3] = [
 
 /// `pages` page loads through `worker` at `path`, each [`PAGE`] requests of
 /// a fresh client at once (`salt` keeps the clients apart from other
-/// runs'), each just after as many at once through the passthrough; REST
-/// calls counted at `proxy`, per page in [`Situation::calls_per_decision`]
-/// read with `pages`.
+/// runs'), each just after as many at once through the passthrough; the
+/// REST calls counted at `proxy` over all `pages` (the report divides).
 pub async fn page_loads(
     http: &reqwest::Client,
     worker: &Worker,
