@@ -1,7 +1,9 @@
 //! HTTP routing, auth, body limits and status codes, the way hosted Upstash answers.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -15,8 +17,13 @@ use crate::json::{self, Command};
 use crate::resp::Value;
 
 /// Not part of Upstash's API: `GET` it (with the token) for
-/// `{"requests": N}`, the requests answered so far, itself excluded, so that a
-/// benchmark can count a client's round trips.
+/// `{"requests": N, "commands": M, "carrying": {"1": A, "2": B, ...}}`: the
+/// requests answered so far (itself excluded), the commands they carried,
+/// and how many requests carried each number of commands (`POST /` and a
+/// path-style command one each, a pipeline or transaction as many as it
+/// holds; a request refused before its commands were read carries none),
+/// so that a benchmark can count a client's round trips and how it groups
+/// its commands.
 pub const STATS_PATH: &str = "/__stats";
 
 /// Everything a request needs, shared by all connections.
@@ -26,6 +33,8 @@ pub struct App {
     executor: Executor,
     sync_token: AtomicU64,
     requests: AtomicU64,
+    /// Requests by the number of commands they carried.
+    carrying: Mutex<BTreeMap<usize, u64>>,
 }
 
 impl App {
@@ -37,6 +46,7 @@ impl App {
             executor: Executor::new(redis),
             sync_token: AtomicU64::new(0),
             requests: AtomicU64::new(0),
+            carrying: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -78,11 +88,13 @@ impl App {
             ("/", &Method::POST) => {
                 let command =
                     json::parse_command_body(&self.body(req).await?).map_err(bad_request)?;
+                self.carried(1);
                 self.single(command, base64).await
             }
             ("/pipeline", &Method::POST) => {
                 let commands =
                     json::parse_batch_body(&self.body(req).await?).map_err(bad_request)?;
+                self.carried(commands.len());
                 let replies = self
                     .executor
                     .pipeline(commands)
@@ -93,6 +105,7 @@ impl App {
             ("/multi-exec", &Method::POST) => {
                 let commands =
                     json::parse_batch_body(&self.body(req).await?).map_err(bad_request)?;
+                self.carried(commands.len());
                 match self
                     .executor
                     .transaction(commands)
@@ -104,9 +117,7 @@ impl App {
                 }
             }
             ("/" | "/pipeline" | "/multi-exec", _) => Err(method_not_allowed()),
-            (STATS_PATH, &Method::GET) => Ok(ok(
-                json!({ "requests": self.requests.load(Ordering::Relaxed) }),
-            )),
+            (STATS_PATH, &Method::GET) => Ok(ok(self.stats())),
             (_, &Method::GET | &Method::POST) => {
                 let mut command: Command = path
                     .strip_prefix('/')
@@ -124,10 +135,32 @@ impl App {
                     command.push(key);
                     command.push(value);
                 }
+                self.carried(1);
                 self.single(command, base64).await
             }
             _ => Err(method_not_allowed()),
         }
+    }
+
+    /// Counts a request that carried `commands` commands.
+    fn carried(&self, commands: usize) {
+        let mut carrying = self.carrying.lock().unwrap_or_else(|e| e.into_inner());
+        *carrying.entry(commands).or_default() += 1;
+    }
+
+    /// What [`STATS_PATH`] answers.
+    fn stats(&self) -> Json {
+        let carrying = self.carrying.lock().unwrap_or_else(|e| e.into_inner());
+        let commands: u64 = carrying.iter().map(|(n, count)| *n as u64 * count).sum();
+        let by_size: serde_json::Map<String, Json> = carrying
+            .iter()
+            .map(|(n, count)| (n.to_string(), json!(count)))
+            .collect();
+        json!({
+            "requests": self.requests.load(Ordering::Relaxed),
+            "commands": commands,
+            "carrying": by_size,
+        })
     }
 
     async fn single(

@@ -43,7 +43,8 @@ impl Bell {
         Bell(Box::new(ring))
     }
 
-    fn ring(self) {
+    /// Ends the pause it was made with.
+    pub fn ring(self) {
         (self.0)()
     }
 
