@@ -4,7 +4,9 @@
 //! clients send one request each at once; each decided on its own, each
 //! one billed command; a Redis error in some entries (`WRONGTYPE` on their
 //! state keys) fails those decisions alone; after `SCRIPT FLUSH`, each
-//! entry's `NOSCRIPT` is answered by that call's own `EVAL`. Clients one
+//! entry's `NOSCRIPT` is answered by that call's own `EVAL`, and the
+//! fallbacks of a busy moment on a fresh Redis (each carrying the script's
+//! source) go in requests the endpoint's body limit takes. Clients one
 //! after another each get a REST request of their own.
 #![cfg(not(target_arch = "wasm32"))]
 
@@ -12,6 +14,9 @@ mod support;
 
 use reqwest::StatusCode;
 use serde_json::Value;
+use std::time::Duration;
+
+use edge_limiter_local::{fault_proxy::Fault, DEFAULT_MAX_BODY_BYTES};
 use support::{header, report::Table, worker::Stack, TOKEN};
 
 const CLIENTS: usize = 64;
@@ -182,4 +187,29 @@ async fn decisions_made_at_once_share_rest_requests_each_decided_on_its_own() {
     assert!(commands > CLIENTS as u64, "no NOSCRIPT was answered");
     assert!(requests < commands, "{requests} REST requests");
     table.print("batched-calls");
+}
+
+#[tokio::test]
+async fn a_busy_moment_on_a_fresh_redis_falls_back_in_requests_the_endpoint_takes() {
+    let stack = Stack::builder(RULES).through_fault_proxy().start();
+    let proxy = stack.proxy.as_ref().unwrap();
+    // Redis 150 ms away: while the first client's call is out, the other
+    // 63 gather into one pipeline; Redis has no script, so all 63 come
+    // back NOSCRIPT together and fall back to EVAL (the script's source
+    // each, 1.3 MB in all) at the same moment.
+    stack.backend.redis(&["SCRIPT", "FLUSH"]);
+    proxy.set(Fault::Delay(Duration::from_millis(150)));
+    let answers = fresh_clients(&stack, "198.18.0", CLIENTS, true).await;
+    assert_eq!(answers, vec![(StatusCode::OK, Some(LIMIT - 1)); CLIENTS]);
+    let exchanges = proxy.exchanges();
+    let largest = exchanges.iter().map(|e| e.request.len()).max().unwrap();
+    let evals = exchanges
+        .iter()
+        .filter(|e| e.request.windows(7).any(|w| w == b"[\"EVAL\""))
+        .count();
+    assert!(evals > 0, "no call fell back to EVAL");
+    assert!(
+        largest <= DEFAULT_MAX_BODY_BYTES,
+        "a request of {largest} bytes"
+    );
 }

@@ -147,21 +147,72 @@ impl<T: Transport + 'static, R: Runtime> Batched<'_, T, R> {
     }
 }
 
-/// After `turn`, sends the calls gathered meanwhile in one request, within
-/// the latest of their deadlines, and hands each its own answer.
-async fn carry<T: Transport>(
+/// The most a pipeline carries, in bytes of its commands' text, below the
+/// smallest body limit an endpoint has (1 MiB at the local endpoint, 10 MB
+/// at Upstash): a fresh Redis answers every call of a busy moment
+/// `NOSCRIPT`, and their fallbacks each carry the ~20 KB script source.
+pub const PIPELINE_BYTES: usize = 256 * 1024;
+
+/// After `turn`, sends the calls gathered meanwhile, in as few requests of
+/// at most [`PIPELINE_BYTES`] as they fit in, all at once, and hands each
+/// call its own answer.
+async fn carry<T: Transport + 'static, R: Runtime>(
     shared: Rc<Shared<T>>,
     turn: impl Future<Output = ()>,
-    clock: impl Pause,
+    runtime: R,
 ) {
     turn.await;
     let gathered = shared.gathering.borrow_mut().take().unwrap_or_default();
     // A call no longer waited for (its deadline came first, its request
     // went) is left out: it has not reached Redis, and nobody would read it.
-    let mut waiting: Vec<Waiting> = gathered
+    let waiting = gathered
         .into_iter()
-        .filter(|w| Rc::strong_count(&w.answer) > 1)
-        .collect();
+        .filter(|w| Rc::strong_count(&w.answer) > 1);
+    let mut requests = by_size(waiting, PIPELINE_BYTES);
+    let Some(last) = requests.pop() else {
+        return;
+    };
+    for request in requests {
+        runtime.spawn(send_batch(shared.clone(), request, runtime.clone()));
+    }
+    send_batch(shared, last, runtime).await;
+}
+
+/// `calls` in order, cut into runs whose commands' text stays within
+/// `bound` bytes (a call larger than `bound` alone in its run).
+fn by_size(calls: impl Iterator<Item = Waiting>, bound: usize) -> Vec<Vec<Waiting>> {
+    let mut runs: Vec<Vec<Waiting>> = Vec::new();
+    let mut filled = 0;
+    for call in calls {
+        let size = text_bytes(&call.command);
+        match runs.last_mut() {
+            Some(run) if filled + size <= bound => run.push(call),
+            _ => {
+                runs.push(vec![call]);
+                filled = 0;
+            }
+        }
+        filled += size;
+    }
+    runs
+}
+
+/// About the bytes `command` takes as JSON: its strings' lengths (escapes
+/// aside, which the bound's margin below 1 MiB covers) and a few per part.
+fn text_bytes(command: &Value) -> usize {
+    match command {
+        Value::Array(parts) => parts.iter().map(|p| 4 + text_bytes(p)).sum(),
+        Value::String(s) => s.len(),
+        _ => 8,
+    }
+}
+
+/// Sends `waiting` in one request, within the latest of their deadlines.
+async fn send_batch<T: Transport>(
+    shared: Rc<Shared<T>>,
+    mut waiting: Vec<Waiting>,
+    clock: impl Pause,
+) {
     let Some(latest) = waiting.iter().map(|w| w.deadline_ms).max() else {
         return;
     };
@@ -249,6 +300,9 @@ mod tests {
         down: Cell<bool>,
     }
 
+    /// The local endpoint's body limit (`DEFAULT_MAX_BODY_BYTES`).
+    const MAX_BODY_BYTES: usize = 1 << 20;
+
     impl Endpoint {
         fn new(latency_ms: u64) -> Endpoint {
             let e = Endpoint::default();
@@ -266,7 +320,17 @@ mod tests {
 
         /// Waits out the latency, or the budget if it ends first.
         async fn exchange(&self, sent: Sent, budget: Duration) -> Result<(), RestError> {
+            let body = match &sent {
+                Sent::One(command) => command.to_string(),
+                Sent::All(commands) => Value::from(commands.clone()).to_string(),
+            };
             self.sent.borrow_mut().push((elapsed_ms(), sent));
+            if body.len() > MAX_BODY_BYTES {
+                return Err(RestError::Status {
+                    status: 413,
+                    body: "request body too large".into(),
+                });
+            }
             let latency = Duration::from_millis(self.latency_ms.get());
             tokio::time::sleep(latency.min(budget)).await;
             if latency > budget {
@@ -468,6 +532,38 @@ mod tests {
                     Sent::One(json!(["EVAL", UNKNOWN.source, 1, "k3", "a"])),
                 ]
             );
+        });
+    }
+
+    #[test]
+    fn fallbacks_of_a_busy_moment_on_a_fresh_redis_go_in_requests_the_endpoint_takes() {
+        // The joined script's size: 64 fallbacks carry 1.3 MB of source.
+        let source: &'static str =
+            Box::leak(format!("return KEYS[1] -- {}", "x".repeat(20_000)).into());
+        let unloaded: &'static Script = Box::leak(Box::new(Script {
+            source,
+            sha1: "unloaded-sha1",
+        }));
+        on_loop(|calls, endpoint, lp| async move {
+            let first = start(&calls, &lp, unloaded, "k0", BUDGET);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            let keys: Vec<&'static str> = (1..64).map(|i| &*format!("k{i}").leak()).collect();
+            let busy: Vec<_> = keys
+                .iter()
+                .map(|k| start(&calls, &lp, unloaded, k, BUDGET))
+                .collect();
+            assert_eq!(first.await.unwrap().0, Ok(json!("k0")));
+            for (key, call) in keys.iter().zip(busy) {
+                assert_eq!(call.await.unwrap().0, Ok(json!(key)));
+            }
+            let sent = endpoint.sent();
+            let pipelines = sent
+                .iter()
+                .filter(|(_, s)| matches!(s, Sent::All(_)))
+                .count();
+            // One pipeline of 63 EVALSHAs, then their fallbacks in runs of
+            // at most PIPELINE_BYTES: 12 a request.
+            assert_eq!(pipelines, 1 + 63usize.div_ceil(PIPELINE_BYTES / 20_050));
         });
     }
 
