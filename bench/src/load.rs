@@ -2,11 +2,11 @@
 //! spreads requests over fresh clients and drives one hot client past its
 //! limit; the origin's count for the hot path is what that client got through.
 
-use std::{process::Command, time::Duration};
+use std::{collections::BTreeMap, process::Command, time::Duration};
 
 use crate::{
     cpu,
-    stack::{repo, Origin, Worker},
+    stack::{repo, Origin, Worker, TOKEN},
 };
 
 /// Load shape, the same for every worker.
@@ -33,6 +33,9 @@ pub struct Run {
     pub cpu: Cpu,
     /// Latency at a grid of percentiles, as (percentile, ms), ascending.
     pub quantiles: Vec<(f64, f64)>,
+    /// REST requests the endpoint took during the run, by the commands
+    /// each carried: how the worker's calls grouped.
+    pub carrying: BTreeMap<u64, u64>,
 }
 
 /// CPU seconds, per process, over one run.
@@ -76,9 +79,27 @@ pub fn hot_path(target: Target<'_>, round: u32) -> String {
     format!("{}/hot-{}-{round}", target.prefix, target.label)
 }
 
-/// Runs wrk once against `target` (round 0 is the warm-up).
+/// REST requests the endpoint at `rest` has taken so far, by the commands
+/// each carried (its `GET /__stats`).
+async fn carrying(http: &reqwest::Client, rest: &str) -> Result<BTreeMap<u64, u64>, String> {
+    let stats: serde_json::Value = async {
+        let sent = http.get(format!("{rest}/__stats")).bearer_auth(TOKEN);
+        sent.send().await?.json().await
+    }
+    .await
+    .map_err(|e| format!("cannot read the endpoint's counts: {e}"))?;
+    let by_size = stats["carrying"].as_object().cloned().unwrap_or_default();
+    Ok(by_size
+        .iter()
+        .filter_map(|(n, count)| Some((n.parse().ok()?, count.as_u64()?)))
+        .collect())
+}
+
+/// Runs wrk once against `target`, whose REST calls go to the endpoint at
+/// `rest` (round 0 is the warm-up).
 pub async fn run(
     http: &reqwest::Client,
+    rest: &str,
     target: Target<'_>,
     origin: &Origin,
     shape: Shape,
@@ -87,6 +108,7 @@ pub async fn run(
     let worker = target.worker;
     let path = hot_path(target, round);
     let before = origin.hits(http, &path).await?;
+    let carried_before = carrying(http, rest).await?;
     let cpu_before = cpu::snapshot();
     let output = Command::new("wrk")
         .args(["-t1", "-c", &shape.connections.to_string()])
@@ -127,6 +149,12 @@ pub async fn run(
         origin: used.since(&cpu_before, |_, p| p.pgrp == origin.group.child.id()),
     };
     run.hot_admitted = origin.hits(http, &path).await? - before;
+    let carried = carrying(http, rest).await?;
+    run.carrying = carried
+        .into_iter()
+        .map(|(n, count)| (n, count - carried_before.get(&n).copied().unwrap_or(0)))
+        .filter(|&(_, count)| count > 0)
+        .collect();
     Ok(run)
 }
 
@@ -162,8 +190,8 @@ fn parse(text: &str) -> Option<Run> {
         hot_sent: field("hot_sent")?,
         hot_admitted: 0,
         socket_errors: field("socket_errors")?,
-        cpu: Cpu::default(),
         quantiles,
+        ..Run::default()
     })
 }
 

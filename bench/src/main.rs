@@ -292,7 +292,7 @@ async fn near_parts(o: &Options, b: &Shared, r: &mut Results) -> Result<Worker, 
         if let Some(b) = &baseline {
             order.push((b, OURS_BASELINE, "/load", 4));
         }
-        load_part(o, &b.http, &b.origin, &order, r).await?;
+        load_part(o, b, &order, r).await?;
     }
     Ok(passthrough)
 }
@@ -507,8 +507,7 @@ fn redis_part(o: &Options, redis: &RedisServer, r: &mut Results) -> Result<(), S
 /// the path prefix it is loaded on, and its slot of client addresses.
 async fn load_part(
     o: &Options,
-    http: &reqwest::Client,
-    origin: &Origin,
+    b: &Shared,
     order: &[(&Worker, &'static str, &'static str, u32)],
     r: &mut Results,
 ) -> Result<(), String> {
@@ -531,13 +530,13 @@ async fn load_part(
         ..shape
     };
     for t in &order {
-        load::run(http, *t, origin, warm, 0).await?;
+        load::run(&b.http, &b.rest, *t, &b.origin, warm, 0).await?;
     }
     r.load = order.iter().map(|t| (t.label, vec![])).collect();
     for round in 1..=o.load_rounds {
         for i in 0..order.len() {
             let k = (i + round as usize) % order.len();
-            let run = load::run(http, order[k], origin, shape, round).await?;
+            let run = load::run(&b.http, &b.rest, order[k], &b.origin, shape, round).await?;
             r.load[k].1.push(run);
         }
     }

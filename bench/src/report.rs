@@ -393,6 +393,15 @@ fn worker_rows(r: &Results) -> Vec<Row> {
             false,
         ));
     }
+    rows.push(row([
+        "2 worker",
+        "REST requests by the commands each carried (all rounds): mean; share of requests carrying 1 | 2 | 3-4 | 5-8 | 9+",
+        &carried(runs(r, OURS)),
+        &carried(runs(r, PEER)),
+        "",
+        "",
+        "",
+    ]));
     let unmatched = overhead(r, OURS_UNMATCHED, p50);
     rows.push(row([
         "2 worker",
@@ -404,6 +413,32 @@ fn worker_rows(r: &Results) -> Vec<Row> {
         "",
     ]));
     rows
+}
+
+/// How `runs`' REST requests grouped their commands, pooled: the mean
+/// carried, and the share of requests by how many they carried.
+fn carried(runs: &[Run]) -> String {
+    let mut by_size = std::collections::BTreeMap::new();
+    for run in runs {
+        for (&n, &count) in &run.carrying {
+            *by_size.entry(n).or_insert(0u64) += count;
+        }
+    }
+    let requests: u64 = by_size.values().sum();
+    if requests == 0 {
+        return "-".to_owned();
+    }
+    let commands: u64 = by_size.iter().map(|(n, count)| n * count).sum();
+    let share = |range: std::ops::RangeInclusive<u64>| {
+        let within: u64 = by_size.range(range).map(|(_, count)| count).sum();
+        format!("{:.0} %", 100.0 * within as f64 / requests as f64)
+    };
+    let shares = [1..=1, 2..=2, 3..=4, 5..=8, 9..=u64::MAX].map(share);
+    format!(
+        "{:.2}; {}",
+        commands as f64 / requests as f64,
+        shares.join(" | ")
+    )
 }
 
 /// Part 3, REST calls per decision.
