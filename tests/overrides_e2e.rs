@@ -534,18 +534,26 @@ async fn leased_requests_show_the_override_they_were_granted_under() {
     let stack = Stack::start(LEASED);
     let w = &stack.worker;
     limit(w, &["set", "hot", "partner", "--burst", "250"]);
-    let before = stack.backend.script_calls();
     let mut policies = vec![];
-    for _ in 0..30 {
-        let r = get(w, "partner").await;
-        assert_eq!(r.status(), StatusCode::OK);
-        policies.push(
-            header(&r, "RateLimit-Policy")
-                .unwrap_or_default()
-                .to_owned(),
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    let mut send = async |n: usize| {
+        for _ in 0..n {
+            let r = get(w, "partner").await;
+            assert_eq!(r.status(), StatusCode::OK);
+            policies.push(
+                header(&r, "RateLimit-Policy")
+                    .unwrap_or_default()
+                    .to_owned(),
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    // A stream is leased to once it has lasted half a lease (1 s).
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(1200) {
+        send(1).await;
     }
+    let before = stack.backend.script_calls();
+    send(30).await;
     let calls = stack.backend.script_calls() - before;
     assert!(
         calls < 20,

@@ -34,6 +34,10 @@ struct KeyLeases {
     /// When the key was last asked for, and the smoothed gap between asks.
     last_ms: Option<u64>,
     gap_ms: Option<u64>,
+    /// When the key's current run of arrivals began: a run goes on while
+    /// each arrival comes before a lease granted at the one before would
+    /// have ended.
+    run_start_ms: u64,
     /// Since when a call asking for a lease (a request's or a refresh) is
     /// in flight: one at a time, so that concurrent requests do not each
     /// lease what the key's demand wants. It lapses after
@@ -73,13 +77,19 @@ impl Leases {
         Leases::default()
     }
 
-    /// Records a request for `key` at `now_ms`: the demand a lease is
-    /// sized from.
-    pub fn observe(&mut self, key: &str, now_ms: u64) {
+    /// Records a request for `key` at `now_ms`, a lease granted at which
+    /// would last `horizon_ms`: the demand a lease is sized from.
+    pub fn observe(&mut self, key: &str, now_ms: u64, horizon_ms: u64) {
         if !self.keys.contains_key(key) && !self.make_room(now_ms) {
             return;
         }
         let entry = self.keys.entry(key.to_owned()).or_default();
+        if entry
+            .last_ms
+            .is_none_or(|last| now_ms.saturating_sub(last) >= horizon_ms)
+        {
+            entry.run_start_ms = now_ms;
+        }
         if let Some(last) = entry.last_ms {
             let gap = now_ms.saturating_sub(last);
             // A quarter of each new gap: steady within a few requests,
@@ -90,9 +100,20 @@ impl Leases {
     }
 
     /// Units `key`'s demand here would spend within `horizon_ms`, at most
-    /// `most`; none for a key seen once (cold).
+    /// `most`; none for a key whose current run of arrivals has lasted
+    /// less than half of `horizon_ms` (a burst, or a key seen once).
     pub fn demand(&self, key: &str, most: u64, horizon_ms: u64) -> u64 {
-        match self.keys.get(key).and_then(|e| e.gap_ms) {
+        let Some(e) = self.keys.get(key) else {
+            return 0;
+        };
+        // A burst ends before it spends a lease, and the units it leaves
+        // unspent hold the room its client's next burst needs; a run that
+        // has lasted half a lease is a stream, which goes on to spend it.
+        let run_ms = e.last_ms.unwrap_or(0).saturating_sub(e.run_start_ms);
+        if run_ms * 2 < horizon_ms {
+            return 0;
+        }
+        match e.gap_ms {
             Some(gap) => horizon_ms.checked_div(gap).unwrap_or(most).min(most),
             None => 0,
         }
@@ -267,23 +288,51 @@ mod tests {
         }
     }
 
+    /// `key` asked for every 100 ms from 0 to `until_ms`, under leases
+    /// lasting 1 s.
+    fn stream(l: &mut Leases, key: &str, until_ms: u64) {
+        for at in (0..=until_ms).step_by(100) {
+            l.observe(key, at, 1000);
+        }
+    }
+
     #[test]
     fn a_cold_key_asks_for_nothing_and_a_busy_one_for_its_demand() {
         let mut l = Leases::new();
-        l.observe("k", 0);
-        assert_eq!(l.want("k", 8, 1000, 0), 0);
-        l.observe("k", 100);
+        l.observe("cold", 0, 1000);
+        assert_eq!(l.want("cold", 8, 1000, 0), 0);
+        stream(&mut l, "k", 500);
         // One ask per 100 ms: 10 within a second, capped at 8.
-        assert_eq!(l.want("k", 8, 1000, 100), 8);
-        assert_eq!(l.want("k", 8, 250, 100), 2);
-        l.grant("k", 2, 250, 100, (state(5), None));
-        assert_eq!(l.want("k", 8, 250, 100), 0);
+        assert_eq!(l.want("k", 8, 1000, 500), 8);
+        assert_eq!(l.want("k", 8, 250, 500), 2);
+        l.grant("k", 2, 250, 500, (state(5), None));
+        assert_eq!(l.want("k", 8, 250, 500), 0);
+    }
+
+    /// A burst ends before it would spend a lease: a key is leased to only
+    /// once its run of arrivals has lasted half a lease, and a pause of a
+    /// whole lease starts a new run.
+    #[test]
+    fn a_burst_asks_for_nothing_and_a_stream_once_it_lasted_half_a_lease() {
+        let mut l = Leases::new();
+        // 30 requests within 290 ms: a page load.
+        for at in (0..300).step_by(10) {
+            l.observe("k", at, 1000);
+        }
+        assert_eq!(l.want("k", 8, 1000, 290), 0);
+        stream(&mut l, "s", 400);
+        assert_eq!(l.want("s", 8, 1000, 400), 0, "400 ms is a burst yet");
+        l.observe("s", 500, 1000);
+        assert_eq!(l.want("s", 8, 1000, 500), 8);
+        // Back after a pause of a whole lease: a burst again.
+        l.observe("s", 1500, 1000);
+        assert_eq!(l.want("s", 8, 1000, 1500), 0);
     }
 
     #[test]
     fn units_are_spent_only_before_their_deadline_earliest_first() {
         let mut l = Leases::new();
-        l.observe("k", 0);
+        l.observe("k", 0, 1000);
         l.grant("k", 2, 100, 0, (state(5), None));
         l.grant("k", 3, 50, 10, (state(4), None));
         assert!(l.can_spend("k", 5, 20));
@@ -300,19 +349,18 @@ mod tests {
     #[test]
     fn one_ask_at_a_time_and_a_refresh_when_a_key_runs_low() {
         let mut l = Leases::new();
-        l.observe("k", 0);
-        l.observe("k", 100);
+        stream(&mut l, "k", 500);
         // Demand: 8 within 800 ms.
-        assert_eq!(l.begin_ask("k", 8, 800, 100), 8);
-        assert_eq!(l.begin_ask("k", 8, 800, 100), 0, "one in flight");
-        l.grant("k", 5, 1000, 100, (state(5), None));
+        assert_eq!(l.begin_ask("k", 8, 800, 500), 8);
+        assert_eq!(l.begin_ask("k", 8, 800, 500), 0, "one in flight");
+        l.grant("k", 5, 1000, 500, (state(5), None));
         l.answered("k");
-        assert_eq!(l.begin_refresh("k", 8, 800, 100), 0, "5 of 8 is not low");
-        l.spend("k", 1, 101);
-        assert_eq!(l.begin_refresh("k", 8, 800, 101), 8);
-        assert_eq!(l.begin_refresh("k", 8, 800, 101), 0);
+        assert_eq!(l.begin_refresh("k", 8, 800, 500), 0, "5 of 8 is not low");
+        l.spend("k", 1, 501);
+        assert_eq!(l.begin_refresh("k", 8, 800, 501), 8);
+        assert_eq!(l.begin_refresh("k", 8, 800, 501), 0);
         l.answered("k");
-        assert_eq!(l.begin_ask("k", 8, 800, 101), 4);
+        assert_eq!(l.begin_ask("k", 8, 800, 501), 4);
     }
 
     /// An ask whose request was cancelled never ends: it lapses, so that
@@ -320,11 +368,10 @@ mod tests {
     #[test]
     fn an_ask_left_unanswered_lapses() {
         let mut l = Leases::new();
-        l.observe("k", 0);
-        l.observe("k", 100);
-        assert_eq!(l.begin_ask("k", 8, 800, 100), 8);
-        assert_eq!(l.begin_refresh("k", 8, 800, 100 + ASK_LAPSE_MS - 1), 0);
-        assert_eq!(l.begin_refresh("k", 8, 800, 100 + ASK_LAPSE_MS), 8);
+        stream(&mut l, "k", 500);
+        assert_eq!(l.begin_ask("k", 8, 800, 500), 8);
+        assert_eq!(l.begin_refresh("k", 8, 800, 500 + ASK_LAPSE_MS - 1), 0);
+        assert_eq!(l.begin_refresh("k", 8, 800, 500 + ASK_LAPSE_MS), 8);
     }
 
     /// Figures other than a key's leases were granted under end them, and
@@ -338,7 +385,7 @@ mod tests {
             ignored: false,
         };
         let mut l = Leases::new();
-        l.observe("k", 0);
+        l.observe("k", 0, 1000);
         l.grant("k", 5, 1000, 0, (state(5), None));
         let sent = l.epoch("k");
         l.figures_read("k", None);
@@ -363,11 +410,11 @@ mod tests {
     fn the_table_stays_bounded() {
         let mut l = Leases::new();
         for i in 0..MAX_KEYS + 10 {
-            l.observe(&i.to_string(), 0);
+            l.observe(&i.to_string(), 0, 1000);
         }
         assert_eq!(l.keys.len(), MAX_KEYS);
         // A minute later the idle keys make room.
-        l.observe("late", 60_000);
+        l.observe("late", 60_000, 1000);
         assert_eq!(l.keys.len(), 1);
     }
 }

@@ -39,7 +39,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             .map(|(c, id)| {
                 c.rule.lease?;
                 let key = redis_key(&c.rule.name, id);
-                leases.observe(&key, now_ms);
+                leases.observe(&key, now_ms, lease_horizon_ms(c.rule, &key, now_ms));
                 Some(key)
             })
             .collect();
