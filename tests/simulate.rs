@@ -681,6 +681,35 @@ lease_for = "500ms"
     );
 }
 
+/// `--isolates`: the README's example log is a site's, its clients' page
+/// loads bursts that end before a lease would be spent. None is leased to,
+/// so through 1 to 4 isolates next to Redis every request is decided as
+/// the exact replay decides it (leasing to bursts denied 31 to 50 of them).
+#[test]
+fn a_sites_bursts_lose_no_request_to_leases() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for isolates in ["1", "2", "3", "4"] {
+        let out = bin()
+            .arg("simulate")
+            .arg(root.join("examples/wrangler.toml"))
+            .arg("--log")
+            .arg(root.join("examples/access.log"))
+            .args(["--isolates", isolates, "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let report = &report["isolates"];
+        for field in [
+            "denied_only_with_leases",
+            "admitted_only_with_leases",
+            "over_limit",
+        ] {
+            assert_eq!(report[field], json!(0), "{isolates} isolates: {report}");
+        }
+    }
+}
+
 /// `--overrides`: a plan tried on a log, through the script and the model
 /// alike, and through isolates; a client's override goes before the rule's.
 #[test]
