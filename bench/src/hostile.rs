@@ -169,9 +169,8 @@ async fn cpu_per_request(
     batch: usize,
     statuses: &mut Vec<u16>,
 ) -> Result<f64, String> {
-    let group = worker.group.child.id();
     let before = cpu::snapshot();
-    let own = before.with_arg(group, "workerd", "--inspector-addr");
+    let own = worker.own_workerd(&before);
     // Lane `first` sends requests first, first + IN_FLIGHT, ...
     let lane = |first: usize| async move {
         let mut seen = Vec::new();

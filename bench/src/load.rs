@@ -41,7 +41,8 @@ pub struct Run {
 /// CPU seconds, per process, over one run.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Cpu {
-    /// Both workerd processes of the worker's `wrangler dev`.
+    /// Both workerd processes of the worker's `wrangler dev` (the one of a
+    /// bare worker).
     pub workerd: f64,
     /// Of which the one that runs the worker; the other is wrangler's proxy
     /// in front of it, which also relays the inspector's traffic (console
@@ -137,9 +138,7 @@ pub async fn run(
     let me = std::process::id();
     let child = |name: &'static str| move |_, p: &cpu::Proc| p.ppid == me && p.comm == name;
     let group = worker.group.child.id();
-    // wrangler starts the worker's own workerd with an inspector, the proxy
-    // in front of it without.
-    let own = used.with_arg(group, "workerd", "--inspector-addr");
+    let own = worker.own_workerd(&used);
     run.cpu = Cpu {
         workerd: used.since(&cpu_before, |_, p| p.pgrp == group && p.comm == "workerd"),
         worker_process: used.since(&cpu_before, |pid, _| own.contains(&pid)),

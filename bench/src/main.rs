@@ -9,6 +9,7 @@
 //! quota leases, and hostile requests. Only figures: no timing fails a
 //! run; targets are ratios to figures of the same run.
 
+mod bare;
 mod cpu;
 mod far;
 mod hostile;
@@ -36,8 +37,8 @@ use edge_limiter_local::{
 use crate::{
     load::Shape,
     report::{
-        Results, OURS, OURS_BASELINE, OURS_FAR, OURS_HOSTILE, OURS_HOT, OURS_SHARED,
-        OURS_UNMATCHED, PASSTHROUGH, PEER, PEER_FAR, PEER_HOT,
+        Results, BARE_OURS, BARE_PASSTHROUGH, BARE_PEER, OURS, OURS_BASELINE, OURS_FAR,
+        OURS_HOSTILE, OURS_HOT, OURS_SHARED, OURS_UNMATCHED, PASSTHROUGH, PEER, PEER_FAR, PEER_HOT,
     },
     stack::{repo, Origin, Worker, TOKEN},
 };
@@ -292,7 +293,27 @@ async fn near_parts(o: &Options, b: &Shared, r: &mut Results) -> Result<Worker, 
         if let Some(b) = &baseline {
             order.push((b, OURS_BASELINE, "/load", 4));
         }
-        load_part(o, b, &order, r).await?;
+        r.load = load_part(o, b, &order).await?;
+        say("part 2: load through workerd alone, without wrangler (wrk)");
+        let spawn = |label, like| bare::spawn(label, like, b.scratch.join(label));
+        let bare = [
+            spawn(BARE_PASSTHROUGH, &passthrough)?,
+            spawn(BARE_OURS, &ours)?,
+            spawn(BARE_PEER, &peer)?,
+        ];
+        // Idle wrangler still wakes up now and then (the passthrough's
+        // stays: later parts measure against it).
+        drop((ours, peer, ours_unmatched, baseline));
+        for w in &bare {
+            w.ready(&b.http).await?;
+        }
+        // Slots of their own: the wrangler runs' clients are in Redis.
+        let order: Vec<_> = bare
+            .iter()
+            .zip(5..)
+            .map(|(w, slot)| (w, w.label, "/load", slot))
+            .collect();
+        r.load.extend(load_part(o, b, &order).await?);
     }
     Ok(passthrough)
 }
@@ -504,13 +525,13 @@ fn redis_part(o: &Options, redis: &RedisServer, r: &mut Results) -> Result<(), S
 
 /// Parts 2 and 5: each worker under the same load, rounds interleaved, in
 /// a different order each round. `order` holds each worker with its label,
-/// the path prefix it is loaded on, and its slot of client addresses.
+/// the path prefix it is loaded on, and its slot of client addresses; the
+/// runs come back per label.
 async fn load_part(
     o: &Options,
     b: &Shared,
     order: &[(&Worker, &'static str, &'static str, u32)],
-    r: &mut Results,
-) -> Result<(), String> {
+) -> Result<Vec<(&'static str, Vec<load::Run>)>, String> {
     let shape = Shape {
         connections: CONNECTIONS,
         seconds: o.seconds,
@@ -532,15 +553,15 @@ async fn load_part(
     for t in &order {
         load::run(&b.http, &b.rest, *t, &b.origin, warm, 0).await?;
     }
-    r.load = order.iter().map(|t| (t.label, vec![])).collect();
+    let mut runs: Vec<_> = order.iter().map(|t| (t.label, vec![])).collect();
     for round in 1..=o.load_rounds {
         for i in 0..order.len() {
             let k = (i + round as usize) % order.len();
             let run = load::run(&b.http, &b.rest, order[k], &b.origin, shape, round).await?;
-            r.load[k].1.push(run);
+            runs[k].1.push(run);
         }
     }
-    Ok(())
+    Ok(runs)
 }
 
 /// Part 6: each worker with its REST calls held 40 ms by the proxy.

@@ -122,12 +122,13 @@ fn ops(r: &Results, label: &str) -> Vec<f64> {
     samples(r, label).iter().map(|s| s.ops_per_s).collect()
 }
 
-/// Per-round overhead of `label` over the passthrough: each round's figure
-/// minus the passthrough's in the same round, so a busy round hits both.
-fn overhead(r: &Results, label: &str, pick: fn(&Run) -> f64) -> Vec<f64> {
+/// Per-round overhead of `label` over the passthrough `base`: each round's
+/// figure minus the passthrough's in the same round, so a busy round hits
+/// both.
+fn overhead(r: &Results, base: &str, label: &str, pick: fn(&Run) -> f64) -> Vec<f64> {
     runs(r, label)
         .iter()
-        .zip(runs(r, PASSTHROUGH))
+        .zip(runs(r, base))
         .map(|(x, base)| pick(x) - pick(base))
         .collect()
 }
@@ -150,6 +151,39 @@ pub const PEER_HOT: &str = "peer-hot";
 pub const OURS_SHARED: &str = "ours-shared";
 /// Ours under rules that read every part of a request (part 8).
 pub const OURS_HOSTILE: &str = "ours-hostile";
+/// The passthrough, ours and the peer again, each in a workerd of its own
+/// without wrangler (part 2).
+pub const BARE_PASSTHROUGH: &str = "bare-passthrough";
+pub const BARE_OURS: &str = "bare-ours";
+pub const BARE_PEER: &str = "bare-peer";
+
+/// The runs one comparison of part 2 reads: ours and another worker, each
+/// against the passthrough run beside them.
+#[derive(Clone, Copy)]
+struct Compared {
+    passthrough: &'static str,
+    ours: &'static str,
+    other: &'static str,
+    /// Whether they ran in `wrangler dev`, whose processes have rows of
+    /// their own.
+    wrangler: bool,
+}
+
+/// Ours against the peer in `wrangler dev`.
+const NEAR: Compared = Compared {
+    passthrough: PASSTHROUGH,
+    ours: OURS,
+    other: PEER,
+    wrangler: true,
+};
+
+/// Ours against the peer, each in a bare workerd.
+const BARE: Compared = Compared {
+    passthrough: BARE_PASSTHROUGH,
+    ours: BARE_OURS,
+    other: BARE_PEER,
+    wrangler: false,
+};
 
 /// One row of the table: part, measure, ours, the other, ratio, target, met.
 type Row = [String; 7];
@@ -384,14 +418,14 @@ fn worker_rows(r: &Results) -> Vec<Row> {
             "",
         ]));
     }
-    rows.extend(overhead_rows(r, PEER, "2 worker", true));
+    rows.extend(overhead_rows(r, NEAR, "2 worker", true));
     if !runs(r, OURS_BASELINE).is_empty() {
-        rows.extend(overhead_rows(
-            r,
-            OURS_BASELINE,
-            "2 this build vs --baseline (peer column)",
-            false,
-        ));
+        let baseline = Compared {
+            other: OURS_BASELINE,
+            ..NEAR
+        };
+        let part = "2 this build vs --baseline (peer column)";
+        rows.extend(overhead_rows(r, baseline, part, false));
     }
     rows.push(row([
         "2 worker",
@@ -402,7 +436,7 @@ fn worker_rows(r: &Results) -> Vec<Row> {
         "",
         "",
     ]));
-    let unmatched = overhead(r, OURS_UNMATCHED, p50);
+    let unmatched = overhead(r, PASSTHROUGH, OURS_UNMATCHED, p50);
     rows.push(row([
         "2 worker",
         "of which without Redis (ours where no rule applies), p50 ms",
@@ -412,6 +446,9 @@ fn worker_rows(r: &Results) -> Vec<Row> {
         "",
         "",
     ]));
+    if !runs(r, BARE_OURS).is_empty() {
+        rows.extend(overhead_rows(r, BARE, "2 bare workerd", false));
+    }
     rows
 }
 
@@ -821,9 +858,9 @@ fn hostile_rows(h: &Hostile) -> Vec<Row> {
     rows
 }
 
-/// Part 2's overhead rows of ours against `other` (the peer, or another
-/// build of ours), with the targets or without.
-fn overhead_rows(r: &Results, other: &str, part: &str, targets: bool) -> Vec<Row> {
+/// Part 2's overhead rows of ours against another worker (the peer, or
+/// another build of ours), with the targets or without.
+fn overhead_rows(r: &Results, c: Compared, part: &str, targets: bool) -> Vec<Row> {
     let target = |text: &str, ok: Option<bool>| {
         if targets {
             [text.to_owned(), met(ok).to_owned()]
@@ -831,20 +868,23 @@ fn overhead_rows(r: &Results, other: &str, part: &str, targets: bool) -> Vec<Row
             [String::new(), String::new()]
         }
     };
-    let mut rows = latency_overhead_rows(r, other, part, &target);
-    rows.extend(cpu_overhead_rows(r, other, part, &target));
+    let mut rows = latency_overhead_rows(r, c, part, &target);
+    rows.extend(cpu_overhead_rows(r, c, part, &target));
     rows
 }
 
 /// A target's two cells, text and verdict, or two empty ones.
 type Target<'a> = dyn Fn(&str, Option<bool>) -> [String; 2] + 'a;
 
-/// p50 and pooled p99 overhead over the passthrough, ours against `other`.
-fn latency_overhead_rows(r: &Results, other: &str, part: &str, target: &Target) -> Vec<Row> {
+/// p50 and pooled p99 overhead over the passthrough, ours against the other.
+fn latency_overhead_rows(r: &Results, c: Compared, part: &str, target: &Target) -> Vec<Row> {
     // p50: each round compares the workers under the same load on the
     // machine, so how often ours wins says whether a gap between medians is
     // more than the spread between rounds.
-    let (o, p) = (overhead(r, OURS, p50), overhead(r, other, p50));
+    let (o, p) = (
+        overhead(r, c.passthrough, c.ours, p50),
+        overhead(r, c.passthrough, c.other, p50),
+    );
     let rounds = o.len().min(p.len());
     let wins = o
         .iter()
@@ -876,7 +916,7 @@ fn latency_overhead_rows(r: &Results, other: &str, part: &str, target: &Target) 
     // p99: every request of every round pooled per worker, so one slow
     // moment weighs as the few requests it slowed.
     let pooled = |label: &str| pooled_percentile(runs(r, label), 99.0);
-    let ((o99, on), (p99, pn), (b99, _)) = (pooled(OURS), pooled(other), pooled(PASSTHROUGH));
+    let ((o99, on), (p99, pn), (b99, _)) = (pooled(c.ours), pooled(c.other), pooled(c.passthrough));
     let (o, p) = (o99 - b99, p99 - b99);
     let [t, m] = target(
         "ours/peer <= 1.00, >= 10 000 requests each",
@@ -894,37 +934,48 @@ fn latency_overhead_rows(r: &Results, other: &str, part: &str, target: &Target) 
     rows
 }
 
-/// CPU per request over the passthrough, by process, ours against `other`.
-fn cpu_overhead_rows(r: &Results, other: &str, part: &str, target: &Target) -> Vec<Row> {
+/// CPU per request over the passthrough, by process, ours against the other.
+fn cpu_overhead_rows(r: &Results, c: Compared, part: &str, target: &Target) -> Vec<Row> {
     let workerd = |x: &Run| x.per_request(x.cpu.workerd);
     let own = |x: &Run| x.per_request(x.cpu.worker_process);
     let wrangler = |x: &Run| x.per_request(x.cpu.wrangler);
     let backend = |x: &Run| x.per_request(x.cpu.endpoint + x.cpu.redis);
     let mut rows = Vec::new();
-    for (what, pick, has_target) in [
+    // The last field: whether the row is of wrangler's processes.
+    for (what, pick, has_target, of_wrangler) in [
         (
             "CPU per request in workerd over passthrough, ms",
             workerd as fn(&Run) -> f64,
             true,
+            false,
         ),
         (
             "of which in the workerd that runs the worker (the other is wrangler's proxy), ms",
             own,
             false,
+            true,
         ),
         (
             "CPU per request in wrangler (node) over passthrough, ms",
             wrangler,
             false,
+            true,
         ),
         (
             "CPU per request in REST endpoint + Redis, ms",
             backend,
             false,
+            false,
         ),
     ] {
-        let (o, p) = (overhead(r, OURS, pick), overhead(r, other, pick));
-        let base = median(&runs(r, PASSTHROUGH).iter().map(pick).collect::<Vec<_>>());
+        if of_wrangler && !c.wrangler {
+            continue;
+        }
+        let (o, p) = (
+            overhead(r, c.passthrough, c.ours, pick),
+            overhead(r, c.passthrough, c.other, pick),
+        );
+        let base = median(&runs(r, c.passthrough).iter().map(pick).collect::<Vec<_>>());
         let (mo, mp) = (median(&o), median(&p));
         let [t, m] = if has_target {
             target(
@@ -967,7 +1018,7 @@ fn notes(r: &Results) -> String {
     );
     let _ = writeln!(
         out,
-        "2. `wrk -t1 -c{} -d{}s` per worker and round, workers interleaved, through `wrangler dev` (same workerd, REST endpoint, Redis and demo origin; wrangler's debug log file, which takes every inspector event whatever the log level, goes to `/dev/null`). Every worker has a `wrangler dev` of its own, ours where no rule applies too: workerd's memory grows with each request it serves there, and its tail with it, so no worker runs on another's history. Policy: {} requests per client per day, sliding (ours: windowed 1 d at 24 min; peer: `slidingWindow({}, \"1 d\")`, ephemeral cache on). Every request comes from a new client, but one in {} from one hot client. Overhead is each round's figure minus the passthrough's in the same round, except the p99 row: there the requests of every round are pooled per worker (from wrk's latencies at 127 percentiles per run, finest above p98), and the pooled p99 minus the passthrough's is the overhead, so that one slow moment counts as the few requests it slowed. CPU is each process group's user + system time over the run (`/proc`), per request; of `wrangler dev`'s two workerd processes, the one started with an inspector runs the worker, the other is wrangler's proxy in front of it.",
+        "2. `wrk -t1 -c{} -d{}s` per worker and round, workers interleaved, through `wrangler dev` (same workerd, REST endpoint, Redis and demo origin; wrangler's debug log file, which takes every inspector event whatever the log level, goes to `/dev/null`). Every worker has a `wrangler dev` of its own, ours where no rule applies too: workerd's memory grows with each request it serves there, and its tail with it, so no worker runs on another's history. Policy: {} requests per client per day, sliding (ours: windowed 1 d at 24 min; peer: `slidingWindow({}, \"1 d\")`, ephemeral cache on). Every request comes from a new client, but one in {} from one hot client. Overhead is each round's figure minus the passthrough's in the same round, except the p99 row: there the requests of every round are pooled per worker (from wrk's latencies at 127 percentiles per run, finest above p98), and the pooled p99 minus the passthrough's is the overhead, so that one slow moment counts as the few requests it slowed. CPU is each process group's user + system time over the run (`/proc`), per request; of `wrangler dev`'s two workerd processes, the one started with an inspector runs the worker, the other is wrangler's proxy in front of it. Then the passthrough, ours and the peer once more as production runs a worker, each in a `workerd serve` of its own (no wrangler, no inspector, no proxy in front), bundled by `wrangler deploy --dry-run` from the same `wrangler.toml` (its vars as text and JSON bindings, the same compatibility date): the same load and rounds, interleaved, the rows \"2 bare workerd\", CPU that one workerd's.",
         r.load_connections, r.load_seconds, r.hot_limit, r.hot_limit, r.hot_every
     );
     let _ = writeln!(
@@ -1105,6 +1156,12 @@ mod tests {
                 (PASSTHROUGH, vec![run(8.0, 1.0, 120), run(8.0, 1.0, 120)]),
                 (OURS, vec![run(10.0, 2.0, 50), run(12.0, 2.0, 50)]),
                 (PEER, vec![run(11.0, 3.0, 50), run(11.0, 3.0, 50)]),
+                (
+                    BARE_PASSTHROUGH,
+                    vec![run(4.0, 0.5, 120), run(4.0, 0.5, 120)],
+                ),
+                (BARE_OURS, vec![run(5.0, 1.0, 50), run(6.0, 1.0, 50)]),
+                (BARE_PEER, vec![run(7.0, 1.5, 50), run(7.0, 1.5, 50)]),
             ],
             hot_limit: 50,
             trips: vec![(OURS, vec![(1, 200), (1, 429), (1, 429), (2, 200)])],
@@ -1183,6 +1240,10 @@ mod tests {
         has("| ours/peer <= 1.00, >= 10 000 requests each | **no** |");
         // workerd: 1 ms over passthrough per request against 2.
         has("| 1.00 (1.00..1.00) | 2.00 (2.00..2.00) | 0.50 | ours <= peer | yes |");
+        // In bare workerd: no targets, and no rows of wrangler's processes.
+        has("| 2 bare workerd | overhead over passthrough, p50 ms | 1.5 (1.0..2.0) | 3.0 (3.0..3.0) | 0.50 |  |  |");
+        has("| 2 bare workerd | CPU per request in workerd over passthrough, ms (passthrough 0.50) | 0.50 (0.50..0.50) | 1.00 (1.00..1.00) | 0.50 |  |  |");
+        assert!(!table.contains("| 2 bare workerd | CPU per request in wrangler"));
         has("denied again (cacheable) (HTTP status) | 1 (429) | - |  | 0 | **no** |");
         has("| 600.0 / 240.0 |");
         has("| 1.000 (50/50, 50/50) |");

@@ -1,6 +1,7 @@
 //! The processes every measurement shares: the demo origin and the workers in
-//! `wrangler dev`. (redis-server and the REST endpoint come from
-//! `edge_limiter_local::testenv`.) Everything is killed when dropped.
+//! `wrangler dev` (or in workerd alone, `bare.rs`). (redis-server and the REST
+//! endpoint come from `edge_limiter_local::testenv`.) Everything is killed
+//! when dropped.
 
 use std::{
     net::TcpStream,
@@ -10,6 +11,8 @@ use std::{
 
 pub use edge_limiter_local::testenv::repo;
 use edge_limiter_local::testenv::{free_port, wrangler_dev, DemoOrigin, ProcessGroup};
+
+use crate::{bare, cpu};
 
 /// The token the REST endpoint accepts.
 pub const TOKEN: &str = "bench-token-5e1d";
@@ -41,13 +44,16 @@ impl Origin {
 }
 
 /// One worker in `wrangler dev`, from a generated `wrangler.toml` in its own
-/// directory (so its `.wrangler` state is its own).
+/// directory (so its `.wrangler` state is its own); or in a `workerd serve`
+/// of its own (`bare.rs`).
 pub struct Worker {
     pub label: &'static str,
     pub url: String,
     pub dir: PathBuf,
-    /// wrangler and the workerd it runs.
+    /// wrangler and the workerd it runs, or the bare workerd alone.
     pub group: ProcessGroup,
+    /// Whether `group` is a bare workerd, without wrangler.
+    pub bare: bool,
 }
 
 impl Worker {
@@ -81,7 +87,19 @@ impl Worker {
             url: format!("http://127.0.0.1:{port}"),
             dir,
             group,
+            bare: false,
         })
+    }
+
+    /// The workerd processes that run the worker's script: under `wrangler
+    /// dev` the one started with an inspector (the other is wrangler's proxy
+    /// in front of it), else the bare workerd itself.
+    pub fn own_workerd(&self, snapshot: &cpu::Snapshot) -> Vec<u32> {
+        let group = self.group.child.id();
+        if self.bare {
+            return vec![group];
+        }
+        snapshot.with_arg(group, "workerd", "--inspector-addr")
     }
 
     /// Waits until the worker answers an HTTP request (not merely listens:
@@ -109,7 +127,8 @@ impl Worker {
     }
 
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("wrangler.log")).unwrap_or_default()
+        let file = if self.bare { bare::LOG } else { "wrangler.log" };
+        std::fs::read_to_string(self.dir.join(file)).unwrap_or_default()
     }
 
     /// The script wrangler bundled and serves, as `(file name, bytes)`:
