@@ -429,7 +429,7 @@ fn worker_rows(r: &Results) -> Vec<Row> {
     }
     rows.push(row([
         "2 worker",
-        "REST requests by the commands each carried (all rounds): mean; share of requests carrying 1 | 2 | 3-4 | 5-8 | 9+",
+        "REST requests by the commands each carried (all rounds): mean; share of requests carrying 1 / 2 / 3-4 / 5-8 / 9+",
         &carried(runs(r, OURS)),
         &carried(runs(r, PEER)),
         "",
@@ -474,7 +474,7 @@ fn carried(runs: &[Run]) -> String {
     format!(
         "{:.2}; {}",
         commands as f64 / requests as f64,
-        shares.join(" | ")
+        shares.join(" / ")
     )
 }
 
