@@ -25,6 +25,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
+pub mod bare;
 mod exec;
 pub mod fault_proxy;
 pub mod hostile;

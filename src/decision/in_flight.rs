@@ -43,8 +43,7 @@ impl Bell {
         Bell(Box::new(ring))
     }
 
-    /// Ends the pause it was made with.
-    pub fn ring(self) {
+    fn ring(self) {
         (self.0)()
     }
 

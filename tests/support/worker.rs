@@ -61,25 +61,7 @@ impl Worker {
         token: &str,
         origin: &Origin,
     ) -> Worker {
-        let shim = repo().join("build/worker/shim.mjs");
-        assert!(
-            shim.exists(),
-            "no built worker at {}: run scripts/build-worker (scripts/test does)",
-            shim.display()
-        );
-        let dir = Scratch::new("e2e");
-        let config = format!(
-            "name = \"edge-limiter-e2e\"\nmain = \"{}\"\ncompatibility_date = \"2026-04-01\"\n\n{rules_toml}\n",
-            shim.display(),
-        );
-        std::fs::write(dir.join("wrangler.toml"), config).unwrap();
-        // Local secrets go in .dev.vars, as a user's would: wrangler then
-        // prints them hidden, and the token-leak tests can read its whole log.
-        let secrets = format!(
-            "UPSTASH_REDIS_REST_URL={rest_url}\nUPSTASH_REDIS_REST_TOKEN={token}\nORIGIN_URL={}\n",
-            origin.url
-        );
-        std::fs::write(dir.join(".dev.vars"), secrets).unwrap();
+        let dir = project(rules_toml, rest_url, token, origin);
         let port = free_port();
         let log = std::fs::File::create(dir.join("wrangler.log")).unwrap();
         // "log" and not "info": the worker's console.log lines are what the
@@ -137,6 +119,72 @@ impl Worker {
         let mut events = self.events();
         events.retain(|e| e["action"] == action);
         events
+    }
+}
+
+/// A directory holding what `wrangler dev` runs the built worker from: a
+/// `wrangler.toml` with these rules, and `.dev.vars` with the REST endpoint,
+/// its token and the origin.
+fn project(rules_toml: &str, rest_url: &str, token: &str, origin: &Origin) -> Scratch {
+    let shim = repo().join("build/worker/shim.mjs");
+    assert!(
+        shim.exists(),
+        "no built worker at {}: run scripts/build-worker (scripts/test does)",
+        shim.display()
+    );
+    let dir = Scratch::new("e2e");
+    let config = format!(
+        "name = \"edge-limiter-e2e\"\nmain = \"{}\"\ncompatibility_date = \"2026-04-01\"\n\n{rules_toml}\n",
+        shim.display(),
+    );
+    std::fs::write(dir.join("wrangler.toml"), config).unwrap();
+    // Local secrets go in .dev.vars, as a user's would: wrangler then
+    // prints them hidden, and the token-leak tests can read its whole log.
+    let secrets = format!(
+        "UPSTASH_REDIS_REST_URL={rest_url}\nUPSTASH_REDIS_REST_TOKEN={token}\nORIGIN_URL={}\n",
+        origin.url
+    );
+    std::fs::write(dir.join(".dev.vars"), secrets).unwrap();
+    dir
+}
+
+/// The built worker in a `workerd serve` of its own, as production runs it
+/// (`edge_limiter_local::bare`), with the given rules.
+pub struct BareWorker {
+    pub url: String,
+    // Killed before its directory goes: fields drop in this order.
+    _process: ProcessGroup,
+    pub dir: Scratch,
+}
+
+impl BareWorker {
+    /// Starts a worker in front of `origin`, limited through `rest_url`,
+    /// and waits until it answers.
+    pub fn start(rules_toml: &str, rest_url: &str, origin: &Origin) -> BareWorker {
+        let dir = project(rules_toml, rest_url, TOKEN, origin);
+        let bare = edge_limiter_local::bare::start(&dir, &dir.join("bare"))
+            .expect("the worker starts in workerd");
+        let worker = BareWorker {
+            url: bare.url,
+            _process: bare.process,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(worker.url.trim_start_matches("http://")).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "workerd did not listen: {}",
+                worker.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        worker
+    }
+
+    /// Everything workerd and the worker printed so far.
+    pub fn log(&self) -> String {
+        let log = self.dir.join("bare").join(edge_limiter_local::bare::LOG);
+        std::fs::read_to_string(log).unwrap_or_default()
     }
 }
 
