@@ -46,6 +46,7 @@ lease_for = "2s"
 async fn a_hot_key_is_mostly_decided_in_the_isolate() {
     let stack = Stack::start(HOT);
     let url = format!("{}/hot", stack.worker.url);
+    stream(&url, "198.51.100.7").await;
     let before = stack.backend.script_calls();
     let hits_before = origin_hits(&stack).await;
     let n = 150;
@@ -124,10 +125,7 @@ async fn leased_units_outlive_an_unreachable_redis_until_their_deadline() {
     let stack = Stack::builder(FAULTY).through_fault_proxy().start();
     let proxy = stack.proxy.as_ref().unwrap();
     let url = format!("{}/faulty", stack.worker.url);
-    for _ in 0..30 {
-        assert_eq!(get(&url, "198.51.100.9").await.status(), StatusCode::OK);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    stream(&url, "198.51.100.9").await;
     let hits_before = origin_hits(&stack).await;
     proxy.set(Fault::Status {
         status: 500,
@@ -163,6 +161,16 @@ async fn leased_units_outlive_an_unreachable_redis_until_their_deadline() {
 }
 
 /// Requests `n` times, `gap` apart; the statuses.
+/// Requests from `ip` to `url`, 10 ms apart, for 1.2 s: a stream that has
+/// lasted over half of a 2 s lease, which it is then leased.
+async fn stream(url: &str, ip: &str) {
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(1200) {
+        assert_eq!(get(url, ip).await.status(), StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn statuses(url: &str, ip: &str, n: usize, gap: Duration) -> Vec<u16> {
     let mut out = vec![];
     for _ in 0..n {
@@ -233,7 +241,7 @@ async fn a_failed_origin_fetch_leaves_the_client_leasing() {
     let url = format!("{}/hot", stack.worker.url);
     let ip = "198.51.100.41";
     let gap = Duration::from_millis(10);
-    statuses(&url, ip, 10, gap).await;
+    stream(&url, ip).await;
     assert!(!stack.worker.events_of("lease_grant").is_empty());
     // Two leases' worth, each response lost.
     let lost = statuses(&format!("{url}?hangup=1"), ip, 40, gap).await;
@@ -271,7 +279,7 @@ async fn a_block_on_a_leasing_client_stops_it_at_the_isolate() {
     let url = format!("{}/blocked", stack.worker.url);
     let ip = "198.51.100.42";
     let gap = Duration::from_millis(10);
-    statuses(&url, ip, 30, gap).await;
+    stream(&url, ip).await;
     assert!(!stack.worker.events_of("lease_grant").is_empty());
     stack
         .backend
