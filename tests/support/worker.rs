@@ -105,9 +105,10 @@ impl Worker {
         std::fs::read_to_string(self.dir.join("wrangler.log")).unwrap_or_default()
     }
 
-    /// The worker's decision events so far: its log's JSON lines.
+    /// The worker's decision events so far: its log's JSON lines, once the
+    /// log has caught up with the responses already received.
     pub fn events(&self) -> Vec<serde_json::Value> {
-        self.log()
+        super::report::settled(|| self.log())
             .lines()
             .filter_map(|l| l.find(r#"{"source":"edge-limiter""#).map(|at| &l[at..]))
             .filter_map(|l| serde_json::from_str(l).ok())
