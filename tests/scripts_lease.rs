@@ -296,9 +296,10 @@ fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
-/// Rate 10/s, burst 20, leases of 500 ms: the reply says 19 left and
-/// grants 5, after which Redis holds 9. A response never says more than
-/// Redis had left after the grant plus the units the isolate holds.
+/// Rate 10/s, burst 20, leases of 500 ms, one request every 100 ms: once
+/// the stream has lasted half a lease, the reply says 19 left and grants 5,
+/// after which Redis holds 9. A response never says more than Redis had
+/// left after the grant plus the units the isolate holds.
 #[tokio::test]
 async fn a_leased_response_says_what_redis_and_the_isolate_hold() {
     let b = Backend::start();
@@ -309,16 +310,22 @@ async fn a_leased_response_says_what_redis_and_the_isolate_hold() {
     let isolate = Isolate::new();
     let l = isolate.limiter(&c, &b.client, true);
     let key = redis_key("g", &[IP]);
-    assert_eq!(remaining(&l.handle(&request(), T0).await), 19);
-    // 100 ms later, with 500 ms to look ahead: 5 more asked for, and granted.
-    let granted = l.handle(&request(), T0 + 100).await;
-    assert_eq!(isolate.held(&key, T0 + 100), 5);
-    let redis_left = left(&b, &c.rules[0], IP, T0 + 100).await;
+    // At the rate: each request finds the unit the one before spent back.
+    for at in [T0, T0 + 100, T0 + 200] {
+        assert_eq!(remaining(&l.handle(&request(), at).await), 19);
+        assert_eq!(isolate.held(&key, at), 0, "a 200 ms run is a burst yet");
+    }
+    // 300 ms into the stream, with 500 ms to look ahead: 5 more asked
+    // for, and granted.
+    let now = T0 + 300;
+    let granted = l.handle(&request(), now).await;
+    assert_eq!(isolate.held(&key, now), 5);
+    let redis_left = left(&b, &c.rules[0], IP, now).await;
     assert_eq!(redis_left, 9);
     assert_eq!(remaining(&granted), redis_left + 5);
     // Decided from the lease: 9 in Redis and 4 held, not 20.
-    let leased = l.handle(&request(), T0 + 100).await;
-    assert_eq!(isolate.held(&key, T0 + 100), 4);
+    let leased = l.handle(&request(), now).await;
+    assert_eq!(isolate.held(&key, now), 4);
     assert_eq!(remaining(&leased), 13);
 }
 
