@@ -14,7 +14,10 @@ use edge_limiter::rules::overrides::BLOCK_TEXT;
 use edge_limiter_local::fault_proxy::Fault;
 use futures_util::future::join_all;
 use reqwest::StatusCode;
-use support::{header, worker::Stack};
+use support::{
+    header,
+    worker::{Stack, Worker},
+};
 
 async fn get(url: &str, ip: &str) -> reqwest::Response {
     support::http()
@@ -46,7 +49,7 @@ lease_for = "2s"
 async fn a_hot_key_is_mostly_decided_in_the_isolate() {
     let stack = Stack::start(HOT);
     let url = format!("{}/hot", stack.worker.url);
-    stream(&url, "198.51.100.7").await;
+    stream(&stack.worker, &url, "198.51.100.7").await;
     let before = stack.backend.script_calls();
     let hits_before = origin_hits(&stack).await;
     let n = 150;
@@ -125,7 +128,7 @@ async fn leased_units_outlive_an_unreachable_redis_until_their_deadline() {
     let stack = Stack::builder(FAULTY).through_fault_proxy().start();
     let proxy = stack.proxy.as_ref().unwrap();
     let url = format!("{}/faulty", stack.worker.url);
-    stream(&url, "198.51.100.9").await;
+    stream(&stack.worker, &url, "198.51.100.9").await;
     let hits_before = origin_hits(&stack).await;
     proxy.set(Fault::Status {
         status: 500,
@@ -161,14 +164,11 @@ async fn leased_units_outlive_an_unreachable_redis_until_their_deadline() {
 }
 
 /// Requests `n` times, `gap` apart; the statuses.
-/// Requests from `ip` to `url`, 10 ms apart, for 1.2 s: a stream that has
-/// lasted over half of a 2 s lease, which it is then leased.
-async fn stream(url: &str, ip: &str) {
-    let started = std::time::Instant::now();
-    while started.elapsed() < Duration::from_millis(1200) {
-        assert_eq!(get(url, ip).await.status(), StatusCode::OK);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+/// Requests from `ip` to `url` until `worker` has leased to it.
+async fn stream(worker: &Worker, url: &str, ip: &str) {
+    worker
+        .stream_until_leased(|| async { assert_eq!(get(url, ip).await.status(), StatusCode::OK) })
+        .await;
 }
 
 async fn statuses(url: &str, ip: &str, n: usize, gap: Duration) -> Vec<u16> {
@@ -241,7 +241,7 @@ async fn a_failed_origin_fetch_leaves_the_client_leasing() {
     let url = format!("{}/hot", stack.worker.url);
     let ip = "198.51.100.41";
     let gap = Duration::from_millis(10);
-    stream(&url, ip).await;
+    stream(&stack.worker, &url, ip).await;
     assert!(!stack.worker.events_of("lease_grant").is_empty());
     // Two leases' worth, each response lost.
     let lost = statuses(&format!("{url}?hangup=1"), ip, 40, gap).await;
@@ -279,7 +279,7 @@ async fn a_block_on_a_leasing_client_stops_it_at_the_isolate() {
     let url = format!("{}/blocked", stack.worker.url);
     let ip = "198.51.100.42";
     let gap = Duration::from_millis(10);
-    stream(&url, ip).await;
+    stream(&stack.worker, &url, ip).await;
     assert!(!stack.worker.events_of("lease_grant").is_empty());
     stack
         .backend

@@ -511,12 +511,8 @@ overrides = true
 async fn a_block_ends_the_clients_leases() {
     let stack = Stack::start(LEASED);
     let w = &stack.worker;
-    // A stream is leased to once it has lasted half a lease (1 s).
-    let started = std::time::Instant::now();
-    while started.elapsed() < Duration::from_millis(1200) {
-        assert_eq!(statuses(w, "busy", 1).await, [200]);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    w.stream_until_leased(|| async { assert_eq!(statuses(w, "busy", 1).await, [200]) })
+        .await;
     assert!(
         !w.events_of("lease_grant").is_empty(),
         "leases were granted"
@@ -536,35 +532,23 @@ async fn leased_requests_show_the_override_they_were_granted_under() {
     let stack = Stack::start(LEASED);
     let w = &stack.worker;
     limit(w, &["set", "hot", "partner", "--burst", "250"]);
-    let mut policies = vec![];
-    let mut send = async |n: usize| {
-        for _ in 0..n {
-            let r = get(w, "partner").await;
-            assert_eq!(r.status(), StatusCode::OK);
-            policies.push(
-                header(&r, "RateLimit-Policy")
-                    .unwrap_or_default()
-                    .to_owned(),
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+    // 250 units, one every 10 ms: all back in 2.5 s.
+    let one = || async {
+        let r = get(w, "partner").await;
+        assert_eq!(r.status(), StatusCode::OK);
+        let policy = header(&r, "RateLimit-Policy").unwrap_or_default();
+        assert_eq!(policy, "\"hot\";q=250;w=3");
     };
-    // A stream is leased to once it has lasted half a lease (1 s).
-    let started = std::time::Instant::now();
-    while started.elapsed() < Duration::from_millis(1200) {
-        send(1).await;
-    }
+    w.stream_until_leased(one).await;
     let before = stack.backend.script_calls();
-    send(30).await;
+    for _ in 0..30 {
+        one().await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let calls = stack.backend.script_calls() - before;
     assert!(
         calls < 20,
         "{calls} script calls: too few requests were leased"
-    );
-    // 250 units, one every 10 ms: all back in 2.5 s.
-    assert!(
-        policies.iter().all(|p| p == "\"hot\";q=250;w=3"),
-        "{policies:?}"
     );
 }
 

@@ -1,7 +1,10 @@
 //! The built worker in real workerd (`wrangler dev`), the demo origin, and
 //! the backend, started for one test and torn down when it ends.
 
-use std::time::{Duration, Instant};
+use std::{
+    future::Future,
+    time::{Duration, Instant},
+};
 
 use edge_limiter_local::{
     fault_proxy::FaultProxy,
@@ -103,6 +106,28 @@ impl Worker {
     /// Everything wrangler and the worker printed so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("wrangler.log")).unwrap_or_default()
+    }
+
+    /// Whether the worker has granted a lease yet, as far as its log has
+    /// caught up: cheap enough to ask between requests.
+    pub fn has_leased(&self) -> bool {
+        self.log().contains(r#""action":"lease_grant""#)
+    }
+
+    /// Sends `send()` 10 ms apart until the worker has granted a lease (a
+    /// stream is leased to once it has lasted half a lease: the time a cold
+    /// isolate or a loaded machine takes varies), 20 s at most.
+    pub async fn stream_until_leased<F: Future<Output = ()>>(&self, send: impl Fn() -> F) {
+        let started = Instant::now();
+        while !self.has_leased() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "no lease within 20 s: {}",
+                self.log()
+            );
+            send().await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// The worker's decision events so far: its log's JSON lines, once the
