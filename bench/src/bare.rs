@@ -12,7 +12,6 @@ use crate::stack::Worker;
 /// in a workerd of its own under `label` in `dir`; returns at once, see
 /// [`Worker::ready`].
 pub fn spawn(label: &'static str, like: &Worker, dir: PathBuf) -> Result<Worker, String> {
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let bare = edge_limiter_local::bare::start(&like.dir, &dir)?;
     Ok(Worker {
         label,

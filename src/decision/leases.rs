@@ -84,14 +84,11 @@ impl Leases {
             return;
         }
         let entry = self.keys.entry(key.to_owned()).or_default();
-        if entry
-            .last_ms
-            .is_none_or(|last| now_ms.saturating_sub(last) >= horizon_ms)
-        {
+        let gap = entry.last_ms.map(|last| now_ms.saturating_sub(last));
+        if gap.is_none_or(|gap| gap >= horizon_ms) {
             entry.run_start_ms = now_ms;
         }
-        if let Some(last) = entry.last_ms {
-            let gap = now_ms.saturating_sub(last);
+        if let Some(gap) = gap {
             // A quarter of each new gap: steady within a few requests,
             // and one pause cannot shrink a busy key's lease to nothing.
             entry.gap_ms = Some(entry.gap_ms.map_or(gap, |g| (3 * g + gap) / 4));
