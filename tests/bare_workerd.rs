@@ -5,8 +5,12 @@
 //! carried several clients' calls in one REST request passed every other
 //! end-to-end test, and failed here in 4 of 4 runs, answering 500). So the
 //! shapes that make requests share work run here too: a page load, many
-//! fresh clients at once, and the bench's load, whose requests in flight
-//! are given up at the end of each round.
+//! fresh clients at once, the bench's load, whose requests in flight are
+//! given up at the end of each round, and a few clients' requests
+//! overlapping for long enough that thousands of them wait in line behind
+//! one another's calls: workerd resumed a request woken by a promise
+//! another request settled in that other request's context once it had
+//! served enough of them (after 19 000 requests here, then 500s).
 #![cfg(not(target_arch = "wasm32"))]
 
 mod support;
@@ -27,11 +31,21 @@ windows = [["1d", 50, "24m"]]
 
 [[vars.LIMITER.rules]]
 name = "per-ip"
+path_prefix = "/page"
 key = ["ip"]
 algorithm = "gcra"
 rate = 100
 period = "1s"
 burst = 100
+
+[[vars.LIMITER.rules]]
+name = "browsing"
+path_prefix = "/group"
+key = ["ip"]
+algorithm = "gcra"
+rate = 1000000
+period = "1s"
+burst = 1000000
 "#;
 
 /// What workerd says when a request's handler touches another's I/O, or
@@ -61,6 +75,19 @@ async fn at_once(
     statuses
 }
 
+/// Runs `wrk` on `worker` with `connections` for `duration`, the script at
+/// `script` (from the repository) given `args`.
+fn wrk(worker: &BareWorker, connections: &str, duration: &str, script: &str, args: &[&str]) {
+    let wrk = std::process::Command::new("wrk")
+        .args(["-t1", connections, duration, "--timeout", "10s", "-s"])
+        .arg(edge_limiter_local::testenv::repo().join(script))
+        .arg(&worker.url)
+        .args(args)
+        .output()
+        .expect("wrk runs");
+    assert!(wrk.status.success(), "{wrk:?}");
+}
+
 #[tokio::test]
 async fn requests_sharing_work_each_do_their_own_io() {
     let backend = Backend::start();
@@ -83,15 +110,20 @@ async fn requests_sharing_work_each_do_their_own_io() {
     // round's requests in flight given up at its end; whatever those
     // requests were doing for others must be done.
     for round in 1..=8 {
-        let wrk = std::process::Command::new("wrk")
-            .args(["-t1", "-c8", "-d2s", "--timeout", "10s", "-s"])
-            .arg(edge_limiter_local::testenv::repo().join("bench/wrk/load.lua"))
-            .arg(&worker.url)
-            .args(["--", &round.to_string(), "8", "bare", "/load", "0"])
-            .output()
-            .expect("wrk runs");
-        assert!(wrk.status.success(), "{wrk:?}");
+        let round = round.to_string();
+        let args = ["--", &round, "8", "bare", "/load", "0"];
+        wrk(&worker, "-c8", "-d2s", "bench/wrk/load.lua", &args);
     }
+
+    // Four clients, 16 connections, for 25 s: each request overlaps its
+    // client's others, and waits in line behind their calls.
+    wrk(
+        &worker,
+        "-c16",
+        "-d25s",
+        "tests/wrk/browsing.lua",
+        &["--", "/group"],
+    );
     let page = (0..30).map(|i| ("198.51.100.2".to_owned(), format!("/page/{i}")));
     let after = (0..32).map(|i| (format!("10.8.1.{i}"), "/page".to_owned()));
     assert_eq!(at_once(&worker, page.chain(after)).await, ok(62));

@@ -17,7 +17,7 @@ use crate::{
     decision::{
         block_cache::BlockCache,
         events::Event,
-        in_flight::{Bell, InFlight, Pause, Paused},
+        in_flight::{Bell, InFlight, Pause, Paused, Signal},
         leases::Leases,
         limiter::{Handled, LeaseRefresh, Limiter, PendingRefund},
         redis_rest::RestClient,
@@ -287,12 +287,10 @@ impl Isolate {
     }
 }
 
-/// A request's pause in workerd: a promise of its own, which a timer of
-/// its own settles at the deadline, and another request's ring sooner.
-/// workerd runs what follows a promise in the context that made it, so
-/// the request resumes (and makes its calls) in its own, and the timer is
-/// I/O of its own while it waits: without it, workerd would cancel the
-/// request as hung.
+/// A request's pause in workerd: a timer of its own for the deadline, raced
+/// against the promise of another request's signal. That promise is made
+/// and settled by the request that rings it; this one only follows it,
+/// which workerd resumes in this request's own context.
 struct JsPause;
 
 #[wasm_bindgen::prelude::wasm_bindgen]
@@ -306,23 +304,26 @@ impl Pause for JsPause {
         js_sys::Date::now() as u64
     }
 
-    fn until(&self, until_ms: u64) -> (Bell, Paused) {
-        let ms = until_ms.saturating_sub(self.now_ms()) as f64;
+    fn signal(&self) -> (Bell, Signal) {
         // The executor runs at once, within `Promise::new`.
         let mut settle = None;
-        let promise = js_sys::Promise::new(&mut |resolve, _| {
-            set_timeout(&resolve, ms);
-            settle = Some(resolve);
-        });
-        let bell = Bell::new(move || {
+        let promise = js_sys::Promise::new(&mut |resolve, _| settle = Some(resolve));
+        Signal::new(promise, move || {
             if let Some(settle) = settle {
                 drop(settle.call0(&JsValue::UNDEFINED));
             }
-        });
-        (
-            bell,
-            Box::pin(async move { drop(JsFuture::from(promise).await) }),
-        )
+        })
+    }
+
+    fn until(&self, until_ms: u64, signal: Option<&Signal>) -> Paused {
+        let ms = until_ms.saturating_sub(self.now_ms()) as f64;
+        let timer = js_sys::Promise::new(&mut |resolve, _| drop(set_timeout(&resolve, ms)));
+        let followed = signal.and_then(|s| s.runtime::<js_sys::Promise>());
+        let either = match followed {
+            Some(rung) => js_sys::Promise::race(&js_sys::Array::of2(rung, &timer)),
+            None => timer,
+        };
+        Box::pin(async move { drop(JsFuture::from(either).await) })
     }
 }
 

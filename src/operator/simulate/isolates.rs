@@ -32,7 +32,7 @@ use super::{
 use crate::{
     decision::{
         block_cache::BlockCache,
-        in_flight::{Bell, InFlight, Pause, Paused},
+        in_flight::{Bell, InFlight, Pause, Paused, Signal},
         keys::{redis_key, window_offset},
         leases::Leases,
         limiter::{select, Forward, Handled, Limiter, Outcome},
@@ -423,17 +423,25 @@ impl Pause for OnTimeline {
         self.0.now_ms()
     }
 
-    fn until(&self, until_ms: u64) -> (Bell, Paused) {
-        let (bell, rung) = Bell::pair();
+    fn signal(&self) -> (Bell, Signal) {
+        Signal::native()
+    }
+
+    fn until(&self, until_ms: u64, signal: Option<&Signal>) -> Paused {
         let clock = self.0.clone();
-        if until_ms == u64::MAX {
-            return (bell, Box::pin(rung));
-        }
-        let paused = async move {
-            let ms = until_ms.saturating_sub(clock.now_ms());
-            rung.or(clock.sleep(ms)).await
-        };
-        (bell, Box::pin(paused))
+        let signal = signal.cloned();
+        Box::pin(async move {
+            let sleep = async {
+                match until_ms {
+                    u64::MAX => std::future::pending().await,
+                    _ => clock.sleep(until_ms.saturating_sub(clock.now_ms())).await,
+                }
+            };
+            match signal {
+                Some(signal) => signal.or(sleep).await,
+                None => sleep.await,
+            }
+        })
     }
 }
 
