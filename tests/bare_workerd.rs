@@ -99,10 +99,17 @@ async fn requests_sharing_work_each_do_their_own_io() {
     let page = (0..30).map(|i| ("198.51.100.1".to_owned(), format!("/page/{i}")));
     assert_eq!(at_once(&worker, page).await, ok(30));
 
-    // 64 fresh clients at once, twice.
+    // 64 fresh clients at once, twice: their decisions share REST
+    // requests, each carried by the request that opened its batch.
     for wave in 0..2 {
+        let before = backend.endpoint_stats().await["requests"].as_u64().unwrap();
         let fresh = (0..64).map(|i| (format!("10.{wave}.0.{i}"), "/page".to_owned()));
         assert_eq!(at_once(&worker, fresh).await, ok(64), "wave {wave}");
+        let sent = backend.endpoint_stats().await["requests"].as_u64().unwrap() - before;
+        assert!(
+            sent < 32,
+            "wave {wave}: 64 decisions took {sent} REST requests"
+        );
     }
 
     // Load as the bench makes it (`bench/wrk/load.lua`): 8 connections

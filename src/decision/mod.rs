@@ -4,6 +4,7 @@
 //! together; and [`stats`],
 //! what an isolate counts of what it decided.
 
+pub mod batch;
 pub mod block_cache;
 pub mod events;
 pub mod in_flight;

@@ -2,7 +2,7 @@
 //! `shared/upstash-rest-protocol.md`): one HTTP POST per command, JSON in and
 //! out. The same code runs in the worker (fetch) and natively (tests).
 
-use std::time::Duration;
+use std::{future::Future, time::Duration};
 
 use reqwest::header::{HeaderValue, AUTHORIZATION};
 use serde_json::{json, Value};
@@ -160,29 +160,10 @@ impl RestClient {
         args: &[String],
         budget: Duration,
     ) -> Result<Value, RestError> {
-        let started = clock_ms();
-        match self
-            .post(eval_body("EVALSHA", script.sha1, keys, args), budget)
-            .await
-        {
-            Err(RestError::NoScript) => {
-                let spent = Duration::from_millis((clock_ms() - started).max(0.0) as u64);
-                let left = budget.saturating_sub(spent);
-                if left.is_zero() {
-                    return Err(timed_out(budget));
-                }
-                // The fallback gets what is left, and a timeout names the
-                // rule's budget, not the remainder.
-                match self
-                    .post(eval_body("EVAL", script.source, keys, args), left)
-                    .await
-                {
-                    Err(RestError::Timeout { .. }) => Err(timed_out(budget)),
-                    other => other,
-                }
-            }
-            other => other,
-        }
+        evalsha_or_eval(script, keys, args, budget, clock_ms, |body, left| {
+            self.post(body, left)
+        })
+        .await
     }
 
     /// Sends `commands` in one `POST /pipeline`, within `budget`: one
@@ -194,22 +175,26 @@ impl RestClient {
         commands: &[Vec<String>],
         budget: Duration,
     ) -> Result<Vec<Result<Value, RestError>>, RestError> {
-        // Built by hand as eval_body is: serde's generic path into a Value
-        // would cost the wasm more than these lines.
-        let body = commands
-            .iter()
-            .map(|c| Value::Array(c.iter().map(|a| Value::from(a.as_str())).collect()))
-            .collect();
-        let (status, text) = self
-            .exchange(&self.pipeline_url, Value::Array(body), budget)
-            .await?;
-        parse_pipeline(status, &text, commands.len()).map_err(|e| e.redacted(&self.token))
+        self.post_all(command_values(commands), budget).await
     }
 
     /// One `POST /`, abandoned after `budget`.
     async fn post(&self, body: Value, budget: Duration) -> Result<Value, RestError> {
         let (status, text) = self.exchange(&self.url, body, budget).await?;
         parse_reply(status, &text).map_err(|e| e.redacted(&self.token))
+    }
+
+    /// One `POST /pipeline` of `commands`, abandoned after `budget`.
+    async fn post_all(
+        &self,
+        commands: Vec<Value>,
+        budget: Duration,
+    ) -> Result<Vec<Result<Value, RestError>>, RestError> {
+        let count = commands.len();
+        let (status, text) = self
+            .exchange(&self.pipeline_url, Value::Array(commands), budget)
+            .await?;
+        parse_pipeline(status, &text, count).map_err(|e| e.redacted(&self.token))
     }
 
     /// One `POST` to `url`, abandoned after `budget`: the status and body.
@@ -247,6 +232,80 @@ impl RestClient {
         let text = response.text().await.map_err(failed)?;
         Ok((status, text))
     }
+}
+
+/// What carries commands to Redis: the REST client, or a fake in tests.
+// The worker is single-threaded, so the futures need not be `Send`.
+#[allow(async_fn_in_trait)]
+pub trait Transport {
+    /// Sends one command (`["EVALSHA", ...]`) in one request, within
+    /// `budget`: its result.
+    async fn send(&self, command: Value, budget: Duration) -> Result<Value, RestError>;
+
+    /// Sends `commands` in one request (`/pipeline`), within `budget`: one
+    /// result per command, in order, each its own; or what failed the
+    /// whole request.
+    async fn send_all(
+        &self,
+        commands: Vec<Value>,
+        budget: Duration,
+    ) -> Result<Vec<Result<Value, RestError>>, RestError>;
+}
+
+impl Transport for RestClient {
+    async fn send(&self, command: Value, budget: Duration) -> Result<Value, RestError> {
+        self.post(command, budget).await
+    }
+
+    async fn send_all(
+        &self,
+        commands: Vec<Value>,
+        budget: Duration,
+    ) -> Result<Vec<Result<Value, RestError>>, RestError> {
+        self.post_all(commands, budget).await
+    }
+}
+
+/// Runs `script` by SHA1 through `send` (a command and the time left for
+/// it) and, if Redis does not have it (after a restart or `SCRIPT FLUSH`),
+/// once more by source, which also caches it; `now_ms` tells the time
+/// spent. The whole exchange, fallback included, must finish within
+/// `budget`, and a timeout names `budget`, not what was left of it.
+pub async fn evalsha_or_eval<F: Future<Output = Result<Value, RestError>>>(
+    script: &Script,
+    keys: &[String],
+    args: &[String],
+    budget: Duration,
+    now_ms: impl Fn() -> f64,
+    send: impl Fn(Value, Duration) -> F,
+) -> Result<Value, RestError> {
+    let started = now_ms();
+    let first = send(eval_body("EVALSHA", script.sha1, keys, args), budget).await;
+    let reply = match first {
+        Err(RestError::NoScript) => {
+            let spent = Duration::from_millis((now_ms() - started).max(0.0) as u64);
+            let left = budget.saturating_sub(spent);
+            if left.is_zero() {
+                return Err(timed_out(budget));
+            }
+            send(eval_body("EVAL", script.source, keys, args), left).await
+        }
+        other => other,
+    };
+    match reply {
+        Err(RestError::Timeout { .. }) => Err(timed_out(budget)),
+        other => other,
+    }
+}
+
+/// Plain commands as the values a pipeline carries.
+pub fn command_values(commands: &[Vec<String>]) -> Vec<Value> {
+    // Built by hand as eval_body is: serde's generic path into a Value
+    // would cost the wasm more than these lines.
+    commands
+        .iter()
+        .map(|c| Value::Array(c.iter().map(|a| Value::from(a.as_str())).collect()))
+        .collect()
 }
 
 impl RestError {
@@ -297,7 +356,8 @@ fn with_causes(error: &dyn std::error::Error) -> String {
 /// Time allowed for a plain [`RestClient::command`].
 pub const COMMAND_BUDGET: Duration = Duration::from_secs(5);
 
-fn timed_out(budget: Duration) -> RestError {
+/// The error of a call whose `budget` ran out.
+pub fn timed_out(budget: Duration) -> RestError {
     RestError::Timeout {
         budget_ms: budget.as_millis() as u64,
     }
@@ -320,6 +380,8 @@ fn clock_ms() -> f64 {
         * 1000.0
 }
 
+/// The command running `script` (a SHA1 for `EVALSHA`, the source for
+/// `EVAL`) on these keys and arguments.
 fn eval_body(verb: &str, script: &str, keys: &[String], args: &[String]) -> Value {
     let mut body = Vec::with_capacity(3 + keys.len() + args.len());
     body.push(Value::from(verb));

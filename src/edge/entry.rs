@@ -15,6 +15,7 @@ use worker::{console_error, console_log, event, worker_sys::web_sys, Context, En
 
 use crate::{
     decision::{
+        batch::{Batched, Batches, Runtime},
         block_cache::BlockCache,
         events::Event,
         in_flight::{Bell, InFlight, Pause, Paused, Signal},
@@ -47,6 +48,9 @@ struct Isolate {
     headers_read: Vec<String>,
     origin: Option<String>,
     client: RestClient,
+    /// The script calls of its requests, those made at the same moment
+    /// carried together.
+    calls: Batches<RestClient>,
     /// Shared by the isolate's requests: what it learned about denied clients.
     cache: RefCell<BlockCache>,
     /// Units leased to this isolate.
@@ -74,6 +78,8 @@ fn isolate(env: &Env) -> std::result::Result<Rc<Isolate>, String> {
         return Err("set UPSTASH_REDIS_REST_URL and UPSTASH_REDIS_REST_TOKEN (wrangler secret put, or .dev.vars locally)".into());
     };
     let config = load_config(env)?;
+    let client =
+        RestClient::new(&url.to_string(), &token.to_string()).map_err(|e| e.to_string())?;
     let ready = Rc::new(Isolate {
         stats: config
             .stats
@@ -85,7 +91,8 @@ fn isolate(env: &Env) -> std::result::Result<Rc<Isolate>, String> {
         in_flight: InFlight::new(JsPause),
         config,
         origin: origin(env)?,
-        client: RestClient::new(&url.to_string(), &token.to_string()).map_err(|e| e.to_string())?,
+        calls: Batches::new(client.clone()),
+        client,
     });
     ISOLATE.with(|s| *s.borrow_mut() = Some(ready.clone()));
     Ok(ready)
@@ -118,7 +125,9 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
         meta.cf = cf_facts(&req);
     }
     let now_ms = js_sys::Date::now() as u64;
-    let calls = Counted::new(&isolate.client);
+    let ctx = Rc::new(ctx);
+    let batched = isolate.calls.for_request(OnRequest(ctx.clone()));
+    let calls = Counted::new(&batched);
     let handled = isolate.limiter(&calls).handle(&meta, now_ms).await;
     isolate.count(|s| s.request(&isolate.config, &handled, calls.take(), now_ms));
     let Handled {
@@ -178,7 +187,7 @@ struct Background {
 /// stats, when due. `None` when there is nothing to do; otherwise where
 /// the status goes. A request whose origin fetch failed, or that was
 /// cancelled, keeps its charges: the origin may have acted on it.
-fn background(isolate: &Rc<Isolate>, ctx: &Context, work: Background) -> Option<StatusSender> {
+fn background(isolate: &Rc<Isolate>, ctx: &Rc<Context>, work: Background) -> Option<StatusSender> {
     let Background {
         refund,
         refresh,
@@ -190,8 +199,10 @@ fn background(isolate: &Rc<Isolate>, ctx: &Context, work: Background) -> Option<
     }
     let (sender, status) = status_channel();
     let isolate = isolate.clone();
+    let runtime = OnRequest(ctx.clone());
     ctx.wait_until(async move {
-        let calls = Counted::new(&isolate.client);
+        let batched = isolate.calls.for_request(runtime);
+        let calls = Counted::new(&batched);
         let limiter = isolate.limiter(&calls);
         let config = &isolate.config;
         let now_ms = js_sys::Date::now() as u64;
@@ -262,12 +273,12 @@ fn status_channel() -> (StatusSender, impl Future<Output = Option<u16>>) {
     (StatusSender(slot), status)
 }
 
+/// One request's script calls, carried with the isolate's others, counted.
+type Calls<'a> = Counted<'a, Batched<'a, RestClient, OnRequest>>;
+
 impl Isolate {
-    /// A limiter on `store`: the isolate's client, its calls counted.
-    fn limiter<'a>(
-        &'a self,
-        store: &'a Counted<'a, RestClient>,
-    ) -> Limiter<'a, 'a, Counted<'a, RestClient>> {
+    /// A limiter on `store`: the isolate's calls, a request's counted.
+    fn limiter<'a>(&'a self, store: &'a Calls<'a>) -> Limiter<'a, 'a, Calls<'a>> {
         Limiter {
             config: &self.config,
             store,
@@ -284,6 +295,37 @@ impl Isolate {
         if let Some(stats) = &self.stats {
             f(&mut stats.borrow_mut());
         }
+    }
+}
+
+/// The runtime of one request, for its script calls: its context, whose
+/// `waitUntil` carries a batch it opens to the end, and its pauses.
+#[derive(Clone)]
+struct OnRequest(Rc<Context>);
+
+impl Pause for OnRequest {
+    fn now_ms(&self) -> u64 {
+        JsPause.now_ms()
+    }
+
+    fn signal(&self) -> (Bell, Signal) {
+        JsPause.signal()
+    }
+
+    fn until(&self, until_ms: u64, signal: Option<&Signal>) -> Paused {
+        JsPause.until(until_ms, signal)
+    }
+}
+
+impl Runtime for OnRequest {
+    /// A timer of 0 ms: workerd runs it once the events already waiting
+    /// for the isolate are handled.
+    fn turn(&self) -> impl Future<Output = ()> + 'static {
+        JsPause.until(0, None)
+    }
+
+    fn spawn(&self, task: impl Future<Output = ()> + 'static) {
+        self.0.wait_until(task);
     }
 }
 

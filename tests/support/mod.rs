@@ -87,6 +87,20 @@ impl Backend {
             .sum()
     }
 
+    /// What the REST endpoint has counted so far (`GET /__stats`):
+    /// requests, commands, and requests by the commands they carried.
+    pub async fn endpoint_stats(&self) -> Value {
+        http()
+            .get(format!("{}/__stats", self.endpoint.url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     /// A command straight to Redis, bypassing the endpoint. An error reply
     /// fails the test: a setup step that did not happen (a `WRONGTYPE`)
     /// must not pass for a value.
