@@ -299,7 +299,7 @@ mod tests {
     use tokio::{task::LocalSet, time::Instant};
 
     use super::*;
-    use crate::decision::in_flight::Paused;
+    use crate::decision::in_flight::{Paused, TokioPause};
 
     /// What the fake endpoint received: one command, or a pipeline.
     #[derive(Debug, Clone, PartialEq)]
@@ -412,14 +412,7 @@ mod tests {
 
         fn until(&self, until_ms: u64, signal: Option<&Signal>) -> Paused {
             self.asked.set(self.asked.get() + 1);
-            let wait = Duration::from_millis(until_ms.saturating_sub(elapsed_ms()));
-            let signal = signal.cloned();
-            Box::pin(async move {
-                match signal {
-                    Some(signal) => signal.or(tokio::time::sleep(wait)).await,
-                    None => tokio::time::sleep(wait).await,
-                }
-            })
+            TokioPause(elapsed_ms).until(until_ms, signal)
         }
     }
 
