@@ -27,10 +27,11 @@ use edge_limiter_local::{
 };
 use serde_json::{json, Value};
 use support::{
+    carried,
     report::{assert_no_secret, settled, Table},
     rules,
     worker::{Origin, Worker},
-    TOKEN,
+    Sent, TOKEN,
 };
 
 /// Units each client may spend per rule: far more than a scenario sends, so
@@ -236,8 +237,8 @@ fn key(side: Side, client: usize) -> String {
 }
 
 /// The keys a script call in a request body names.
-fn call_keys(request: &[u8]) -> Vec<String> {
-    let Ok(Value::Array(items)) = serde_json::from_slice::<Value>(request) else {
+fn call_keys(command: &Value) -> Vec<String> {
+    let Value::Array(items) = command else {
         return vec![];
     };
     let n = items.get(2).and_then(|n| {
@@ -256,21 +257,18 @@ fn call_keys(request: &[u8]) -> Vec<String> {
 /// Whether Redis ran this call and admitted it (so it consumed a unit). A
 /// rule alone replies with six fields, allowed first, or with one integer,
 /// negative only when denied (see `lua/limiter.lua`).
-fn admitted(e: &Exchange) -> bool {
-    match &e.upstream {
-        Some((200, body)) => serde_json::from_slice::<Value>(body).is_ok_and(|v| {
-            let result = &v["result"];
-            result[0].as_i64() == Some(1) || result.as_i64().is_some_and(|n| n >= 0)
-        }),
-        _ => false,
-    }
+fn admitted(call: &Sent) -> bool {
+    call.reply.as_ref().is_some_and(|v| {
+        let result = &v["result"];
+        result[0].as_i64() == Some(1) || result.as_i64().is_some_and(|n| n >= 0)
+    })
 }
 
 /// Units Redis acknowledged for `key`, as seen on the wire.
 fn commits(exchanges: &[Exchange], key: &str) -> u64 {
-    exchanges
+    carried(exchanges)
         .iter()
-        .filter(|e| admitted(e) && call_keys(&e.request).iter().any(|k| k == key))
+        .filter(|c| admitted(c) && call_keys(&c.command).iter().any(|k| k == key))
         .count() as u64
 }
 
@@ -593,20 +591,21 @@ async fn every_fault_is_answered_within_budget_in_the_rules_fail_mode() {
         Some(&flush),
     )
     .await;
-    let calls: Vec<Exchange> = stack
-        .proxy
-        .exchanges()
+    let calls: Vec<Sent> = carried(&stack.proxy.exchanges())
         .into_iter()
-        .filter(|e| call_keys(&e.request).contains(&key(Side::Open, client)))
+        .filter(|c| call_keys(&c.command).contains(&key(Side::Open, client)))
         .collect();
     let noscript = calls
         .iter()
-        .filter(|e| matches!(&e.upstream, Some((_, b)) if String::from_utf8_lossy(b).contains("NOSCRIPT")))
+        .filter(|c| {
+            c.reply.as_ref().is_some_and(|r| {
+                r["error"]
+                    .as_str()
+                    .is_some_and(|e| e.starts_with("NOSCRIPT"))
+            })
+        })
         .count();
-    let evals = calls
-        .iter()
-        .filter(|e| e.request.starts_with(b"[\"EVAL\""))
-        .count();
+    let evals = calls.iter().filter(|c| c.command[0] == "EVAL").count();
     row.note = format!("{noscript} NOSCRIPT answers, {evals} EVAL fallbacks");
     row.counts_exact &= noscript == PER_RULE && evals == PER_RULE;
     rows.push(row);

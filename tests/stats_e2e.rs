@@ -13,12 +13,13 @@ use edge_limiter::decision::stats::{
     stored::{day_key, read_rule_day, read_totals_day, DAY_MS, STATS},
     top::TopDenied,
 };
-use edge_limiter_local::fault_proxy::{Exchange, Fault};
+use edge_limiter_local::fault_proxy::Fault;
 use serde_json::Value;
 use support::{
+    carried,
     report::Table,
     worker::{Stack, Worker},
-    Backend, TOKEN,
+    Backend, Sent, TOKEN,
 };
 
 const PER_IP: &str = r#"
@@ -252,15 +253,16 @@ path_prefix = "/leased"
 /// it only refreshed leases (every rule's cost 0). `None` for anything
 /// else: the stats script, or an `EVALSHA` Redis answered `NOSCRIPT`
 /// (the worker counts that call once, with the `EVAL` that follows).
-fn limiter_call(x: &Exchange) -> Option<(Vec<String>, bool)> {
-    let body: Vec<Value> = serde_json::from_slice(&x.request).ok()?;
+fn limiter_call(call: &Sent) -> Option<(Vec<String>, bool)> {
+    let body = call.command.as_array()?;
     let text = |i: usize| body.get(i).and_then(Value::as_str).unwrap_or_default();
     let ours = (text(0) == "EVALSHA" && text(1) == LIMITER.sha1)
         || (text(0) == "EVAL" && text(1) == LIMITER.source);
-    let noscript = x
-        .upstream
-        .as_ref()
-        .is_some_and(|(_, reply)| String::from_utf8_lossy(reply).contains("NOSCRIPT"));
+    let noscript = call.reply.as_ref().is_some_and(|r| {
+        r["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("NOSCRIPT"))
+    });
     if !ours || noscript {
         return None;
     }
@@ -355,8 +357,10 @@ async fn two_workers_stats_agree_with_what_was_sent_and_decided() {
     };
 
     // What the proxy saw of the limiter's calls, per rule.
-    let calls: Vec<(Vec<String>, bool)> =
-        proxy.exchanges().iter().filter_map(limiter_call).collect();
+    let calls: Vec<(Vec<String>, bool)> = carried(&proxy.exchanges())
+        .iter()
+        .filter_map(limiter_call)
+        .collect();
     let calls_of = |rule: &str| {
         let named = |keys: &Vec<String>| keys.iter().any(|k| k.ends_with(&format!("}}:{rule}")));
         let all = calls.iter().filter(|(keys, _)| named(keys)).count() as u64;

@@ -15,7 +15,10 @@ use edge_limiter::{
     },
     rules::{config::Config, rule::Rule},
 };
-use edge_limiter_local::testenv::{Endpoint, RedisServer};
+use edge_limiter_local::{
+    fault_proxy::Exchange,
+    testenv::{Endpoint, RedisServer},
+};
 use serde_json::{json, Value};
 
 /// The token the test endpoints accept.
@@ -143,3 +146,35 @@ pub fn rules(list: Value) -> Vec<Rule> {
 
 pub mod raw_http;
 pub mod report;
+
+/// One command as it went through the proxy: what was sent, and what
+/// Redis answered for it (`{"result": ..}` or `{"error": ..}`), if the
+/// answer came. A `/pipeline` carries several, each answered on its own.
+pub struct Sent {
+    /// The command, as JSON (`["EVALSHA", sha, n, keys.., args..]`).
+    pub command: Value,
+    /// Redis's answer to it, `None` if none came back.
+    pub reply: Option<Value>,
+}
+
+/// Every command the proxy carried, in order.
+pub fn carried(exchanges: &[Exchange]) -> Vec<Sent> {
+    let mut all = Vec::new();
+    for e in exchanges {
+        let Ok(body) = serde_json::from_slice::<Value>(&e.request) else {
+            continue;
+        };
+        let reply = e.upstream.as_ref();
+        let reply = reply.and_then(|(_, b)| serde_json::from_slice::<Value>(b).ok());
+        match body {
+            Value::Array(entries) if entries.first().is_some_and(Value::is_array) => {
+                for (i, command) in entries.into_iter().enumerate() {
+                    let reply = reply.as_ref().and_then(|r| r.get(i)).cloned();
+                    all.push(Sent { command, reply });
+                }
+            }
+            command => all.push(Sent { command, reply }),
+        }
+    }
+    all
+}
