@@ -134,18 +134,17 @@ impl<T: Transport + 'static, R: Runtime> Batched<'_, T, R> {
         };
         let (opened, signal) = {
             let mut gathering = shared.gathering.borrow_mut();
-            let opened = match gathering.as_mut() {
-                Some((calls, _)) => {
+            match gathering.as_mut() {
+                Some((calls, signal)) => {
                     calls.push(waiting);
-                    None
+                    (None, signal.clone())
                 }
                 None => {
                     let (bell, signal) = self.runtime.signal();
-                    *gathering = Some((vec![waiting], signal));
-                    Some(bell)
+                    *gathering = Some((vec![waiting], signal.clone()));
+                    (Some(bell), signal)
                 }
-            };
-            (opened, gathering.as_ref().map(|(_, s)| s.clone()))
+            }
         };
         if let Some(bell) = opened {
             let turn = self.runtime.turn();
@@ -153,7 +152,7 @@ impl<T: Transport + 'static, R: Runtime> Batched<'_, T, R> {
             self.runtime
                 .spawn(carry(shared.clone(), turn, runtime, bell));
         }
-        self.runtime.until(deadline_ms, signal.as_ref()).await;
+        self.runtime.until(deadline_ms, Some(&signal)).await;
         let answered = answer.borrow_mut().take();
         answered.unwrap_or(Err(timed_out(left)))
     }

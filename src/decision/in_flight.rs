@@ -101,21 +101,30 @@ impl Signal {
         self.0.runtime.downcast_ref()
     }
 
-    /// Ends when this rings or `deadline` ends, whichever comes first.
-    pub async fn or(&self, deadline: impl Future<Output = ()>) {
-        let mut deadline = std::pin::pin!(deadline);
-        std::future::poll_fn(|cx| {
-            if self.rung() {
-                return Poll::Ready(());
-            }
-            let mut wakers = self.0.wakers.borrow_mut();
-            if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
-                wakers.push(cx.waker().clone());
-            }
-            drop(wakers);
-            deadline.as_mut().poll(cx)
+    /// A pause for runtimes whose wake-ups resume a task where it runs:
+    /// ends when `signal` (if any) rings or `deadline` ends, whichever
+    /// comes first.
+    pub fn native_pause(
+        signal: Option<&Signal>,
+        deadline: impl Future<Output = ()> + 'static,
+    ) -> Paused {
+        let signal = signal.cloned();
+        Box::pin(async move {
+            let mut deadline = std::pin::pin!(deadline);
+            std::future::poll_fn(|cx| {
+                if let Some(signal) = &signal {
+                    if signal.rung() {
+                        return Poll::Ready(());
+                    }
+                    let mut wakers = signal.0.wakers.borrow_mut();
+                    if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                        wakers.push(cx.waker().clone());
+                    }
+                }
+                deadline.as_mut().poll(cx)
+            })
+            .await
         })
-        .await
     }
 }
 
@@ -486,10 +495,6 @@ impl<F: Fn() -> u64> Pause for TokioPause<F> {
 
     fn until(&self, until_ms: u64, signal: Option<&Signal>) -> Paused {
         let wait = std::time::Duration::from_millis(until_ms.saturating_sub(self.now_ms()));
-        let sleep = tokio::time::sleep(wait);
-        match signal.cloned() {
-            Some(signal) => Box::pin(async move { signal.or(sleep).await }),
-            None => Box::pin(sleep),
-        }
+        Signal::native_pause(signal, tokio::time::sleep(wait))
     }
 }

@@ -429,19 +429,13 @@ impl Pause for OnTimeline {
 
     fn until(&self, until_ms: u64, signal: Option<&Signal>) -> Paused {
         let clock = self.0.clone();
-        let signal = signal.cloned();
-        Box::pin(async move {
-            let sleep = async {
-                match until_ms {
-                    u64::MAX => std::future::pending().await,
-                    _ => clock.sleep(until_ms.saturating_sub(clock.now_ms())).await,
-                }
-            };
-            match signal {
-                Some(signal) => signal.or(sleep).await,
-                None => sleep.await,
+        let deadline = async move {
+            match until_ms {
+                u64::MAX => std::future::pending().await,
+                _ => clock.sleep(until_ms.saturating_sub(clock.now_ms())).await,
             }
-        })
+        };
+        Signal::native_pause(signal, deadline)
     }
 }
 
