@@ -22,6 +22,8 @@ pub struct Shape {
 #[derive(Debug, Clone, Default)]
 pub struct Run {
     pub requests: u64,
+    /// How long wrk sent for, seconds.
+    pub seconds: f64,
     pub rps: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
@@ -97,14 +99,15 @@ async fn carrying(http: &reqwest::Client, rest: &str) -> Result<BTreeMap<u64, u6
 }
 
 /// Runs wrk once against `target`, whose REST calls go to the endpoint at
-/// `rest` (round 0 is the warm-up).
+/// `rest` (round 0 is the warm-up); `slice` numbers the runs of one round,
+/// whose clients are each their own.
 pub async fn run(
     http: &reqwest::Client,
     rest: &str,
     target: Target<'_>,
     origin: &Origin,
     shape: Shape,
-    round: u32,
+    (round, slice): (u32, u32),
 ) -> Result<Run, String> {
     let worker = target.worker;
     let path = hot_path(target, round);
@@ -120,6 +123,7 @@ pub async fn run(
         .arg("--")
         .args([&round.to_string(), &shape.hot_every.to_string()])
         .args([target.label, target.prefix, &target.slot.to_string()])
+        .arg(slice.to_string())
         .output()
         .map_err(|e| format!("cannot run wrk: {e}"))?;
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -181,9 +185,11 @@ fn parse(text: &str) -> Option<Run> {
                 .collect()
         })
         .unwrap_or_default();
+    let seconds = duration_us.max(1) as f64 / 1e6;
     Some(Run {
         requests,
-        rps: requests as f64 / (duration_us.max(1) as f64 / 1e6),
+        seconds,
+        rps: requests as f64 / seconds,
         p50_ms: field("p50_us")? as f64 / 1000.0,
         p99_ms: field("p99_us")? as f64 / 1000.0,
         hot_sent: field("hot_sent")?,
@@ -192,6 +198,43 @@ fn parse(text: &str) -> Option<Run> {
         quantiles,
         ..Run::default()
     })
+}
+
+/// One round's slices as one run: counts and CPU summed, the latencies
+/// pooled (at the grid `load.lua` prints, so that rounds pool in turn).
+pub fn merged(slices: &[Run]) -> Run {
+    let requests = slices.iter().map(|r| r.requests).sum();
+    let seconds: f64 = slices.iter().map(|r| r.seconds).sum();
+    let sum = |pick: fn(&Run) -> u64| slices.iter().map(pick).sum();
+    let cpu = |pick: fn(&Cpu) -> f64| slices.iter().map(|r| pick(&r.cpu)).sum();
+    let grid = slices.first().map_or(&[][..], |r| &r.quantiles[..]);
+    let mut carrying = BTreeMap::new();
+    for (&n, &count) in slices.iter().flat_map(|r| &r.carrying) {
+        *carrying.entry(n).or_default() += count;
+    }
+    Run {
+        requests,
+        seconds,
+        rps: requests as f64 / seconds.max(1e-9),
+        p50_ms: pooled_percentile(slices, 50.0).0,
+        p99_ms: pooled_percentile(slices, 99.0).0,
+        hot_sent: sum(|r| r.hot_sent),
+        hot_admitted: sum(|r| r.hot_admitted),
+        socket_errors: sum(|r| r.socket_errors),
+        cpu: Cpu {
+            workerd: cpu(|c| c.workerd),
+            worker_process: cpu(|c| c.worker_process),
+            wrangler: cpu(|c| c.wrangler),
+            endpoint: cpu(|c| c.endpoint),
+            redis: cpu(|c| c.redis),
+            origin: cpu(|c| c.origin),
+        },
+        quantiles: grid
+            .iter()
+            .map(|&(p, _)| (p, pooled_percentile(slices, p).0))
+            .collect(),
+        carrying,
+    }
 }
 
 /// The `p`-th percentile (0..100), ms, of the latencies of all these runs
@@ -243,6 +286,32 @@ mod tests {
             parse(&with_grid).unwrap().quantiles,
             [(50.0, 1.5), (99.0, 20.0), (100.0, 68.116)]
         );
+    }
+
+    #[test]
+    fn slices_merge_into_one_run() {
+        let slice = |requests, ms: f64, hot| Run {
+            requests,
+            seconds: 2.0,
+            hot_admitted: hot,
+            quantiles: vec![(50.0, ms), (100.0, 2.0 * ms)],
+            cpu: Cpu {
+                workerd: 0.5,
+                ..Cpu::default()
+            },
+            carrying: BTreeMap::from([(1, requests / 2)]),
+            ..Run::default()
+        };
+        let round = merged(&[slice(300, 10.0, 30), slice(100, 40.0, 20)]);
+        assert_eq!(
+            (round.requests, round.rps, round.hot_admitted),
+            (400, 100.0, 50)
+        );
+        // 150 of 400 requests at 10 ms or less: the median is the next step.
+        assert_eq!((round.p50_ms, round.p99_ms), (20.0, 80.0));
+        assert_eq!(round.quantiles, [(50.0, 20.0), (100.0, 80.0)]);
+        assert_eq!(round.cpu.workerd, 1.0);
+        assert_eq!(round.carrying, BTreeMap::from([(1, 200)]));
     }
 
     #[test]

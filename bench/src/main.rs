@@ -48,7 +48,7 @@ usage: edge-limiter-bench [--quick] [--rounds N] [--seconds S] [--baseline DIR]
                           [--parts LIST] [--no-save | --out FILE]
 
   --quick      one short round of everything, to try the setup (about a minute)
-  --rounds N   interleaved rounds per part (default: 7 for Redis, 5 under load)
+  --rounds N   interleaved rounds per part (default: 21 for Redis, 5 under load)
   --seconds S  length of each load run (default 10)
   --baseline DIR
                another build of our worker (what scripts/build-worker leaves
@@ -84,10 +84,12 @@ impl Options {
 
     fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
         let mut o = Options {
-            redis_rounds: 7,
+            // Many short Redis rounds: the machine's mood changes within a
+            // second, and a median over 21 rounds outlasts more of it.
+            redis_rounds: 21,
             load_rounds: 5,
             seconds: 10,
-            redis_calls: 50_000,
+            redis_calls: 20_000,
             far_clients: 200,
             baseline: None,
             hostile_batch: 60,
@@ -153,6 +155,9 @@ const REDIS_CLIENTS: u32 = 16;
 const CONNECTIONS: u32 = 8;
 /// One request in this many comes from the hot client.
 const HOT_EVERY: u32 = 8;
+/// wrk runs per worker and round of parts 2 and 5 (one second each at the
+/// least), taken in turns.
+const SLICES: u32 = 5;
 /// The load rule's limit per client and day: far above what a fresh client
 /// sends, well below what the hot one does.
 const HOT_LIMIT: u64 = 50;
@@ -473,6 +478,7 @@ fn fresh_results(o: &Options) -> Results {
         redis_calls: o.redis_calls,
         load_connections: CONNECTIONS,
         load_seconds: o.seconds,
+        load_slices: SLICES.min(o.seconds).max(1),
         hot_every: HOT_EVERY,
         hot_limit: HOT_LIMIT,
         peer_version: peer::version("@upstash/ratelimit"),
@@ -511,9 +517,7 @@ fn redis_part(o: &Options, redis: &RedisServer, r: &mut Results) -> Result<(), S
     }
     r.redis = cases.iter().map(|c| (c.label, Vec::new())).collect();
     for round in 0..o.redis_rounds {
-        // A different order each round, so no script always follows another.
-        for i in 0..cases.len() {
-            let k = (i + round) % cases.len();
+        for k in redis_side::round_order(cases.len(), round) {
             let calls = (REDIS_CLIENTS, o.redis_calls);
             let sample =
                 redis_side::run(redis.port(), &shas[k], &cases[k], calls, pinning.as_ref())?;
@@ -551,14 +555,28 @@ async fn load_part(
         ..shape
     };
     for t in &order {
-        load::run(&b.http, &b.rest, *t, &b.origin, warm, 0).await?;
+        load::run(&b.http, &b.rest, *t, &b.origin, warm, (0, 0)).await?;
     }
+    // A round is each worker's `seconds` cut into slices, the workers taking
+    // turns slice by slice: the shared machine's slow moments, which last
+    // seconds, then fall on every worker of the round alike.
+    let slices = SLICES.min(o.seconds).max(1);
+    let slice = Shape {
+        seconds: shape.seconds / slices,
+        ..shape
+    };
     let mut runs: Vec<_> = order.iter().map(|t| (t.label, vec![])).collect();
     for round in 1..=o.load_rounds {
-        for i in 0..order.len() {
-            let k = (i + round as usize) % order.len();
-            let run = load::run(&b.http, &b.rest, order[k], &b.origin, shape, round).await?;
-            runs[k].1.push(run);
+        let mut taken: Vec<Vec<load::Run>> = vec![Vec::new(); order.len()];
+        for s in 0..slices {
+            for i in 0..order.len() {
+                let k = (i + (round + s) as usize) % order.len();
+                let at = (round, s);
+                taken[k].push(load::run(&b.http, &b.rest, order[k], &b.origin, slice, at).await?);
+            }
+        }
+        for (k, slices) in taken.iter().enumerate() {
+            runs[k].1.push(load::merged(slices));
         }
     }
     Ok(runs)

@@ -35,6 +35,8 @@ pub struct Results {
     pub load: Vec<(&'static str, Vec<Run>)>,
     pub load_connections: u32,
     pub load_seconds: u32,
+    /// wrk runs per worker and round, taken in turns.
+    pub load_slices: u32,
     pub hot_every: u32,
     /// The hot client's configured limit for the run.
     pub hot_limit: u64,
@@ -244,7 +246,9 @@ fn redis_rows(r: &Results) -> Vec<Row> {
 }
 
 /// Part 1's time per call of ours against another script's: `ours` and
-/// `other_is`, each sample of it, named `other` in the target.
+/// `other_is`, each round's sample of it, named `other` in the target. The
+/// ratio is the median of each round's: two runs of one round are seconds
+/// apart, and share more of the machine's mood than two medians do.
 fn redis_vs(
     r: &Results,
     ours: &str,
@@ -254,13 +258,14 @@ fn redis_vs(
     other_is: Vec<f64>,
 ) -> Row {
     let u = usec(r, ours);
-    let ratio_now = median(&u) / median(&other_is);
+    let per_round: Vec<f64> = u.iter().zip(&other_is).map(|(o, t)| o / t).collect();
+    let ratio_now = median(&per_round);
     [
         "1 Redis".to_owned(),
         format!("{what}: us/call"),
         with_spread(&u, 2),
         with_spread(&other_is, 2),
-        ratio(median(&u), median(&other_is)),
+        ratio(ratio_now, 1.0),
         target.map_or(String::new(), |t| format!("ours/{other} <= {t:.2}")),
         target
             .map_or("", |t| met((!u.is_empty()).then_some(ratio_now <= t)))
@@ -1007,7 +1012,7 @@ fn notes(r: &Results) -> String {
     let _ = writeln!(out, "How each part was measured:\n");
     let _ = writeln!(
         out,
-        "1. `redis-benchmark -c {} -n {}` of `EVALSHA` per script and round, straight at redis-server (every script loaded with `SCRIPT LOAD`, ours without its `allow-key-locking` flag, which stock Redis lacks){}; one hot key, every call admitted; us/call is `usec_per_call` of `cmdstat_evalsha` after `CONFIG RESETSTAT`. Ours keeps Redis's time: GCRA in its key's expiry (`PTTL`, no clock read; 1000 per second, a whole millisecond per unit, as most rates are; a fractional interval adds a `GET`), windowed in its hash's fields and `PTTL` (one window in the same bucket as the last admission: `PTTL`, `HGET`, `HINCRBY`); a rule alone takes no operation argument and replies with one integer where it can. The peer gets `now` from its caller. Windows: 1 min at 1 s; three windows 1 s at 20 ms (1/60 s is no whole ms), 1 min at 1 s, 1 h at 1 min. The peer's three-window figure is three of its sliding-window calls (it needs one call per window), before the two extra round trips. The floors are scripts with no logic at all, in the same rounds: a read and a write of one key (`GET` + `SET`), the same after reading Redis's clock, and GCRA's own (`PTTL` + `SET PX`), which its target is a ratio to.",
+        "1. `redis-benchmark -c {} -n {}` of `EVALSHA` per script and round, straight at redis-server (every script loaded with `SCRIPT LOAD`, ours without its `allow-key-locking` flag, which stock Redis lacks){}; one hot key, every call admitted; us/call is `usec_per_call` of `cmdstat_evalsha` after `CONFIG RESETSTAT`. Ours keeps Redis's time: GCRA in its key's expiry (`PTTL`, no clock read; 1000 per second, a whole millisecond per unit, as most rates are; a fractional interval adds a `GET`), windowed in its hash's fields and `PTTL` (one window in the same bucket as the last admission: `PTTL`, `HGET`, `HINCRBY`); a rule alone takes no operation argument and replies with one integer where it can. The peer gets `now` from its caller. Windows: 1 min at 1 s; three windows 1 s at 20 ms (1/60 s is no whole ms), 1 min at 1 s, 1 h at 1 min. The peer's three-window figure is three of its sliding-window calls (it needs one call per window), before the two extra round trips. The floors are scripts with no logic at all, in the same rounds: a read and a write of one key (`GET` + `SET`), the same after reading Redis's clock, and GCRA's own (`PTTL` + `SET PX`), which its target is a ratio to. Each round runs the scripts in a shuffled order of its own, each run after a full collection of the Lua heap the scripts share; a ratio is the median over rounds of each round's.",
         r.redis_clients,
         r.redis_calls,
         if r.pinned {
@@ -1018,8 +1023,8 @@ fn notes(r: &Results) -> String {
     );
     let _ = writeln!(
         out,
-        "2. `wrk -t1 -c{} -d{}s` per worker and round, workers interleaved, through `wrangler dev` (same workerd, REST endpoint, Redis and demo origin; wrangler's debug log file, which takes every inspector event whatever the log level, goes to `/dev/null`). Every worker has a `wrangler dev` of its own, ours where no rule applies too: workerd's memory grows with each request it serves there, and its tail with it, so no worker runs on another's history. Policy: {} requests per client per day, sliding (ours: windowed 1 d at 24 min; peer: `slidingWindow({}, \"1 d\")`, ephemeral cache on). Every request comes from a new client, but one in {} from one hot client. Overhead is each round's figure minus the passthrough's in the same round, except the p99 row: there the requests of every round are pooled per worker (from wrk's latencies at 127 percentiles per run, finest above p98), and the pooled p99 minus the passthrough's is the overhead, so that one slow moment counts as the few requests it slowed. CPU is each process group's user + system time over the run (`/proc`), per request; of `wrangler dev`'s two workerd processes, the one started with an inspector runs the worker, the other is wrangler's proxy in front of it. Then the passthrough, ours and the peer once more as production runs a worker, each in a `workerd serve` of its own (no wrangler, no inspector, no proxy in front), bundled by `wrangler deploy --dry-run` from the same `wrangler.toml` (its vars as text and JSON bindings, the same compatibility date): the same load and rounds, interleaved, the rows \"2 bare workerd\", CPU that one workerd's.",
-        r.load_connections, r.load_seconds, r.hot_limit, r.hot_limit, r.hot_every
+        "2. `wrk -t1 -c{}` for {} s per worker and round, in {} runs each, the workers taking turns run by run so that a slow moment of the shared machine falls on every worker of the round alike (a round's figures are its runs' pooled), through `wrangler dev` (same workerd, REST endpoint, Redis and demo origin; wrangler's debug log file, which takes every inspector event whatever the log level, goes to `/dev/null`). Every worker has a `wrangler dev` of its own, ours where no rule applies too: workerd's memory grows with each request it serves there, and its tail with it, so no worker runs on another's history. Policy: {} requests per client per day, sliding (ours: windowed 1 d at 24 min; peer: `slidingWindow({}, \"1 d\")`, ephemeral cache on). Every request comes from a new client, but one in {} from one hot client. Overhead is each round's figure minus the passthrough's in the same round, except the p99 row: there the requests of every round are pooled per worker (from wrk's latencies at 127 percentiles per run, finest above p98), and the pooled p99 minus the passthrough's is the overhead, so that one slow moment counts as the few requests it slowed. CPU is each process group's user + system time over the run (`/proc`), per request; of `wrangler dev`'s two workerd processes, the one started with an inspector runs the worker, the other is wrangler's proxy in front of it. Then the passthrough, ours and the peer once more as production runs a worker, each in a `workerd serve` of its own (no wrangler, no inspector, no proxy in front), bundled by `wrangler deploy --dry-run` from the same `wrangler.toml` (its vars as text and JSON bindings, the same compatibility date): the same load and rounds, interleaved, the rows \"2 bare workerd\", CPU that one workerd's.",
+        r.load_connections, r.load_seconds, r.load_slices, r.hot_limit, r.hot_limit, r.hot_every
     );
     let _ = writeln!(
         out,

@@ -128,14 +128,14 @@ pub async fn measure(
     let mut cost = StatsCost::default();
     for (k, t) in targets.into_iter().enumerate() {
         let started = std::time::Instant::now();
-        load::run(http, &rest, t, origin, warm, 0).await?;
+        load::run(http, &rest, t, origin, warm, (0, 0)).await?;
         cost.minutes[k] += started.elapsed().as_secs_f64() / 60.0;
     }
     for round in 1..=rounds {
         for i in 0..2 {
             let k = (i + round as usize) % 2;
             let started = std::time::Instant::now();
-            let run = load::run(http, &rest, targets[k], origin, shape, round).await?;
+            let run = load::run(http, &rest, targets[k], origin, shape, (round, 0)).await?;
             cost.minutes[k] += started.elapsed().as_secs_f64() / 60.0;
             match k {
                 0 => cost.off.push(run),

@@ -1,12 +1,13 @@
 -- wrk script for the worker benchmarks. Usage:
---   wrk ... -s load.lua URL -- ROUND HOT_EVERY LABEL PREFIX SLOT
+--   wrk ... -s load.lua URL -- ROUND HOT_EVERY LABEL PREFIX SLOT SLICE
 -- Every request but one in HOT_EVERY comes from a client never seen before,
 -- so it is admitted and forwarded: that is the overhead under test. The rest
 -- come from one hot client on a path of its own, driven past its limit, so the
 -- origin's count for that path tells how exactly the limit held. PREFIX
 -- (default /load) starts every path, to aim at a rule or at none. SLOT (0 to
 -- 7) tells the workers of one run apart: two builds of ours share a Redis,
--- and must not share clients.
+-- and must not share clients. SLICE numbers the runs of one round: each
+-- starts its clients 4096 requests after the one before.
 
 local threads = {}
 local next_id = 1
@@ -20,7 +21,7 @@ end
 function init(args)
   round = tonumber(args[1]) or 0
   hot_every = tonumber(args[2]) or 10
-  sent, hot = 0, 0
+  sent, hot = (tonumber(args[6]) or 0) * 4096, 0
   prefix = args[4] or "/load"
   slot = tonumber(args[5]) or 0
   -- Round and slot pick the second octet (32 rounds of 8 workers before any
