@@ -6,11 +6,14 @@
 --
 -- Portable Lua only, as common.lua says; numbers are decimal integer text.
 --
--- KEYS[i]   one hash per day (UTC) and rule, or the day's figures over every
+-- KEYS[1]   the writing isolate's key: the number of its last write added
+-- KEYS[2..] one hash per day (UTC) and rule, or the day's figures over every
 --           request, all under the hash tag {#stats}: one slot, so the call
 --           works on Redis Cluster (src/decision/stats/stored.rs names them)
 -- ARGV[1]   how many clients to keep per rule and minute
--- ARGV[2..] per key, in KEYS order: when it expires (ms since the epoch),
+-- ARGV[2]   this write's number in its isolate's sequence
+-- ARGV[3]   how long the isolate's key lives, ms
+-- ARGV[4..] per day key, in KEYS order: when it expires (ms since the epoch),
 --           n, and n x (field, value):
 --             '<minute of the day>'   figures, decimal integers separated
 --                                     by spaces: added figure by figure
@@ -18,8 +21,18 @@
 --                                     separated by spaces: added client by
 --                                     client, the ARGV[1] most counted kept
 --
--- Reply: the number of fields written.
+-- Reply: the number of fields written; 0 for a write already added.
+--
+-- An isolate whose write timed out cannot tell whether it was added, so it
+-- sends the same write again, under the same number: added once, a write
+-- is skipped after, and a lost reply never counts a request twice. An
+-- isolate writes one at a time and in order, so the last number is enough.
 local kept = tonumber(ARGV[1])
+local last = tonumber(redis.call('GET', KEYS[1]) or '')
+if last and last >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 
 -- `text`'s decimal integers, in order.
 local function numbers(text)
@@ -67,8 +80,8 @@ local function add_clients(old, new)
   return table.concat(out, ' ')
 end
 
-local at, written = 2, 0
-for i = 1, #KEYS do
+local at, written = 4, 0
+for i = 2, #KEYS do
   local key, expires, n = KEYS[i], ARGV[at], tonumber(ARGV[at + 1])
   at = at + 2
   for _ = 1, n do

@@ -12,8 +12,11 @@ use std::cell::RefCell;
 use edge_limiter::{
     decision::stats::{
         counts::{RuleCount, RuleCounts, TotalCount, RULE_COUNTS},
-        recorder::{Minute, Recorder},
-        stored::{day_key, read_rule_day, read_totals_day, write_call, DAY_MINUTES, DAY_MS, STATS},
+        recorder::{Minute, Recorder, Write},
+        stored::{
+            day_key, read_rule_day, read_totals_day, write_call, writer_key, DAY_MINUTES, DAY_MS,
+            STATS, WRITER_KEEP_MS,
+        },
         write::flush,
     },
     rules::{config::Config, stats::StatsSettings},
@@ -58,10 +61,22 @@ async fn fields(b: &Backend, key: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Writes `minutes` the way an isolate does, asserting it worked.
-async fn write(b: &Backend, c: &Config, settings: StatsSettings, minutes: Vec<Minute>) {
-    let recorder = RefCell::new(Recorder::new(c, settings));
-    let events = flush(&b.client, c, &recorder, minutes).await;
+/// Writes `minutes` the way an isolate's first write does, as isolate
+/// `writer`, asserting it worked.
+async fn write(
+    b: &Backend,
+    c: &Config,
+    settings: StatsSettings,
+    writer: u64,
+    minutes: Vec<Minute>,
+) {
+    let recorder = RefCell::new(Recorder::new(c, settings, writer));
+    let first = Write {
+        writer,
+        seq: 1,
+        minutes,
+    };
+    let events = flush(&b.client, c, &recorder, first).await;
     assert!(events.is_empty(), "{events:?}");
 }
 
@@ -110,6 +125,7 @@ async fn writes_add_up_and_keep_the_most_denied() {
         &b,
         &c,
         StatsSettings::default(),
+        1,
         vec![denials(minute, &many)],
     )
     .await;
@@ -118,6 +134,7 @@ async fn writes_add_up_and_keep_the_most_denied() {
         &b,
         &c,
         StatsSettings::default(),
+        2,
         vec![denials(minute, &other)],
     )
     .await;
@@ -160,7 +177,7 @@ async fn each_days_keys_expire_stats_keep_after_the_day_ends() {
         ..StatsSettings::default()
     };
     let minute = today * DAY_MINUTES + 5;
-    write(&b, &c, keep, vec![denials(minute, &[("k", 1)])]).await;
+    write(&b, &c, keep, 1, vec![denials(minute, &[("k", 1)])]).await;
     for key in [day_key(today, None), day_key(today, Some("login"))] {
         let pttl = b.client.command(&["PTTL", &key]).await.unwrap();
         let left = pttl.as_i64().unwrap();
@@ -183,9 +200,52 @@ async fn a_write_runs_on_a_cluster() {
     let mut first = denials(day * DAY_MINUTES - 1, &[("k", 1)]);
     first.rules[0][RuleCount::Matched] = 1;
     let second = denials(day * DAY_MINUTES, &[("k", 2)]);
-    write(&b, &c, StatsSettings::default(), vec![first, second]).await;
+    write(&b, &c, StatsSettings::default(), 1, vec![first, second]).await;
     let read = read_rule_day(day, &fields(&b, &day_key(day, Some("login"))).await);
     assert_eq!(read[0].2.top(1), [("k", 2)]);
+}
+
+/// A write sent again after its reply was lost (the isolate cannot tell
+/// whether Redis took it) is added once; the isolate's next write, and
+/// another isolate's write of the same number, are added as usual; the
+/// isolate's key expires.
+#[tokio::test]
+async fn a_write_sent_again_is_added_once() {
+    let b = Backend::start();
+    let c = config();
+    let day = today();
+    let minute = day * DAY_MINUTES + 30;
+    let client = &b.client;
+    let send = |writer, seq, n| {
+        let write = Write {
+            writer,
+            seq,
+            minutes: vec![denials(minute, &[("k", n)])],
+        };
+        let (keys, args) = write_call(&c, 3_600_000, &write);
+        async move { client.run_script(&STATS, &keys, &args, BUDGET).await }
+    };
+    let denied = || async {
+        let read = read_rule_day(day, &fields(&b, &day_key(day, Some("login"))).await);
+        read[0].1[RuleCount::Denied]
+    };
+    assert_eq!(send(7, 1, 2).await.unwrap(), json!(3));
+    assert_eq!(
+        send(7, 1, 2).await.unwrap(),
+        json!(0),
+        "a replay adds nothing"
+    );
+    assert_eq!(denied().await, 2);
+    assert_eq!(send(7, 2, 3).await.unwrap(), json!(3));
+    assert_eq!(send(8, 1, 4).await.unwrap(), json!(3), "another isolate");
+    assert_eq!(send(7, 2, 3).await.unwrap(), json!(0));
+    assert_eq!(denied().await, 9);
+    let pttl = b.client.command(&["PTTL", &writer_key(7)]).await.unwrap();
+    let left = pttl.as_i64().unwrap();
+    assert!(
+        (WRITER_KEEP_MS as i64 - 2_000..=WRITER_KEEP_MS as i64).contains(&left),
+        "{left}"
+    );
 }
 
 /// What a rule's day takes in Redis when every minute of it is written,
@@ -216,7 +276,12 @@ async fn a_rules_day_takes_bounded_memory() {
                 minute
             })
             .collect();
-        let (keys, args) = write_call(&c, 3_600_000, &minutes);
+        let hourly = Write {
+            writer: 1,
+            seq: hour + 1,
+            minutes,
+        };
+        let (keys, args) = write_call(&c, 3_600_000, &hourly);
         let written = b.client.run_script(&STATS, &keys, &args, BUDGET).await;
         assert_eq!(written.unwrap(), json!(180));
     }

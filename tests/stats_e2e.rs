@@ -164,6 +164,66 @@ async fn a_worker_writes_what_it_did_after_stats_every() {
     assert!(std::fs::read_to_string(plot).unwrap().starts_with("<svg"));
 }
 
+/// A write whose reply is lost (Redis took it, the worker cannot tell) is
+/// sent again, unchanged, with the next due write, and Redis adds it once:
+/// what it keeps is what the worker did. Before, the worker counted the
+/// lost write's minutes again with the next, and kept counts ran ahead of
+/// the requests for good.
+#[tokio::test]
+async fn a_write_whose_reply_was_lost_is_counted_once() {
+    let stack = Stack::builder(&with_stats(PER_IP))
+        .through_fault_proxy()
+        .start();
+    let proxy = stack.proxy.as_ref().expect("asked for");
+    let url = format!("{}/page", stack.worker.url);
+    let b = &stack.backend;
+    let requests = || kept(b, "per-ip").0[TotalCount::Requests as usize];
+    let ip = "203.0.113.20";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let landed = |want: u64| async move {
+        while requests() < want {
+            assert!(Instant::now() < deadline, "{want} requests never kept");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    assert_eq!(send(&url, ip, 4).await, [200, 200, 200, 429]);
+    // A first write goes as usual (and loads the script).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(send(&url, ip, 1).await, [429]);
+    landed(5).await;
+    // The block cache answers this request, with no call of its own; the
+    // write it makes reaches Redis, and its reply does not.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    proxy.set(Fault::LoseReply);
+    assert_eq!(send(&url, ip, 1).await, [429]);
+    let mut sent = 6;
+    landed(sent).await;
+    proxy.set(Fault::Pass);
+    assert_eq!(requests(), sent, "the lost write held every request");
+    // A request a second later sends the lost write again; one more, a
+    // second after that, writes what came since.
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        send(&url, ip, 1).await;
+        sent += 1;
+    }
+    loop {
+        let kept = requests();
+        assert!(kept <= sent, "kept {kept} of {sent}: counted twice");
+        if kept == sent {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kept {kept} of {sent}; log:\n{}",
+            stack.worker.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let failed = stack.worker.events_of("stats_write_failed");
+    assert_eq!(failed.len(), 1, "{}", stack.worker.log());
+}
+
 /// `edge-limiter stats ARGS` in the worker's directory, reading its
 /// wrangler.toml and .dev.vars as an operator beside it would: stdout and
 /// stderr, once it succeeded.

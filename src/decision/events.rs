@@ -40,8 +40,9 @@ pub enum Action {
     /// Reading the rule-wide overrides after a response failed: the
     /// isolate keeps its copy and reads again a second later at the soonest.
     OverrideReadFailed,
-    /// Writing the isolate's stats failed: it keeps them for its next
-    /// write (`rule` is empty, `key` names the first key written).
+    /// Writing the isolate's stats failed: it sends the write again when
+    /// the next is due (`rule` is empty, `key` names the isolate's stats
+    /// key).
     StatsWriteFailed,
 }
 

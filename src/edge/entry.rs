@@ -25,7 +25,7 @@ use crate::{
         rule_wide::RuleWide,
         stats::{
             calls::Counted,
-            recorder::{Minute, Recorder},
+            recorder::{Recorder, Write},
             write,
         },
     },
@@ -83,7 +83,14 @@ fn isolate(env: &Env) -> std::result::Result<Rc<Isolate>, String> {
     let ready = Rc::new(Isolate {
         stats: config
             .stats
-            .map(|s| RefCell::new(Recorder::new(&config, s))),
+            // 53 random bits: no two isolates' writes share a number.
+            .map(|s| {
+                RefCell::new(Recorder::new(
+                    &config,
+                    s,
+                    (js_sys::Math::random() * 2f64.powi(53)) as u64,
+                ))
+            }),
         cache: RefCell::new(BlockCache::new(config.cache_hold_ms)),
         leases: RefCell::new(Leases::new()),
         wide: RefCell::new(RuleWide::new()),
@@ -176,7 +183,7 @@ struct Background {
     refresh: Option<LeaseRefresh>,
     reread: Vec<String>,
     /// The isolate's counts, when a write is due.
-    stats: Option<Vec<Minute>>,
+    stats: Option<Write>,
 }
 
 /// Starts the work a request leaves to do in `waitUntil`, never delaying
@@ -221,8 +228,8 @@ fn background(isolate: &Rc<Isolate>, ctx: &Rc<Context>, work: Background) -> Opt
                 isolate.count(|s| s.refunded(config, refund, status, calls.take(), now_ms));
             }
         }
-        if let (Some(minutes), Some(recorder)) = (stats, &isolate.stats) {
-            log(&write::flush(&isolate.client, config, recorder, minutes).await);
+        if let (Some(stats), Some(recorder)) = (stats, &isolate.stats) {
+            log(&write::flush(&isolate.client, config, recorder, stats).await);
         }
     });
     Some(sender)

@@ -4,7 +4,7 @@
 //! returned and how many calls it made.
 
 use super::{
-    counts::{add, RuleCount, RuleCounts, RuleFate, TotalCount, TotalCounts},
+    counts::{RuleCount, RuleCounts, RuleFate, TotalCount, TotalCounts},
     top::{TopDenied, KEPT},
 };
 use crate::{
@@ -20,8 +20,9 @@ use crate::{
     },
 };
 
-/// Unwritten minutes an isolate keeps at most: when writes keep failing,
-/// the oldest go first, so the buffer stays bounded.
+/// Unwritten minutes an isolate keeps at most besides its pending write
+/// (which holds no more): when writes keep failing, the oldest go first,
+/// so the buffer stays bounded.
 pub const MAX_MINUTES: usize = 60;
 
 /// Milliseconds in a minute.
@@ -51,17 +52,6 @@ impl Minute {
         }
     }
 
-    /// Adds `other`'s figures (of the same minute) to these.
-    pub fn merge(&mut self, other: &Minute) {
-        add(&mut self.totals.0, &other.totals.0);
-        for (a, b) in self.rules.iter_mut().zip(&other.rules) {
-            add(&mut a.0, &b.0);
-        }
-        for (a, b) in self.denied.iter_mut().zip(&other.denied) {
-            a.merge(b);
-        }
-    }
-
     /// Rule `rule`'s figures, if the configuration has it.
     fn rule(&mut self, rule: Option<usize>) -> Option<&mut RuleCounts> {
         self.rules.get_mut(rule?)
@@ -73,13 +63,32 @@ impl Minute {
 /// with the invocation that made it).
 pub const WRITE_LOST_MS: u64 = 60_000;
 
+/// One write of an isolate's minutes: the isolate (`writer`, a number of
+/// its own), the write's place in its sequence, and the minutes. A write
+/// whose outcome is unknown goes again unchanged, so that the stats script
+/// can tell a replay from a write and add it once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Write {
+    /// The isolate's number.
+    pub writer: u64,
+    /// 1 for the isolate's first write, one more for each after.
+    pub seq: u64,
+    /// Oldest first.
+    pub minutes: Vec<Minute>,
+}
+
 /// An isolate's unwritten counts, and when they are due to be written.
 #[derive(Debug)]
 pub struct Recorder {
     rules: usize,
     /// How and how often they are written.
     settings: StatsSettings,
-    /// Oldest first.
+    /// This isolate's number in its writes.
+    writer: u64,
+    /// The write begun and not yet known added: sent again, unchanged,
+    /// until it is; what was counted since waits behind it.
+    pending: Option<Write>,
+    /// Oldest first; not in `pending`.
     minutes: Vec<Minute>,
     /// Minutes dropped, unwritten, to keep within [`MAX_MINUTES`].
     lost: u64,
@@ -87,6 +96,8 @@ pub struct Recorder {
     next_ms: Option<u64>,
     /// When the write in flight started.
     writing_since: Option<u64>,
+    /// The number of the last write made.
+    sent: u64,
 }
 
 /// Where `rule` stands in `config`.
@@ -100,15 +111,19 @@ fn named(config: &Config, name: &str) -> Option<usize> {
 }
 
 impl Recorder {
-    /// Nothing counted yet, for `config`'s rules, kept as `settings` say.
-    pub fn new(config: &Config, settings: StatsSettings) -> Recorder {
+    /// Nothing counted yet, for `config`'s rules, kept as `settings` say,
+    /// written as `writer`: a number no other isolate's recorder has.
+    pub fn new(config: &Config, settings: StatsSettings, writer: u64) -> Recorder {
         Recorder {
             rules: config.rules.len(),
             settings,
+            writer,
+            pending: None,
             minutes: Vec::new(),
             lost: 0,
             next_ms: None,
             writing_since: None,
+            sent: 0,
         }
     }
 
@@ -117,17 +132,19 @@ impl Recorder {
         self.settings
     }
 
-    /// The unwritten minutes, taken out to be written, when a write is due
-    /// at `now_ms`: `stats_every` after the last one began (or after the
-    /// first request counted), none in flight, and something to write.
-    pub fn due(&mut self, now_ms: u64) -> Option<Vec<Minute>> {
+    /// The write to send when one is due at `now_ms`: `stats_every` after
+    /// the last one began (or after the first request counted), none in
+    /// flight, and something to write. That is the write whose outcome is
+    /// unknown (failed, or lost in flight), unchanged, if there is one;
+    /// otherwise the unwritten minutes, taken out, as the next write.
+    pub fn due(&mut self, now_ms: u64) -> Option<Write> {
         if let Some(since) = self.writing_since {
             if now_ms.saturating_sub(since) < WRITE_LOST_MS {
                 return None;
             }
             self.writing_since = None;
         }
-        if self.minutes.is_empty() {
+        if self.pending.is_none() && self.minutes.is_empty() {
             return None;
         }
         let every = self.settings.every_ms;
@@ -137,16 +154,24 @@ impl Recorder {
         }
         self.next_ms = Some(now_ms.saturating_add(every));
         self.writing_since = Some(now_ms);
-        Some(self.take())
+        if self.pending.is_none() {
+            let seq = self.sent + 1;
+            self.sent = seq;
+            self.pending = Some(Write {
+                writer: self.writer,
+                seq,
+                minutes: self.take(),
+            });
+        }
+        self.pending.clone()
     }
 
-    /// The write [`Recorder::due`] started has ended; `failed` gives back
-    /// its minutes when it did not reach Redis, to count again with what
-    /// came since.
-    pub fn written(&mut self, failed: Option<Vec<Minute>>) {
+    /// The write [`Recorder::due`] gave has ended: `added` when Redis
+    /// answered that it holds it; otherwise it goes again as it was.
+    pub fn written(&mut self, added: bool) {
         self.writing_since = None;
-        if let Some(minutes) = failed {
-            self.restore(minutes);
+        if added {
+            self.pending = None;
         }
     }
 
@@ -288,16 +313,6 @@ impl Recorder {
     /// Every unwritten minute, oldest first, taken out.
     fn take(&mut self) -> Vec<Minute> {
         std::mem::take(&mut self.minutes)
-    }
-
-    /// Minutes whose write failed, counted again with what came since
-    /// (within [`MAX_MINUTES`]).
-    fn restore(&mut self, minutes: Vec<Minute>) {
-        for m in minutes {
-            if let Some(kept) = self.minute(m.minute * MINUTE_MS) {
-                kept.merge(&m);
-            }
-        }
     }
 
     /// Minutes dropped unwritten since the isolate started.
@@ -445,7 +460,7 @@ mod tests {
     fn each_outcome_counts_under_its_rules() {
         use RuleCount::*;
         let c = config();
-        let mut rec = Recorder::new(&c, StatsSettings::default());
+        let mut rec = Recorder::new(&c, StatsSettings::default(), 1);
         let cache = RefCell::new(BlockCache::new(60_000));
         // Admitted by `ip` alone.
         send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 1_000);
@@ -523,7 +538,7 @@ mod tests {
     #[test]
     fn an_admission_without_a_call_counts_as_leased() {
         let c = config();
-        let mut rec = Recorder::new(&c, StatsSettings::default());
+        let mut rec = Recorder::new(&c, StatsSettings::default(), 1);
         let state = RuleState {
             verdict: Verdict::Admitted,
             limit: 5,
@@ -560,7 +575,7 @@ mod tests {
     #[test]
     fn clients_can_be_kept_as_their_hash() {
         let c = config();
-        let mut rec = Recorder::new(&c, hashed());
+        let mut rec = Recorder::new(&c, hashed(), 1);
         let cache = RefCell::new(BlockCache::new(60_000));
         let deny = "[1, 5, 4, 200, 0, 1, 0, 1, 0, 60000, 60000, 1, 0]";
         send(&mut rec, &c, &cache, "/login", &[reply(deny)], 0);
@@ -576,52 +591,56 @@ mod tests {
     fn writes_come_at_most_every_stats_every() {
         let c = config();
         let every = StatsSettings::default().every_ms;
-        let mut rec = Recorder::new(&c, StatsSettings::default());
+        let mut rec = Recorder::new(&c, StatsSettings::default(), 7);
         let cache = RefCell::new(BlockCache::new(60_000));
         assert!(rec.due(0).is_none(), "nothing counted");
         send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 1_000);
         assert!(rec.due(1_000).is_none());
         assert!(rec.due(1_000 + every - 1).is_none());
         let first = rec.due(1_000 + every).expect("due");
-        assert_eq!(first[0].totals[TotalCount::Requests], 1);
+        assert_eq!((first.writer, first.seq), (7, 1));
+        assert_eq!(first.minutes[0].totals[TotalCount::Requests], 1);
         send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 2_000 + every);
         assert!(rec.due(3_000 + 2 * every).is_none(), "one write at a time");
-        rec.written(Some(first));
+        rec.written(false);
         assert!(rec.due(999 + 2 * every).is_none());
-        let second = rec.due(1_000 + 2 * every).expect("due again");
-        assert_eq!(
-            second[0].totals[TotalCount::Requests],
-            2,
-            "the failed one too"
-        );
-        // A write that never ends is given up after a minute.
+        // Its outcome unknown, the write goes again as it was; what came
+        // since waits for the next.
+        let again = rec.due(1_000 + 2 * every).expect("due again");
+        assert_eq!(again, first);
+        rec.written(true);
+        let second = rec.due(1_000 + 3 * every).expect("then the next");
+        assert_eq!(second.seq, 2);
+        assert_eq!(second.minutes[0].totals[TotalCount::Requests], 1);
+        // A write that never ends is given up after a minute, and sent
+        // again as it was.
         send(
             &mut rec,
             &c,
             &cache,
             "/",
             &[reply(ADMIT)],
-            2_000 + 2 * every,
+            2_000 + 3 * every,
         );
-        assert!(rec.due(999 + 2 * every + WRITE_LOST_MS).is_none());
-        assert!(rec.due(1_000 + 2 * every + WRITE_LOST_MS).is_some());
+        assert!(rec.due(999 + 3 * every + WRITE_LOST_MS).is_none());
+        assert_eq!(rec.due(1_000 + 3 * every + WRITE_LOST_MS), Some(second));
+        rec.written(true);
+        let third = rec.due(1_000 + 4 * every + WRITE_LOST_MS).expect("due");
+        assert_eq!(third.seq, 3);
     }
 
-    /// Minutes fall where their requests did; a failed write's minutes
-    /// count again with what came since; past the bound the oldest go.
+    /// Minutes fall where their requests did, in order; past the bound
+    /// the oldest go.
     #[test]
     fn minutes_are_kept_in_order_and_bounded() {
         let c = config();
-        let mut rec = Recorder::new(&c, StatsSettings::default());
+        let mut rec = Recorder::new(&c, StatsSettings::default(), 1);
         let cache = RefCell::new(BlockCache::new(60_000));
-        send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 59_999);
         send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 60_000);
-        let failed = rec.take();
-        assert_eq!(failed.iter().map(|m| m.minute).collect::<Vec<_>>(), [0, 1]);
+        send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 59_999);
         send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 61_000);
-        rec.restore(failed);
-        let again = rec.take();
-        let requests: Vec<(u64, u64)> = again
+        let taken = rec.take();
+        let requests: Vec<(u64, u64)> = taken
             .iter()
             .map(|m| (m.minute, m.totals[TotalCount::Requests]))
             .collect();
@@ -637,12 +656,6 @@ mod tests {
             );
         }
         assert_eq!(rec.lost(), 5);
-        rec.restore(again);
-        assert_eq!(
-            rec.lost(),
-            7,
-            "restored minutes older than all kept are lost"
-        );
         let kept = rec.take();
         assert_eq!(kept.len(), MAX_MINUTES);
         assert_eq!(kept[0].minute, 5);

@@ -5,7 +5,7 @@
 
 use super::{
     counts::{RuleCounts, TotalCounts, RULE_COUNTS, TOTAL_COUNTS},
-    recorder::{Minute, MINUTE_MS},
+    recorder::{Write, MINUTE_MS},
     top::{TopDenied, KEPT},
 };
 use crate::{decision::redis_rest::Script, rules::config::Config};
@@ -33,6 +33,17 @@ pub fn day_key(day: u64, rule: Option<&str>) -> String {
         None => format!("el:{{#stats}}:{day}"),
     }
 }
+
+/// The key holding the number of the last write of isolate `writer` that
+/// the stats script added, so that it adds a replay of it no more.
+pub fn writer_key(writer: u64) -> String {
+    format!("el:{{#stats}}:w:{writer}")
+}
+
+/// How long a writer's key lives after its last write: an isolate sends a
+/// write whose reply was lost again at its next write, seconds to minutes
+/// later, and an isolate rarely lives a day.
+pub const WRITER_KEEP_MS: u64 = DAY_MS;
 
 /// A minute's field in its day's key (figures), and the field of the
 /// rule's clients most denied in it.
@@ -84,10 +95,10 @@ pub fn read_clients(text: &str) -> TopDenied {
 /// values.
 type KeyWrite = (String, u64, Vec<(String, String)>);
 
-/// The stats script's `KEYS` and `ARGV` adding `minutes` (of `config`'s
-/// rules) to what is kept, each day's keys expiring `keep_ms` after the day
-/// ends.
-pub fn write_call(config: &Config, keep_ms: u64, minutes: &[Minute]) -> (Vec<String>, Vec<String>) {
+/// The stats script's `KEYS` and `ARGV` adding `write`'s minutes (of
+/// `config`'s rules) to what is kept, unless it was added before, each
+/// day's keys expiring `keep_ms` after the day ends.
+pub fn write_call(config: &Config, keep_ms: u64, write: &Write) -> (Vec<String>, Vec<String>) {
     let mut writes: Vec<KeyWrite> = Vec::new();
     let mut put = |key: String, day: u64, field: String, value: String| {
         let at = match writes.iter().position(|(k, _, _)| *k == key) {
@@ -100,7 +111,7 @@ pub fn write_call(config: &Config, keep_ms: u64, minutes: &[Minute]) -> (Vec<Str
         };
         writes[at].2.push((field, value));
     };
-    for m in minutes {
+    for m in &write.minutes {
         let day = m.minute / DAY_MINUTES;
         let (figures, clients) = fields(m.minute);
         if m.totals != TotalCounts::default() {
@@ -122,8 +133,13 @@ pub fn write_call(config: &Config, keep_ms: u64, minutes: &[Minute]) -> (Vec<Str
             }
         }
     }
-    let mut keys = Vec::with_capacity(writes.len());
-    let mut args = vec![KEPT.to_string()];
+    let mut keys = Vec::with_capacity(writes.len() + 1);
+    keys.push(writer_key(write.writer));
+    let mut args = vec![
+        KEPT.to_string(),
+        write.seq.to_string(),
+        WRITER_KEEP_MS.to_string(),
+    ];
     for (key, expires, fields) in writes {
         keys.push(key);
         args.push(expires.to_string());
@@ -180,7 +196,10 @@ pub fn read_totals_day(day: u64, pairs: &[(String, String)]) -> Vec<(u64, TotalC
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::stats::counts::{RuleCount, TotalCount};
+    use crate::decision::stats::{
+        counts::{RuleCount, TotalCount},
+        recorder::Minute,
+    };
     use serde_json::json;
 
     fn config() -> Config {
@@ -204,10 +223,16 @@ mod tests {
         early.totals[TotalCount::Requests] = 1;
         early.rules[1][RuleCount::Matched] = 1;
         let keep = 3_600_000;
-        let (keys, args) = write_call(&c, keep, &[late, early]);
+        let write = Write {
+            writer: 12,
+            seq: 5,
+            minutes: vec![late, early],
+        };
+        let (keys, args) = write_call(&c, keep, &write);
         assert_eq!(
             keys,
             [
+                "el:{#stats}:w:12",
                 "el:{#stats}:3",
                 "el:{#stats}:3:a",
                 "el:{#stats}:4",
@@ -217,6 +242,8 @@ mod tests {
         let day_end = |d: u64| ((d + 1) * DAY_MS + keep).to_string();
         let want: Vec<String> = [
             "10",
+            "5",
+            "86400000",
             &day_end(3),
             "1",
             "1439",

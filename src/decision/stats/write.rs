@@ -1,13 +1,14 @@
 //! An isolate's write: its unwritten minutes added to what Redis keeps, in
-//! one call of the stats script after a response; a failure keeps them for
-//! the next write.
+//! one call of the stats script after a response. A failure keeps the
+//! write, to send again as it was: the script adds a write once, so one
+//! that Redis took before its reply was lost does not count twice.
 
 use std::cell::RefCell;
 
 use serde_json::Value;
 
 use super::{
-    recorder::{Minute, Recorder},
+    recorder::{Recorder, Write},
     stored::{write_call, STATS},
 };
 use crate::{
@@ -19,26 +20,26 @@ use crate::{
     rules::config::Config,
 };
 
-/// Writes `minutes`, which [`Recorder::due`] took from `recorder`, in one
-/// call through `store`. A failure puts them back and is logged.
+/// Sends `write`, which [`Recorder::due`] gave, in one call through
+/// `store`. A failure is logged, and the recorder sends it again.
 pub async fn flush(
     store: &impl ScriptRunner,
     config: &Config,
     recorder: &RefCell<Recorder>,
-    minutes: Vec<Minute>,
+    write: Write,
 ) -> Vec<Event> {
     let keep_ms = recorder.borrow().settings().keep_ms;
-    let (keys, args) = write_call(config, keep_ms, &minutes);
+    let (keys, args) = write_call(config, keep_ms, &write);
     let error = match store.eval(&STATS, &keys, &args, COMMAND_BUDGET).await {
         Ok(Value::Number(_)) => {
-            recorder.borrow_mut().written(None);
+            recorder.borrow_mut().written(true);
             return vec![];
         }
         Ok(_) => "the stats script answered something other than a count".to_owned(),
         Err(e) => e.to_string(),
     };
     let mut recorder = recorder.borrow_mut();
-    recorder.written(Some(minutes));
+    recorder.written(false);
     let error = match recorder.lost() {
         0 => error,
         n => format!("{error} ({n} minutes dropped unwritten so far, the oldest first)"),
@@ -52,7 +53,7 @@ pub async fn flush(
 
 #[cfg(test)]
 mod tests {
-    use std::{cell::Cell, time::Duration};
+    use std::time::Duration;
 
     use serde_json::json;
 
@@ -60,15 +61,15 @@ mod tests {
     use crate::{
         decision::{
             redis_rest::{RestError, Script},
-            stats::counts::TotalCount,
+            stats::{counts::TotalCount, recorder::Minute},
         },
         rules::stats::StatsSettings,
     };
 
-    /// A store that fails its first call and answers the others.
-    struct FailsOnce(Cell<u32>, RefCell<Vec<Vec<String>>>);
+    /// A store that refuses every call, keeping the arguments it was sent.
+    struct Refuses(RefCell<Vec<Vec<String>>>);
 
-    impl ScriptRunner for FailsOnce {
+    impl ScriptRunner for Refuses {
         async fn eval(
             &self,
             script: &Script,
@@ -77,12 +78,8 @@ mod tests {
             _: Duration,
         ) -> Result<Value, RestError> {
             assert_eq!(script.sha1, STATS.sha1);
-            self.1.borrow_mut().push(args.to_vec());
-            self.0.set(self.0.get() + 1);
-            match self.0.get() {
-                1 => Err(RestError::Transport("refused".into())),
-                _ => Ok(json!(3)),
-            }
+            self.0.borrow_mut().push(args.to_vec());
+            Err(RestError::Transport("refused".into()))
         }
 
         async fn commands(
@@ -95,28 +92,32 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_write_is_logged_and_its_minutes_go_with_the_next() {
+    fn a_failed_write_is_logged_and_sent_again_as_it_was() {
         let c = Config::from_json(&json!({"rules": [
             {"name": "a", "key": ["ip"], "algorithm": "gcra", "rate": 5, "period": "1s"}
         ]}))
         .unwrap();
-        let recorder = RefCell::new(Recorder::new(&c, StatsSettings::default()));
-        let store = FailsOnce(Cell::new(0), RefCell::new(vec![]));
+        let recorder = RefCell::new(Recorder::new(&c, StatsSettings::default(), 9));
+        let store = Refuses(RefCell::new(vec![]));
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
         let mut first = Minute::new(0, 1);
         first.totals[TotalCount::Requests] = 4;
-        let events = rt.block_on(flush(&store, &c, &recorder, vec![first]));
+        let write = Write {
+            writer: 9,
+            seq: 1,
+            minutes: vec![first],
+        };
+        let events = rt.block_on(flush(&store, &c, &recorder, write));
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].action, Action::StatsWriteFailed);
-        assert_eq!(events[0].key.as_deref(), Some("el:{#stats}:0"));
+        assert_eq!(events[0].key.as_deref(), Some("el:{#stats}:w:9"));
         assert!(events[0].error.as_deref().unwrap().contains("refused"));
-        // Kept, and written with the next.
-        let again = recorder.borrow_mut().due(u64::MAX).expect("kept");
-        assert!(rt.block_on(flush(&store, &c, &recorder, again)).is_empty());
-        let sent = store.1.borrow();
-        assert_eq!(sent[1][2..5], ["1", "0", "4 0 0 0 0 0 0 0"]);
-        assert!(recorder.borrow_mut().due(u64::MAX).is_none(), "written");
+        // Its number and how long the isolate's key lives, then the day's
+        // key: one field, minute 0's.
+        let sent = store.0.borrow();
+        assert_eq!(sent[0][1..3], ["1", "86400000"]);
+        assert_eq!(sent[0][4..7], ["1", "0", "4 0 0 0 0 0 0 0"]);
     }
 }
