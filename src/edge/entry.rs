@@ -182,7 +182,7 @@ struct Background {
     refund: Option<PendingRefund>,
     refresh: Option<LeaseRefresh>,
     reread: Vec<String>,
-    /// The isolate's counts, when a write is due.
+    /// The isolate's stats write, when one is due.
     stats: Option<Write>,
 }
 
