@@ -879,7 +879,7 @@ mod tests {
     #[test]
     fn options() {
         let o = parse(&[]).unwrap();
-        assert_eq!((o.redis_rounds, o.load_rounds, o.seconds), (7, 5, 10));
+        assert_eq!((o.redis_rounds, o.load_rounds, o.seconds), (21, 5, 10));
         assert!(o.out.unwrap().ends_with("bench/RESULTS.md"));
         let o = parse(&["--quick", "--no-save"]).unwrap();
         assert_eq!((o.redis_rounds, o.load_rounds), (1, 1));
