@@ -77,6 +77,12 @@ struct Options {
 }
 
 impl Options {
+    /// wrk runs per worker and round of parts 2 and 5: [`SLICES`], one
+    /// second each at the least.
+    fn slices(&self) -> u32 {
+        SLICES.min(self.seconds).max(1)
+    }
+
     /// Whether `part` (1 to 8) is to run.
     fn runs(&self, part: usize) -> bool {
         self.parts[part]
@@ -478,7 +484,7 @@ fn fresh_results(o: &Options) -> Results {
         redis_calls: o.redis_calls,
         load_connections: CONNECTIONS,
         load_seconds: o.seconds,
-        load_slices: SLICES.min(o.seconds).max(1),
+        load_slices: o.slices(),
         hot_every: HOT_EVERY,
         hot_limit: HOT_LIMIT,
         peer_version: peer::version("@upstash/ratelimit"),
@@ -560,7 +566,7 @@ async fn load_part(
     // A round is each worker's `seconds` cut into slices, the workers taking
     // turns slice by slice: the shared machine's slow moments, which last
     // seconds, then fall on every worker of the round alike.
-    let slices = SLICES.min(o.seconds).max(1);
+    let slices = o.slices();
     let slice = Shape {
         seconds: shape.seconds / slices,
         ..shape

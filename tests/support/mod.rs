@@ -93,15 +93,8 @@ impl Backend {
     /// What the REST endpoint has counted so far (`GET /__stats`):
     /// requests, commands, and requests by the commands they carried.
     pub async fn endpoint_stats(&self) -> Value {
-        http()
-            .get(format!("{}/__stats", self.endpoint.url()))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        let url = format!("{}/__stats", self.endpoint.url());
+        json_of(http().get(url).bearer_auth(TOKEN)).await
     }
 
     /// A command straight to Redis, bypassing the endpoint. An error reply
@@ -130,6 +123,11 @@ pub fn http() -> reqwest::Client {
             .expect("an HTTP client");
     }
     CLIENT.with(reqwest::Client::clone)
+}
+
+/// The JSON body of the answer to `request`, which must come.
+pub async fn json_of(request: reqwest::RequestBuilder) -> Value {
+    request.send().await.unwrap().json().await.unwrap()
 }
 
 /// A response header's value, if it is there.

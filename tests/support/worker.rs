@@ -30,14 +30,7 @@ impl Origin {
 
     /// How many requests reached the origin, in total and per path.
     pub async fn hits(&self) -> serde_json::Value {
-        super::http()
-            .get(format!("{}/__origin/hits", self.url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        super::json_of(super::http().get(format!("{}/__origin/hits", self.url))).await
     }
 }
 
