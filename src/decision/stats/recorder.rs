@@ -63,6 +63,12 @@ impl Minute {
 /// with the invocation that made it).
 pub const WRITE_LOST_MS: u64 = 60_000;
 
+/// How long a write whose outcome is unknown is sent again, from its first
+/// sending. Past this its minutes are dropped as lost: the stats script
+/// forgets a writer's last write [`WRITER_KEEP_MS`](super::stored::WRITER_KEEP_MS)
+/// after taking it, twice this, so that a replay it took is never added again.
+pub const REPLAY_FOR_MS: u64 = 12 * 60 * MINUTE_MS;
+
 /// One write of an isolate's minutes: the isolate (`writer`, a number of
 /// its own), the write's place in its sequence, and the minutes. A write
 /// whose outcome is unknown goes again unchanged, so that the stats script
@@ -88,9 +94,12 @@ pub struct Recorder {
     /// The write begun and not yet known added: sent again, unchanged,
     /// until it is; what was counted since waits behind it.
     pending: Option<Write>,
+    /// When `pending` was first sent.
+    pending_since: u64,
     /// Oldest first; not in `pending`.
     minutes: Vec<Minute>,
-    /// Minutes dropped, unwritten, to keep within [`MAX_MINUTES`].
+    /// Minutes dropped: unwritten, to keep within [`MAX_MINUTES`], or in a
+    /// write given up after [`REPLAY_FOR_MS`] (which Redis may hold).
     lost: u64,
     /// When the next write is due; `None` until a first request is counted.
     next_ms: Option<u64>,
@@ -119,6 +128,7 @@ impl Recorder {
             settings,
             writer,
             pending: None,
+            pending_since: 0,
             minutes: Vec::new(),
             lost: 0,
             next_ms: None,
@@ -135,14 +145,20 @@ impl Recorder {
     /// The write to send when one is due at `now_ms`: `stats_every` after
     /// the last one began (or after the first request counted), none in
     /// flight, and something to write. That is the write whose outcome is
-    /// unknown (failed, or lost in flight), unchanged, if there is one;
-    /// otherwise the unwritten minutes, taken out, as the next write.
+    /// unknown (failed, or lost in flight), unchanged, if there is one and
+    /// it was first sent less than [`REPLAY_FOR_MS`] ago; otherwise the
+    /// unwritten minutes, taken out, as the next write.
     pub fn due(&mut self, now_ms: u64) -> Option<Write> {
         if let Some(since) = self.writing_since {
             if now_ms.saturating_sub(since) < WRITE_LOST_MS {
                 return None;
             }
             self.writing_since = None;
+        }
+        if now_ms.saturating_sub(self.pending_since) >= REPLAY_FOR_MS {
+            if let Some(given_up) = self.pending.take() {
+                self.lost += given_up.minutes.len() as u64;
+            }
         }
         if self.pending.is_none() && self.minutes.is_empty() {
             return None;
@@ -157,6 +173,7 @@ impl Recorder {
         if self.pending.is_none() {
             let seq = self.sent + 1;
             self.sent = seq;
+            self.pending_since = now_ms;
             self.pending = Some(Write {
                 writer: self.writer,
                 seq,
@@ -627,6 +644,32 @@ mod tests {
         rec.written(true);
         let third = rec.due(1_000 + 4 * every + WRITE_LOST_MS).expect("due");
         assert_eq!(third.seq, 3);
+    }
+
+    /// A write whose outcome stays unknown is given up before the stats
+    /// script could forget it took it, its minutes counted lost.
+    #[test]
+    fn a_write_unknown_for_too_long_is_dropped_not_replayed() {
+        let c = config();
+        let mut rec = Recorder::new(&c, StatsSettings::default(), 7);
+        let cache = RefCell::new(BlockCache::new(60_000));
+        let every = rec.settings().every_ms;
+        send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 1_000);
+        assert!(
+            rec.due(1_000).is_none(),
+            "due stats_every after the first request"
+        );
+        let first = rec.due(1_000 + every).expect("due");
+        let last_replay = 1_000 + every + REPLAY_FOR_MS - 1;
+        send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], last_replay);
+        rec.written(false);
+        assert_eq!(rec.due(last_replay), Some(first.clone()));
+        rec.written(false);
+        let next = rec.due(last_replay + 1 + every).expect("the next");
+        assert_eq!(next.seq, 2);
+        assert_eq!(next.minutes.len(), 1);
+        assert_eq!(next.minutes[0].minute, last_replay / MINUTE_MS);
+        assert_eq!(rec.lost(), first.minutes.len() as u64);
     }
 
     /// Minutes fall where their requests did, in order; past the bound

@@ -5,7 +5,7 @@
 
 use super::{
     counts::{RuleCounts, TotalCounts, RULE_COUNTS, TOTAL_COUNTS},
-    recorder::{Write, MINUTE_MS},
+    recorder::{Write, MINUTE_MS, REPLAY_FOR_MS, WRITE_LOST_MS},
     top::{TopDenied, KEPT},
 };
 use crate::{decision::redis_rest::Script, rules::config::Config};
@@ -42,8 +42,13 @@ pub fn writer_key(writer: u64) -> String {
 
 /// How long a writer's key lives after its last write: an isolate sends a
 /// write whose reply was lost again at its next write, seconds to minutes
-/// later, and an isolate rarely lives a day.
-pub const WRITER_KEEP_MS: u64 = DAY_MS;
+/// later, and gives it up [`REPLAY_FOR_MS`] after its first sending, half
+/// this, so that a replay never finds the key gone and is added again.
+pub const WRITER_KEEP_MS: u64 = 2 * REPLAY_FOR_MS;
+
+// The last replay, sent just before REPLAY_FOR_MS and lost in flight for
+// up to WRITE_LOST_MS, still reaches a key that remembers the write.
+const _: () = assert!(WRITER_KEEP_MS >= REPLAY_FOR_MS + WRITE_LOST_MS);
 
 /// A minute's field in its day's key (figures), and the field of the
 /// rule's clients most denied in it.
