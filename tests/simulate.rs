@@ -614,7 +614,8 @@ burst = 20
 
 /// `--isolates --latency`: calls run and answered at a distance, so that
 /// a lease can be spent only for what is left of its length once it is
-/// back; one shorter than the round trip is never spent. The README's
+/// back; one shorter than the round trip is never spent, and once the
+/// isolate has seen a round trip, not asked for. The README's
 /// example log, 40 ms away, stays within every rule.
 #[test]
 fn isolates_at_a_distance_spend_leases_only_within_their_length() {
@@ -661,6 +662,8 @@ lease_for = "500ms"
     let far = replay(&config, &log, "750");
     assert_eq!(far["latency_ms"], json!(750), "{far}");
     assert_eq!(far["from_leases"], json!(0), "{far}");
+    // Nor asked for: units charged and never spent were denials (126).
+    assert_eq!(far["denied_only_with_leases"], json!(0), "{far}");
     assert!(near["from_leases"].as_u64().unwrap() > 0, "{near}");
     for report in [&near, &far] {
         assert_eq!(report["over_limit"], json!(0), "{report}");

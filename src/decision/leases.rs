@@ -69,6 +69,10 @@ pub const ASK_LAPSE_MS: u64 = 31_000;
 #[derive(Debug, Default)]
 pub struct Leases {
     keys: HashMap<String, KeyLeases>,
+    /// How long a call asking for a lease takes to come back, smoothed
+    /// (weight 1/8): the part of a lease's length gone before it can be
+    /// spent, as its deadline counts from the sending.
+    round_trip_ms: Option<u64>,
 }
 
 impl Leases {
@@ -96,9 +100,10 @@ impl Leases {
         entry.last_ms = Some(now_ms);
     }
 
-    /// Units `key`'s demand here would spend within `horizon_ms`, at most
-    /// `most`; none for a key whose current run of arrivals has lasted
-    /// less than half of `horizon_ms` (a burst, or a key seen once).
+    /// Units `key`'s demand here would spend within `horizon_ms`, less the
+    /// round trip that brings them, at most `most`; none for a key whose
+    /// current run of arrivals has lasted less than half of `horizon_ms`
+    /// (a burst, or a key seen once), or when the round trip takes it all.
     pub fn demand(&self, key: &str, most: u64, horizon_ms: u64) -> u64 {
         let Some(e) = self.keys.get(key) else {
             return 0;
@@ -110,8 +115,12 @@ impl Leases {
         if run_ms * 2 < horizon_ms {
             return 0;
         }
+        // Units that come back after their deadline were charged for
+        // nothing: the client's budget shrinks by them.
+        let spendable_ms = horizon_ms.saturating_sub(self.round_trip_ms.unwrap_or(0));
         match e.gap_ms {
-            Some(gap) => horizon_ms.checked_div(gap).unwrap_or(most).min(most),
+            Some(_) if spendable_ms == 0 => 0,
+            Some(gap) => spendable_ms.checked_div(gap).unwrap_or(most).min(most),
             None => 0,
         }
     }
@@ -219,11 +228,17 @@ impl Leases {
         self.asking(key, demand, now_ms)
     }
 
-    /// The ask for `key` is over, granted or not.
-    pub fn answered(&mut self, key: &str) {
-        if let Some(entry) = self.keys.get_mut(key) {
-            entry.asking = None;
-        }
+    /// The ask for `key` is over at `now_ms`, granted or not; its time
+    /// taken into the round trip.
+    pub fn answered(&mut self, key: &str, now_ms: u64) {
+        let Some(since) = self.keys.get_mut(key).and_then(|e| e.asking.take()) else {
+            return;
+        };
+        let took = now_ms.saturating_sub(since);
+        let smoothed = self
+            .round_trip_ms
+            .map_or(took, |rt| (7 * rt + took).div_ceil(8));
+        self.round_trip_ms = Some(smoothed);
     }
 
     /// How many times `key`'s leases were ended so far. A call notes it
@@ -351,13 +366,35 @@ mod tests {
         assert_eq!(l.begin_ask("k", 8, 800, 500), 8);
         assert_eq!(l.begin_ask("k", 8, 800, 500), 0, "one in flight");
         l.grant("k", 5, 1000, 500, (state(5), None));
-        l.answered("k");
+        l.answered("k", 500);
         assert_eq!(l.begin_refresh("k", 8, 800, 500), 0, "5 of 8 is not low");
         l.spend("k", 1, 501);
         assert_eq!(l.begin_refresh("k", 8, 800, 501), 8);
         assert_eq!(l.begin_refresh("k", 8, 800, 501), 0);
-        l.answered("k");
+        l.answered("k", 501);
         assert_eq!(l.begin_ask("k", 8, 800, 501), 4);
+    }
+
+    /// A lease's deadline counts from its sending: what the round trip
+    /// takes of its length is not asked for, and a lease the round trip
+    /// would take whole is not asked for at all.
+    #[test]
+    fn a_lease_is_sized_for_what_is_left_of_it_once_back() {
+        let mut l = Leases::new();
+        stream(&mut l, "k", 500);
+        assert_eq!(l.begin_ask("k", 20, 1000, 500), 10);
+        l.answered("k", 800);
+        assert_eq!(l.begin_ask("k", 20, 1000, 800), 7, "700 ms left");
+        // Round trips of 2 s from then on: the smoothed one climbs
+        // (513, 699, 862, 1005 ms) until a lease would hold nothing.
+        l.answered("k", 2800);
+        assert_eq!(l.begin_ask("k", 20, 1000, 2800), 4, "487 ms left");
+        l.answered("k", 4800);
+        assert_eq!(l.begin_ask("k", 20, 1000, 4800), 3, "301 ms left");
+        l.answered("k", 6800);
+        assert_eq!(l.begin_ask("k", 20, 1000, 6800), 1, "138 ms left");
+        l.answered("k", 8800);
+        assert_eq!(l.begin_ask("k", 20, 1000, 8800), 0, "none left");
     }
 
     /// An ask whose request was cancelled never ends: it lapses, so that

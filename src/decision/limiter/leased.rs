@@ -258,8 +258,9 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     pub(super) fn answered(&self, call: &ScriptCall) {
         if let ScriptCall::Decide(g) | ScriptCall::Group(Group { first: g, .. }) = call {
             let mut leases = self.leases.borrow_mut();
+            let now_ms = self.in_flight.now_ms();
             for ask in &g.leases {
-                leases.answered(&g.rules[ask.rule].0.key);
+                leases.answered(&g.rules[ask.rule].0.key, now_ms);
             }
         }
     }
