@@ -69,9 +69,9 @@ pub const ASK_LAPSE_MS: u64 = 31_000;
 #[derive(Debug, Default)]
 pub struct Leases {
     keys: HashMap<String, KeyLeases>,
-    /// How long a call asking for a lease takes to come back, smoothed
-    /// (weight 1/8): the part of a lease's length gone before it can be
-    /// spent, as its deadline counts from the sending.
+    /// How long a call to Redis takes to be answered, smoothed (weight
+    /// 1/8): the part of a lease's length gone before it can be spent, as
+    /// its deadline counts from the sending.
     round_trip_ms: Option<u64>,
 }
 
@@ -228,16 +228,18 @@ impl Leases {
         self.asking(key, demand, now_ms)
     }
 
-    /// The ask for `key` is over at `now_ms`, granted or not; its time
-    /// taken into the round trip.
-    pub fn answered(&mut self, key: &str, now_ms: u64) {
-        let Some(since) = self.keys.get_mut(key).and_then(|e| e.asking.take()) else {
-            return;
-        };
-        let took = now_ms.saturating_sub(since);
+    /// The ask for `key` is over, granted or not.
+    pub fn answered(&mut self, key: &str) {
+        if let Some(entry) = self.keys.get_mut(key) {
+            entry.asking = None;
+        }
+    }
+
+    /// A call to Redis was answered `took_ms` after it was sent.
+    pub fn round_trip(&mut self, took_ms: u64) {
         let smoothed = self
             .round_trip_ms
-            .map_or(took, |rt| (7 * rt + took).div_ceil(8));
+            .map_or(took_ms, |rt| (7 * rt + took_ms).div_ceil(8));
         self.round_trip_ms = Some(smoothed);
     }
 
@@ -366,35 +368,41 @@ mod tests {
         assert_eq!(l.begin_ask("k", 8, 800, 500), 8);
         assert_eq!(l.begin_ask("k", 8, 800, 500), 0, "one in flight");
         l.grant("k", 5, 1000, 500, (state(5), None));
-        l.answered("k", 500);
+        l.answered("k");
         assert_eq!(l.begin_refresh("k", 8, 800, 500), 0, "5 of 8 is not low");
         l.spend("k", 1, 501);
         assert_eq!(l.begin_refresh("k", 8, 800, 501), 8);
         assert_eq!(l.begin_refresh("k", 8, 800, 501), 0);
-        l.answered("k", 501);
+        l.answered("k");
         assert_eq!(l.begin_ask("k", 8, 800, 501), 4);
     }
 
     /// A lease's deadline counts from its sending: what the round trip
     /// takes of its length is not asked for, and a lease the round trip
-    /// would take whole is not asked for at all.
+    /// would take whole is not asked for at all, until calls come back
+    /// sooner again.
     #[test]
     fn a_lease_is_sized_for_what_is_left_of_it_once_back() {
         let mut l = Leases::new();
         stream(&mut l, "k", 500);
-        assert_eq!(l.begin_ask("k", 20, 1000, 500), 10);
-        l.answered("k", 800);
-        assert_eq!(l.begin_ask("k", 20, 1000, 800), 7, "700 ms left");
+        assert_eq!(l.want("k", 20, 1000, 500), 10);
+        l.round_trip(300);
+        assert_eq!(l.want("k", 20, 1000, 500), 7, "700 ms left");
         // Round trips of 2 s from then on: the smoothed one climbs
         // (513, 699, 862, 1005 ms) until a lease would hold nothing.
-        l.answered("k", 2800);
-        assert_eq!(l.begin_ask("k", 20, 1000, 2800), 4, "487 ms left");
-        l.answered("k", 4800);
-        assert_eq!(l.begin_ask("k", 20, 1000, 4800), 3, "301 ms left");
-        l.answered("k", 6800);
-        assert_eq!(l.begin_ask("k", 20, 1000, 6800), 1, "138 ms left");
-        l.answered("k", 8800);
-        assert_eq!(l.begin_ask("k", 20, 1000, 8800), 0, "none left");
+        let left: Vec<u64> = (0..4)
+            .map(|_| {
+                l.round_trip(2000);
+                l.want("k", 20, 1000, 500)
+            })
+            .collect();
+        assert_eq!(left, [4, 3, 1, 0]);
+        // Calls of 10 ms: within a few, a lease holds something again.
+        let back = (1..).find(|_| {
+            l.round_trip(10);
+            l.want("k", 20, 1000, 500) > 0
+        });
+        assert_eq!(back, Some(1));
     }
 
     /// An ask whose request was cancelled never ends: it lapses, so that

@@ -104,7 +104,8 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         };
         let epochs = leased.map(|_| self.epochs(&call));
         let budget = Duration::from_millis(left_ms);
-        let result = run(self.store, &call, budget)
+        let result = self
+            .call(&call, budget, leased.is_some())
             .await
             .and_then(Reply::decisions);
         if leased.is_some() {

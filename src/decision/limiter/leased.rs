@@ -171,7 +171,8 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         let call = self.call_for(&checks, asks, now_ms);
         let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
         let epochs = self.epochs(&call);
-        let result = run(self.store, &call, budget)
+        let result = self
+            .call(&call, budget, true)
             .await
             .and_then(|r| r.decision());
         self.answered(&call);
@@ -258,9 +259,8 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     pub(super) fn answered(&self, call: &ScriptCall) {
         if let ScriptCall::Decide(g) | ScriptCall::Group(Group { first: g, .. }) = call {
             let mut leases = self.leases.borrow_mut();
-            let now_ms = self.in_flight.now_ms();
             for ask in &g.leases {
-                leases.answered(&g.rules[ask.rule].0.key, now_ms);
+                leases.answered(&g.rules[ask.rule].0.key);
             }
         }
     }

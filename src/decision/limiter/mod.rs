@@ -333,6 +333,26 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         self.pinned.then_some(now_ms)
     }
 
+    /// Runs `call` within `budget`. For `leasing` rules, an answered
+    /// call's time is taken into the round trip leases are sized by (a
+    /// failed one's says nothing of it: a timeout's is the budget's); every
+    /// such call counts, asking for a lease or not, so that an isolate too
+    /// far for leases, which then asks for none, still sees Redis come nearer.
+    async fn call(
+        &self,
+        call: &ScriptCall,
+        budget: Duration,
+        leasing: bool,
+    ) -> Result<Reply, ScriptError> {
+        let sent_ms = self.in_flight.now_ms();
+        let reply = run(self.store, call, budget).await?;
+        if leasing {
+            let took_ms = self.in_flight.now_ms().saturating_sub(sent_ms);
+            self.leases.borrow_mut().round_trip(took_ms);
+        }
+        Ok(reply)
+    }
+
     /// Gives back the charges of a forwarded request's `count_status`
     /// rules that do not count the origin's `status`, in one script call;
     /// nothing when every one counts it. Runs after the response has gone:
@@ -407,7 +427,8 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         now_ms: u64,
     ) -> Handled<'c> {
         let epochs = leased.map(|_| self.epochs(call));
-        let result = run(self.store, call, budget)
+        let result = self
+            .call(call, budget, leased.is_some())
             .await
             .and_then(|r| r.decision());
         if leased.is_some() {
