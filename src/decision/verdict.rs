@@ -4,6 +4,13 @@
 
 use crate::rules::{policy::Gcra, rule::Mode};
 
+/// Whole seconds, rounded up: a client that waits this long is never
+/// early. Every wait in seconds (headers, logs, the operator's commands)
+/// is rounded here.
+pub fn seconds_up(ms: u64) -> u64 {
+    ms.div_ceil(1000)
+}
+
 /// When a denied request could be admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Retry {
@@ -27,7 +34,7 @@ impl Retry {
 
     /// Whole seconds a client is told to wait, at least 1; none for never.
     pub fn seconds(self) -> Option<u64> {
-        self.ms().map(|ms| ms.div_ceil(1000).max(1))
+        self.ms().map(|ms| seconds_up(ms).max(1))
     }
 
     /// Whether this frees up strictly later than `other` (never being the

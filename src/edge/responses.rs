@@ -9,7 +9,7 @@ use serde_json::json;
 use crate::{
     decision::{
         limiter::{Decided, Forward, Outcome, UNAVAILABLE_RETRY_S},
-        verdict::{Decision, Retry, RuleState},
+        verdict::{seconds_up, Decision, Retry, RuleState},
     },
     rules::{
         config::Config,
@@ -130,11 +130,6 @@ fn refusal(rule: &Rule, a: &Ambiguous) -> Response {
 /// (a misconfiguration): a problem document with `status` and `detail`.
 pub fn failure_body(status: u16, detail: &str) -> String {
     json!({ "type": "about:blank", "status": status, "detail": detail }).to_string()
-}
-
-/// Whole seconds, rounded up: a client that waits this long is never early.
-pub fn seconds_up(ms: u64) -> u64 {
-    ms.div_ceil(1000)
 }
 
 /// `RateLimit-Policy` items of `rule`, one per window, `"name";q=Q;w=W`

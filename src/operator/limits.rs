@@ -12,6 +12,7 @@ use crate::{
     decision::{
         keys::{client_overrides_pattern, override_key, redis_key, rule_wide_key},
         redis_rest::{RestClient, RestError},
+        verdict::seconds_up,
     },
     rules::{config::Config, overrides::Override, policy::Policy, rule::Rule},
 };
@@ -64,7 +65,7 @@ impl Stored {
             None => format!("not an override (ignored): {:?}", self.text),
         };
         let until = match self.expires_in_ms {
-            Some(ms) => format!("for {} s more", ms.div_ceil(1000)),
+            Some(ms) => format!("for {} s more", seconds_up(ms)),
             None => "until cleared".to_owned(),
         };
         format!("{}: {what}, {until}", self.key)

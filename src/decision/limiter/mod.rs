@@ -22,7 +22,7 @@ use super::{
         WideRead,
     },
     rule_wide::RuleWide,
-    verdict::{Decision, OverrideSource},
+    verdict::{seconds_up, Decision, OverrideSource},
 };
 use crate::rules::{
     config::Config,
@@ -643,7 +643,7 @@ fn penalty_events(
             };
             Some(Event {
                 status: (!decision.admitted()).then_some(429),
-                retry_after: rule.penalty_ms.map(|ms| ms.div_ceil(1000)),
+                retry_after: rule.penalty_ms.map(seconds_up),
                 key: keys.get(i).map(|k| penalty_key(k)),
                 ..Event::new(action, &rule.name)
             })
