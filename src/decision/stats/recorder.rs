@@ -91,11 +91,10 @@ pub struct Recorder {
     settings: StatsSettings,
     /// This isolate's number in its writes.
     writer: u64,
-    /// The write begun and not yet known added: sent again, unchanged,
-    /// until it is; what was counted since waits behind it.
-    pending: Option<Write>,
-    /// When `pending` was first sent.
-    pending_since: u64,
+    /// The write begun and not yet known added, with when it was first
+    /// sent: sent again, unchanged, until it is (within [`REPLAY_FOR_MS`]);
+    /// what was counted since waits behind it.
+    pending: Option<(Write, u64)>,
     /// Oldest first; not in `pending`.
     minutes: Vec<Minute>,
     /// Minutes dropped: unwritten, to keep within [`MAX_MINUTES`], or in a
@@ -128,7 +127,6 @@ impl Recorder {
             settings,
             writer,
             pending: None,
-            pending_since: 0,
             minutes: Vec::new(),
             lost: 0,
             next_ms: None,
@@ -155,10 +153,11 @@ impl Recorder {
             }
             self.writing_since = None;
         }
-        if now_ms.saturating_sub(self.pending_since) >= REPLAY_FOR_MS {
-            if let Some(given_up) = self.pending.take() {
-                self.lost += given_up.minutes.len() as u64;
-            }
+        if let Some((given_up, _)) = self
+            .pending
+            .take_if(|(_, since)| now_ms.saturating_sub(*since) >= REPLAY_FOR_MS)
+        {
+            self.lost += given_up.minutes.len() as u64;
         }
         if self.pending.is_none() && self.minutes.is_empty() {
             return None;
@@ -173,14 +172,14 @@ impl Recorder {
         if self.pending.is_none() {
             let seq = self.sent + 1;
             self.sent = seq;
-            self.pending_since = now_ms;
-            self.pending = Some(Write {
+            let write = Write {
                 writer: self.writer,
                 seq,
                 minutes: self.take(),
-            });
+            };
+            self.pending = Some((write, now_ms));
         }
-        self.pending.clone()
+        self.pending.as_ref().map(|(write, _)| write.clone())
     }
 
     /// The write [`Recorder::due`] gave has ended: `added` when Redis
