@@ -177,10 +177,9 @@ mode = "shadow"
     assert_eq!(header(&r, "location"), Some("/landed"));
     assert!(header(&r, "RateLimit").is_some());
     assert_eq!(stack.origin.hits().await["total"], 6);
-    // One JSON line per would-be denial, for Workers Logs to count.
-    let line = r#""action":"would_deny","rule":"trial""#;
-    let log = wait_for_log(&stack.worker, line, 4).await;
-    assert_eq!(log.matches(line).count(), 4, "{log}");
+    // JSON lines for Workers Logs to count the would-be denials by.
+    let would = stack.worker.count_of("would_deny", "trial", 4).await;
+    assert_eq!(would, 4, "{}", stack.worker.log());
 }
 
 /// The worker's log, once it holds `needle` `times` times (wrangler prints
@@ -243,17 +242,14 @@ async fn redis_down_fails_open_or_closed_as_configured_then_recovers() {
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(header(&r, "Retry-After"), Some("1"));
     }
-    let log = wait_for_log(
-        &stack.worker,
-        r#""action":"fail_closed","rule":"closed""#,
-        3,
-    )
-    .await;
+    let w = &stack.worker;
     assert_eq!(
-        log.matches(r#""action":"fail_open","rule":"open""#).count(),
+        w.count_of("fail_closed", "closed", 3).await,
         3,
-        "{log}"
+        "{}",
+        w.log()
     );
+    assert_eq!(w.count_of("fail_open", "open", 3).await, 3, "{}", w.log());
 
     // Redis is back, empty and without the script: limits apply again.
     stack.backend.redis.restart();

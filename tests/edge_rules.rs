@@ -484,27 +484,33 @@ async fn sixty_four_at_once_start_exactly_one_penalty() {
     }
     assert_eq!(admitted, 2, "the burst, and nothing more");
     let calls = stack.script_calls() - calls;
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let starts = wait_events(&stack.worker, "penalty_start", "with-penalty", 1).await;
-    let denials = stack
-        .worker
-        .events()
-        .into_iter()
-        .filter(|e| e["action"] == "deny")
-        .count();
+    let denials = stack.worker.count_of("deny", "with-penalty", 62).await;
+    let lines = stack.worker.events_of("deny").len();
     let mut table = Table::new(
         "penalty: 64 requests at once from one client (burst 2, penalty 3 s)",
-        &["REST calls", "admitted", "denied", "penalty starts"],
+        &[
+            "REST calls",
+            "admitted",
+            "denied",
+            "deny lines",
+            "penalty starts",
+        ],
     );
     table.row(vec![
         calls.to_string(),
         admitted.to_string(),
         denials.to_string(),
+        lines.to_string(),
         starts.len().to_string(),
     ]);
     table.print("penalty-concurrency");
     assert_eq!(starts.len(), 1, "{}", stack.worker.log());
     assert_eq!(denials, 62);
+    assert!(
+        lines <= 3,
+        "{lines} lines for one client's denials within a second"
+    );
     assert!(calls * 4 <= 64, "{calls} calls: few decided together");
 }
 

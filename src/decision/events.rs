@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 /// What happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Action {
     /// An enforced rule denied the request (429).
@@ -74,6 +74,11 @@ pub struct Event {
     /// and what it held.
     #[serde(rename = "override", skip_serializing_if = "Option::is_none")]
     pub overridden: Option<String>,
+    /// How many more events like it the line stands for: those the
+    /// isolate held back since its last line for the same action, rule
+    /// and key (see [`crate::decision::log_gate`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repeated: Option<u64>,
 }
 
 impl Event {
@@ -90,6 +95,7 @@ impl Event {
             units: None,
             lease_ms: None,
             overridden: None,
+            repeated: None,
         }
     }
 

@@ -11,6 +11,7 @@ pub mod in_flight;
 pub mod keys;
 pub mod leases;
 pub mod limiter;
+pub mod log_gate;
 pub mod protocol;
 pub mod redis_rest;
 pub mod rule_wide;

@@ -3,7 +3,7 @@
 //! [`responses::render`] makes of its outcome.
 
 use std::{
-    cell::RefCell,
+    cell::{Cell, RefCell},
     future::Future,
     rc::Rc,
     task::{Poll, Waker},
@@ -21,6 +21,7 @@ use crate::{
         in_flight::{Bell, InFlight, Pause, Paused, Signal},
         leases::Leases,
         limiter::{Handled, LeaseRefresh, Limiter, PendingRefund},
+        log_gate::{LogGate, QUIET_MS},
         redis_rest::RestClient,
         rule_wide::RuleWide,
         stats::{
@@ -61,6 +62,10 @@ struct Isolate {
     in_flight: InFlight,
     /// What it counted and has not written yet, when stats are on.
     stats: Option<RefCell<Recorder>>,
+    /// Its log lines, held back where a flood repeats them.
+    log_gate: RefCell<LogGate>,
+    /// When its timer for held-back lines next fires, while one runs.
+    log_flush_at: Cell<Option<u64>>,
 }
 
 thread_local! {
@@ -96,6 +101,8 @@ fn isolate(env: &Env) -> std::result::Result<Rc<Isolate>, String> {
         wide: RefCell::new(RuleWide::new()),
         headers_read: config.headers_read(),
         in_flight: InFlight::new(JsPause),
+        log_gate: RefCell::new(LogGate::new()),
+        log_flush_at: Cell::new(None),
         config,
         origin: origin(env)?,
         calls: Batches::new(client.clone()),
@@ -145,7 +152,7 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
         reread,
         ..
     } = handled;
-    log(&events);
+    isolate.log(&OnRequest(ctx.clone()), events);
     let work = Background {
         refund,
         refresh,
@@ -208,28 +215,29 @@ fn background(isolate: &Rc<Isolate>, ctx: &Rc<Context>, work: Background) -> Opt
     let isolate = isolate.clone();
     let runtime = OnRequest(ctx.clone());
     ctx.wait_until(async move {
-        let batched = isolate.calls.for_request(runtime);
+        let batched = isolate.calls.for_request(runtime.clone());
+        let log = |events| isolate.log(&runtime, events);
         let calls = Counted::new(&batched);
         let limiter = isolate.limiter(&calls);
         let config = &isolate.config;
         let now_ms = js_sys::Date::now() as u64;
         if let Some(refresh) = &refresh {
-            log(&limiter.refresh(refresh, now_ms).await);
+            log(limiter.refresh(refresh, now_ms).await);
             isolate.count(|s| s.refreshed(refresh, calls.take(), now_ms));
         }
         if !reread.is_empty() {
-            log(&limiter.reread(&reread, now_ms).await);
+            log(limiter.reread(&reread, now_ms).await);
             isolate.count(|s| s.reread(config, &reread, calls.take(), now_ms));
         }
         if let Some(refund) = &refund {
             if let Some(status) = status.await {
                 let now_ms = js_sys::Date::now() as u64;
-                log(&limiter.refund(refund, status, now_ms).await);
+                log(limiter.refund(refund, status, now_ms).await);
                 isolate.count(|s| s.refunded(config, refund, status, calls.take(), now_ms));
             }
         }
         if let (Some(stats), Some(recorder)) = (stats, &isolate.stats) {
-            log(&write::flush(&isolate.client, config, recorder, stats).await);
+            log(write::flush(&isolate.client, config, recorder, stats).await);
         }
     });
     Some(sender)
@@ -295,6 +303,34 @@ impl Isolate {
             in_flight: &self.in_flight,
             pinned: false,
         }
+    }
+
+    /// Writes the lines the log gate lets through of `events`, and keeps a
+    /// timer in `runtime` for those it holds back, so that a flood's last
+    /// second is written too.
+    fn log(self: &Rc<Self>, runtime: &OnRequest, events: Vec<Event>) {
+        let now_ms = js_sys::Date::now() as u64;
+        write_lines(self.log_gate.borrow_mut().pass(events, now_ms));
+        // One timer at a time; one that has not fired a second after it
+        // was due went with its request's context, and is replaced.
+        let running = self
+            .log_flush_at
+            .get()
+            .is_some_and(|at| now_ms < at + QUIET_MS);
+        if running || self.log_gate.borrow().next_due_ms().is_none() {
+            return;
+        }
+        let isolate = self.clone();
+        runtime.spawn(async move {
+            loop {
+                let next = isolate.log_gate.borrow().next_due_ms();
+                isolate.log_flush_at.set(next);
+                let Some(due_ms) = next else { break };
+                JsPause.until(due_ms, None).await;
+                let now_ms = js_sys::Date::now() as u64;
+                write_lines(isolate.log_gate.borrow_mut().due(now_ms));
+            }
+        });
     }
 
     /// Counts into the isolate's stats, when they are on.
@@ -376,7 +412,7 @@ impl Pause for JsPause {
     }
 }
 
-fn log(events: &[Event]) {
+fn write_lines(events: Vec<Event>) {
     for event in events {
         console_log!("{}", event.to_line());
     }

@@ -139,6 +139,26 @@ impl Worker {
         events.retain(|e| e["action"] == action);
         events
     }
+
+    /// How many events of `action` under `rule` its lines stand for, once
+    /// they reach `n`, or after 10 s: the worker writes a repeated event
+    /// a line a second per key, each line counting those held back before
+    /// it (`repeated`), the last a second after the one before.
+    pub async fn count_of(&self, action: &str, rule: &str, n: u64) -> u64 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let count = self
+                .events_of(action)
+                .iter()
+                .filter(|e| e["rule"] == rule)
+                .map(|e| 1 + e["repeated"].as_u64().unwrap_or(0))
+                .sum();
+            if count >= n || std::time::Instant::now() > deadline {
+                return count;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
 }
 
 /// A directory holding what `wrangler dev` runs the built worker from: a
