@@ -38,7 +38,8 @@ use crate::{
     load::Shape,
     report::{
         Results, BARE_OURS, BARE_PASSTHROUGH, BARE_PEER, OURS, OURS_BASELINE, OURS_FAR,
-        OURS_HOSTILE, OURS_HOT, OURS_SHARED, OURS_UNMATCHED, PASSTHROUGH, PEER, PEER_FAR, PEER_HOT,
+        OURS_FAR_BASELINE, OURS_HOSTILE, OURS_HOT, OURS_SHARED, OURS_UNMATCHED, PASSTHROUGH, PEER,
+        PEER_FAR, PEER_HOT,
     },
     stack::{repo, Origin, Worker, TOKEN},
 };
@@ -380,7 +381,19 @@ async fn far_away_part(
         spawn_ours(OURS_FAR, &b.built, &b.scratch, &proxy.url(), origin)?,
         spawn_peer(PEER_FAR, &b.scratch, &proxy.url(), origin)?,
     ];
-    far_part(o, &b.http, &far_workers, passthrough, &proxy, r).await?;
+    let baseline = match &o.baseline {
+        Some(dir) => Some(spawn_ours(
+            OURS_FAR_BASELINE,
+            dir,
+            &b.scratch,
+            &proxy.url(),
+            origin,
+        )?),
+        None => None,
+    };
+    let measured: Vec<&Worker> = far_workers.iter().chain(&baseline).collect();
+    far_part(o, &b.http, &measured, passthrough, &proxy, r).await?;
+    drop(baseline);
     let proxies = [&proxy, &proxy];
     r.far_hot = hot_part(
         o,
@@ -595,7 +608,7 @@ async fn load_part(
 async fn far_part(
     o: &Options,
     http: &reqwest::Client,
-    far_workers: &[Worker],
+    far_workers: &[&Worker],
     passthrough: &Worker,
     proxy: &FaultProxy,
     r: &mut Results,
@@ -722,7 +735,7 @@ fn spawn_ours(
     copy_build(build, &dir)?;
     // A --baseline build may predate leases: the part 7 rules are ours only.
     let hot_rules = match label {
-        OURS_BASELINE => String::new(),
+        OURS_BASELINE | OURS_FAR_BASELINE => String::new(),
         _ => hot::our_rules(),
     };
     let rules = format!(

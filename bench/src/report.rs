@@ -146,6 +146,8 @@ pub const OURS_FAR: &str = "ours-far";
 /// The `--baseline` build of our worker, under the same load as ours.
 pub const OURS_BASELINE: &str = "ours-baseline";
 pub const PEER_FAR: &str = "peer-far";
+/// The `--baseline` build with Redis 40 ms away (part 6).
+pub const OURS_FAR_BASELINE: &str = "ours-far-baseline";
 /// Ours and the peer under a hot key, their REST calls counted (part 7).
 pub const OURS_HOT: &str = "ours-hot";
 pub const PEER_HOT: &str = "peer-hot";
@@ -638,6 +640,43 @@ fn far_rows(r: &Results) -> Vec<Row> {
             met(o.map(|s| s.calls_per_decision() == targets[i])),
         ]));
     }
+    rows.extend(far_baseline_rows(
+        far_of(OURS_FAR),
+        far_of(OURS_FAR_BASELINE),
+    ));
+    rows
+}
+
+/// Part 6's situations, this build's added latency against the
+/// `--baseline` build's; a lone allowed request may add 1 ms at most.
+fn far_baseline_rows(ours: Option<&Vec<Situation>>, base: Option<&Vec<Situation>>) -> Vec<Row> {
+    let (Some(ours), Some(base)) = (ours, base) else {
+        return vec![];
+    };
+    let shown = |s: &Situation| format!("{:.1} / {:.1}", s.added_ms(50.0), s.added_ms(99.0));
+    let mut rows = Vec::new();
+    for (i, (o, b)) in ours.iter().zip(base).enumerate() {
+        let (target, ok) = match i {
+            0 => (
+                "ours' p50 <= the other's + 1 ms",
+                Some(o.added_ms(50.0) <= b.added_ms(50.0) + 1.0),
+            ),
+            _ => ("", None),
+        };
+        rows.push(row([
+            "6 Redis 40 ms away, this build vs --baseline (peer column)",
+            &format!("{}: added latency p50 / p99, ms", far::SITUATIONS[i]),
+            &shown(o),
+            &shown(b),
+            &format!(
+                "{} / {}",
+                ratio(o.added_ms(50.0), b.added_ms(50.0)),
+                ratio(o.added_ms(99.0), b.added_ms(99.0))
+            ),
+            target,
+            if target.is_empty() { "" } else { met(ok) },
+        ]));
+    }
     rows
 }
 
@@ -1040,7 +1079,7 @@ fn notes(r: &Results) -> String {
     );
     let _ = writeln!(
         out,
-        "6. Each worker again, its REST endpoint behind a proxy that holds every call {} ms (`edge_limiter_local::fault_proxy`, `Fault::Delay`): {} fresh clients, one request at a time through a `/rt` rule of 1 per client per day, each client three times (allowed, denied by Redis, denied again); every worker request follows a passthrough request from the same client, and the added latency is the worker's percentile minus the passthrough's. REST calls are the requests the proxy saw during each situation (after answers, so `waitUntil` calls count), per request.",
+        "6. Each worker again, its REST endpoint behind a proxy that holds every call {} ms (`edge_limiter_local::fault_proxy`, `Fault::Delay`): {} fresh clients, one request at a time through a `/rt` rule of 1 per client per day, each client three times (allowed, denied by Redis, denied again); every worker request follows a passthrough request from the same client, and the added latency is the worker's percentile minus the passthrough's. REST calls are the requests the proxy saw during each situation (after answers, so `waitUntil` calls count), per request. With `--baseline`, that build is measured the same way after ours and the peer.",
         far::DELAY.as_millis(),
         r.far_clients
     );
@@ -1252,5 +1291,37 @@ mod tests {
         has("denied again (cacheable) (HTTP status) | 1 (429) | - |  | 0 | **no** |");
         has("| 600.0 / 240.0 |");
         has("| 1.000 (50/50, 50/50) |");
+    }
+
+    #[test]
+    fn a_lone_allowed_request_may_add_a_millisecond_over_the_baseline() {
+        let situation = |worker_ms: f64| Situation {
+            worker_ms: vec![worker_ms; 3],
+            passthrough_ms: vec![5.0; 3],
+            calls: 3,
+            statuses: vec![(200, 3)],
+        };
+        let of = |ms: [f64; 3]| ms.map(situation).to_vec();
+        let base = of([50.0, 48.0, 3.0]);
+        let rows = far_baseline_rows(Some(&of([50.9, 60.0, 9.0])), Some(&base));
+        assert_eq!(rows.len(), 3);
+        assert_eq!(
+            rows[0][2..],
+            [
+                "45.9 / 45.9",
+                "45.0 / 45.0",
+                "1.02 / 1.02",
+                "ours' p50 <= the other's + 1 ms",
+                "yes"
+            ]
+        );
+        assert_eq!(
+            rows[1][5..],
+            ["", ""],
+            "only the allowed request has a target"
+        );
+        let slower = far_baseline_rows(Some(&of([51.2, 48.0, 3.0])), Some(&base));
+        assert_eq!(slower[0][6], "**no**");
+        assert!(far_baseline_rows(Some(&base), None).is_empty());
     }
 }
