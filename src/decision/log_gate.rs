@@ -1,9 +1,10 @@
-//! Keeps a flood from writing a log line per request. Of the events a
-//! client's requests cause one by one (denials, would-denials, refusals,
-//! fail events), an isolate writes one line a second per action, rule and
-//! key; those it holds back in between are counted, and the next line for
-//! the same action, rule and key says how many it stands for besides
-//! itself (`repeated`). Every event is still counted by the stats.
+//! Keeps a flood from writing a log line per request. Of the events
+//! requests cause one by one (denials, would-denials, refusals, fail
+//! events), an isolate writes one line a second per group (action, rule,
+//! and for all but fail events the key); those it holds back in between
+//! are counted, and the next line of the group says how many it stands
+//! for besides itself (`repeated`). Every event is still counted by the
+//! stats.
 
 use std::collections::HashMap;
 
@@ -13,7 +14,7 @@ use super::events::{Action, Event};
 /// is held back rather than written.
 pub const QUIET_MS: u64 = 1000;
 
-/// Actions, rules and keys remembered at most: a flood of distinct clients
+/// Groups remembered at most: a flood of distinct clients
 /// cannot grow the isolate's memory beyond this.
 pub const CAPACITY: usize = 10_000;
 
@@ -27,7 +28,17 @@ fn repeats(action: Action) -> bool {
     )
 }
 
-/// What is held back for one action, rule and key.
+/// What is held back together: a client's denials and refusals per key;
+/// Redis failing, which every client meets at once, per rule.
+fn group_of(event: &Event) -> (Action, String, Option<String>) {
+    let key = match event.action {
+        Action::FailOpen | Action::FailClosed => None,
+        _ => event.key.clone(),
+    };
+    (event.action, event.rule.clone(), key)
+}
+
+/// What is held back for one group.
 #[derive(Debug)]
 struct Held {
     /// When its last line was written.
@@ -62,7 +73,7 @@ impl LogGate {
                 // rather than grow.
                 lines.extend(self.held.drain().filter_map(|(_, h)| line_of(h.latest)));
             }
-            let group = (event.action, event.rule.clone(), event.key.clone());
+            let group = group_of(&event);
             match self.held.get_mut(&group) {
                 Some(held) if now_ms.saturating_sub(held.written_at_ms) < QUIET_MS => {
                     let count = held.latest.take().map_or(0, |(_, n)| n);
@@ -82,8 +93,8 @@ impl LogGate {
     }
 
     /// The lines for events held back whose second is over by `now_ms`:
-    /// each the latest of its action, rule and key, standing for those
-    /// held back before it too. Keys quiet for a second are forgotten.
+    /// each the latest of its group, standing for those held back before
+    /// it too. Groups quiet for a second are forgotten.
     pub fn due(&mut self, now_ms: u64) -> Vec<Event> {
         let mut lines = Vec::new();
         self.held.retain(|_, held| {
@@ -184,7 +195,7 @@ mod tests {
     }
 
     #[test]
-    fn keys_rules_and_actions_are_held_apart_and_the_rest_always_written() {
+    fn groups_are_held_apart_and_the_rest_always_written() {
         let mut g = LogGate::new();
         let grant = Event {
             units: Some(5),
@@ -210,6 +221,22 @@ mod tests {
             refuse,
         ];
         assert_eq!(g.pass(again, 1), [grant.clone(), grant]);
+        // Redis failing: one line a second for the rule, whoever the client.
+        let fail = |key: &str| Event {
+            key: Some(key.into()),
+            ..Event::new(Action::FailOpen, "api")
+        };
+        assert_eq!(g.pass(vec![fail("a"), fail("b"), fail("c")], 2).len(), 1);
+        let tail: Vec<Event> = g
+            .due(1002)
+            .into_iter()
+            .filter(|e| e.action == Action::FailOpen)
+            .collect();
+        assert_eq!(tail.len(), 1);
+        assert_eq!(
+            (tail[0].key.as_deref(), tail[0].repeated),
+            (Some("c"), Some(1))
+        );
     }
 
     #[test]
