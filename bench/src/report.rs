@@ -588,15 +588,25 @@ fn exactness_rows(r: &Results) -> Vec<Row> {
     ])]
 }
 
+/// A situation's added latency, `p50 / p99` ms.
+fn added(s: &Situation) -> String {
+    format!("{:.1} / {:.1}", s.added_ms(50.0), s.added_ms(99.0))
+}
+
+/// Two situations' added latencies as ratios, `p50 / p99`.
+fn added_ratios(ours: &Situation, other: &Situation) -> String {
+    format!(
+        "{} / {}",
+        ratio(ours.added_ms(50.0), other.added_ms(50.0)),
+        ratio(ours.added_ms(99.0), other.added_ms(99.0))
+    )
+}
+
 /// Part 6, latency and calls with Redis 40 ms away.
 fn far_rows(r: &Results) -> Vec<Row> {
     let far_of = |label: &str| r.far.iter().find(|(l, _)| *l == label).map(|(_, s)| s);
     let targets = [1.0, 1.0, 0.0];
-    let latency = |s: Option<&Situation>| {
-        s.map_or("-".to_owned(), |s| {
-            format!("{:.1} / {:.1}", s.added_ms(50.0), s.added_ms(99.0))
-        })
-    };
+    let latency = |s: Option<&Situation>| s.map_or("-".to_owned(), added);
     let calls = |s: Option<&Situation>| {
         s.map_or("-".to_owned(), |s| {
             let statuses: Vec<String> = s
@@ -614,11 +624,7 @@ fn far_rows(r: &Results) -> Vec<Row> {
             far_of(PEER_FAR).and_then(|s| s.get(i)),
         );
         let ratios = match (o, p) {
-            (Some(o), Some(p)) => format!(
-                "{} / {}",
-                ratio(o.added_ms(50.0), p.added_ms(50.0)),
-                ratio(o.added_ms(99.0), p.added_ms(99.0))
-            ),
+            (Some(o), Some(p)) => added_ratios(o, p),
             _ => "-".to_owned(),
         };
         rows.push(row([
@@ -653,7 +659,6 @@ fn far_baseline_rows(ours: Option<&Vec<Situation>>, base: Option<&Vec<Situation>
     let (Some(ours), Some(base)) = (ours, base) else {
         return vec![];
     };
-    let shown = |s: &Situation| format!("{:.1} / {:.1}", s.added_ms(50.0), s.added_ms(99.0));
     let mut rows = Vec::new();
     for (i, (o, b)) in ours.iter().zip(base).enumerate() {
         let (target, ok) = match i {
@@ -666,13 +671,9 @@ fn far_baseline_rows(ours: Option<&Vec<Situation>>, base: Option<&Vec<Situation>
         rows.push(row([
             "6 Redis 40 ms away, this build vs --baseline (peer column)",
             &format!("{}: added latency p50 / p99, ms", far::SITUATIONS[i]),
-            &shown(o),
-            &shown(b),
-            &format!(
-                "{} / {}",
-                ratio(o.added_ms(50.0), b.added_ms(50.0)),
-                ratio(o.added_ms(99.0), b.added_ms(99.0))
-            ),
+            &added(o),
+            &added(b),
+            &added_ratios(o, b),
             target,
             if target.is_empty() { "" } else { met(ok) },
         ]));
@@ -696,7 +697,6 @@ fn page_rows(r: &Results) -> Vec<Row> {
             .collect();
         format!("{:.1} ({})", s.calls as f64 / pages, statuses.join(", "))
     };
-    let latency = |s: &Situation| format!("{:.1} / {:.1}", s.added_ms(50.0), s.added_ms(99.0));
     let part = "6 Redis 40 ms away, page load";
     let mut rows = Vec::new();
     for (label, _) in far::PAGE_LOADS.iter().filter(|(l, _)| *l != "peer") {
@@ -717,13 +717,9 @@ fn page_rows(r: &Results) -> Vec<Row> {
         rows.push(row([
             part,
             &format!("{what}: added latency p50 / p99, ms"),
-            &latency(ours),
-            &latency(peer),
-            &format!(
-                "{} / {}",
-                ratio(ours.added_ms(50.0), peer.added_ms(50.0)),
-                ratio(ours.added_ms(99.0), peer.added_ms(99.0))
-            ),
+            &added(ours),
+            &added(peer),
+            &added_ratios(ours, peer),
             "",
             "",
         ]));
