@@ -6,7 +6,7 @@
 //! for besides itself (`repeated`). Every event is still counted by the
 //! stats.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use super::events::{Action, Event};
 
@@ -38,6 +38,9 @@ fn group_of(event: &Event) -> (Action, String, Option<String>) {
     (event.action, event.rule.clone(), key)
 }
 
+/// Events held back together (see [`group_of`]).
+type Group = (Action, String, Option<String>);
+
 /// What is held back for one group.
 #[derive(Debug)]
 struct Held {
@@ -47,10 +50,23 @@ struct Held {
     latest: Option<(Event, u64)>,
 }
 
+/// What [`LogGate::pass`] lets through of a request's events.
+#[derive(Debug, Default, PartialEq)]
+pub struct Passed {
+    /// The lines to write now.
+    pub lines: Vec<Event>,
+    /// When the events it held back fall due, if it held any: a call to
+    /// [`LogGate::due`] then writes the lines that stand for them.
+    pub held_until_ms: Option<u64>,
+}
+
 /// The isolate's log lines, held back where they repeat.
 #[derive(Debug, Default)]
 pub struct LogGate {
-    held: HashMap<(Action, String, Option<String>), Held>,
+    held: HashMap<Group, Held>,
+    /// Each group's last line, oldest first: what falls due is found at
+    /// the front, so a request never walks every group a flood left.
+    lines_at: VecDeque<(u64, Group)>,
 }
 
 impl LogGate {
@@ -59,37 +75,46 @@ impl LogGate {
         LogGate::default()
     }
 
-    /// The lines to write at `now_ms` for `events`, the held-back lines
-    /// due by then first.
-    pub fn pass(&mut self, events: Vec<Event>, now_ms: u64) -> Vec<Event> {
-        let mut lines = self.due(now_ms);
+    /// What to write at `now_ms` of `events`, the held-back lines due by
+    /// then first.
+    pub fn pass(&mut self, events: Vec<Event>, now_ms: u64) -> Passed {
+        let mut passed = Passed {
+            lines: self.due(now_ms),
+            held_until_ms: None,
+        };
         for event in events {
             if !repeats(event.action) {
-                lines.push(event);
+                passed.lines.push(event);
                 continue;
             }
             if self.held.len() >= CAPACITY {
-                // Full of keys inside their second: write what they hold
+                // Full of groups inside their second: write what they hold
                 // rather than grow.
-                lines.extend(self.held.drain().filter_map(|(_, h)| line_of(h.latest)));
+                let held = self.held.drain().filter_map(|(_, h)| line_of(h.latest));
+                passed.lines.extend(held);
+                self.lines_at.clear();
             }
             let group = group_of(&event);
+            // Once `due` has run, a group still here is inside its second.
             match self.held.get_mut(&group) {
-                Some(held) if now_ms.saturating_sub(held.written_at_ms) < QUIET_MS => {
+                Some(held) => {
                     let count = held.latest.take().map_or(0, |(_, n)| n);
                     held.latest = Some((event, count + 1));
+                    let until_ms = held.written_at_ms + QUIET_MS;
+                    passed.held_until_ms = passed.held_until_ms.max(Some(until_ms));
                 }
-                _ => {
+                None => {
                     let held = Held {
                         written_at_ms: now_ms,
                         latest: None,
                     };
-                    self.held.insert(group, held);
-                    lines.push(event);
+                    self.held.insert(group.clone(), held);
+                    self.lines_at.push_back((now_ms, group));
+                    passed.lines.push(event);
                 }
             }
         }
-        lines
+        passed
     }
 
     /// The lines for events held back whose second is over by `now_ms`:
@@ -97,29 +122,31 @@ impl LogGate {
     /// it too. Groups quiet for a second are forgotten.
     pub fn due(&mut self, now_ms: u64) -> Vec<Event> {
         let mut lines = Vec::new();
-        self.held.retain(|_, held| {
-            if now_ms.saturating_sub(held.written_at_ms) < QUIET_MS {
-                return true;
+        while let Some((at_ms, _)) = self.lines_at.front() {
+            if now_ms.saturating_sub(*at_ms) < QUIET_MS {
+                break;
+            }
+            let Some((at_ms, group)) = self.lines_at.pop_front() else {
+                break;
+            };
+            let Some(held) = self.held.get_mut(&group) else {
+                continue;
+            };
+            if held.written_at_ms != at_ms {
+                continue;
             }
             match line_of(held.latest.take()) {
                 Some(line) => {
                     lines.push(line);
                     held.written_at_ms = now_ms;
-                    true
+                    self.lines_at.push_back((now_ms, group));
                 }
-                None => false,
+                None => {
+                    self.held.remove(&group);
+                }
             }
-        });
+        }
         lines
-    }
-
-    /// When the first held-back line falls due, if any is held.
-    pub fn next_due_ms(&self) -> Option<u64> {
-        self.held
-            .values()
-            .filter(|h| h.latest.is_some())
-            .map(|h| h.written_at_ms + QUIET_MS)
-            .min()
     }
 }
 
@@ -156,11 +183,13 @@ mod tests {
         let mut lines = Vec::new();
         // 100 denials 10 ms apart, from 1000 ms: a second of them.
         for i in 0..100 {
-            lines.extend(g.pass(vec![deny("a", 100 - i)], 1000 + 10 * i));
+            let passed = g.pass(vec![deny("a", 100 - i)], 1000 + 10 * i);
+            let held_until = (i > 0).then_some(2000);
+            assert_eq!(passed.held_until_ms, held_until, "denial {i}");
+            lines.extend(passed.lines);
         }
         assert_eq!(lines.len(), 1, "the first at once: {lines:?}");
         assert_eq!(lines[0].repeated, None);
-        assert_eq!(g.next_due_ms(), Some(2000));
         assert!(g.due(1999).is_empty());
         let tail = g.due(2000);
         assert_eq!(tail.len(), 1);
@@ -170,19 +199,28 @@ mod tests {
         assert_eq!(stood_for(&lines), 100);
         // The next denial waits out the second of the tail's line, and a
         // key quiet for a second is forgotten.
-        assert!(g.pass(vec![deny("a", 5)], 2500).is_empty());
-        assert_eq!(g.pass(vec![], 3000).len(), 1);
-        assert_eq!(g.next_due_ms(), None);
+        let held = g.pass(vec![deny("a", 5)], 2500);
+        assert_eq!(
+            held,
+            Passed {
+                lines: vec![],
+                held_until_ms: Some(3000)
+            }
+        );
+        assert_eq!(g.pass(vec![], 3000).lines.len(), 1);
         assert!(g.due(4000).is_empty());
-        assert!(g.held.is_empty());
+        assert!(g.held.is_empty() && g.lines_at.is_empty());
     }
 
     #[test]
     fn a_busy_isolate_writes_the_held_lines_with_the_next_events() {
         let mut g = LogGate::new();
-        assert_eq!(g.pass(vec![deny("a", 9)], 0).len(), 1);
-        assert!(g.pass(vec![deny("a", 9), deny("a", 9)], 10).is_empty());
-        let lines = g.pass(vec![deny("b", 9)], 1000);
+        assert_eq!(g.pass(vec![deny("a", 9)], 0).lines.len(), 1);
+        assert!(g
+            .pass(vec![deny("a", 9), deny("a", 9)], 10)
+            .lines
+            .is_empty());
+        let lines = g.pass(vec![deny("b", 9)], 1000).lines;
         assert_eq!(lines.len(), 2);
         assert_eq!(
             (lines[0].key.as_deref(), lines[0].repeated),
@@ -212,7 +250,7 @@ mod tests {
             other_rule.clone(),
             refuse.clone(),
         ];
-        assert_eq!(g.pass(first, 0).len(), 4);
+        assert_eq!(g.pass(first, 0).lines.len(), 4);
         let again = vec![
             deny("a", 1),
             grant.clone(),
@@ -220,13 +258,16 @@ mod tests {
             other_rule,
             refuse,
         ];
-        assert_eq!(g.pass(again, 1), [grant.clone(), grant]);
+        assert_eq!(g.pass(again, 1).lines, [grant.clone(), grant]);
         // Redis failing: one line a second for the rule, whoever the client.
         let fail = |key: &str| Event {
             key: Some(key.into()),
             ..Event::new(Action::FailOpen, "api")
         };
-        assert_eq!(g.pass(vec![fail("a"), fail("b"), fail("c")], 2).len(), 1);
+        assert_eq!(
+            g.pass(vec![fail("a"), fail("b"), fail("c")], 2).lines.len(),
+            1
+        );
         let tail: Vec<Event> = g
             .due(1002)
             .into_iter()
@@ -245,9 +286,9 @@ mod tests {
         let mut lines = Vec::new();
         for i in 0..CAPACITY + 10 {
             let key = format!("client-{i}");
-            lines.extend(g.pass(vec![deny(&key, 1), deny(&key, 1)], 0));
+            lines.extend(g.pass(vec![deny(&key, 1), deny(&key, 1)], 0).lines);
         }
-        assert!(g.held.len() <= CAPACITY);
+        assert!(g.held.len() <= CAPACITY && g.lines_at.len() <= CAPACITY);
         lines.extend(g.due(QUIET_MS));
         assert_eq!(stood_for(&lines), 2 * (CAPACITY as u64 + 10));
     }

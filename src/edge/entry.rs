@@ -21,7 +21,7 @@ use crate::{
         in_flight::{Bell, InFlight, Pause, Paused, Signal},
         leases::Leases,
         limiter::{Handled, LeaseRefresh, Limiter, PendingRefund},
-        log_gate::{LogGate, QUIET_MS},
+        log_gate::LogGate,
         redis_rest::RestClient,
         rule_wide::RuleWide,
         stats::{
@@ -64,7 +64,7 @@ struct Isolate {
     stats: Option<RefCell<Recorder>>,
     /// Its log lines, held back where a flood repeats them.
     log_gate: RefCell<LogGate>,
-    /// When its timer for held-back lines next fires, while one runs.
+    /// When the last timer it set for held-back lines fires.
     log_flush_at: Cell<Option<u64>>,
 }
 
@@ -305,31 +305,28 @@ impl Isolate {
         }
     }
 
-    /// Writes the lines the log gate lets through of `events`, and keeps a
+    /// Writes the lines the log gate lets through of `events`, and sets a
     /// timer in `runtime` for those it holds back, so that a flood's last
     /// second is written too.
     fn log(self: &Rc<Self>, runtime: &OnRequest, events: Vec<Event>) {
         let now_ms = js_sys::Date::now() as u64;
-        write_lines(self.log_gate.borrow_mut().pass(events, now_ms));
-        // One timer at a time; one that has not fired a second after it
-        // was due went with its request's context, and is replaced.
-        let running = self
-            .log_flush_at
-            .get()
-            .is_some_and(|at| now_ms < at + QUIET_MS);
-        if running || self.log_gate.borrow().next_due_ms().is_none() {
+        let passed = self.log_gate.borrow_mut().pass(events, now_ms);
+        write_lines(passed.lines);
+        // A timer set for then or later writes these lines too: one timer
+        // a second for a client's flood, none ever waiting on another.
+        let Some(due_ms) = passed.held_until_ms else {
+            return;
+        };
+        if self.log_flush_at.get().is_some_and(|at| at >= due_ms) {
             return;
         }
+        self.log_flush_at.set(Some(due_ms));
         let isolate = self.clone();
         runtime.spawn(async move {
-            loop {
-                let next = isolate.log_gate.borrow().next_due_ms();
-                isolate.log_flush_at.set(next);
-                let Some(due_ms) = next else { break };
-                JsPause.until(due_ms, None).await;
-                let now_ms = js_sys::Date::now() as u64;
-                write_lines(isolate.log_gate.borrow_mut().due(now_ms));
-            }
+            JsPause.until(due_ms, None).await;
+            // Workerd's clock moves with events: it may still read earlier.
+            let now_ms = (js_sys::Date::now() as u64).max(due_ms);
+            write_lines(isolate.log_gate.borrow_mut().due(now_ms));
         });
     }
 
