@@ -117,10 +117,13 @@ pub fn overs(seen: &Seen, config: &Config, ip: &str, up_ms: u64) -> Vec<String> 
         let over = conform::over(&charges, offset);
         if over > 0 {
             found.push(format!(
-                "rule {} (window offset {offset} ms): {over} over the limit in {} charges: {mine:?}; penalties: {:?}",
+                "rule {} (window offset {offset} ms): {over} over the limit in {} charges: {mine:?}; penalties: {:?}; the client's override writes: {:?}; the rule-wide writes: {:?}; each isolate's copies of it: {:?}",
                 rule.name,
                 charges.len(),
-                seen.penalties
+                seen.penalties,
+                seen.own[j],
+                seen.wide[j],
+                seen.views.iter().map(|v| &v[j]).collect::<Vec<_>>()
             ));
         }
     }

@@ -7,6 +7,7 @@ use std::{
     collections::HashMap,
     future::Future,
     pin::Pin,
+    rc::Rc,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -329,14 +330,14 @@ impl<'a> Run<'a> {
         Some(by)
     }
 
-    /// Notes what request `arrival` (sent at `now`) was decided: its
-    /// charges and their figures' checks, the penalties it started, and
-    /// the model's verdict beside it. When the call that decided it, if
-    /// any, was sent.
+    /// Notes what request `arrival` (sent at `now`, decided at
+    /// `decided_ms`) was decided: its charges and their figures' checks,
+    /// the penalties it started, and the model's verdict beside it. When
+    /// the call that decided it, if any, was sent.
     fn record(
         &self,
         arrival: &Arrival,
-        now: u64,
+        (now, decided_ms): (u64, u64),
         link: &Link<'_, '_>,
         handled: &Handled<'_>,
         leads: bool,
@@ -356,15 +357,18 @@ impl<'a> Run<'a> {
                         ran: (from, to, seq),
                         ..
                     }) => (from, to, seq, false),
-                    None => (now, now, self.next_seq(), true),
+                    // Leased units are spent when the isolate decides: after
+                    // its wait, for a request that waited in line behind
+                    // its client's call and then found a lease.
+                    None => (decided_ms, decided_ms, self.next_seq(), true),
                 };
                 seen.local += u64::from(leased);
                 seen.drawn_local += u64::from(leased && leads);
                 for (rule, state) in decided.rules.iter().zip(&decided.decision.rules) {
                     let (j, cost) = (rule_index(rule), rule.cost.for_method(methods));
-                    if leased && !seen.spend(i, j, cost, now) {
+                    if leased && !seen.spend(i, j, cost, decided_ms) {
                         seen.unbacked.push(format!(
-                            "isolate {i} decided a request at {now} from rule {}'s leases, \
+                            "isolate {i} decided a request at {decided_ms} from rule {}'s leases, \
                              which held no {cost} units granted and spendable then",
                             rule.name
                         ));
@@ -577,6 +581,8 @@ struct Isolates {
     leases: Vec<RefCell<Leases>>,
     wide: Vec<RefCell<RuleWide>>,
     in_flight: Vec<InFlight>,
+    /// Per isolate, the last time its limiter read the clock.
+    clock_reads: Vec<Rc<Cell<u64>>>,
 }
 
 impl Isolates {
@@ -584,6 +590,7 @@ impl Isolates {
     /// `run`'s clock.
     fn new(n: usize, hold_ms: u64, run: &Run<'_>) -> Isolates {
         let (timeline, start, t0) = (run.timeline, run.start, run.t0);
+        let clock_reads: Vec<Rc<Cell<u64>>> = (0..n).map(|_| Rc::default()).collect();
         Isolates {
             caches: (0..n)
                 .map(|_| RefCell::new(BlockCache::new(hold_ms)))
@@ -591,9 +598,25 @@ impl Isolates {
             leases: (0..n).map(|_| RefCell::new(Leases::new())).collect(),
             wide: (0..n).map(|_| RefCell::new(RuleWide::new())).collect(),
             in_flight: (0..n)
-                .map(|_| InFlight::new(TokioPause(move || clock_ms(timeline, start, t0))))
+                .map(|i| {
+                    let read = clock_reads[i].clone();
+                    InFlight::new(TokioPause(move || {
+                        let ms = clock_ms(timeline, start, t0);
+                        read.set(ms);
+                        ms
+                    }))
+                })
                 .collect(),
+            clock_reads,
         }
+    }
+
+    /// When isolate `i`'s limiter decided the request that just returned,
+    /// having started at `now`: where it waited in line, the clock it
+    /// read on waking (nothing runs between that read and its return);
+    /// otherwise `now`, the instant it was given.
+    fn decided_ms(&self, i: usize, now: u64) -> u64 {
+        self.clock_reads[i].get().max(now)
     }
 
     /// Isolate `i`'s limiter, its calls made through `store`.
@@ -666,7 +689,8 @@ async fn request(run: &Run<'_>, isolates: &Isolates, arrival: &Arrival, at_ms: u
         [("cf-connecting-ip".to_owned(), run.ip.clone())],
     );
     let handled = limiter.handle(&req, now).await;
-    let sent_ms = run.record(arrival, now, &link, &handled, leads);
+    let decided_ms = isolates.decided_ms(i, now);
+    let sent_ms = run.record(arrival, (now, decided_ms), &link, &handled, leads);
     let grants = grants(&handled.events, sent_ms, run.now_ms());
     // The response goes once the origin answers; then `waitUntil`'s work.
     let after = async {
