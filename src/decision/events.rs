@@ -75,8 +75,8 @@ pub struct Event {
     #[serde(rename = "override", skip_serializing_if = "Option::is_none")]
     pub overridden: Option<String>,
     /// How many more events like it the line stands for: those the
-    /// isolate held back since its last line for the same action, rule
-    /// and key (see [`crate::decision::log_gate`]).
+    /// isolate held back since its last line of the same group (see
+    /// [`crate::decision::log_gate`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repeated: Option<u64>,
 }

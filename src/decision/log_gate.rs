@@ -10,8 +10,8 @@ use std::collections::{HashMap, VecDeque};
 
 use super::events::{Action, Event};
 
-/// How long after a line for an action, rule and key the next such event
-/// is held back rather than written.
+/// How long after a group's line its next event is held back rather
+/// than written.
 pub const QUIET_MS: u64 = 1000;
 
 /// Groups remembered at most: a flood of distinct clients
@@ -28,18 +28,18 @@ fn repeats(action: Action) -> bool {
     )
 }
 
+/// Events held back together (see [`group_of`]).
+type Group = (Action, String, Option<String>);
+
 /// What is held back together: a client's denials and refusals per key;
 /// Redis failing, which every client meets at once, per rule.
-fn group_of(event: &Event) -> (Action, String, Option<String>) {
+fn group_of(event: &Event) -> Group {
     let key = match event.action {
         Action::FailOpen | Action::FailClosed => None,
         _ => event.key.clone(),
     };
     (event.action, event.rule.clone(), key)
 }
-
-/// Events held back together (see [`group_of`]).
-type Group = (Action, String, Option<String>);
 
 /// What is held back for one group.
 #[derive(Debug)]
