@@ -64,8 +64,8 @@ struct Isolate {
     stats: Option<RefCell<Recorder>>,
     /// Its log lines, held back where a flood repeats them.
     log_gate: RefCell<LogGate>,
-    /// When the last timer it set for held-back lines fires.
-    log_flush_at: Cell<Option<u64>>,
+    /// When the last timer it set for held-back lines fires (0: none yet).
+    log_flush_at: Cell<u64>,
 }
 
 thread_local! {
@@ -102,7 +102,7 @@ fn isolate(env: &Env) -> std::result::Result<Rc<Isolate>, String> {
         headers_read: config.headers_read(),
         in_flight: InFlight::new(JsPause),
         log_gate: RefCell::new(LogGate::new()),
-        log_flush_at: Cell::new(None),
+        log_flush_at: Cell::new(0),
         config,
         origin: origin(env)?,
         calls: Batches::new(client.clone()),
@@ -317,10 +317,10 @@ impl Isolate {
         let Some(due_ms) = passed.held_until_ms else {
             return;
         };
-        if self.log_flush_at.get().is_some_and(|at| at >= due_ms) {
+        if self.log_flush_at.get() >= due_ms {
             return;
         }
-        self.log_flush_at.set(Some(due_ms));
+        self.log_flush_at.set(due_ms);
         let isolate = self.clone();
         runtime.spawn(async move {
             JsPause.until(due_ms, None).await;
