@@ -1,12 +1,12 @@
 //! The code that touches JS values, run as wasm32 in node.
 #![cfg(target_arch = "wasm32")]
 
-use std::time::Duration;
+use std::{cell::RefCell, rc::Rc, task::Poll, time::Duration};
 
 use edge_limiter::{
     decision::{
         protocol::LIMITER,
-        redis_rest::{RestClient, RestError},
+        redis_rest::{without_stacks, RestClient, RestError},
     },
     edge::entry::{request_meta, with_headers},
 };
@@ -97,4 +97,29 @@ async fn an_unreachable_endpoint_is_a_typed_error_within_budget() {
         "{err:?}"
     );
     assert!(!err.to_string().contains("secret-token"));
+}
+
+#[wasm_bindgen_test]
+async fn a_body_is_read_with_no_stack_captured_and_the_limit_put_back() {
+    let limit = || js_sys::Error::stack_trace_limit().as_f64();
+    let before = js_sys::Error::stack_trace_limit();
+    js_sys::Error::set_stack_trace_limit(&7.into());
+    // Pending once, as a body is until its promise settles: both polls
+    // must run at 0, and nothing in between.
+    let seen = Rc::new(RefCell::new(vec![]));
+    let polls = seen.clone();
+    let body = std::future::poll_fn(move |cx| {
+        polls.borrow_mut().push(limit());
+        if polls.borrow().len() < 2 {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        Poll::Ready(())
+    });
+    let read = without_stacks(body);
+    assert_eq!(limit(), Some(7.0));
+    read.await;
+    assert_eq!(*seen.borrow(), [Some(0.0), Some(0.0)]);
+    assert_eq!(limit(), Some(7.0));
+    js_sys::Error::set_stack_trace_limit(&before);
 }

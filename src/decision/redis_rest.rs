@@ -229,9 +229,34 @@ impl RestClient {
             .await
             .map_err(failed)?;
         let status = response.status().as_u16();
-        let text = response.text().await.map_err(failed)?;
+        let text = without_stacks(response.text()).await.map_err(failed)?;
         Ok((status, text))
     }
+}
+
+/// `body`, each poll run with JavaScript's `Error.stackTraceLimit` at 0.
+/// Reading the body ends by dropping the response, and reqwest then aborts
+/// the fetch's `AbortController` even though it is done: workerd makes an
+/// `AbortError` that nobody sees and captures its stack, 3 % of the
+/// worker's CPU under load (`perf` of a bare workerd). An error met while
+/// reading keeps its message.
+#[cfg(target_arch = "wasm32")]
+pub async fn without_stacks<F: Future>(body: F) -> F::Output {
+    let mut body = std::pin::pin!(body);
+    std::future::poll_fn(|cx| {
+        let limit = js_sys::Error::stack_trace_limit();
+        js_sys::Error::set_stack_trace_limit(&0.into());
+        let polled = body.as_mut().poll(cx);
+        js_sys::Error::set_stack_trace_limit(&limit);
+        polled
+    })
+    .await
+}
+
+/// `body` as it is: natively nothing captures a stack on drop.
+#[cfg(not(target_arch = "wasm32"))]
+pub async fn without_stacks<F: Future>(body: F) -> F::Output {
+    body.await
 }
 
 /// What carries commands to Redis: the REST client, or a fake in tests.
