@@ -105,7 +105,7 @@ async fn a_body_is_read_with_no_stack_captured_and_the_limit_put_back() {
     let before = js_sys::Error::stack_trace_limit();
     js_sys::Error::set_stack_trace_limit(&7.into());
     // Pending once, as a body is until its promise settles: both polls
-    // must run at 0, and nothing in between.
+    // run at 0, and outside them the limit stays as it was.
     let seen = Rc::new(RefCell::new(vec![]));
     let polls = seen.clone();
     let body = std::future::poll_fn(move |cx| {
