@@ -8,8 +8,13 @@ use edge_limiter::{
         protocol::LIMITER,
         redis_rest::{without_stacks, RestClient, RestError},
     },
-    edge::entry::{request_meta, with_headers},
+    edge::{
+        entry::{request_meta, with_headers},
+        microtasks,
+    },
 };
+use wasm_bindgen::prelude::wasm_bindgen;
+use wasm_bindgen_futures::JsFuture;
 use wasm_bindgen_test::wasm_bindgen_test;
 use worker::{worker_sys::web_sys, Headers, Method, Request, RequestInit, Response};
 
@@ -122,4 +127,37 @@ async fn a_body_is_read_with_no_stack_captured_and_the_limit_put_back() {
     assert_eq!(*seen.borrow(), [Some(0.0), Some(0.0)]);
     assert_eq!(limit(), Some(7.0));
     js_sys::Error::set_stack_trace_limit(&before);
+}
+
+#[wasm_bindgen(inline_js = "
+export function countQueueMicrotask() {
+  const real = globalThis.queueMicrotask;
+  let calls = 0;
+  globalThis.queueMicrotask = (task) => { calls += 1; real(task); };
+  return () => { globalThis.queueMicrotask = real; return calls; };
+}
+")]
+extern "C" {
+    /// Counts calls to the global `queueMicrotask` from now on; the
+    /// function it returns puts the global back and returns the count.
+    #[wasm_bindgen(js_name = countQueueMicrotask)]
+    fn count_queue_microtask() -> js_sys::Function;
+}
+
+#[wasm_bindgen_test]
+async fn the_executor_wakes_futures_through_promises_not_queue_microtask() {
+    microtasks::put_back();
+    let global = js_sys::global();
+    let key = wasm_bindgen::JsValue::from_str("queueMicrotask");
+    let put_back = js_sys::Reflect::get(&global, &key).unwrap();
+    assert!(put_back.is_function(), "the global is back for other code");
+    let stop = count_queue_microtask();
+    // Each settled promise wakes this task: a wake-up for the executor
+    // to queue.
+    for _ in 0..3 {
+        let settled = js_sys::Promise::resolve(&wasm_bindgen::JsValue::from(1));
+        JsFuture::from(settled).await.unwrap();
+    }
+    let calls = stop.call0(&wasm_bindgen::JsValue::UNDEFINED).unwrap();
+    assert_eq!(calls.as_f64(), Some(0.0));
 }

@@ -30,7 +30,10 @@ use crate::{
             write,
         },
     },
-    edge::responses::{self, Response, PROBLEM_JSON},
+    edge::{
+        microtasks,
+        responses::{self, Response, PROBLEM_JSON},
+    },
     rules::{
         body::MAX_BODY_BYTES,
         config::{parse_origin, Config},
@@ -76,6 +79,7 @@ fn isolate(env: &Env) -> std::result::Result<Rc<Isolate>, String> {
     if let Some(ready) = ISOLATE.with(|s| s.borrow().clone()) {
         return Ok(ready);
     }
+    microtasks::put_back();
     let (Ok(url), Ok(token)) = (
         env.secret("UPSTASH_REDIS_REST_URL"),
         env.secret("UPSTASH_REDIS_REST_TOKEN"),

@@ -3,4 +3,6 @@
 
 #[cfg(target_arch = "wasm32")]
 pub mod entry;
+#[cfg(target_arch = "wasm32")]
+pub mod microtasks;
 pub mod responses;
