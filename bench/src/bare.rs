@@ -6,13 +6,14 @@ use std::path::PathBuf;
 
 pub use edge_limiter_local::bare::LOG;
 
-use crate::stack::Worker;
+use crate::{gc, stack::Worker};
 
 /// The worker `like` runs in `wrangler dev`, from the same `wrangler.toml`,
 /// in a workerd of its own under `label` in `dir`; returns at once, see
-/// [`Worker::ready`].
+/// [`Worker::ready`]. Its V8 writes a line per collection to its log
+/// ([`gc::scavenges`] reads them).
 pub fn spawn(label: &'static str, like: &Worker, dir: PathBuf) -> Result<Worker, String> {
-    let bare = edge_limiter_local::bare::start(&like.dir, &dir)?;
+    let bare = edge_limiter_local::bare::start_with_v8(&like.dir, &dir, &[gc::TRACE])?;
     Ok(Worker {
         label,
         url: bare.url,

@@ -12,6 +12,7 @@
 mod bare;
 mod cpu;
 mod far;
+mod gc;
 mod hostile;
 mod hot;
 mod load;
@@ -329,6 +330,10 @@ async fn near_parts(o: &Options, b: &Shared, r: &mut Results) -> Result<Worker, 
             .map(|(w, slot)| (w, w.label, "/load", slot))
             .collect();
         r.load.extend(load_part(o, b, &order).await?);
+        for w in &bare {
+            let log = std::fs::read_to_string(w.dir.join(bare::LOG)).unwrap_or_default();
+            r.scavenges.push((w.label, gc::scavenges(&log)));
+        }
     }
     Ok(passthrough)
 }

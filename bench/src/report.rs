@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use crate::{
     far::{self, Situation},
+    gc::Scavenges,
     hostile::{Hostile, MOST_TIMES_ORDINARY},
     hot::{self, Shared, Steady},
     load::{pooled_percentile, Run},
@@ -12,7 +13,7 @@ use crate::{
         Sample, FLOOR_CLOCK_RW, FLOOR_PTTL_SET, FLOOR_RW, GCRA_FRACTIONAL, GCRA_OVERRIDES,
     },
     size::Size,
-    stats::{median, spread},
+    stats::{median, percentile, spread},
     trips::{Counts, STEPS},
 };
 
@@ -33,6 +34,8 @@ pub struct Results {
     pub pinned: bool,
     /// Parts 2 and 5: per worker label, one run per round.
     pub load: Vec<(&'static str, Vec<Run>)>,
+    /// Part 2's bare workerds: each one's scavenges over all its rounds.
+    pub scavenges: Vec<(&'static str, Scavenges)>,
     pub load_connections: u32,
     pub load_seconds: u32,
     /// wrk runs per worker and round, taken in turns.
@@ -455,8 +458,55 @@ fn worker_rows(r: &Results) -> Vec<Row> {
     ]));
     if !runs(r, BARE_OURS).is_empty() {
         rows.extend(overhead_rows(r, BARE, "2 bare workerd", false));
+        rows.extend(scavenge_rows(r));
     }
     rows
+}
+
+/// Ours against the peer in bare workerd: how long V8's scavenges stopped
+/// each isolate, and how much of its young generation they kept.
+fn scavenge_rows(r: &Results) -> Vec<Row> {
+    let of = |label| {
+        r.scavenges
+            .iter()
+            .find(|(l, _)| *l == label)
+            .map(|(_, s)| s)
+            .filter(|s| !s.pauses_ms.is_empty())
+    };
+    let (Some(ours), Some(peer)) = (of(BARE_OURS), of(BARE_PEER)) else {
+        return vec![];
+    };
+    let pauses = |s: &Scavenges| {
+        let (p50, p99) = (
+            percentile(&s.pauses_ms, 50.0),
+            percentile(&s.pauses_ms, 99.0),
+        );
+        format!("{p50:.1} / {p99:.1} ({} scavenges)", s.pauses_ms.len())
+    };
+    let survived = |s: &Scavenges| median(&s.survived_pct);
+    vec![
+        row([
+            "2 bare workerd",
+            "V8 young-generation collections (scavenges) over every round: pause p50 / p99, ms",
+            &pauses(ours),
+            &pauses(peer),
+            &ratio(
+                percentile(&ours.pauses_ms, 50.0),
+                percentile(&peer.pauses_ms, 50.0),
+            ),
+            "",
+            "",
+        ]),
+        row([
+            "2 bare workerd",
+            "share of the young generation a scavenge kept, median %",
+            &format!("{:.1}", survived(ours)),
+            &format!("{:.1}", survived(peer)),
+            &ratio(survived(ours), survived(peer)),
+            "",
+            "",
+        ]),
+    ]
 }
 
 /// How `runs`' REST requests grouped their commands, pooled: the mean
@@ -1058,7 +1108,7 @@ fn notes(r: &Results) -> String {
     );
     let _ = writeln!(
         out,
-        "2. `wrk -t1 -c{}` for {} s per worker and round, in {} runs each, the workers taking turns run by run so that a slow moment of the shared machine falls on every worker of the round alike (a round's figures are its runs' pooled), through `wrangler dev` (same workerd, REST endpoint, Redis and demo origin; wrangler's debug log file, which takes every inspector event whatever the log level, goes to `/dev/null`). Every worker has a `wrangler dev` of its own, ours where no rule applies too: workerd's memory grows with each request it serves there, and its tail with it, so no worker runs on another's history. Policy: {} requests per client per day, sliding (ours: windowed 1 d at 24 min; peer: `slidingWindow({}, \"1 d\")`, ephemeral cache on). Every request comes from a new client, but one in {} from one hot client. Overhead is each round's figure minus the passthrough's in the same round, except the p99 row: there the requests of every round are pooled per worker (from wrk's latencies at 127 percentiles per run, finest above p98), and the pooled p99 minus the passthrough's is the overhead, so that one slow moment counts as the few requests it slowed. CPU is each process group's user + system time over the run (`/proc`), per request; of `wrangler dev`'s two workerd processes, the one started with an inspector runs the worker, the other is wrangler's proxy in front of it. Then the passthrough, ours and the peer once more as production runs a worker, each in a `workerd serve` of its own (no wrangler, no inspector, no proxy in front), bundled by `wrangler deploy --dry-run` from the same `wrangler.toml` (its vars as text and JSON bindings, the same compatibility date): the same load and rounds, interleaved, the rows \"2 bare workerd\", CPU that one workerd's.",
+        "2. `wrk -t1 -c{}` for {} s per worker and round, in {} runs each, the workers taking turns run by run so that a slow moment of the shared machine falls on every worker of the round alike (a round's figures are its runs' pooled), through `wrangler dev` (same workerd, REST endpoint, Redis and demo origin; wrangler's debug log file, which takes every inspector event whatever the log level, goes to `/dev/null`). Every worker has a `wrangler dev` of its own, ours where no rule applies too: workerd's memory grows with each request it serves there, and its tail with it, so no worker runs on another's history. Policy: {} requests per client per day, sliding (ours: windowed 1 d at 24 min; peer: `slidingWindow({}, \"1 d\")`, ephemeral cache on). Every request comes from a new client, but one in {} from one hot client. Overhead is each round's figure minus the passthrough's in the same round, except the p99 row: there the requests of every round are pooled per worker (from wrk's latencies at 127 percentiles per run, finest above p98), and the pooled p99 minus the passthrough's is the overhead, so that one slow moment counts as the few requests it slowed. CPU is each process group's user + system time over the run (`/proc`), per request; of `wrangler dev`'s two workerd processes, the one started with an inspector runs the worker, the other is wrangler's proxy in front of it. Then the passthrough, ours and the peer once more as production runs a worker, each in a `workerd serve` of its own (no wrangler, no inspector, no proxy in front), bundled by `wrangler deploy --dry-run` from the same `wrangler.toml` (its vars as text and JSON bindings, the same compatibility date): the same load and rounds, interleaved, the rows \"2 bare workerd\", CPU that one workerd's; each of these workerds' V8 writes a line per collection (`--trace-gc-nvp`), from which the scavenge rows are read.",
         r.load_connections, r.load_seconds, r.load_slices, r.hot_limit, r.hot_limit, r.hot_every
     );
     let _ = writeln!(
@@ -1203,6 +1253,22 @@ mod tests {
                 (BARE_OURS, vec![run(5.0, 1.0, 50), run(6.0, 1.0, 50)]),
                 (BARE_PEER, vec![run(7.0, 1.5, 50), run(7.0, 1.5, 50)]),
             ],
+            scavenges: vec![
+                (
+                    BARE_OURS,
+                    Scavenges {
+                        pauses_ms: vec![9.0, 12.0, 10.0],
+                        survived_pct: vec![5.0, 6.0, 4.0],
+                    },
+                ),
+                (
+                    BARE_PEER,
+                    Scavenges {
+                        pauses_ms: vec![3.0, 6.0],
+                        survived_pct: vec![2.0, 3.0],
+                    },
+                ),
+            ],
             hot_limit: 50,
             trips: vec![(OURS, vec![(1, 200), (1, 429), (1, 429), (2, 200)])],
             wasm: Size {
@@ -1283,6 +1349,8 @@ mod tests {
         // In bare workerd: no targets, and no rows of wrangler's processes.
         has("| 2 bare workerd | overhead over passthrough, p50 ms | 1.5 (1.0..2.0) | 3.0 (3.0..3.0) | 0.50 |  |  |");
         has("| 2 bare workerd | CPU per request in workerd over passthrough, ms (passthrough 0.50) | 0.50 (0.50..0.50) | 1.00 (1.00..1.00) | 0.50 |  |  |");
+        has("| 2 bare workerd | V8 young-generation collections (scavenges) over every round: pause p50 / p99, ms | 10.0 / 12.0 (3 scavenges) | 3.0 / 6.0 (2 scavenges) | 3.33 |  |  |");
+        has("| 2 bare workerd | share of the young generation a scavenge kept, median % | 5.0 | 2.5 | 2.00 |  |  |");
         assert!(!table.contains("| 2 bare workerd | CPU per request in wrangler"));
         has("denied again (cacheable) (HTTP status) | 1 (429) | - |  | 0 | **no** |");
         has("| 600.0 / 240.0 |");

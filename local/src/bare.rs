@@ -33,6 +33,12 @@ pub struct Bare {
 /// `.dev.vars`, if any) in a workerd of its own, with its files in `dir`;
 /// returns once workerd is started, before it listens.
 pub fn start(project: &Path, dir: &Path) -> Result<Bare, String> {
+    start_with_v8(project, dir, &[])
+}
+
+/// [`start`], with these flags for workerd's V8 (`--trace-gc-nvp` writes
+/// a line per collection to [`LOG`]).
+pub fn start_with_v8(project: &Path, dir: &Path, v8_flags: &[&str]) -> Result<Bare, String> {
     let fail =
         |what: &str, e: &dyn std::fmt::Display| format!("{}: {what}: {e}", project.display());
     let text = std::fs::read_to_string(project.join("wrangler.toml"))
@@ -63,12 +69,14 @@ pub fn start(project: &Path, dir: &Path) -> Result<Bare, String> {
     let empty = toml::Value::Array(vec![]);
     let flags = toml.get("compatibility_flags").unwrap_or(&empty);
     let port = free_port();
+    let v8_flags = toml::Value::Array(v8_flags.iter().map(|&f| f.into()).collect());
     let config = format!(
         "using Workerd = import \"/workerd/workerd.capnp\";\n\n\
          const config :Workerd.Config = (\n  services = [\n    (name = \"main\", worker = .worker),\n    \
          # Without private and local, fetches to 127.0.0.1 are refused.\n    \
          (name = \"net\", network = (allow = [\"public\", \"private\", \"local\"])),\n  ],\n  \
-         sockets = [(name = \"http\", address = \"127.0.0.1:{port}\", http = (), service = \"main\")],\n);\n\n\
+         sockets = [(name = \"http\", address = \"127.0.0.1:{port}\", http = (), service = \"main\")],\n  \
+         v8Flags = {v8_flags},\n);\n\n\
          const worker :Workerd.Worker = (\n  modules = [\n{modules}  ],\n  \
          compatibilityDate = {date},\n  compatibilityFlags = {flags},\n  \
          bindings = [\n{bindings}  ],\n  globalOutbound = \"net\",\n);\n"

@@ -10,7 +10,9 @@
 //!
 //! So the global is hidden while the module loads, before the executor's
 //! first use (the first request's handler runs as a task of it), and put
-//! back once that request runs, for any other code in the isolate.
+//! back once that request runs, for any other code in the isolate. A wasm
+//! instance made anew after a panic finds it back and uses it: slower to
+//! collect, as before, not wrong.
 
 use wasm_bindgen::prelude::wasm_bindgen;
 
