@@ -476,12 +476,10 @@ fn scavenge_rows(r: &Results) -> Vec<Row> {
     let (Some(ours), Some(peer)) = (of(BARE_OURS), of(BARE_PEER)) else {
         return vec![];
     };
+    let p50 = |s: &Scavenges| percentile(&s.pauses_ms, 50.0);
     let pauses = |s: &Scavenges| {
-        let (p50, p99) = (
-            percentile(&s.pauses_ms, 50.0),
-            percentile(&s.pauses_ms, 99.0),
-        );
-        format!("{p50:.1} / {p99:.1} ({} scavenges)", s.pauses_ms.len())
+        let p99 = percentile(&s.pauses_ms, 99.0);
+        format!("{:.1} / {p99:.1} ({} scavenges)", p50(s), s.pauses_ms.len())
     };
     let survived = |s: &Scavenges| median(&s.survived_pct);
     vec![
@@ -490,10 +488,7 @@ fn scavenge_rows(r: &Results) -> Vec<Row> {
             "V8 young-generation collections (scavenges) over every round: pause p50 / p99, ms",
             &pauses(ours),
             &pauses(peer),
-            &ratio(
-                percentile(&ours.pauses_ms, 50.0),
-                percentile(&peer.pauses_ms, 50.0),
-            ),
+            &ratio(p50(ours), p50(peer)),
             "",
             "",
         ]),

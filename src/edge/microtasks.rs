@@ -24,12 +24,8 @@ export function putBack() {
 }
 ")]
 extern "C" {
+    /// Puts the global `queueMicrotask` back, once the executor has chosen
+    /// promises; for the first request's handler to call.
     #[wasm_bindgen(js_name = putBack)]
-    fn put_back_global();
-}
-
-/// Puts the global `queueMicrotask` back, once the executor has chosen
-/// promises; for the first request's handler to call.
-pub fn put_back() {
-    put_back_global();
+    pub fn put_back();
 }
