@@ -102,6 +102,10 @@ pub struct Case {
     /// Whether each lease is spent at its last instant and tried past it,
     /// and at how many of those instants the other isolates surge.
     pub adversary: Option<u64>,
+    /// Where given, the arrivals are moved so that the first comes this
+    /// long (ms) after one of the first rule's buckets begins, for the
+    /// run's client: a timeline about a window's bucket.
+    pub phase_ms: Option<u64>,
 }
 
 /// What a timeline's cases are drawn from.
@@ -118,6 +122,10 @@ struct Shape {
     rules: usize,
     isolates: usize,
     races: f64,
+    /// The most a far isolate's call takes each way, ms: two round trips
+    /// (a request waiting in line behind its client's call, then decided
+    /// by the next) well within a call's budget of a second.
+    farthest_ms: u64,
 }
 
 impl Timeline {
@@ -135,8 +143,9 @@ impl Timeline {
                 rules: 3,
                 isolates: 4,
                 races: 0.5,
+                farthest_ms: 200,
             },
-            // Fewer cases on real time, a second or two each: mostly
+            // Fewer cases on real time, three seconds or so each: mostly
             // races, under leases that outlast a call's round trip.
             Timeline::Redis => Shape {
                 units: 15..40,
@@ -149,6 +158,7 @@ impl Timeline {
                 rules: 2,
                 isolates: 3,
                 races: 0.75,
+                farthest_ms: 150,
             },
         }
     }
@@ -265,11 +275,20 @@ pub fn case(timeline: Timeline) -> impl Strategy<Value = Case> {
         any::<u64>(),
         // A race: one client under its limit through one isolate, the
         // others only surging at its leases' last instants, as in
-        // ../shared/leases.md's example.
-        prop::bool::weighted(shape.races),
+        // ../shared/leases.md's example; in four races of five, that
+        // isolate far from Redis against the lease's length.
+        (prop::bool::weighted(shape.races), 0u64..=4),
     )
         .prop_map(
-            |((mut rules, raced), mut isolates, arrivals, phases, changes, seed, race)| {
+            move |(
+                (mut rules, raced),
+                mut isolates,
+                arrivals,
+                phases,
+                changes,
+                seed,
+                (race, far),
+            )| {
                 if race {
                     rules = vec![raced];
                     if isolates.len() == 1 {
@@ -301,14 +320,23 @@ pub fn case(timeline: Timeline) -> impl Strategy<Value = Case> {
                         ..c
                     })
                     .collect();
-                Case {
+                let mut case = Case {
                     rules,
                     isolates,
                     arrivals,
                     changes,
                     seed,
                     adversary: Some(if race { 6 } else { 2 }),
+                    phase_ms: None,
+                };
+                if race && far > 0 {
+                    case.far_lead(far, timeline.shape().farthest_ms);
                 }
+                // In two races of five, quiet spells between streams.
+                if race && far >= 3 {
+                    case.quiet_spells(6 * far as usize);
+                }
+                case
             },
         )
 }
@@ -363,9 +391,10 @@ impl Case {
             .collect()
     }
 
-    /// The case cut to the arrivals that come within about `ms`.
+    /// The case cut to the arrivals that come within `ms` (8 at least).
     pub fn within(mut self, ms: u64) -> Case {
-        let most = (ms / self.spacing_ms()).max(20) as usize;
+        let times = self.times(0);
+        let most = times.iter().take_while(|&&t| t <= ms).count().max(8);
         self.arrivals.truncate(most);
         let n = self.arrivals.len();
         self.changes.retain(|c| c.at < n);
@@ -373,9 +402,39 @@ impl Case {
     }
 
     /// The tightest rule's mean spacing at a GET's cost, ms.
-    fn spacing_ms(&self) -> u64 {
+    pub fn spacing_ms(&self) -> u64 {
         let spacing = self.rules.iter().map(|r| r.limit.spacing_ms() * r.cost.0);
         spacing.max().unwrap_or(1)
+    }
+
+    /// The first isolate (a race's client's) as far from Redis each way
+    /// as `sixteenths` of the first rule's lease length, at most
+    /// `most_ms`: its replies come late against the lease, and a deadline
+    /// counted from them lies up to half the lease past the sending's.
+    fn far_lead(&mut self, sixteenths: u64, most_ms: u64) {
+        let Some(lease) = self.config(true).rules[0].lease else {
+            return;
+        };
+        let way_ms = (lease.for_ms * sixteenths / 16).min(most_ms);
+        self.isolates[0].up_ms = way_ms;
+        self.isolates[0].down_ms = way_ms;
+    }
+
+    /// The client goes quiet after every `every` arrivals, for the first
+    /// rule's lease length and two round trips of the first isolate: the
+    /// leases its last arrivals brought end with units unspent, and the
+    /// adversary's spends past their deadlines find no newer lease.
+    fn quiet_spells(&mut self, every: usize) {
+        let Some(lease) = self.config(true).rules[0].lease else {
+            return;
+        };
+        let way = self.isolates[0];
+        let quiet_ms = lease.for_ms + 2 * (way.up_ms + way.down_ms);
+        // In 400ths of twice the spacing, as every wait.
+        let quiet = quiet_ms * 200 / self.spacing_ms();
+        for a in self.arrivals.iter_mut().skip(every).step_by(every) {
+            a.wait += quiet;
+        }
     }
 
     /// The longest one-way time to Redis of any isolate, ms.

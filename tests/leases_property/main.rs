@@ -9,11 +9,17 @@
 //! rule-wide re-reads run after the response, as `waitUntil` runs them.
 //! Several rules match a request, at costs above 1, and overrides, blocks
 //! and penalties change during the run. An adversary spends every lease
-//! at its last instant and tries it just past it, and at a few of those
-//! instants the other isolates fill the client's limits: the worst timing
-//! (`../shared/leases.md`); half the cases on the pinned clock and three
-//! in four on Redis's are races, one client under its limit through one
-//! isolate and the others only surging.
+//! at its last instant and tries it past it by half the round trip that
+//! brought it, and at a few of those instants the other isolates fill the
+//! client's limits: the worst timing (`../shared/leases.md`); half the
+//! cases on the pinned clock and three in four on Redis's are races, one
+//! client under its limit through one isolate and the others only surging.
+//! The draw leans toward where a deadline counted from the reply would go
+//! over: in most races the client's isolate is far from Redis against the
+//! lease's length (replies come late), and in some the client goes quiet
+//! between streams, leaving leases unspent at their deadline. Named
+//! timelines (`named.rs`) reach each accounting rule's worst state in
+//! every run, on both clocks.
 //!
 //! An admission counts where it left for the origin: a request decided
 //! from leased units at the instant its isolate served it, one decided by
@@ -21,7 +27,7 @@
 //! (`simulate::conform`, sharing no code with the script, the protocol or
 //! the model) replays them against the figures an operator had in force:
 //! none may go over. No request is decided from units that, by the README,
-//! its isolate does not hold. With leases off, every request is decided by
+//! its isolate does not hold (`ledger.rs`). With leases off, every request is decided by
 //! one call, as the reference model decides it when the script ran: its
 //! own, or, for requests that came while a call for their client was in
 //! flight in their isolate, the one call that decided them together, in
@@ -36,6 +42,8 @@
 
 mod check;
 mod draw;
+mod ledger;
+mod named;
 mod run;
 #[path = "../support/mod.rs"]
 mod support;
@@ -52,7 +60,7 @@ use support::Backend;
 
 use check::overs;
 use draw::{case, Arrival, Case, Isolate, Limit, RuleDraw, Timeline};
-use run::{run_case, Seen};
+use run::{run_case, Aim, Role, Seen};
 
 thread_local! {
     /// Redis behind the REST endpoint, and the runtime its calls run on
@@ -72,6 +80,10 @@ struct Totals {
     drawn_local: AtomicU64,
     /// Requests decided by a call another request sent, with them.
     shared: AtomicU64,
+    /// The adversary's requests past a lease's deadline, and of them those
+    /// its isolate held units for only by deadlines counted from the reply.
+    past: AtomicU64,
+    decisive: AtomicU64,
 }
 
 impl Totals {
@@ -83,6 +95,8 @@ impl Totals {
             drawn: AtomicU64::new(0),
             drawn_local: AtomicU64::new(0),
             shared: AtomicU64::new(0),
+            past: AtomicU64::new(0),
+            decisive: AtomicU64::new(0),
         }
     }
 
@@ -93,6 +107,13 @@ impl Totals {
         self.drawn_local
             .fetch_add(seen.drawn_local, Ordering::Relaxed);
         self.shared.fetch_add(seen.shared, Ordering::Relaxed);
+        let past = seen
+            .probes
+            .iter()
+            .filter(|p| p.role == Role::Spend(Aim::Past));
+        self.past.fetch_add(past.count() as u64, Ordering::Relaxed);
+        let decisive = seen.decisive(Role::Spend(Aim::Past));
+        self.decisive.fetch_add(decisive as u64, Ordering::Relaxed);
     }
 }
 
@@ -105,7 +126,7 @@ static REDIS_CLOCK: Totals = Totals::new();
 fn check(timeline: Timeline, totals: &Totals, case: Case) -> Result<(), TestCaseError> {
     let case = match timeline {
         Timeline::Pinned => case,
-        Timeline::Redis => case.within(1500),
+        Timeline::Redis => case.within(3000),
     };
     let n = totals.cases.fetch_add(1, Ordering::Relaxed);
     let t0 = 1_795_168_800_000 + n * 1_000_000;
@@ -172,10 +193,13 @@ fn property(timeline: Timeline, totals: &Totals, cases: u32) {
     let (local, total) = (load(&totals.local), load(&totals.requests));
     let (drawn_local, drawn) = (load(&totals.drawn_local), load(&totals.drawn));
     let shared = load(&totals.shared);
+    let (past, decisive) = (load(&totals.past), load(&totals.decisive));
     eprintln!(
         "{timeline:?}: {local} of {total} requests decided from leases in {} cases \
          ({drawn_local} of the {drawn} drawn, the rest the adversary's); \
-         {shared} decided by a call another request sent",
+         {shared} decided by a call another request sent; {decisive} of the \
+         adversary's {past} requests past a lease's deadline came while its \
+         isolate held units only by deadlines counted from the reply",
         load(&totals.cases)
     );
     assert!(
@@ -183,6 +207,15 @@ fn property(timeline: Timeline, totals: &Totals, cases: u32) {
         "only {drawn_local} of {drawn} drawn requests decided from leases"
     );
     assert!(shared > 0, "no request was decided with others");
+    // Where a deadline counted from the reply would go over: the pinned
+    // clock's many cases reach it in every run. Redis's few reach it in
+    // most; its named timelines, in every one.
+    if timeline == Timeline::Pinned {
+        assert!(
+            decisive > 0,
+            "no request came past a lease's deadline with units held only by a later one"
+        );
+    }
 }
 
 #[test]
@@ -230,6 +263,7 @@ fn a_hot_key_is_mostly_decided_from_leases() {
         changes: vec![],
         seed: 1,
         adversary: None,
+        phase_ms: None,
     };
     let config = Config::from_json(&json!({"rules": [{"name": "r0", "key": ["ip"],
         "algorithm": "gcra", "rate": 100, "period": 1000, "burst": 100,

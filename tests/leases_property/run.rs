@@ -16,6 +16,7 @@ use edge_limiter::{
         block_cache::BlockCache,
         events::{Action, Event},
         in_flight::{InFlight, Shared, TokioPause},
+        keys::{redis_key, window_offset},
         leases::Leases,
         limiter::{Forward, Handled, Limiter, Outcome},
         protocol::{Check, ScriptRunner},
@@ -31,6 +32,7 @@ use serde_json::Value;
 
 use crate::{
     draw::{Arrival, Case, Change, ChangeDraw, Timeline},
+    ledger::{Granted, Ledger},
     support::Backend,
 };
 
@@ -107,43 +109,76 @@ pub struct Seen {
     pub errors: u64,
     /// Requests the model decided otherwise (leases off only).
     pub disagreements: Vec<String>,
-    /// Per isolate and rule, the leased units the README allows it to
-    /// spend: each grant's (deadline, units), the deadline counted from
-    /// the sending of the call that brought it.
-    ledger: HashMap<(usize, usize), Vec<(u64, u64)>>,
+    /// The leased units the README allows each isolate to spend.
+    ledger: Ledger,
     /// Requests decided from units the ledger does not hold.
     pub unbacked: Vec<String>,
+    /// The adversary's requests and the surges beside them.
+    pub probes: Vec<Probe>,
+}
+
+/// What a request of a run is to its case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// One of the case's own arrivals.
+    Drawn,
+    /// The adversary's, spending a lease at an instant of its choosing.
+    Spend(Aim),
+    /// Another isolate's, filling the client's limits at such an instant.
+    Surge,
+}
+
+/// Where the adversary spends a lease against its deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Aim {
+    /// Its last instant, the deadline counted from the sending.
+    Last,
+    /// Past that by half the call's round trip: before the deadline an
+    /// isolate would keep if it counted from the reply.
+    Past,
+}
+
+/// An adversary's or a surge's request, and how it was decided.
+#[derive(Debug, Clone, Copy)]
+pub struct Probe {
+    pub role: Role,
+    /// The instant it was aimed at, and when its isolate decided it, ms.
+    pub aimed_ms: u64,
+    pub decided_ms: u64,
+    /// Admitted from leases, not by a call.
+    pub leased: bool,
+    pub admitted: bool,
+    /// Its isolate held units for it, at its arrival, only by deadlines
+    /// counted from the reply: an isolate counting them so would have
+    /// admitted it from units the README says it no longer holds.
+    pub decisive: bool,
 }
 
 impl Seen {
-    /// Keeps the leases `events` report, brought to isolate `i` by a call
-    /// sent at `sent_ms`.
-    fn keep(&mut self, i: usize, events: &[Event], sent_ms: u64) {
-        for e in events.iter().filter(|e| e.action == Action::LeaseGrant) {
-            let (Some(units), Some(ms)) = (e.units, e.lease_ms) else {
-                continue;
-            };
-            let held = self.ledger.entry((i, index_of(&e.rule))).or_default();
-            held.push((sent_ms + ms, units));
-            held.sort();
-        }
+    /// The adversary's spends, a line each: where each was aimed and when
+    /// and how it was decided.
+    pub fn spends(&self) -> String {
+        let spends = self.probes.iter().filter(|p| p.role != Role::Surge);
+        spends
+            .map(|p| {
+                format!(
+                    "{:?} aimed at {}, decided at {}: {}{}{}",
+                    p.role,
+                    p.aimed_ms,
+                    p.decided_ms,
+                    if p.admitted { "admitted" } else { "denied" },
+                    if p.leased { " from leases" } else { "" },
+                    if p.decisive { ", decisive" } else { "" },
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
-    /// Spends `cost` of rule `j`'s units at isolate `i` at `at_ms`,
-    /// earliest deadline first; whether the ledger held them.
-    fn spend(&mut self, i: usize, j: usize, cost: u64, at_ms: u64) -> bool {
-        let held = self.ledger.entry((i, j)).or_default();
-        held.retain(|&(until, units)| until > at_ms && units > 0);
-        if held.iter().map(|(_, units)| units).sum::<u64>() < cost {
-            return false;
-        }
-        let mut due = cost;
-        for (_, units) in held.iter_mut() {
-            let take = due.min(*units);
-            *units -= take;
-            due -= take;
-        }
-        true
+    /// Probes of `role` that were `decisive`.
+    pub fn decisive(&self, role: Role) -> usize {
+        let probes = self.probes.iter();
+        probes.filter(|p| p.role == role && p.decisive).count()
     }
 }
 
@@ -330,24 +365,83 @@ impl<'a> Run<'a> {
         Some(by)
     }
 
+    /// When the bucket holding `at_ms` ends, for a windowed `rule` (the
+    /// earliest over its windows, at the client's offset); `None` for GCRA.
+    fn bucket_end(&self, rule: &Rule, at_ms: u64) -> Option<u64> {
+        let Policy::Windowed(ws) = &rule.policy else {
+            return None;
+        };
+        let key = redis_key(&rule.name, &[self.ip.as_str()]);
+        let offset = window_offset(&key, rule.policy.longest_ms());
+        let ends = ws.iter().map(|w| {
+            let precision = w.precision_ms();
+            at_ms + precision - (at_ms + offset) % precision
+        });
+        ends.min()
+    }
+
+    /// Keeps in the ledger the leases `events` report, brought to isolate
+    /// `i` by a call sent at `sent_ms`, run by `ran_ms` at the latest and
+    /// answered at `reply_ms`.
+    fn keep(&self, i: usize, events: &[Event], (sent_ms, ran_ms, reply_ms): (u64, u64, u64)) {
+        for e in events.iter().filter(|e| e.action == Action::LeaseGrant) {
+            let (Some(units), Some(ms)) = (e.units, e.lease_ms) else {
+                continue;
+            };
+            let j = index_of(&e.rule);
+            let bucket_end = self.bucket_end(&self.config.rules[j], ran_ms);
+            let granted = Granted {
+                units,
+                until_ms: (sent_ms + ms).min(bucket_end.unwrap_or(u64::MAX)),
+                late_until_ms: reply_ms + ms,
+            };
+            self.seen.borrow_mut().ledger.keep((i, j), granted);
+        }
+    }
+
+    /// Whether isolate `i` held the units for a request of `methods` at
+    /// `at_ms` only by deadlines counted from the reply: every rule by
+    /// those, some rule not by the README's.
+    fn decisive(&self, i: usize, methods: &str, at_ms: u64) -> bool {
+        let seen = self.seen.borrow();
+        let held = self.config.rules.iter().enumerate().map(|(j, rule)| {
+            let cost = rule.cost.for_method(methods).max(1);
+            let (held, late) = seen.ledger.held((i, j), at_ms);
+            (held >= cost, late >= cost)
+        });
+        let (mut every_late, mut short) = (true, false);
+        for (by_readme, by_reply) in held {
+            every_late &= by_reply;
+            short |= !by_readme;
+        }
+        every_late && short
+    }
+
     /// Notes what request `arrival` (sent at `now`, decided at
-    /// `decided_ms`) was decided: its charges and their figures' checks,
-    /// the penalties it started, and the model's verdict beside it. When
-    /// the call that decided it, if any, was sent.
+    /// `decided_ms`, its call's reply back at `reply_ms`) was decided, as
+    /// a request of `role`: its charges and their figures' checks, the
+    /// penalties it started, the model's verdict beside it, and for a
+    /// probe how it went (aimed at `aimed_ms`). When the call that decided
+    /// it, if any, was sent.
     fn record(
         &self,
         arrival: &Arrival,
-        (now, decided_ms): (u64, u64),
+        (now, decided_ms, reply_ms): (u64, u64, u64),
         link: &Link<'_, '_>,
         handled: &Handled<'_>,
-        leads: bool,
+        (role, aimed_ms): (Role, u64),
     ) -> u64 {
         let i = arrival.isolate;
         let by = self.by_call(i, link, handled);
         let (sent_ms, sent_seq) = by.map_or((now, 0), |b| b.sent);
         let methods = method(arrival.post);
+        let leads = role == Role::Drawn && self.case.adversary.is_some();
+        // Before this request's own grants are kept: the isolate looked at
+        // its leases on arrival.
+        let decisive = role != Role::Drawn && self.decisive(i, methods, now);
+        let ran_ms = by.map_or(now, |b| b.ran.1);
+        self.keep(i, &handled.events, (sent_ms, ran_ms, reply_ms));
         let mut seen = self.seen.borrow_mut();
-        seen.keep(i, &handled.events, sent_ms);
         seen.requests += 1;
         seen.drawn += u64::from(leads);
         let admitted = match &handled.outcome {
@@ -366,7 +460,7 @@ impl<'a> Run<'a> {
                 seen.drawn_local += u64::from(leased && leads);
                 for (rule, state) in decided.rules.iter().zip(&decided.decision.rules) {
                     let (j, cost) = (rule_index(rule), rule.cost.for_method(methods));
-                    if leased && !seen.spend(i, j, cost, decided_ms) {
+                    if leased && !seen.ledger.spend((i, j), cost, decided_ms) {
                         seen.unbacked.push(format!(
                             "isolate {i} decided a request at {decided_ms} from rule {}'s leases, \
                              which held no {cost} units granted and spendable then",
@@ -411,6 +505,16 @@ impl<'a> Run<'a> {
                 return sent_ms;
             }
         };
+        if role != Role::Drawn {
+            seen.probes.push(Probe {
+                role,
+                aimed_ms,
+                decided_ms,
+                leased: admitted && by.is_none(),
+                admitted,
+                decisive,
+            });
+        }
         if let Some(model) = by.and_then(|b| b.model).filter(|&m| m != admitted) {
             let verdict = |admitted| if admitted { "admitted" } else { "denied" };
             seen.disagreements.push(format!(
@@ -637,27 +741,39 @@ impl Isolates {
 #[derive(Debug, Clone, Copy)]
 struct Grant {
     units: u64,
-    /// Its last instant, counted from the call's sending.
+    /// Its last instant, counted from the call's sending (on real time,
+    /// a little before).
     last_ms: u64,
-    /// Just before its length after the reply came: past its end.
-    late_ms: u64,
+    /// Past its end by half the round trip, where the call took one: an
+    /// isolate that counted its deadline from the reply would still
+    /// spend it then.
+    past_ms: Option<u64>,
 }
 
-/// The leases `events` report granted by a call sent at `sent_ms` and
-/// answered at `reply_ms`.
-fn grants(events: &[Event], sent_ms: u64, reply_ms: u64) -> Vec<Grant> {
-    events
-        .iter()
-        .filter(|e| e.action == Action::LeaseGrant)
-        .filter_map(|e| {
-            let ms = e.lease_ms?;
-            Some(Grant {
-                units: e.units?,
-                last_ms: (sent_ms + ms).saturating_sub(1),
-                late_ms: (reply_ms + ms).saturating_sub(2),
+impl Run<'_> {
+    /// The leases `events` report granted by a call sent at `sent_ms` and
+    /// answered at `reply_ms`.
+    fn grants(&self, events: &[Event], sent_ms: u64, reply_ms: u64) -> Vec<Grant> {
+        // Real time wakes a sleeper a millisecond or more late: there, the
+        // last instant is aimed early enough to land inside the lease.
+        let early_ms = match self.timeline {
+            Timeline::Pinned => 1,
+            Timeline::Redis => 10,
+        };
+        events
+            .iter()
+            .filter(|e| e.action == Action::LeaseGrant)
+            .filter_map(|e| {
+                let ms = e.lease_ms?;
+                let took_ms = reply_ms.saturating_sub(sent_ms);
+                Some(Grant {
+                    units: e.units?,
+                    last_ms: (sent_ms + ms).saturating_sub(early_ms),
+                    past_ms: (took_ms > 0).then_some(sent_ms + ms + took_ms / 2),
+                })
             })
-        })
-        .collect()
+            .collect()
+    }
 }
 
 /// Requests sent at each instant a grant's units may run out, at most.
@@ -666,16 +782,20 @@ const FOLLOWERS: u64 = 8;
 /// A request's or a change's part of a run.
 type Task<'t> = Pin<Box<dyn Future<Output = ()> + 't>>;
 
-/// One request, from its arrival to the end of its after-response work.
-/// A request that `leads` (one of the case's own, when it has an
-/// adversary) has each lease it brings back spent at its last instant
-/// (half its units, at its length after the call was sent) and the rest
-/// just past it (its length after the reply came), which a correct
-/// isolate decides with calls; at a few of these instants, the other
-/// isolates fill the client's limits.
-async fn request(run: &Run<'_>, isolates: &Isolates, arrival: &Arrival, at_ms: u64, leads: bool) {
-    let leads = leads && run.case.adversary.is_some();
-    run.sleep_until(at_ms).await;
+/// A request of a run: its arrival, when it comes (ms), as what, and the
+/// instant it aims at (its own, for the case's).
+type Sent = (Arrival, u64, Role, u64);
+
+/// One request, from its arrival at `at_ms` to the end of its
+/// after-response work, as a request of `role` aimed at `aimed_ms`. One
+/// the case draws, when it has an adversary, has each lease it brings
+/// back spent at its last instant (half its units, at its length after the
+/// call was sent) and the rest past it (by half the round trip), which a
+/// correct isolate decides with calls; at a few of these instants, the
+/// other isolates fill the client's limits.
+async fn request(run: &Run<'_>, isolates: &Isolates, sent: &Sent) {
+    let (arrival, at_ms, role, aimed_ms) = sent;
+    run.sleep_until(*at_ms).await;
     let now = run.now_ms();
     let i = arrival.isolate;
     let mut link = Link::new(run, i);
@@ -689,41 +809,44 @@ async fn request(run: &Run<'_>, isolates: &Isolates, arrival: &Arrival, at_ms: u
         [("cf-connecting-ip".to_owned(), run.ip.clone())],
     );
     let handled = limiter.handle(&req, now).await;
-    let decided_ms = isolates.decided_ms(i, now);
-    let sent_ms = run.record(arrival, (now, decided_ms), &link, &handled, leads);
-    let grants = grants(&handled.events, sent_ms, run.now_ms());
+    let (decided_ms, reply_ms) = (isolates.decided_ms(i, now), run.now_ms());
+    let times = (now, decided_ms, reply_ms);
+    let sent_ms = run.record(arrival, times, &link, &handled, (*role, *aimed_ms));
+    let grants = run.grants(&handled.events, sent_ms, reply_ms);
     // The response goes once the origin answers; then `waitUntil`'s work.
     let after = async {
         run.sleep(run.case.isolates[i].origin_ms).await;
         after_response(run, isolates, i, &handled).await
     };
-    if !leads {
+    if *role != Role::Drawn || run.case.adversary.is_none() {
         after.await;
         return;
     }
     let follow = |grants: Vec<Grant>| {
-        let mut sent: Vec<(Arrival, u64)> = vec![];
+        let mut sent: Vec<Sent> = vec![];
         for g in &grants {
-            let spends = match g.late_ms > g.last_ms {
-                true => vec![(g.last_ms, g.units / 2), (g.late_ms, g.units)],
-                false => vec![(g.last_ms, g.units)],
+            let spends = match g.past_ms {
+                Some(past) => vec![
+                    (g.last_ms, g.units / 2, Aim::Last),
+                    (past, g.units, Aim::Past),
+                ],
+                None => vec![(g.last_ms, g.units, Aim::Last)],
             };
-            for (at, n) in spends {
+            for (at, n, aim) in spends {
                 let follower = Arrival {
                     post: false,
                     ..arrival.clone()
                 };
-                sent.extend(std::iter::repeat_n(
-                    (follower, at),
-                    n.min(FOLLOWERS) as usize,
-                ));
-                sent.extend(run.surge(i, at));
+                let spend = (follower, at, Role::Spend(aim), at);
+                sent.extend(std::iter::repeat_n(spend, n.min(FOLLOWERS) as usize));
+                let surge = run.surge(i, at).into_iter();
+                sent.extend(surge.map(|(a, from)| (a, from, Role::Surge, at)));
             }
         }
         async move {
             let requests = sent
                 .iter()
-                .map(|(a, at)| Box::pin(request(run, isolates, a, *at, false)) as Task<'_>);
+                .map(|s| Box::pin(request(run, isolates, s)) as Task<'_>);
             futures_util::future::join_all(requests).await;
         }
     };
@@ -745,8 +868,9 @@ async fn after_response(
         let link = Link::new(run, i);
         let sent = run.now_ms();
         let events = isolates.limiter(run, i, &link).refresh(refresh, sent).await;
-        run.seen.borrow_mut().keep(i, &events, sent);
-        refreshed = grants(&events, sent, run.now_ms());
+        let (ran_ms, reply_ms) = (link.ran.get().map_or(sent, |r| r.1), run.now_ms());
+        run.keep(i, &events, (sent, ran_ms, reply_ms));
+        refreshed = run.grants(&events, sent, reply_ms);
     }
     if !handled.reread.is_empty() {
         let link = Link::new(run, i);
@@ -869,15 +993,22 @@ pub fn run_case(
         model: model.then(|| RefCell::new(Model::new())),
         groups: RefCell::new(HashMap::new()),
     };
-    let times = case.times(run.now_ms());
+    let mut times = case.times(run.now_ms());
+    if let (Some(phase_ms), Some(&first)) = (case.phase_ms, times.first()) {
+        let rule = &config.rules[0];
+        let begins = run.bucket_end(rule, first).expect("a windowed rule");
+        let shift = begins + phase_ms - first;
+        times.iter_mut().for_each(|t| *t += shift);
+    }
     // With the model beside it, every request makes its own call.
     let hold_ms = if model { 0 } else { config.cache_hold_ms };
     let isolates = Isolates::new(case.isolates.len(), hold_ms, &run);
-    let requests = case
-        .arrivals
+    let drawn: Vec<Sent> = (case.arrivals.iter().zip(&times))
+        .map(|(a, &at)| (a.clone(), at, Role::Drawn, at))
+        .collect();
+    let requests = drawn
         .iter()
-        .zip(&times)
-        .map(|(a, &at)| Box::pin(request(&run, &isolates, a, at, true)) as Task<'_>);
+        .map(|s| Box::pin(request(&run, &isolates, s)) as Task<'_>);
     let changes = case
         .changes
         .iter()
