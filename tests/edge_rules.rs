@@ -934,7 +934,7 @@ async fn large_and_hostile_bodies_are_forwarded_intact_as_missing_parts() {
     // lacking it.
     let keys = stack.backend.redis(&["KEYS", "el:*:bodies"]);
     assert_eq!(keys.lines().count(), 1, "{keys}");
-    let missing = edge_limiter::decision::keys::redis_key("bodies", &[""]);
+    let missing = edge_limiter::decision::transport::keys::redis_key("bodies", &[""]);
     assert_eq!(keys.trim(), missing, "a missing part");
     let r = get(&format!("{}/bodies", stack.worker.url), "198.51.100.21").await;
     // Five hours of debt, less what has passed since the first request

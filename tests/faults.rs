@@ -18,8 +18,8 @@ use std::{
 };
 
 use edge_limiter::decision::{
-    protocol::{Check, ScriptCall, ScriptError, LIMITER},
-    redis_rest::{RestClient, RestError},
+    transport::protocol::{Check, ScriptCall, ScriptError, LIMITER},
+    transport::redis_rest::{RestClient, RestError},
 };
 use edge_limiter_local::{
     fault_proxy::{Exchange, Fault, FaultProxy},

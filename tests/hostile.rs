@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use edge_limiter::{
     decision::{
-        keys::redis_key,
-        protocol::{decode_general, Check, ScriptCall, ScriptError, LIMITER},
-        redis_rest::{parse_reply, RestError},
+        transport::keys::redis_key,
+        transport::protocol::{decode_general, Check, ScriptCall, ScriptError, LIMITER},
+        transport::redis_rest::{parse_reply, RestError},
     },
     rules::{
         config::{Config, ConfigError},

@@ -18,12 +18,13 @@ use std::{
 
 use edge_limiter::{
     decision::{
-        block_cache::BlockCache,
-        in_flight::{InFlight, TokioPause},
-        leases::Leases,
         limiter::{Limiter, Outcome},
-        redis_rest::RestClient,
-        rule_wide::RuleWide,
+        memory::block_cache::BlockCache,
+        memory::in_flight::InFlight,
+        memory::leases::Leases,
+        memory::rule_wide::RuleWide,
+        runtime::TokioPause,
+        transport::redis_rest::RestClient,
     },
     operator::validate::check_wrangler_toml,
     rules::{

@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use edge_limiter::decision::rule_wide::REREAD_MS;
+use edge_limiter::decision::memory::rule_wide::REREAD_MS;
 use edge_limiter_local::{fault_proxy::Fault, testenv::Scratch};
 use reqwest::StatusCode;
 use support::{header, worker::Stack, worker::Worker};

@@ -15,14 +15,15 @@ use std::cell::RefCell;
 
 use edge_limiter::{
     decision::{
-        block_cache::BlockCache,
-        events::Action,
-        in_flight::{InFlight, TokioPause},
-        keys::{override_key, redis_key, rule_wide_key},
-        leases::Leases,
         limiter::Limiter,
-        protocol::{run, Charge, Check, LeaseAsk, Reply, ScriptCall},
-        rule_wide::{RuleWide, REREAD_MS},
+        memory::block_cache::BlockCache,
+        memory::in_flight::InFlight,
+        memory::leases::Leases,
+        memory::rule_wide::{RuleWide, REREAD_MS},
+        outcomes::events::Action,
+        runtime::TokioPause,
+        transport::keys::{override_key, redis_key, rule_wide_key},
+        transport::protocol::{run, Check, LeaseAsk, RefundCharge, Reply, ScriptCall},
     },
     rules::{config::Config, overrides::Override, rule::Rule},
 };
@@ -75,7 +76,7 @@ async fn every_call_for_one_client_runs_on_a_cluster() {
         panic!("one refund mark: {decision:?}");
     };
     let text = raised.to_text();
-    let charge = Charge {
+    let charge = RefundCharge {
         check: both[1].0,
         id: vec!["k-1"],
         mark,

@@ -7,8 +7,8 @@ mod support;
 use std::sync::Arc;
 
 use edge_limiter::decision::{
-    protocol::{Check, Reply, ScriptCall, LIMITER},
-    verdict::{Decision, Retry},
+    outcomes::verdict::{Decision, Retry},
+    transport::protocol::{Check, Reply, ScriptCall, LIMITER},
 };
 use edge_limiter_local::testenv::redis_call;
 use serde_json::json;
@@ -318,7 +318,7 @@ async fn edges_with_skewed_clocks_agree_because_redis_keeps_time() {
     let time = b.redis(&["TIME"]);
     let mut parts = time.lines().map(|l| l.parse::<u64>().unwrap());
     let redis_now_ms = parts.next().unwrap() * 1000 + parts.next().unwrap() / 1000;
-    let offset = edge_limiter::decision::keys::window_offset("el:{skew}:w", 3_600_000);
+    let offset = edge_limiter::decision::transport::keys::window_offset("el:{skew}:w", 3_600_000);
     let field = |name: &str| -> u64 { b.redis(&["HGET", "el:{skew}:w", name]).parse().unwrap() };
     let stored = field("t");
     assert!(

@@ -3,7 +3,7 @@
 
 mod support;
 
-use edge_limiter::decision::protocol::LIMITER;
+use edge_limiter::decision::transport::protocol::LIMITER;
 use edge_limiter_local::testenv::redis_call;
 use serde_json::json;
 use support::{rules, Backend};

@@ -15,16 +15,17 @@ use std::{
 
 use edge_limiter::{
     decision::{
-        block_cache::BlockCache,
-        events::Action,
-        in_flight::{InFlight, TokioPause},
-        keys::{override_key, redis_key, window_offset},
-        leases::Leases,
         limiter::{Forward, Handled, Limiter, Outcome},
-        protocol::{run, Check, LeaseAsk, Reply, ScriptCall},
-        redis_rest::RestClient,
-        rule_wide::RuleWide,
-        verdict::{Decision, Grant},
+        memory::block_cache::BlockCache,
+        memory::in_flight::InFlight,
+        memory::leases::Leases,
+        memory::rule_wide::RuleWide,
+        outcomes::events::Action,
+        outcomes::verdict::{Decision, Grant},
+        runtime::TokioPause,
+        transport::keys::{override_key, redis_key, window_offset},
+        transport::protocol::{run, Check, LeaseAsk, Reply, ScriptCall},
+        transport::redis_rest::RestClient,
     },
     rules::{config::Config, overrides::BLOCK_TEXT, request::RequestMeta, rule::Rule},
 };

@@ -15,10 +15,10 @@ use std::{
 
 use edge_limiter::{
     decision::{
-        keys::{override_key, redis_key},
         limiter::RefundRule,
-        protocol::{run, Charge, Check, Reply, ScriptCall, LIMITER},
-        verdict::Decision,
+        outcomes::verdict::Decision,
+        transport::keys::{override_key, redis_key},
+        transport::protocol::{run, Check, RefundCharge, Reply, ScriptCall, LIMITER},
     },
     operator::simulate::model::Model,
     rules::{
@@ -326,10 +326,10 @@ fn run_case(
                 let unders: Vec<String> = (0..checks.len())
                     .map(|i| RefundRule::of(&decided, i, 0, RuleId(i), vec![], 0).under)
                     .collect();
-                let given = |marks: &[(usize, u64)], real: bool| -> Vec<Charge<'_>> {
+                let given = |marks: &[(usize, u64)], real: bool| -> Vec<RefundCharge<'_>> {
                     marks
                         .iter()
-                        .map(|(i, mark)| Charge {
+                        .map(|(i, mark)| RefundCharge {
                             check: checks[*i].0,
                             id: checks[*i].1.clone(),
                             mark: *mark,

@@ -8,9 +8,9 @@ mod support;
 
 use edge_limiter::{
     decision::{
-        keys::override_key,
-        protocol::{read_rule_wide, run, Check, Reply, ScriptCall, WideRead, LIMITER},
-        verdict::{Decision, OverrideSource, Retry},
+        outcomes::verdict::{Decision, OverrideSource, Retry},
+        transport::keys::override_key,
+        transport::protocol::{read_rule_wide, run, Check, Reply, ScriptCall, WideRead, LIMITER},
     },
     rules::{
         overrides::{Override, BLOCK_TEXT, MAX_TEXT_BYTES},

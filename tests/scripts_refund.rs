@@ -9,8 +9,8 @@ mod support;
 
 use edge_limiter::{
     decision::{
-        protocol::{run, Charge, Check, Reply, ScriptCall},
-        verdict::Decision,
+        outcomes::verdict::Decision,
+        transport::protocol::{run, Check, RefundCharge, Reply, ScriptCall},
     },
     operator::simulate::model::Model,
     rules::{overrides::Override, rule::Rule},
@@ -41,7 +41,7 @@ fn mark(d: &Decision) -> u64 {
 
 /// Gives back the charge `mark` stands for; whether anything was.
 async fn refund(b: &Backend, rule: &Rule, id: &str, mark: u64, now_ms: Option<u64>) -> bool {
-    let charge = Charge {
+    let charge = RefundCharge {
         check: Check { rule, cost: 1 },
         id: vec![id],
         mark,
@@ -175,7 +175,8 @@ async fn a_window_gives_back_from_the_bucket_it_counted_in() {
 async fn each_window_gives_back_only_while_it_counts_the_bucket() {
     let b = Backend::start();
     let rule = windows(json!([["10s", 2, "1s"], ["1m", 3, "10s"]]));
-    let t0 = 1_795_168_800_000 - edge_limiter::decision::keys::window_offset("el:{m}:w", 60_000);
+    let t0 = 1_795_168_800_000
+        - edge_limiter::decision::transport::keys::window_offset("el:{m}:w", 60_000);
     // Charged at 0 s and 1.5 s: the second moves the 1 s buckets, so the
     // first lies in an older 1 s bucket and in the newest 10 s one.
     let first = mark(&charge(&b, &rule, "m", Some(t0)).await);
@@ -273,7 +274,7 @@ async fn a_charge_goes_back_at_the_interval_it_was_made_at() {
     let last = &real[5];
     let under = &last.overrides[0].text;
     assert_eq!(under, &faster.to_text());
-    let given = |under| Charge {
+    let given = |under| RefundCharge {
         check: check[0].0,
         id: vec!["a"],
         mark: mark(last),
@@ -338,7 +339,7 @@ async fn a_window_charge_goes_back_under_its_override() {
             last = Some(d);
         }
         let last = last.unwrap();
-        let given = Charge {
+        let given = RefundCharge {
             check: check[0].0,
             id: vec![id],
             mark: mark(&last),

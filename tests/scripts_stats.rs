@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use edge_limiter::{
     decision::stats::{
         counts::{RuleCount, RuleCounts, TotalCount, RULE_COUNTS},
-        recorder::{Minute, Recorder, Write},
+        recorder::{Minute, Recorder, StatsWrite},
         stored::{
             day_key, read_rule_day, read_totals_day, write_call, writer_key, DAY_MINUTES, DAY_MS,
             STATS, WRITER_KEEP_MS,
@@ -71,7 +71,7 @@ async fn write(
     minutes: Vec<Minute>,
 ) {
     let recorder = RefCell::new(Recorder::new(c, settings, writer));
-    let first = Write {
+    let first = StatsWrite {
         writer,
         seq: 1,
         minutes,
@@ -217,7 +217,7 @@ async fn a_write_sent_again_is_added_once() {
     let minute = day * DAY_MINUTES + 30;
     let client = &b.client;
     let send = |writer, seq, n| {
-        let write = Write {
+        let write = StatsWrite {
             writer,
             seq,
             minutes: vec![denials(minute, &[("k", n)])],
@@ -276,7 +276,7 @@ async fn a_rules_day_takes_bounded_memory() {
                 minute
             })
             .collect();
-        let hourly = Write {
+        let hourly = StatsWrite {
             writer: 1,
             seq: hour + 1,
             minutes,

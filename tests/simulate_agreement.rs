@@ -7,7 +7,7 @@
 #![cfg(not(target_arch = "wasm32"))]
 
 use edge_limiter::{
-    decision::{stats::counts::RuleCount, verdict::Decision},
+    decision::{outcomes::verdict::Decision, stats::counts::RuleCount},
     operator::simulate::{
         engine::{Engine, ModelEngine, RedisEngine},
         log::Record,

@@ -7,12 +7,12 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use edge_limiter::decision::protocol::LIMITER;
 use edge_limiter::decision::stats::{
     counts::{RuleCount, TotalCount},
     stored::{day_key, read_rule_day, read_totals_day, DAY_MS, STATS},
     top::TopDenied,
 };
+use edge_limiter::decision::transport::protocol::LIMITER;
 use edge_limiter_local::fault_proxy::Fault;
 use serde_json::Value;
 use support::{

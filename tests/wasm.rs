@@ -5,8 +5,8 @@ use std::{cell::RefCell, rc::Rc, task::Poll, time::Duration};
 
 use edge_limiter::{
     decision::{
-        protocol::LIMITER,
-        redis_rest::{without_stacks, RestClient, RestError},
+        transport::protocol::LIMITER,
+        transport::redis_rest::{without_stacks, RestClient, RestError},
     },
     edge::{
         entry::{request_meta, with_headers},

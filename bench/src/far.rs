@@ -4,11 +4,15 @@
 //! time, each worker request just after a passthrough one, so that the added
 //! latency compares two requests made under the same conditions.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use edge_limiter_local::fault_proxy::FaultProxy;
 
-use crate::{stack::Worker, stats::percentile};
+use crate::{
+    stack::Worker,
+    stats::percentile,
+    timed::{timed, timed_as_client},
+};
 
 /// How far away Redis is: the delay the proxy adds to every REST call.
 pub const DELAY: Duration = Duration::from_millis(40);
@@ -60,23 +64,6 @@ async fn calls_since(proxy: &FaultProxy, before: usize, worker: &Worker) -> Resu
         return Err(format!("{}: REST calls still in flight", worker.label));
     }
     Ok((proxy.exchanges().len() - before) as u64)
-}
-
-/// One GET of `url` with these headers, timed: ms, and the status.
-pub async fn timed(
-    http: &reqwest::Client,
-    url: &str,
-    headers: &[(&str, &str)],
-) -> Result<(f64, u16), String> {
-    let start = Instant::now();
-    let mut request = http.get(url);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = request.send().await.map_err(|e| format!("{url}: {e}"))?;
-    let status = response.status().as_u16();
-    response.bytes().await.map_err(|e| format!("{url}: {e}"))?;
-    Ok((start.elapsed().as_secs_f64() * 1000.0, status))
 }
 
 /// Sends `clients` fresh clients through `worker`'s `/rt` rule three times
@@ -154,7 +141,7 @@ async fn at_once(http: &reqwest::Client, url: &str, key: &str) -> Result<Vec<(f6
     let mut sent = tokio::task::JoinSet::new();
     for i in 0..PAGE {
         let (http, url, key) = (http.clone(), format!("{url}/{i}"), key.to_owned());
-        sent.spawn(async move { crate::hot::timed(&http, &url, &key).await });
+        sent.spawn(async move { timed_as_client(&http, &url, &key).await });
     }
     let mut out = Vec::with_capacity(PAGE);
     while let Some(done) = sent.join_next().await {

@@ -11,9 +11,10 @@ use std::time::Duration;
 use edge_limiter_local::fault_proxy::FaultProxy;
 
 use crate::{
-    cpu, far,
+    cpu,
     stack::{Origin, Worker},
     stats::percentile,
+    timed::timed_as_client,
 };
 
 /// The hot client's limit: GCRA, this many a second, as burst too.
@@ -79,16 +80,6 @@ impl Steady {
     }
 }
 
-/// One request of the client `key` (ours keys on its API key, the peer on
-/// its address, a /64 of its own made from the key), timed.
-pub async fn timed(http: &reqwest::Client, url: &str, key: &str) -> Result<(f64, u16), String> {
-    let net = key.bytes().fold(0xcbf2_9ce4_u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    });
-    let ip = format!("2001:db8:{:x}:{:x}::1", net >> 16, net & 0xffff);
-    far::timed(http, url, &[("x-api-key", key), ("CF-Connecting-IP", &ip)]).await
-}
-
 /// `worker`'s REST calls go through `proxy`; `key` is the hot client's
 /// (fresh per run), `seconds` how long it sends at [`SEND_RPS`].
 pub struct Subject<'a> {
@@ -114,14 +105,14 @@ pub async fn steady(
     let start = tokio::time::Instant::now();
     for i in 0..subject.seconds * SEND_RPS {
         tokio::time::sleep_until(start + tick * i as u32).await;
-        let (base, _) = timed(
+        let (base, _) = timed_as_client(
             http,
             &format!("{}/free{path}", passthrough.url),
             &subject.key,
         )
         .await?;
         let (ms, status) =
-            timed(http, &format!("{}{path}", subject.worker.url), &subject.key).await?;
+            timed_as_client(http, &format!("{}{path}", subject.worker.url), &subject.key).await?;
         s.passthrough_ms.push(base);
         s.worker_ms.push(ms);
         s.admitted += u64::from(status == 200);
@@ -169,7 +160,10 @@ pub async fn shared(
     for i in 0..seconds * SEND_RPS {
         tokio::time::sleep_until(start + tick * i as u32).await;
         let [a, b] = workers.map(|w| format!("{}{path}", w.url));
-        let (a, b) = tokio::join!(timed(http, &a, key), timed(http, &b, key));
+        let (a, b) = tokio::join!(
+            timed_as_client(http, &a, key),
+            timed_as_client(http, &b, key)
+        );
         for (_, status) in [a?, b?] {
             s.sent += 1;
             s.admitted += u64::from(status == 200);

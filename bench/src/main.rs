@@ -23,6 +23,7 @@ mod size;
 mod stack;
 mod stats;
 mod stats_cost;
+mod timed;
 mod trips;
 
 use std::{

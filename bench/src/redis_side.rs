@@ -13,7 +13,7 @@
 use std::process::Command;
 
 use edge_limiter::{
-    decision::protocol::{Check, Reply, ScriptCall, LIMITER},
+    decision::transport::protocol::{Check, Reply, ScriptCall, LIMITER},
     rules::config::Config,
 };
 use edge_limiter_local::{resp::Value, testenv::redis_call};

@@ -10,9 +10,12 @@ use std::{
 };
 
 pub use edge_limiter_local::testenv::repo;
-use edge_limiter_local::testenv::{free_port, wrangler_dev, DemoOrigin, ProcessGroup};
+use edge_limiter_local::{
+    bare,
+    testenv::{free_port, wrangler_dev, DemoOrigin, ProcessGroup},
+};
 
-use crate::{bare, cpu};
+use crate::cpu;
 
 /// The token the REST endpoint accepts.
 pub const TOKEN: &str = "bench-token-5e1d";

@@ -19,7 +19,7 @@ mod cli {
 
     use clap::{Parser, Subcommand, ValueEnum};
     use edge_limiter::{
-        decision::redis_rest::RestClient,
+        decision::transport::redis_rest::RestClient,
         operator::simulate::{
             self,
             engine::{Engine, ModelEngine, RedisEngine},

@@ -1,19 +1,17 @@
-//! Deciding one request: the Redis keys, the script protocol and its
-//! verdicts, the REST client that carries it, the isolate's block cache
-//! and calls in flight, and the [`limiter::Limiter`] that puts them
-//! together; and [`stats`],
-//! what an isolate counts of what it decided.
+//! Deciding one request, in layers that each import only those below:
+//!
+//! - [`outcomes`]: what a decision comes to (verdicts, log events);
+//! - [`transport`]: how a decision reaches Redis and comes back (the Redis
+//!   keys, the script protocol, the REST client, the batching of calls);
+//! - [`memory`]: what an isolate keeps between its requests (denials,
+//!   leases, rule-wide overrides, the calls in flight, held-back log lines);
+//! - [`runtime`]: the clock, pause and signal the runtime lends;
+//! - [`limiter::Limiter`]: one request's decision from those;
+//! - [`stats`]: what an isolate counts of what the limiter decided.
 
-pub mod batch;
-pub mod block_cache;
-pub mod events;
-pub mod in_flight;
-pub mod keys;
-pub mod leases;
 pub mod limiter;
-pub mod log_gate;
-pub mod protocol;
-pub mod redis_rest;
-pub mod rule_wide;
+pub mod memory;
+pub mod outcomes;
+pub mod runtime;
 pub mod stats;
-pub mod verdict;
+pub mod transport;

@@ -15,20 +15,21 @@ use worker::{console_error, console_log, event, worker_sys::web_sys, Context, En
 
 use crate::{
     decision::{
-        batch::{Batched, Batches, Runtime},
-        block_cache::BlockCache,
-        events::Event,
-        in_flight::{Bell, InFlight, Pause, Paused, Signal},
-        leases::Leases,
         limiter::{Handled, LeaseRefresh, Limiter, PendingRefund},
-        log_gate::LogGate,
-        redis_rest::RestClient,
-        rule_wide::RuleWide,
+        memory::block_cache::BlockCache,
+        memory::in_flight::InFlight,
+        memory::leases::Leases,
+        memory::log_gate::LogGate,
+        memory::rule_wide::RuleWide,
+        outcomes::events::Event,
+        runtime::{Bell, Pause, Paused, Signal},
         stats::{
             calls::Counted,
-            recorder::{Recorder, Write},
+            recorder::{Recorder, StatsWrite},
             write,
         },
+        transport::batch::{Batched, Batches, Runtime},
+        transport::redis_rest::RestClient,
     },
     edge::{
         microtasks,
@@ -55,7 +56,7 @@ struct Isolate {
     /// The script calls of its requests, those made at the same moment
     /// carried together.
     calls: Batches<RestClient>,
-    /// Shared by the isolate's requests: what it learned about denied clients.
+    /// SharedCall by the isolate's requests: what it learned about denied clients.
     cache: RefCell<BlockCache>,
     /// Units leased to this isolate.
     leases: RefCell<Leases>,
@@ -194,7 +195,7 @@ struct Background {
     refresh: Option<LeaseRefresh>,
     reread: Vec<String>,
     /// The isolate's stats write, when one is due.
-    stats: Option<Write>,
+    stats: Option<StatsWrite>,
 }
 
 /// Starts the work a request leaves to do in `waitUntil`, never delaying

@@ -9,7 +9,7 @@ use serde_json::json;
 use crate::{
     decision::{
         limiter::{Decided, Forward, Outcome, UNAVAILABLE_RETRY_S},
-        verdict::{seconds_up, Decision, Retry, RuleState},
+        outcomes::verdict::{seconds_up, Decision, Retry, RuleState},
     },
     rules::{
         config::Config,
@@ -279,7 +279,9 @@ pub fn problem_body(rule: &Rule, decision: &Decision) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::verdict::{OverrideRead, OverrideSource, RequestVerdict, Verdict};
+    use crate::decision::outcomes::verdict::{
+        OverrideRead, OverrideSource, RequestVerdict, Verdict,
+    };
     use serde_json::json;
 
     fn config() -> Config {

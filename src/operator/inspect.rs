@@ -8,10 +8,12 @@ use serde_json::{json, Value};
 
 use crate::{
     decision::{
-        keys::{penalty_key, redis_key, rule_wide_key},
-        protocol::{read_rule_wide, run, Check, Reply, ScriptCall, ScriptError, WideRead},
-        redis_rest::{RestClient, RestError},
-        verdict::{OverrideRead, OverrideSource, Retry, RuleState, Verdict},
+        outcomes::verdict::{OverrideRead, OverrideSource, Retry, RuleState, Verdict},
+        transport::keys::{penalty_key, redis_key, rule_wide_key},
+        transport::protocol::{
+            read_rule_wide, run, Check, Reply, ScriptCall, ScriptError, WideRead,
+        },
+        transport::redis_rest::{RestClient, RestError},
     },
     rules::{
         canon,
@@ -259,7 +261,7 @@ impl std::error::Error for WrongValueCount {}
 
 /// One window's standing (GCRA: the one state).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WindowState {
+pub struct WindowStanding {
     /// What the window is: `gcra 5/1000ms burst 5`, `window 60000ms by 1000ms`.
     pub label: String,
     /// Units it allows (GCRA: the burst).
@@ -280,7 +282,7 @@ pub struct ClientState {
     /// The Redis key holding its state.
     pub key: String,
     /// Per window, or the one GCRA state.
-    pub windows: Vec<WindowState>,
+    pub windows: Vec<WindowStanding>,
     /// Milliseconds left of a running penalty, if one runs.
     pub penalty_ms: Option<u64>,
     /// The client's own override, as its key holds it, when the rule takes
@@ -392,7 +394,7 @@ pub async fn inspect(
     let windows = labels
         .into_iter()
         .zip(&decision.rules)
-        .map(|(label, s)| WindowState {
+        .map(|(label, s)| WindowStanding {
             label,
             limit: s.limit,
             remaining: s.remaining,

@@ -10,9 +10,9 @@ use super::{
 };
 use crate::{
     decision::{
-        keys::{client_overrides_pattern, override_key, redis_key, rule_wide_key},
-        redis_rest::{RestClient, RestError},
-        verdict::seconds_up,
+        outcomes::verdict::seconds_up,
+        transport::keys::{client_overrides_pattern, override_key, redis_key, rule_wide_key},
+        transport::redis_rest::{RestClient, RestError},
     },
     rules::{config::Config, overrides::Override, policy::Policy, rule::Rule},
 };

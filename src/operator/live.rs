@@ -22,7 +22,7 @@ use super::{
     stats::{read, report, Span},
 };
 use crate::{
-    decision::{redis_rest::RestClient, stats::counts::RuleCount},
+    decision::{stats::counts::RuleCount, transport::redis_rest::RestClient},
     rules::config::Config,
 };
 
@@ -57,7 +57,7 @@ pub struct Live<'a> {
 }
 
 /// An answer: status, content type, body.
-type Answer = (u16, &'static str, String);
+type PageAnswer = (u16, &'static str, String);
 
 impl<'a> Live<'a> {
     /// The page for `rules` of `config`, over the last `window_ms`.
@@ -104,7 +104,7 @@ impl<'a> Live<'a> {
         head: &str,
         bound: SocketAddr,
         runtime: &tokio::runtime::Runtime,
-    ) -> Answer {
+    ) -> PageAnswer {
         let mut words = head.lines().next().unwrap_or_default().split(' ');
         let (method, target) = (
             words.next().unwrap_or_default(),
@@ -280,7 +280,10 @@ fn read_head(stream: &mut TcpStream) -> Option<String> {
 }
 
 /// Writes `answer` and closes the connection.
-fn respond(stream: &mut TcpStream, (status, content_type, body): Answer) -> std::io::Result<()> {
+fn respond(
+    stream: &mut TcpStream,
+    (status, content_type, body): PageAnswer,
+) -> std::io::Result<()> {
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",

@@ -7,13 +7,13 @@ use serde_json::Value;
 
 use crate::{
     decision::{
-        redis_rest::{RestClient, RestError},
         stats::{
             counts::{add, RuleCount, RuleCounts, TotalCount, TotalCounts},
             recorder::MINUTE_MS,
             stored::{day_key, read_rule_day, read_totals_day, DAY_MS},
             top::{TopDenied, KEPT},
         },
+        transport::redis_rest::{RestClient, RestError},
     },
     operator::{
         inspect::{find_rule, InspectError},

@@ -38,7 +38,7 @@ enum Token {
     Int(i64),
     UInt(u64),
     Float(f64),
-    String(Span),
+    String(TextSpan),
     /// An array; its items run to `end`.
     Array {
         end: u32,
@@ -55,7 +55,7 @@ enum Token {
     /// simdjson and other streaming readers take the first, `JSON.parse`
     /// and PHP's `json_decode` the last, so neither is the value.
     Name {
-        text: Span,
+        text: TextSpan,
         repeated: bool,
     },
 }
@@ -65,7 +65,7 @@ impl Eq for Token {}
 
 /// Where a text lies in [`Json::text`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Span {
+struct TextSpan {
     start: u32,
     end: u32,
 }
@@ -141,7 +141,7 @@ pub fn last_value<'a>(json: &'a Json, name: &str) -> Option<Cow<'a, str>> {
 
 impl Json {
     /// The text of a span.
-    fn str(&self, span: Span) -> &str {
+    fn str(&self, span: TextSpan) -> &str {
         &self.text[span.start as usize..span.end as usize]
     }
 
@@ -339,7 +339,7 @@ impl Serialize for View<'_> {
 /// members of the objects being read, innermost last, with their places.
 struct Read<'b> {
     json: &'b mut Json,
-    members: &'b mut Vec<(Span, u32)>,
+    members: &'b mut Vec<(TextSpan, u32)>,
 }
 
 impl Read<'_> {
@@ -360,10 +360,10 @@ impl Read<'_> {
     }
 
     /// `text` added to the text, where it lies.
-    fn text(&mut self, text: &str) -> Span {
+    fn text(&mut self, text: &str) -> TextSpan {
         let start = self.json.text.len() as u32;
         self.json.text.push_str(text);
-        Span {
+        TextSpan {
             start,
             end: self.json.text.len() as u32,
         }
@@ -375,7 +375,7 @@ impl Read<'_> {
     fn close_object(&mut self, first: usize) -> (u32, u32) {
         let json = &mut *self.json;
         let mine = &mut self.members[first..];
-        let text = |span: Span| &json.text[span.start as usize..span.end as usize];
+        let text = |span: TextSpan| &json.text[span.start as usize..span.end as usize];
         // In the order of their names, each name's in document order.
         mine.sort_unstable_by(|a, b| text(a.0).cmp(text(b.0)).then(a.1.cmp(&b.1)));
         let at = json.order.len() as u32;

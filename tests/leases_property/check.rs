@@ -3,7 +3,7 @@
 //! checker's count of those that went over.
 
 use edge_limiter::{
-    decision::keys::{redis_key, window_offset},
+    decision::transport::keys::{redis_key, window_offset},
     operator::simulate::conform::{self, Charge},
     rules::{config::Config, overrides::Override, policy::Policy, rule::Rule},
 };

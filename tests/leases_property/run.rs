@@ -13,15 +13,16 @@ use std::{
 
 use edge_limiter::{
     decision::{
-        block_cache::BlockCache,
-        events::{Action, Event},
-        in_flight::{InFlight, Shared, TokioPause},
-        keys::{redis_key, window_offset},
-        leases::Leases,
         limiter::{Forward, Handled, Limiter, Outcome},
-        protocol::{Check, ScriptRunner},
-        redis_rest::{RestClient, RestError, Script},
-        rule_wide::RuleWide,
+        memory::block_cache::BlockCache,
+        memory::in_flight::{InFlight, SharedCall},
+        memory::leases::Leases,
+        memory::rule_wide::RuleWide,
+        outcomes::events::{Action, Event},
+        runtime::TokioPause,
+        transport::keys::{redis_key, window_offset},
+        transport::protocol::{Check, ScriptRunner},
+        transport::redis_rest::{RestClient, RestError, Script},
     },
     operator::{limits, simulate::model::Model},
     rules::{
@@ -341,7 +342,7 @@ impl<'a> Run<'a> {
                 model: link.model_admitted.borrow().get(place).copied(),
             })
         };
-        let Some(Shared { call, place, sent }) = handled.shared else {
+        let Some(SharedCall { call, place, sent }) = handled.shared else {
             return own(0);
         };
         let mut groups = self.groups.borrow_mut();

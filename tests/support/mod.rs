@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use edge_limiter::{
     decision::{
-        protocol::{run, Check, Reply, ScriptCall},
-        redis_rest::RestClient,
-        verdict::Decision,
+        outcomes::verdict::Decision,
+        transport::protocol::{run, Check, Reply, ScriptCall},
+        transport::redis_rest::RestClient,
     },
     rules::{config::Config, rule::Rule},
 };

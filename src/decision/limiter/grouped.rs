@@ -1,14 +1,14 @@
 //! The limiter's side of a client's simultaneous requests: one whose rules
 //! and keys have a call in flight in this isolate waits in that call's line
-//! ([`crate::decision::in_flight`]) instead of sending its own, and those
+//! ([`crate::decision::memory::in_flight`]) instead of sending its own, and those
 //! that waited are decided together by one call when it returns, as if
 //! they had arrived one after another at that instant. Only a request that
 //! finds a call in flight waits: a lone one goes at once.
 
 use super::*;
 use crate::decision::{
-    in_flight::{Sending, Woken},
-    redis_rest::RestError,
+    memory::in_flight::{Sending, Woken},
+    transport::redis_rest::RestError,
 };
 
 impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
@@ -157,20 +157,19 @@ mod tests {
 
     use super::*;
     use crate::decision::{
-        in_flight::{Shared, TokioPause},
-        protocol::Entry,
-        redis_rest::Script,
+        memory::in_flight::SharedCall, runtime::TokioPause, transport::protocol::Entry,
+        transport::redis_rest::Script,
     };
 
     /// A Redis this far away (ms, there and back), answering every call
     /// with `reply(args)`; it keeps what each call carried.
-    struct Far {
+    struct FarRedis {
         ms: u64,
         reply: fn(&[String]) -> Value,
         sent: RefCell<Vec<Vec<String>>>,
     }
 
-    impl ScriptRunner for Far {
+    impl ScriptRunner for FarRedis {
         async fn eval(
             &self,
             _: &Script,
@@ -220,7 +219,7 @@ mod tests {
     /// Requests for `/` from one client, the k-th `k x gap_ms` after the
     /// first, through one isolate whose Redis is `far`, on tokio's paused
     /// clock; what the limiter made of each.
-    fn burst(far: &Far, n: u64, gap_ms: u64) -> Vec<Handled<'static>> {
+    fn burst(far: &FarRedis, n: u64, gap_ms: u64) -> Vec<Handled<'static>> {
         let config: &'static Config = Box::leak(Box::new(config()));
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -262,7 +261,7 @@ mod tests {
     /// each with its own decision; the first went at once, alone.
     #[test]
     fn requests_that_come_while_a_call_is_in_flight_are_decided_together() {
-        let far = Far {
+        let far = FarRedis {
             ms: 50,
             reply: admit,
             sent: RefCell::new(vec![]),
@@ -275,9 +274,9 @@ mod tests {
             sent[1],
             ["group", "", "e", "gcra", "1", "200000", "5", "costs", "2", "1", "1"]
         );
-        let shared: Vec<Option<Shared>> = out.iter().map(|h| h.shared).collect();
+        let shared: Vec<Option<SharedCall>> = out.iter().map(|h| h.shared).collect();
         let of = |place, sent| {
-            Some(Shared {
+            Some(SharedCall {
                 call: 1,
                 place,
                 sent,
@@ -292,7 +291,7 @@ mod tests {
     /// fail mode, as one whose call timed out; it is in no call.
     #[test]
     fn a_request_whose_budget_runs_out_in_line_falls_to_its_fail_mode() {
-        let far = Far {
+        let far = FarRedis {
             ms: 400,
             reply: admit,
             sent: RefCell::new(vec![]),
@@ -316,7 +315,7 @@ mod tests {
     /// waited for it from the block cache, with no call of their own.
     #[test]
     fn a_denial_the_awaited_call_brings_answers_those_waiting() {
-        let far = Far {
+        let far = FarRedis {
             ms: 50,
             // 1 s ahead: 200 ms too far for one more unit.
             reply: |_| json!(-1_000_001),
@@ -335,7 +334,7 @@ mod tests {
     /// A lone request, and requests one after another, never wait.
     #[test]
     fn requests_one_after_another_each_make_their_own_call() {
-        let far = Far {
+        let far = FarRedis {
             ms: 50,
             reply: admit,
             sent: RefCell::new(vec![]),

@@ -1,15 +1,15 @@
 //! The limiter's side of quota leases: which requests are decided from
 //! this isolate's leased units, what each call asks for, and the refresh
-//! after a response. The units themselves live in [`crate::decision::leases`].
+//! after a response. The units themselves live in [`crate::decision::memory::leases`].
 //! A request takes these steps only when a matching rule leases: the
 //! request's own take a [`Leased`], which only such a request has.
 
 use super::*;
 use crate::{
     decision::{
-        keys::window_offset,
-        protocol::Group,
-        verdict::{Grant, OverrideRead},
+        outcomes::verdict::{Grant, OverrideRead},
+        transport::keys::window_offset,
+        transport::protocol::Group,
     },
     rules::policy::Policy,
 };

@@ -11,18 +11,18 @@ use grouped::line_of;
 pub use leased::LeaseRefresh;
 use leased::Leased;
 
-use super::{
-    block_cache::BlockCache,
-    events::{Action, Event},
-    in_flight::{InFlight, Shared},
-    keys::{override_key, penalty_key, redis_key, rule_wide_key},
-    leases::Leases,
-    protocol::{
-        read_rule_wide, run, Charge, Check, LeaseAsk, Reply, ScriptCall, ScriptError, ScriptRunner,
-        WideRead,
+use crate::decision::{
+    memory::block_cache::BlockCache,
+    memory::in_flight::{InFlight, SharedCall},
+    memory::leases::Leases,
+    memory::rule_wide::RuleWide,
+    outcomes::events::{Action, Event},
+    outcomes::verdict::{seconds_up, Decision, OverrideSource},
+    transport::keys::{override_key, penalty_key, redis_key, rule_wide_key},
+    transport::protocol::{
+        read_rule_wide, run, Check, LeaseAsk, RefundCharge, Reply, ScriptCall, ScriptError,
+        ScriptRunner, WideRead,
     },
-    rule_wide::RuleWide,
-    verdict::{seconds_up, Decision, OverrideSource},
 };
 use crate::rules::{
     config::Config,
@@ -86,8 +86,8 @@ pub struct Handled<'c> {
     /// the response has gone: see [`Limiter::reread`].
     pub reread: Vec<String>,
     /// The call that decided this request with others of its client, when
-    /// one did (see [`crate::decision::in_flight`]).
-    pub shared: Option<Shared>,
+    /// one did (see [`crate::decision::memory::in_flight`]).
+    pub shared: Option<SharedCall>,
 }
 
 impl<'c> Handled<'c> {
@@ -156,12 +156,12 @@ impl PendingRefund {
     /// The charges to give back after an answer of `status`: those of rules
     /// that do not count it, ready for [`ScriptCall::refund`]; rules
     /// `config` lacks are left out.
-    pub fn uncounted<'a>(&'a self, config: &'a Config, status: u16) -> Vec<Charge<'a>> {
+    pub fn uncounted<'a>(&'a self, config: &'a Config, status: u16) -> Vec<RefundCharge<'a>> {
         self.rules
             .iter()
             .filter_map(|r| {
                 let rule = config.rule(r.rule)?;
-                (!rule.count_status.contains(&status)).then(|| Charge {
+                (!rule.count_status.contains(&status)).then(|| RefundCharge {
                     check: Check { rule, cost: r.cost },
                     id: r.id.iter().map(String::as_str).collect(),
                     mark: r.mark,
@@ -608,7 +608,7 @@ fn budget_of<'a>(rules: impl Iterator<Item = &'a Rule>) -> Duration {
 
 /// One `refund_failed` event per charge a failed refund call kept.
 fn refund_failed(
-    charges: &[Charge<'_>],
+    charges: &[RefundCharge<'_>],
     call: &ScriptCall,
     status: u16,
     error: &ScriptError,
@@ -707,9 +707,9 @@ fn failed<'c>(
 mod tests {
     use super::*;
     use crate::decision::{
-        in_flight::TokioPause,
-        redis_rest::{RestError, Script},
-        verdict::{RequestVerdict, Retry},
+        outcomes::verdict::{RequestVerdict, Retry},
+        runtime::TokioPause,
+        transport::redis_rest::{RestError, Script},
     };
     use serde_json::{json, Value};
     use std::cell::Cell;
@@ -877,8 +877,8 @@ mod tests {
         let c = leasing_with_overrides();
         let leases = RefCell::new(Leases::new());
         let key = redis_key("hot", &["192.0.2.1"]);
-        let held = crate::decision::verdict::RuleState {
-            verdict: crate::decision::verdict::Verdict::Admitted,
+        let held = crate::decision::outcomes::verdict::RuleState {
+            verdict: crate::decision::outcomes::verdict::Verdict::Admitted,
             limit: 300,
             remaining: 200,
             reset_after_ms: 0,

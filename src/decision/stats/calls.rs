@@ -8,8 +8,8 @@ use std::{cell::Cell, time::Duration};
 use serde_json::Value;
 
 use crate::decision::{
-    protocol::ScriptRunner,
-    redis_rest::{RestError, Script},
+    transport::protocol::ScriptRunner,
+    transport::redis_rest::{RestError, Script},
 };
 
 /// A store that counts the script calls made through it.

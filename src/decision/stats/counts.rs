@@ -3,7 +3,7 @@
 //! report share this, so what happened and what would have happened read
 //! alike.
 
-use crate::decision::verdict::{Decision, RuleState};
+use crate::decision::outcomes::verdict::{Decision, RuleState};
 
 /// A figure counted per rule and minute. The order is the order counts are
 /// stored in: new figures go at the end, so older records still read.
@@ -224,7 +224,7 @@ impl RuleFate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::verdict::{Retry, Verdict};
+    use crate::decision::outcomes::verdict::{Retry, Verdict};
     use crate::rules::rule::Mode;
 
     fn state(admitted: bool) -> RuleState {

@@ -9,9 +9,9 @@ use super::{
 };
 use crate::{
     decision::{
-        events::Action,
-        keys::{client_in, hashed_client},
         limiter::{Decided, Forward, Handled, LeaseRefresh, Outcome, PendingRefund},
+        outcomes::events::Action,
+        transport::keys::{client_in, hashed_client},
     },
     rules::{
         config::Config,
@@ -74,7 +74,7 @@ pub const REPLAY_FOR_MS: u64 = 12 * 60 * MINUTE_MS;
 /// whose outcome is unknown goes again unchanged, so that the stats script
 /// can tell a replay from a write and add it once.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Write {
+pub struct StatsWrite {
     /// The isolate's number.
     pub writer: u64,
     /// 1 for the isolate's first write, one more for each after.
@@ -94,7 +94,7 @@ pub struct Recorder {
     /// The write begun and not yet known added, with when it was first
     /// sent: sent again, unchanged, until it is (within [`REPLAY_FOR_MS`]);
     /// what was counted since waits behind it.
-    pending: Option<(Write, u64)>,
+    pending: Option<(StatsWrite, u64)>,
     /// Oldest first; not in `pending`.
     minutes: Vec<Minute>,
     /// Minutes dropped: unwritten, to keep within [`MAX_MINUTES`], or in a
@@ -146,7 +146,7 @@ impl Recorder {
     /// unknown (failed, or lost in flight), unchanged, if there is one and
     /// it was first sent less than [`REPLAY_FOR_MS`] ago; otherwise the
     /// unwritten minutes, taken out, as the next write.
-    pub fn due(&mut self, now_ms: u64) -> Option<Write> {
+    pub fn due(&mut self, now_ms: u64) -> Option<StatsWrite> {
         if let Some(since) = self.writing_since {
             if now_ms.saturating_sub(since) < WRITE_LOST_MS {
                 return None;
@@ -172,7 +172,7 @@ impl Recorder {
         if self.pending.is_none() {
             let seq = self.sent + 1;
             self.sent = seq;
-            let write = Write {
+            let write = StatsWrite {
                 writer: self.writer,
                 seq,
                 minutes: self.take(),
@@ -360,15 +360,16 @@ mod tests {
     use super::*;
     use crate::{
         decision::{
-            block_cache::BlockCache,
-            in_flight::{InFlight, Shared, TokioPause},
-            leases::Leases,
             limiter::Limiter,
-            protocol::ScriptRunner,
-            redis_rest::{RestError, Script},
-            rule_wide::RuleWide,
+            memory::block_cache::BlockCache,
+            memory::in_flight::{InFlight, SharedCall},
+            memory::leases::Leases,
+            memory::rule_wide::RuleWide,
+            outcomes::verdict::{Decision, RuleState, Verdict},
+            runtime::TokioPause,
             stats::{calls::Counted, counts::RULE_COUNTS},
-            verdict::{Decision, RuleState, Verdict},
+            transport::protocol::ScriptRunner,
+            transport::redis_rest::{RestError, Script},
         },
         rules::request::RequestMeta,
     };
@@ -576,7 +577,7 @@ mod tests {
         };
         rec.request(&c, &handled, 0, 10);
         rec.request(&c, &handled, 1, 20);
-        let shared = Some(Shared {
+        let shared = Some(SharedCall {
             call: 1,
             place: 0,
             sent: false,

@@ -5,10 +5,10 @@
 
 use super::{
     counts::{RuleCounts, TotalCounts, RULE_COUNTS, TOTAL_COUNTS},
-    recorder::{Write, MINUTE_MS, REPLAY_FOR_MS, WRITE_LOST_MS},
+    recorder::{StatsWrite, MINUTE_MS, REPLAY_FOR_MS, WRITE_LOST_MS},
     top::{TopDenied, KEPT},
 };
-use crate::{decision::redis_rest::Script, rules::config::Config};
+use crate::{decision::transport::redis_rest::Script, rules::config::Config};
 
 /// The stats script, behind the same `#!lua flags=allow-key-locking`
 /// shebang as the limiter's.
@@ -103,7 +103,7 @@ type KeyWrite = (String, u64, Vec<(String, String)>);
 /// The stats script's `KEYS` and `ARGV` adding `write`'s minutes (of
 /// `config`'s rules) to what is kept, unless it was added before, each
 /// day's keys expiring `keep_ms` after the day ends.
-pub fn write_call(config: &Config, keep_ms: u64, write: &Write) -> (Vec<String>, Vec<String>) {
+pub fn write_call(config: &Config, keep_ms: u64, write: &StatsWrite) -> (Vec<String>, Vec<String>) {
     let mut writes: Vec<KeyWrite> = Vec::new();
     let mut put = |key: String, day: u64, field: String, value: String| {
         let at = match writes.iter().position(|(k, _, _)| *k == key) {
@@ -228,7 +228,7 @@ mod tests {
         early.totals[TotalCount::Requests] = 1;
         early.rules[1][RuleCount::Matched] = 1;
         let keep = 3_600_000;
-        let write = Write {
+        let write = StatsWrite {
             writer: 12,
             seq: 5,
             minutes: vec![late, early],

@@ -8,14 +8,14 @@ use std::cell::RefCell;
 use serde_json::Value;
 
 use super::{
-    recorder::{Recorder, Write},
+    recorder::{Recorder, StatsWrite},
     stored::{write_call, STATS},
 };
 use crate::{
     decision::{
-        events::{Action, Event},
-        protocol::ScriptRunner,
-        redis_rest::COMMAND_BUDGET,
+        outcomes::events::{Action, Event},
+        transport::protocol::ScriptRunner,
+        transport::redis_rest::COMMAND_BUDGET,
     },
     rules::config::Config,
 };
@@ -26,7 +26,7 @@ pub async fn flush(
     store: &impl ScriptRunner,
     config: &Config,
     recorder: &RefCell<Recorder>,
-    write: Write,
+    write: StatsWrite,
 ) -> Vec<Event> {
     let keep_ms = recorder.borrow().settings().keep_ms;
     let (keys, args) = write_call(config, keep_ms, &write);
@@ -60,8 +60,8 @@ mod tests {
     use super::*;
     use crate::{
         decision::{
-            redis_rest::{RestError, Script},
             stats::{counts::TotalCount, recorder::Minute},
+            transport::redis_rest::{RestError, Script},
         },
         rules::stats::StatsSettings,
     };
@@ -104,7 +104,7 @@ mod tests {
             .unwrap();
         let mut first = Minute::new(0, 1);
         first.totals[TotalCount::Requests] = 4;
-        let write = Write {
+        let write = StatsWrite {
             writer: 9,
             seq: 1,
             minutes: vec![first],

@@ -15,10 +15,10 @@ use serde_json::Value;
 
 use super::{model::Model, resp};
 use crate::decision::{
-    keys::{override_key, redis_key},
-    protocol::{Charge, Check, Reply, ScriptCall, LIMITER},
-    rule_wide::RuleWide,
-    verdict::Decision,
+    memory::rule_wide::RuleWide,
+    outcomes::verdict::Decision,
+    transport::keys::{override_key, redis_key},
+    transport::protocol::{Check, RefundCharge, Reply, ScriptCall, LIMITER},
 };
 
 /// One request's decision to make: its rules' checks, at its log time.
@@ -43,7 +43,7 @@ pub struct Planned {
 }
 
 /// Charges to give back, each with the refund mark its decision replied.
-pub type Refunds<'a> = [Charge<'a>];
+pub type Refunds<'a> = [RefundCharge<'a>];
 
 /// Why the engine could not decide.
 #[derive(Debug)]

@@ -31,15 +31,16 @@ use super::{
 };
 use crate::{
     decision::{
-        block_cache::BlockCache,
-        in_flight::{Bell, InFlight, Pause, Paused, Signal},
-        keys::{redis_key, window_offset},
-        leases::Leases,
         limiter::{select, Forward, Handled, Limiter, Outcome},
-        protocol::ScriptRunner,
-        redis_rest::{RestError, Script},
-        rule_wide::RuleWide,
-        verdict::RuleState,
+        memory::block_cache::BlockCache,
+        memory::in_flight::InFlight,
+        memory::leases::Leases,
+        memory::rule_wide::RuleWide,
+        outcomes::verdict::RuleState,
+        runtime::{Bell, Pause, Paused, Signal},
+        transport::keys::{redis_key, window_offset},
+        transport::protocol::ScriptRunner,
+        transport::redis_rest::{RestError, Script},
     },
     rules::{
         config::Config,
@@ -314,7 +315,7 @@ impl<'c> Replay<'c> {
     /// or, for a request decided with others, the call the group's last
     /// request sent, whose run it noted; `None` for none (leased units,
     /// the block cache).
-    fn ran(&self, i: usize, far: &Far<'_, '_>, handled: &Handled<'_>) -> Option<(u64, u64)> {
+    fn ran(&self, i: usize, far: &FarScript<'_, '_>, handled: &Handled<'_>) -> Option<(u64, u64)> {
         let Some(shared) = handled.shared else {
             return far.ran.get();
         };
@@ -348,7 +349,7 @@ impl<'c> Replay<'c> {
     /// the exact replay's verdict (`exact`: admitted).
     async fn replay(&self, record: Record, exact: bool) {
         let i = self.isolate_of(&record);
-        let far = Far::new(self, i);
+        let far = FarScript::new(self, i);
         let now = self.clock.now_ms();
         let handled = self.limiter(i, &far).handle(&record.request, now).await;
         let ran = self.ran(i, &far, &handled);
@@ -380,12 +381,12 @@ impl<'c> Replay<'c> {
         }
         // The work after the response, as `waitUntil` runs it.
         if let Some(refresh) = &handled.refresh {
-            let far = Far::new(self, i);
+            let far = FarScript::new(self, i);
             let now = self.clock.now_ms();
             self.limiter(i, &far).refresh(refresh, now).await;
         }
         if let (Some(refund), Some(status)) = (&handled.refund, record.status) {
-            let far = Far::new(self, i);
+            let far = FarScript::new(self, i);
             let now = self.clock.now_ms();
             self.limiter(i, &far).refund(refund, status, now).await;
         }
@@ -442,7 +443,7 @@ impl Pause for OnTimeline {
 /// The script as isolate `i` reaches it: each call run its distance after
 /// it was sent (at that instant of the pinned clock), and answered as far
 /// again.
-struct Far<'r, 'c> {
+struct FarScript<'r, 'c> {
     replay: &'r Replay<'c>,
     /// Each way, ms.
     distance_ms: u64,
@@ -450,11 +451,11 @@ struct Far<'r, 'c> {
     ran: Cell<Option<(u64, u64)>>,
 }
 
-impl<'r, 'c> Far<'r, 'c> {
+impl<'r, 'c> FarScript<'r, 'c> {
     /// Isolate `i` of N: i + 1 N-ths of the replay's latency away.
-    fn new(replay: &'r Replay<'c>, i: usize) -> Far<'r, 'c> {
+    fn new(replay: &'r Replay<'c>, i: usize) -> FarScript<'r, 'c> {
         let n = replay.leases.len() as u64;
-        Far {
+        FarScript {
             replay,
             distance_ms: replay.latency_ms * (i as u64 + 1) / n,
             ran: Cell::new(None),
@@ -462,7 +463,7 @@ impl<'r, 'c> Far<'r, 'c> {
     }
 }
 
-impl ScriptRunner for Far<'_, '_> {
+impl ScriptRunner for FarScript<'_, '_> {
     async fn eval(
         &self,
         script: &Script,

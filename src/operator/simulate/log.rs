@@ -519,9 +519,9 @@ fn parse_csv_row(
 }
 
 /// The log's input with its first non-blank line put back in front.
-pub type Replayed<R> = std::io::Chain<std::io::Cursor<Vec<u8>>, R>;
+pub type ReplayedInput<R> = std::io::Chain<std::io::Cursor<Vec<u8>>, R>;
 
-impl<R: BufRead> LogReader<Replayed<R>> {
+impl<R: BufRead> LogReader<ReplayedInput<R>> {
     /// A reader of `input` in `format`, or in the format its first non-blank line
     /// gives away. `host` stands for the host of requests whose log line
     /// names none (CLF never does).

@@ -23,7 +23,7 @@ use std::{collections::VecDeque, io::BufRead};
 use crate::{
     decision::{
         limiter::{select, PendingRefund, RefundRule, Refusal, Selection},
-        verdict::Decision,
+        outcomes::verdict::Decision,
     },
     rules::{config::Config, rule::RuleId},
 };
@@ -80,7 +80,7 @@ impl From<EngineError> for SimError {
 }
 
 /// A record waiting in the reordering window.
-struct Waiting {
+struct Reordered {
     time_ms: u64,
     record: Record,
 }
@@ -187,7 +187,7 @@ struct Pipeline<'a> {
     config: &'a Config,
     engine: &'a mut dyn Engine,
     batch: Vec<Record>,
-    in_flight: Option<InFlight>,
+    in_flight: Option<SentBatch>,
 }
 
 impl Pipeline<'_> {
@@ -247,7 +247,7 @@ impl Pipeline<'_> {
 struct Reorder {
     /// In time order. Most logs are nearly sorted, so a record mostly goes
     /// at the back, or close to it: cheaper than a heap of whole records.
-    waiting: VecDeque<Waiting>,
+    waiting: VecDeque<Reordered>,
     /// The latest time read.
     newest: u64,
     /// The time up to which records were released.
@@ -262,7 +262,7 @@ impl Reorder {
         }
         let time_ms = record.time_ms;
         self.newest = self.newest.max(time_ms);
-        let waiting = Waiting { time_ms, record };
+        let waiting = Reordered { time_ms, record };
         if self.waiting.back().is_none_or(|w| w.time_ms <= time_ms) {
             self.waiting.push_back(waiting);
         } else {
@@ -316,7 +316,7 @@ struct Pending {
 }
 
 /// A batch sent to the engine, its decisions still to come.
-struct InFlight {
+struct SentBatch {
     records: Vec<Record>,
     pending: Vec<Pending>,
     /// Whether a request of it may have a charge given back after its
@@ -330,7 +330,7 @@ fn send_batch(
     config: &Config,
     records: Vec<Record>,
     engine: &mut dyn Engine,
-) -> Result<InFlight, SimError> {
+) -> Result<SentBatch, SimError> {
     let selections: Vec<Result<Selection<'_, '_>, Refusal<'_>>> =
         records.iter().map(|r| select(config, &r.request)).collect();
     let jobs: Vec<Job<'_>> = records
@@ -380,7 +380,7 @@ fn send_batch(
     let refunds = pending.iter().any(|p| p.refund.is_some());
     drop(jobs);
     drop(selections);
-    Ok(InFlight {
+    Ok(SentBatch {
         records,
         pending,
         refunds,
@@ -390,7 +390,7 @@ fn send_batch(
 /// Receives a batch's decisions from the engine and counts its requests.
 fn finish_batch(
     config: &Config,
-    batch: InFlight,
+    batch: SentBatch,
     engine: &mut dyn Engine,
     tally: &mut Tally,
     observer: &mut dyn Observer,

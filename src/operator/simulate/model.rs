@@ -15,10 +15,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::{
     decision::{
-        protocol::{Charge, Check},
-        verdict::{
+        outcomes::verdict::{
             Decision, OverrideRead, OverrideSource, RequestVerdict, Retry, RuleState, Verdict,
         },
+        transport::protocol::{Check, RefundCharge},
     },
     rules::{
         policy::{Gcra, Policy, Window, Windows},
@@ -150,13 +150,13 @@ impl ModelState {
 }
 
 /// What a rule would store if the request is admitted.
-enum Write {
+enum StateWrite {
     Tat(u64),
     Buckets(Vec<((u64, u64), i64, u64)>),
 }
 
 /// One window's verdict, before the rule picks its binding window.
-struct WindowState {
+struct WindowVerdict {
     admit: bool,
     limit: u64,
     remaining: i64,
@@ -314,7 +314,7 @@ impl Model {
     /// charge's time on the key's shifted clock (ms).
     pub fn decide(&mut self, checks: &[(Check<'_>, Vec<&str>)], now_ms: u64) -> Decision {
         let req = self.request(checks, now_ms);
-        let (mut states, writes): (Vec<ModelState>, Vec<Option<Write>>) = checks
+        let (mut states, writes): (Vec<ModelState>, Vec<Option<StateWrite>>) = checks
             .iter()
             .enumerate()
             .map(|(i, (c, _))| self.check_rule(&req, i, c.cost))
@@ -346,7 +346,7 @@ impl Model {
     /// left), and a windowed charge's cost out of the bucket it was counted
     /// in, in each window that still counts that bucket. Whether anything
     /// was given back, per charge.
-    pub fn refund(&mut self, charges: &[Charge<'_>], now_ms: u64) -> Vec<bool> {
+    pub fn refund(&mut self, charges: &[RefundCharge<'_>], now_ms: u64) -> Vec<bool> {
         charges
             .iter()
             .map(|charge| {
@@ -454,7 +454,7 @@ impl Model {
         req: &Request<'_, '_, '_>,
         i: usize,
         cost: u64,
-    ) -> (ModelState, Option<Write>) {
+    ) -> (ModelState, Option<StateWrite>) {
         let blocked = req.blocked[i];
         let running = self.penalty_left(req, i);
         let cost = if running > 0 || blocked { 0 } else { cost };
@@ -478,7 +478,7 @@ impl Model {
     fn charge(
         &mut self,
         req: &Request<'_, '_, '_>,
-        writes: Vec<Option<Write>>,
+        writes: Vec<Option<StateWrite>>,
     ) -> Vec<(usize, u64)> {
         let marks = writes
             .iter()
@@ -494,11 +494,16 @@ impl Model {
     /// The refund mark of rule `i`'s charge `write`, if the rule has
     /// `count_status`: a GCRA charge's TAT (us), noted with the interval it
     /// was made at; a windowed charge's time on the key's shifted clock (ms).
-    fn refund_mark(&mut self, req: &Request<'_, '_, '_>, i: usize, write: &Write) -> Option<u64> {
+    fn refund_mark(
+        &mut self,
+        req: &Request<'_, '_, '_>,
+        i: usize,
+        write: &StateWrite,
+    ) -> Option<u64> {
         let rule = req.checks[i].0.rule;
         match (write, &rule.policy) {
             _ if rule.count_status.is_empty() => None,
-            (Write::Tat(tat), _) => {
+            (StateWrite::Tat(tat), _) => {
                 if let Policy::Gcra(g) = &req.rules[i].policy {
                     let marks = self
                         .charged_at_us
@@ -509,7 +514,7 @@ impl Model {
                 }
                 Some(*tat)
             }
-            (Write::Buckets(_), Policy::Windowed(ws)) => {
+            (StateWrite::Buckets(_), Policy::Windowed(ws)) => {
                 let longest = ws.iter().map(|w| w.duration_ms()).max().unwrap_or(1);
                 let key = documented_key(&req.clients[i].0, &req.clients[i].1);
                 Some(req.now_ms + edge_offset(&key, longest))
@@ -562,12 +567,12 @@ impl Model {
         self.buckets.retain(|(c, _, _), _| *c != client);
     }
 
-    fn apply(&mut self, write: Option<Write>, client: Client) {
+    fn apply(&mut self, write: Option<StateWrite>, client: Client) {
         match write {
-            Some(Write::Tat(tat)) => {
+            Some(StateWrite::Tat(tat)) => {
                 self.tats.insert(client, tat);
             }
-            Some(Write::Buckets(adds)) => {
+            Some(StateWrite::Buckets(adds)) => {
                 for ((duration, precision), id, cost) in adds {
                     *self
                         .buckets
@@ -587,7 +592,7 @@ impl Model {
         client: &Client,
         cost: u64,
         now_ms: u64,
-    ) -> (ModelState, Option<Write>) {
+    ) -> (ModelState, Option<StateWrite>) {
         match &rule.policy {
             Policy::Gcra(g) => {
                 self.gcra(client, (g.rate(), g.period_ms(), g.burst()), cost, now_ms)
@@ -614,7 +619,7 @@ impl Model {
         (rate, period_ms, burst): (u64, u64, u64),
         cost: u64,
         now_ms: u64,
-    ) -> (ModelState, Option<Write>) {
+    ) -> (ModelState, Option<StateWrite>) {
         let interval = emission_us(rate, period_ms);
         let tolerance = interval * burst;
         let now = now_ms * 1000;
@@ -630,7 +635,7 @@ impl Model {
                 retry_after_ms: Some(0),
                 window: 1,
             };
-            return (state, (cost > 0).then_some(Write::Tat(wanted)));
+            return (state, (cost > 0).then_some(StateWrite::Tat(wanted)));
         }
         let state = ModelState {
             allowed: false,
@@ -654,9 +659,9 @@ impl Model {
         windows: &[(u64, u64, u64)],
         cost: u64,
         shifted: u64,
-    ) -> (ModelState, Option<Write>) {
+    ) -> (ModelState, Option<StateWrite>) {
         let shifted = shifted as i64;
-        let per_window: Vec<WindowState> = windows
+        let per_window: Vec<WindowVerdict> = windows
             .iter()
             .map(|&window| self.window(client, window, cost, shifted))
             .collect();
@@ -686,7 +691,7 @@ impl Model {
             window: bound + 1,
         };
         let write = (admit && cost > 0).then(|| {
-            Write::Buckets(
+            StateWrite::Buckets(
                 windows
                     .iter()
                     .zip(&per_window)
@@ -707,7 +712,7 @@ impl Model {
         (duration, limit, precision): (u64, u64, u64),
         cost: u64,
         shifted: i64,
-    ) -> WindowState {
+    ) -> WindowVerdict {
         let (p, n) = (precision as i64, (duration / precision) as i64);
         let current = shifted.div_euclid(p);
         let empty = BTreeMap::new();
@@ -742,7 +747,7 @@ impl Model {
         } else {
             counted.last().map(|(id, _)| *id)
         };
-        WindowState {
+        WindowVerdict {
             admit,
             limit,
             remaining: limit as i64 - after as i64,

@@ -13,8 +13,8 @@ use super::{
 };
 use crate::{
     decision::{
+        outcomes::verdict::Decision,
         stats::counts::{Fate, RuleCount, RuleCounts, RuleFate},
-        verdict::Decision,
     },
     rules::{config::Config, rule::Mode},
 };
@@ -91,7 +91,7 @@ pub struct Point {
 }
 
 /// How one request counts on its rule's panel.
-struct Counted {
+struct PanelCount {
     admitted: bool,
     denied: bool,
     denied_by_others: bool,
@@ -226,7 +226,7 @@ impl Tally {
         }
     }
 
-    fn point(&mut self, rule: usize, time_ms: u64, counted: Counted) {
+    fn point(&mut self, rule: usize, time_ms: u64, counted: PanelCount) {
         let second = time_ms / 1000;
         let series = &mut self.report.series[rule];
         if series.last().is_none_or(|p| p.start_s != second) {
@@ -270,12 +270,12 @@ impl Tally {
         self.request(time_ms, decision.admitted(), !decision.admitted());
         for (i, ((rule, client), state)) in rules.iter().zip(&decision.rules).enumerate() {
             let r = &mut self.report.rules[*rule];
-            // Counted as the worker counts what it did.
+            // PanelCount as the worker counts what it did.
             let fate = RuleFate::of(decision, state, r.shadow);
             fate.count(&mut r.counts);
             // The panel's lines count what its title counts: a shadow rule's
             // red line is its would-deny, whatever became of the request.
-            let counted = Counted {
+            let counted = PanelCount {
                 admitted: fate.fate == Fate::Admitted,
                 denied: fate.fate == Fate::Denied || fate.would_deny,
                 denied_by_others: fate.fate == Fate::DeniedByOthers,

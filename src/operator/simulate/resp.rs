@@ -1,6 +1,6 @@
 //! Just enough RESP2 to pipeline script calls to a private redis-server:
 //! commands out as arrays of bulk strings, replies in as JSON values (the
-//! form [`crate::decision::protocol::ScriptCall::decode`] reads).
+//! form [`crate::decision::transport::protocol::ScriptCall::decode`] reads).
 
 use std::io::{self, BufRead, Write};
 
@@ -35,18 +35,18 @@ fn write_len(tag: u8, n: usize, out: &mut Vec<u8>) {
 }
 
 /// A reply: a value, or Redis's error text.
-pub type Reply = Result<Value, String>;
+pub type RespReply = Result<Value, String>;
 
 /// How deep arrays may nest: the script's replies are flat; this only keeps
 /// a corrupt stream from recursing without end.
 const MAX_DEPTH: usize = 4;
 
 /// Reads one reply from `input`; `line` is a scratch buffer.
-pub fn read_reply(input: &mut impl BufRead, line: &mut Vec<u8>) -> io::Result<Reply> {
+pub fn read_reply(input: &mut impl BufRead, line: &mut Vec<u8>) -> io::Result<RespReply> {
     read_at(input, line, 0)
 }
 
-fn read_at(input: &mut impl BufRead, line: &mut Vec<u8>, depth: usize) -> io::Result<Reply> {
+fn read_at(input: &mut impl BufRead, line: &mut Vec<u8>, depth: usize) -> io::Result<RespReply> {
     line.clear();
     if input.read_until(b'\n', line)? == 0 {
         return Err(io::ErrorKind::UnexpectedEof.into());
@@ -96,7 +96,7 @@ fn read_at(input: &mut impl BufRead, line: &mut Vec<u8>, depth: usize) -> io::Re
 pub fn call<S: io::Read + Write>(
     stream: &mut io::BufReader<S>,
     args: &[&[u8]],
-) -> io::Result<Reply> {
+) -> io::Result<RespReply> {
     let mut out = Vec::new();
     encode(args.iter().copied(), &mut out);
     stream.get_mut().write_all(&out)?;

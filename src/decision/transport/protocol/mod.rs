@@ -1,7 +1,7 @@
 //! The limiter script's protocol, owned here alone, one job a file:
 //! `script` embeds the script with its SHA1 and names its entry points,
 //! `call` encodes every call it answers as its `KEYS` and `ARGV`, `reply`
-//! reads the reply back into a [`Decision`](crate::decision::verdict::Decision),
+//! reads the reply back into a [`Decision`](crate::decision::outcomes::verdict::Decision),
 //! and `runner` holds [`run`], through which every caller sends a call;
 //! `rule_wide_read` reads the rule-wide overrides with plain commands.
 //! Each imports only those before it in that order. `lua/limiter.lua`
@@ -14,7 +14,7 @@ mod runner;
 mod script;
 
 pub use call::{
-    CallMode, Charge, Check, General, Group, LeaseAsk, OneRule, OverrideAsk, Penalty, Refund,
+    CallMode, Check, General, Group, LeaseAsk, OneRule, OverrideAsk, Penalty, Refund, RefundCharge,
     RuleArgs, ScriptCall,
 };
 pub use reply::{decode_general, Reply, ScriptError};

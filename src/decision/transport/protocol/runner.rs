@@ -11,7 +11,7 @@ use super::{
     reply::{Reply, ScriptError},
     script::LIMITER,
 };
-use crate::decision::redis_rest::{RestClient, RestError, Script};
+use crate::decision::transport::redis_rest::{RestClient, RestError, Script};
 
 /// Something that can run a script, and plain commands: the REST client,
 /// or a fake.

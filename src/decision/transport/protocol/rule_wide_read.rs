@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::runner::ScriptRunner;
-use crate::{decision::redis_rest::RestError, rules::overrides::MAX_TEXT_BYTES};
+use crate::{decision::transport::redis_rest::RestError, rules::overrides::MAX_TEXT_BYTES};
 
 /// What one rule-wide override key held when read.
 #[derive(Debug, Clone, PartialEq, Eq)]

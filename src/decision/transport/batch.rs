@@ -29,10 +29,12 @@ use std::{
 
 use serde_json::Value;
 
-use super::{
-    in_flight::{Bell, Pause, Signal},
-    protocol::ScriptRunner,
-    redis_rest::{command_values, evalsha_or_eval, timed_out, RestError, Script, Transport},
+use crate::decision::{
+    runtime::{Bell, Pause, Signal},
+    transport::protocol::ScriptRunner,
+    transport::redis_rest::{
+        command_values, evalsha_or_eval, timed_out, RestError, Script, Transport,
+    },
 };
 
 /// What batching needs from the runtime of the request making a call,
@@ -50,27 +52,27 @@ pub trait Runtime: Pause + Clone + 'static {
 
 /// The isolate's calls: the transport, and what is in flight or gathering.
 pub struct Batches<T> {
-    shared: Rc<Shared<T>>,
+    shared: Rc<BatchState<T>>,
 }
 
-struct Shared<T> {
+struct BatchState<T> {
     transport: T,
     /// REST requests sent and not yet answered.
     in_flight: Cell<u32>,
     /// The batch open, if one is: its calls so far, and the signal its
     /// opener rings once their answers are in.
-    gathering: RefCell<Option<(Vec<Waiting>, Signal)>>,
+    gathering: RefCell<Option<(Vec<BatchedCall>, Signal)>>,
 }
 
 /// A call in a batch: its command, when its budget ends, and where its
 /// answer goes.
-struct Waiting {
+struct BatchedCall {
     command: Value,
     deadline_ms: u64,
-    answer: Rc<Answer>,
+    answer: Rc<BatchAnswer>,
 }
 
-type Answer = RefCell<Option<Result<Value, RestError>>>;
+type BatchAnswer = RefCell<Option<Result<Value, RestError>>>;
 
 /// A REST request sent and not yet answered, counted for as long as it
 /// lives (not `in_flight::InFlight`, which tracks decision calls by key).
@@ -93,7 +95,7 @@ impl<T: Transport + 'static> Batches<T> {
     /// Calls through `transport`, none in flight yet.
     pub fn new(transport: T) -> Batches<T> {
         Batches {
-            shared: Rc::new(Shared {
+            shared: Rc::new(BatchState {
                 transport,
                 in_flight: Cell::new(0),
                 gathering: RefCell::new(None),
@@ -127,7 +129,7 @@ impl<T: Transport + 'static, R: Runtime> Batched<'_, T, R> {
         }
         let answer = Rc::new(RefCell::new(None));
         let deadline_ms = self.runtime.now_ms() + left.as_millis() as u64;
-        let waiting = Waiting {
+        let waiting = BatchedCall {
             command,
             deadline_ms,
             answer: answer.clone(),
@@ -168,7 +170,7 @@ pub const PIPELINE_BYTES: usize = 256 * 1024;
 /// at most [`PIPELINE_BYTES`] as they fit in, all at once, hands each call
 /// its own answer, and rings `bell` once every request is answered.
 async fn carry<T: Transport + 'static, R: Runtime>(
-    shared: Rc<Shared<T>>,
+    shared: Rc<BatchState<T>>,
     turn: impl Future<Output = ()>,
     runtime: R,
     bell: Bell,
@@ -199,8 +201,8 @@ async fn carry<T: Transport + 'static, R: Runtime>(
 
 /// `calls` in order, cut into runs whose commands' text stays within
 /// `bound` bytes (a call larger than `bound` alone in its run).
-fn by_size(calls: impl Iterator<Item = Waiting>, bound: usize) -> Vec<Vec<Waiting>> {
-    let mut runs: Vec<Vec<Waiting>> = Vec::new();
+fn by_size(calls: impl Iterator<Item = BatchedCall>, bound: usize) -> Vec<Vec<BatchedCall>> {
+    let mut runs: Vec<Vec<BatchedCall>> = Vec::new();
     let mut filled = 0;
     for call in calls {
         let size = text_bytes(&call.command);
@@ -229,8 +231,8 @@ fn text_bytes(command: &Value) -> usize {
 /// Sends `waiting` in one request, within the latest of their deadlines,
 /// and leaves each its answer.
 async fn send_batch<T: Transport>(
-    shared: &Shared<T>,
-    mut waiting: Vec<Waiting>,
+    shared: &BatchState<T>,
+    mut waiting: Vec<BatchedCall>,
     clock: &impl Pause,
 ) {
     let Some(latest) = waiting.iter().map(|w| w.deadline_ms).max() else {
@@ -298,11 +300,11 @@ mod tests {
     use tokio::{task::LocalSet, time::Instant};
 
     use super::*;
-    use crate::decision::in_flight::{Paused, TokioPause};
+    use crate::decision::runtime::{Paused, TokioPause};
 
     /// What the fake endpoint received: one command, or a pipeline.
     #[derive(Debug, Clone, PartialEq)]
-    enum Sent {
+    enum Received {
         One(Value),
         All(Vec<Value>),
     }
@@ -314,7 +316,7 @@ mod tests {
     /// does, and can fail whole requests.
     #[derive(Default)]
     struct Endpoint {
-        sent: RefCell<Vec<(u64, Sent)>>,
+        sent: RefCell<Vec<(u64, Received)>>,
         latency_ms: Cell<u64>,
         down: Cell<bool>,
     }
@@ -338,10 +340,10 @@ mod tests {
         }
 
         /// Waits out the latency, or the budget if it ends first.
-        async fn exchange(&self, sent: Sent, budget: Duration) -> Result<(), RestError> {
+        async fn exchange(&self, sent: Received, budget: Duration) -> Result<(), RestError> {
             let body = match &sent {
-                Sent::One(command) => command.to_string(),
-                Sent::All(commands) => Value::from(commands.clone()).to_string(),
+                Received::One(command) => command.to_string(),
+                Received::All(commands) => Value::from(commands.clone()).to_string(),
             };
             self.sent.borrow_mut().push((elapsed_ms(), sent));
             if body.len() > MAX_BODY_BYTES {
@@ -364,14 +366,15 @@ mod tests {
             }
         }
 
-        fn sent(&self) -> Vec<(u64, Sent)> {
+        fn sent(&self) -> Vec<(u64, Received)> {
             self.sent.borrow().clone()
         }
     }
 
     impl Transport for Rc<Endpoint> {
         async fn send(&self, command: Value, budget: Duration) -> Result<Value, RestError> {
-            self.exchange(Sent::One(command.clone()), budget).await?;
+            self.exchange(Received::One(command.clone()), budget)
+                .await?;
             self.answer(&command)
         }
 
@@ -380,7 +383,8 @@ mod tests {
             commands: Vec<Value>,
             budget: Duration,
         ) -> Result<Vec<Result<Value, RestError>>, RestError> {
-            self.exchange(Sent::All(commands.clone()), budget).await?;
+            self.exchange(Received::All(commands.clone()), budget)
+                .await?;
             Ok(commands.iter().map(|c| self.answer(c)).collect())
         }
     }
@@ -489,7 +493,7 @@ mod tests {
         on_loop(|calls, endpoint, lp| async move {
             let answer = call(&calls, &lp, &KNOWN, "k1", BUDGET).await;
             assert_eq!(answer, Ok(json!("k1")));
-            assert_eq!(endpoint.sent(), [(0, Sent::One(evalsha(&KNOWN, "k1")))]);
+            assert_eq!(endpoint.sent(), [(0, Received::One(evalsha(&KNOWN, "k1")))]);
             assert_eq!(lp.asked.get(), 0, "no bell, turn or task for a lone call");
         });
     }
@@ -521,13 +525,16 @@ mod tests {
             assert_eq!(
                 endpoint.sent(),
                 [
-                    (0, Sent::One(evalsha(&KNOWN, "k1"))),
-                    (2, Sent::All(batch.to_vec()))
+                    (0, Received::One(evalsha(&KNOWN, "k1"))),
+                    (2, Received::All(batch.to_vec()))
                 ]
             );
             // Nothing is left in flight: the next call goes alone again.
             call(&calls, &lp, &KNOWN, "k4", BUDGET).await.unwrap();
-            assert_eq!(endpoint.sent()[2], (12, Sent::One(evalsha(&KNOWN, "k4"))));
+            assert_eq!(
+                endpoint.sent()[2],
+                (12, Received::One(evalsha(&KNOWN, "k4")))
+            );
         });
     }
 
@@ -545,12 +552,12 @@ mod tests {
             assert_eq!(first.await.unwrap().0, Ok(json!("k1")));
             assert_eq!(known.await.unwrap(), (Ok(json!("k2")), 12));
             assert_eq!(unknown.await.unwrap(), (Ok(json!("k3")), 22));
-            let sent: Vec<Sent> = endpoint.sent().into_iter().map(|(_, s)| s).collect();
+            let sent: Vec<Received> = endpoint.sent().into_iter().map(|(_, s)| s).collect();
             assert_eq!(
                 sent[1..],
                 [
-                    Sent::All(vec![evalsha(&KNOWN, "k2"), evalsha(&UNKNOWN, "k3")]),
-                    Sent::One(json!(["EVAL", UNKNOWN.source, 1, "k3", "a"])),
+                    Received::All(vec![evalsha(&KNOWN, "k2"), evalsha(&UNKNOWN, "k3")]),
+                    Received::One(json!(["EVAL", UNKNOWN.source, 1, "k3", "a"])),
                 ]
             );
         });
@@ -580,7 +587,7 @@ mod tests {
             let sent = endpoint.sent();
             let pipelines = sent
                 .iter()
-                .filter(|(_, s)| matches!(s, Sent::All(_)))
+                .filter(|(_, s)| matches!(s, Received::All(_)))
                 .count();
             // One pipeline of 63 EVALSHAs, then their fallbacks in runs of
             // at most PIPELINE_BYTES: 12 a request.
@@ -603,7 +610,7 @@ mod tests {
             assert_eq!(long.await.unwrap(), (Ok(json!("k3")), 205));
             assert_eq!(first.await.unwrap(), (Ok(json!("k1")), 200));
             let batch = vec![evalsha(&KNOWN, "k2"), evalsha(&KNOWN, "k3")];
-            assert_eq!(endpoint.sent()[1], (5, Sent::All(batch)));
+            assert_eq!(endpoint.sent()[1], (5, Received::All(batch)));
         });
     }
 
@@ -622,7 +629,10 @@ mod tests {
             // The next call finds nothing in flight, the batch abandoned.
             endpoint.latency_ms.set(10);
             call(&calls, &lp, &KNOWN, "k4", BUDGET).await.unwrap();
-            assert!(matches!(endpoint.sent().last(), Some((100, Sent::One(_)))));
+            assert!(matches!(
+                endpoint.sent().last(),
+                Some((100, Received::One(_)))
+            ));
         });
     }
 
@@ -662,7 +672,10 @@ mod tests {
             drop(gone);
             assert_eq!(first.await.unwrap().0, Ok(json!("k1")));
             assert_eq!(kept.await.unwrap().0, Ok(json!("k3")));
-            assert_eq!(endpoint.sent()[1], (2, Sent::One(evalsha(&KNOWN, "k3"))));
+            assert_eq!(
+                endpoint.sent()[1],
+                (2, Received::One(evalsha(&KNOWN, "k3")))
+            );
         });
     }
 }

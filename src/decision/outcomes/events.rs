@@ -1,7 +1,7 @@
 //! Decision log events: one JSON object per line, so that Workers Logs and
 //! Logpush can filter and count them (`source = "edge-limiter"`, then by
 //! `action` and `rule`). No event ever holds the REST token: errors are
-//! [`crate::decision::redis_rest::RestError`] texts, which are redacted at the source.
+//! [`crate::decision::transport::redis_rest::RestError`] texts, which are redacted at the source.
 
 use serde::Serialize;
 
@@ -76,7 +76,7 @@ pub struct Event {
     pub overridden: Option<String>,
     /// How many more events like it the line stands for: those the
     /// isolate held back since its last line of the same group (see
-    /// [`crate::decision::log_gate`]).
+    /// [`crate::decision::memory::log_gate`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repeated: Option<u64>,
 }

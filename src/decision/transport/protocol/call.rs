@@ -3,7 +3,7 @@
 
 use super::script::Entry;
 use crate::{
-    decision::keys::{override_key, penalty_key, redis_key, window_offset},
+    decision::transport::keys::{override_key, penalty_key, redis_key, window_offset},
     rules::{
         overrides::Override,
         policy::{Policy, Windows},
@@ -244,7 +244,7 @@ pub enum ScriptCall {
 /// interval it was made at, or a raised rate's refund would erase other
 /// requests' charges.
 #[derive(Debug, Clone)]
-pub struct Charge<'a> {
+pub struct RefundCharge<'a> {
     /// The rule and the units charged.
     pub check: Check<'a>,
     /// The client's identifier parts.
@@ -324,7 +324,7 @@ impl ScriptCall {
     }
 
     /// Gives back `charges`, each at the figures it was charged under.
-    pub fn refund(charges: &[Charge<'_>], now_ms: Option<u64>) -> ScriptCall {
+    pub fn refund(charges: &[RefundCharge<'_>], now_ms: Option<u64>) -> ScriptCall {
         let rules = charges
             .iter()
             .map(|c| {

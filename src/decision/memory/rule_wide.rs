@@ -18,7 +18,7 @@ pub const READ_LAPSE_MS: u64 = REREAD_MS;
 
 /// One rule's override as last read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Held {
+struct WideCopy {
     rule: String,
     /// The override's text; empty for none.
     text: String,
@@ -34,7 +34,7 @@ struct Held {
 #[derive(Debug, Default)]
 pub struct RuleWide {
     // A few rules at most: a list costs the wasm less than a map.
-    held: Vec<Held>,
+    held: Vec<WideCopy>,
 }
 
 impl RuleWide {
@@ -65,7 +65,7 @@ impl RuleWide {
         let at = match self.held.iter().position(|h| h.rule == rule) {
             Some(at) => at,
             None => {
-                self.held.push(Held {
+                self.held.push(WideCopy {
                     rule: rule.to_owned(),
                     text: String::new(),
                     ends_ms: None,
@@ -101,7 +101,7 @@ impl RuleWide {
     /// replay, which has no operator to change it.
     pub fn hold(&mut self, rule: &str, text: &str) {
         self.held.retain(|h| h.rule != rule);
-        self.held.push(Held {
+        self.held.push(WideCopy {
             rule: rule.to_owned(),
             text: text.to_owned(),
             ends_ms: None,

@@ -1,7 +1,7 @@
 //! The limiter script: the files in `lua/` joined and embedded with its
 //! SHA1, and the entry points a call selects in it.
 
-use crate::decision::redis_rest::Script;
+use crate::decision::transport::redis_rest::Script;
 
 /// The limiter script: the files `build.rs` lists, joined behind a
 /// `#!lua flags=allow-key-locking` shebang, without their comments.

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use super::verdict::{Decision, RequestVerdict, Retry, Verdict};
+use crate::decision::outcomes::verdict::{Decision, RequestVerdict, Retry, Verdict};
 
 /// Denied requests, keyed by everything that decided them (keys, costs,
 /// policies), with the instant they were decided.
@@ -98,7 +98,7 @@ impl BlockCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::verdict::RuleState;
+    use crate::decision::outcomes::verdict::RuleState;
 
     const HOLD: u64 = 60_000;
 

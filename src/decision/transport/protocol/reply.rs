@@ -6,8 +6,10 @@ use serde_json::Value;
 use super::call::{General, Group, LeaseAsk, OneRule, ScriptCall};
 use crate::{
     decision::{
-        redis_rest::RestError,
-        verdict::{Decision, Grant, OverrideRead, OverrideSource, Retry, RuleState, Verdict},
+        outcomes::verdict::{
+            Decision, Grant, OverrideRead, OverrideSource, Retry, RuleState, Verdict,
+        },
+        transport::redis_rest::RestError,
     },
     rules::{
         policy::{Gcra, Policy, Window},
@@ -424,12 +426,12 @@ mod tests {
     use super::*;
     use crate::{
         decision::{
-            keys::window_offset,
-            protocol::{
-                call::{Charge, Check},
+            outcomes::verdict::RequestVerdict,
+            transport::keys::window_offset,
+            transport::protocol::{
+                call::{Check, RefundCharge},
                 script::Entry,
             },
-            verdict::RequestVerdict,
         },
         rules::{config::Config, rule::Rule},
     };
@@ -529,7 +531,7 @@ mod tests {
         )
         .is_err());
 
-        let charge = |i: usize, mark: u64| Charge {
+        let charge = |i: usize, mark: u64| RefundCharge {
             check: check(i).0,
             id: vec!["a"],
             mark,

@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::events::{Action, Event};
+use crate::decision::outcomes::events::{Action, Event};
 
 /// How long after a group's line its next event is held back rather
 /// than written.
@@ -29,11 +29,11 @@ fn repeats(action: Action) -> bool {
 }
 
 /// Events held back together (see [`group_of`]).
-type Group = (Action, String, Option<String>);
+type LogGroup = (Action, String, Option<String>);
 
 /// What is held back together: a client's denials and refusals per key;
 /// Redis failing, which every client meets at once, per rule.
-fn group_of(event: &Event) -> Group {
+fn group_of(event: &Event) -> LogGroup {
     let key = match event.action {
         Action::FailOpen | Action::FailClosed => None,
         _ => event.key.clone(),
@@ -43,7 +43,7 @@ fn group_of(event: &Event) -> Group {
 
 /// What is held back for one group.
 #[derive(Debug)]
-struct Held {
+struct HeldBack {
     /// When its last line was written.
     written_at_ms: u64,
     /// The latest event held back since, and how many were.
@@ -63,10 +63,10 @@ pub struct Passed {
 /// The isolate's log lines, held back where they repeat.
 #[derive(Debug, Default)]
 pub struct LogGate {
-    held: HashMap<Group, Held>,
+    held: HashMap<LogGroup, HeldBack>,
     /// Each group's last line, oldest first: what falls due is found at
     /// the front, so a request never walks every group a flood left.
-    lines_at: VecDeque<(u64, Group)>,
+    lines_at: VecDeque<(u64, LogGroup)>,
 }
 
 impl LogGate {
@@ -104,7 +104,7 @@ impl LogGate {
                     passed.held_until_ms = passed.held_until_ms.max(Some(until_ms));
                 }
                 None => {
-                    let held = Held {
+                    let held = HeldBack {
                         written_at_ms: now_ms,
                         latest: None,
                     };

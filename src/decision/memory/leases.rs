@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use super::verdict::{OverrideRead, RuleState, Verdict};
+use crate::decision::outcomes::verdict::{OverrideRead, RuleState, Verdict};
 use crate::rules::overrides::BLOCK_TEXT;
 
 /// Keys an isolate tracks at most: a key beyond it gets no lease (exactly
@@ -15,7 +15,7 @@ pub const MAX_KEYS: usize = 4096;
 
 /// Units granted together, spendable until `until_ms` (isolate clock).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Held {
+struct LeasedUnits {
     units: u64,
     until_ms: u64,
 }
@@ -25,7 +25,7 @@ struct Held {
 struct KeyLeases {
     /// Grants, earliest deadline first (a few at most: a Vec is smaller in
     /// the wasm than a VecDeque).
-    held: Vec<Held>,
+    held: Vec<LeasedUnits>,
     /// The rule's state as the last grant left it, for the headers.
     state: Option<(RuleState, u64)>,
     /// The override that grant was made under (or the latest a call
@@ -185,7 +185,7 @@ impl Leases {
         let entry = self.keys.entry(key.to_owned()).or_default();
         let until_ms = sent_ms.saturating_add(for_ms);
         let at = entry.held.partition_point(|h| h.until_ms <= until_ms);
-        entry.held.insert(at, Held { units, until_ms });
+        entry.held.insert(at, LeasedUnits { units, until_ms });
         entry.state = Some((state, sent_ms));
         entry.overridden = overridden;
     }
@@ -422,7 +422,7 @@ mod tests {
     fn other_figures_end_the_leases_and_void_earlier_asks() {
         let read = |text: &str| OverrideRead {
             rule: 0,
-            source: crate::decision::verdict::OverrideSource::Rule,
+            source: crate::decision::outcomes::verdict::OverrideSource::Rule,
             text: text.to_owned(),
             ignored: false,
         };
