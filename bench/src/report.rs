@@ -1087,7 +1087,16 @@ fn p50(x: &Run) -> f64 {
     x.p50_ms
 }
 
+/// How each part was measured, then every round's figures.
 fn notes(r: &Results) -> String {
+    let mut out = near_parts_measured(r);
+    out.push_str(&far_parts_measured(r));
+    out.push_str(&every_round(r));
+    out
+}
+
+/// How parts 1 to 5 were measured.
+fn near_parts_measured(r: &Results) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "How each part was measured:\n");
     let _ = writeln!(
@@ -1118,6 +1127,12 @@ fn notes(r: &Results) -> String {
         out,
         "5. During part 2: requests of the hot client that reached the origin, over its configured limit."
     );
+    out
+}
+
+/// How parts 6 to 8 were measured.
+fn far_parts_measured(r: &Results) -> String {
+    let mut out = String::new();
     let _ = writeln!(
         out,
         "6. Each worker again, its REST endpoint behind a proxy that holds every call {} ms (`edge_limiter_local::fault_proxy`, `Fault::Delay`): {} fresh clients, one request at a time through a `/rt` rule of 1 per client per day, each client three times (allowed, denied by Redis, denied again); every worker request follows a passthrough request from the same client, and the added latency is the worker's percentile minus the passthrough's. REST calls are the requests the proxy saw during each situation (after answers, so `waitUntil` calls count), per request. With `--baseline`, that build is measured the same way after ours and the peer.",
@@ -1157,7 +1172,12 @@ fn notes(r: &Results) -> String {
             crate::hostile::IN_FLIGHT,
         );
     }
+    out
+}
 
+/// Every round's figures, folded away.
+fn every_round(r: &Results) -> String {
+    let mut out = String::new();
     let _ = writeln!(out, "\n<details><summary>Every round</summary>\n");
     for (label, samples) in &r.redis {
         let each: Vec<String> = samples

@@ -461,35 +461,7 @@ impl Report {
 
     /// The report as text: a summary, the tables, and what could not be read.
     pub fn render_text(&self, source: &str) -> String {
-        let mut out = String::new();
-        let span = match self.span_ms {
-            Some((a, b)) => format!(", {} to {}", format_ms(a), format_ms(b)),
-            None => String::new(),
-        };
-        match self.kind {
-            Kind::Replayed => {
-                let format = match self.format_guessed_from {
-                    Some(line) => format!("{}, guessed from line {line}", self.format),
-                    None => self.format.clone(),
-                };
-                out.push_str(&format!(
-                    "{source} ({format}): {} requests{span}, decided by {}\n",
-                    self.requests, self.engine
-                ));
-            }
-            Kind::Recorded => out.push_str(&format!(
-                "{source}: {} requests{span}, as the isolates recorded them\n",
-                self.requests
-            )),
-        }
-        let undecided = match (self.bypassed, self.unavailable) {
-            (0, 0) => String::new(),
-            (b, u) => format!("; forwarded undecided (fail open) {b}, unavailable (503) {u}"),
-        };
-        out.push_str(&format!(
-            "admitted {}, denied (429) {}, refused (400) {}; no rule matched {}{undecided}\n\n",
-            self.admitted, self.denied, self.refused, self.unmatched
-        ));
+        let mut out = self.summary(source);
         let (header, rows) = self.rule_rows();
         out.push_str(&table(&header, &rows));
         if self.kind == Kind::Recorded {
@@ -501,30 +473,7 @@ impl Report {
                 self.calls
             ));
         }
-        if self.top_denied.is_empty() {
-            out.push_str("\nNo client was denied.\n");
-        } else {
-            out.push_str("\nClients most denied:\n\n");
-            // The column only where every client's requests were counted.
-            let requests: Option<Vec<u64>> = self.top_denied.iter().map(|c| c.requests).collect();
-            let rows: Vec<Vec<String>> = self
-                .top_denied
-                .iter()
-                .zip(0..)
-                .map(|(c, i)| {
-                    let mut row = vec![c.client.clone(), c.rule.clone(), c.denied.to_string()];
-                    if let Some(requests) = &requests {
-                        row.push(requests[i].to_string());
-                    }
-                    row
-                })
-                .collect();
-            let header: &[&str] = match requests {
-                Some(_) => &["client", "rule", "denied", "of requests"],
-                None => &["client", "rule", "denied"],
-            };
-            out.push_str(&table(header, &rows));
-        }
+        out.push_str(&self.top_denied_text());
         if let Some(b) = self.busiest {
             out.push_str(&format!(
                 "\nBusiest {}: {}, {} requests: {} admitted, {} denied\n",
@@ -535,6 +484,74 @@ impl Report {
                 b.denied
             ));
         }
+        out.push_str(&self.unread_text());
+        out
+    }
+
+    /// The text report's first two lines: what was read, and what became
+    /// of it.
+    fn summary(&self, source: &str) -> String {
+        let span = match self.span_ms {
+            Some((a, b)) => format!(", {} to {}", format_ms(a), format_ms(b)),
+            None => String::new(),
+        };
+        let mut out = match self.kind {
+            Kind::Replayed => {
+                let format = match self.format_guessed_from {
+                    Some(line) => format!("{}, guessed from line {line}", self.format),
+                    None => self.format.clone(),
+                };
+                format!(
+                    "{source} ({format}): {} requests{span}, decided by {}\n",
+                    self.requests, self.engine
+                )
+            }
+            Kind::Recorded => format!(
+                "{source}: {} requests{span}, as the isolates recorded them\n",
+                self.requests
+            ),
+        };
+        let undecided = match (self.bypassed, self.unavailable) {
+            (0, 0) => String::new(),
+            (b, u) => format!("; forwarded undecided (fail open) {b}, unavailable (503) {u}"),
+        };
+        out.push_str(&format!(
+            "admitted {}, denied (429) {}, refused (400) {}; no rule matched {}{undecided}\n\n",
+            self.admitted, self.denied, self.refused, self.unmatched
+        ));
+        out
+    }
+
+    /// The text report's table of the clients most denied.
+    fn top_denied_text(&self) -> String {
+        if self.top_denied.is_empty() {
+            return "\nNo client was denied.\n".to_owned();
+        }
+        // The column only where every client's requests were counted.
+        let requests: Option<Vec<u64>> = self.top_denied.iter().map(|c| c.requests).collect();
+        let rows: Vec<Vec<String>> = self
+            .top_denied
+            .iter()
+            .zip(0..)
+            .map(|(c, i)| {
+                let mut row = vec![c.client.clone(), c.rule.clone(), c.denied.to_string()];
+                if let Some(requests) = &requests {
+                    row.push(requests[i].to_string());
+                }
+                row
+            })
+            .collect();
+        let header: &[&str] = match requests {
+            Some(_) => &["client", "rule", "denied", "of requests"],
+            None => &["client", "rule", "denied"],
+        };
+        format!("\nClients most denied:\n\n{}", table(header, &rows))
+    }
+
+    /// The text report's last words: requests logged out of order, and
+    /// lines that could not be read.
+    fn unread_text(&self) -> String {
+        let mut out = String::new();
         if self.late > 0 {
             out.push_str(&format!(
                 "\n{} requests were logged more than {} s out of order; each was decided at the \
@@ -559,6 +576,61 @@ impl Report {
 
     /// The report as one JSON object.
     pub fn to_json(&self) -> Value {
+        let top_denied: Vec<Value> = self
+            .top_denied
+            .iter()
+            .map(|c| {
+                let mut client = json!({"client": c.client, "rule": c.rule, "denied": c.denied});
+                if let Some(requests) = c.requests {
+                    client["requests"] = json!(requests);
+                }
+                client
+            })
+            .collect();
+        let busiest = self.busiest.map(|b| {
+            json!({
+                "start": format_ms(b.start_ms),
+                "requests": b.requests,
+                "admitted": b.admitted,
+                "denied": b.denied,
+            })
+        });
+        let mut out = json!({
+            "requests": self.requests,
+            "admitted": self.admitted,
+            "denied": self.denied,
+            "refused": self.refused,
+            "unmatched": self.unmatched,
+            "first": self.span_ms.map(|s| format_ms(s.0)),
+            "last": self.span_ms.map(|s| format_ms(s.1)),
+            "rules": self.rules_json(),
+            "top_denied": top_denied,
+        });
+        out[format!("busiest_{}", self.bucket_name())] = json!(busiest);
+        match self.kind {
+            Kind::Replayed => {
+                out["engine"] = json!(self.engine);
+                out["format"] = json!(self.format);
+                out["format_guessed_from"] = json!(self.format_guessed_from);
+                out["late"] = json!(self.late);
+                out["unreadable"] = json!({
+                    "count": self.unreadable,
+                    "first": self.unreadable_first.iter().map(|e| json!({
+                        "line": e.line, "reason": e.reason, "text": e.text,
+                    })).collect::<Vec<_>>(),
+                });
+            }
+            Kind::Recorded => {
+                out["bypassed"] = json!(self.bypassed);
+                out["unavailable"] = json!(self.unavailable);
+                out["calls"] = json!(self.calls);
+            }
+        }
+        out
+    }
+
+    /// Each rule's mode and counts, by name, for [`Report::to_json`].
+    fn rules_json(&self) -> Value {
         // A replay says what it counts; the isolates record more.
         let figures: &[RuleCount] = match self.kind {
             Kind::Replayed => &[
@@ -587,56 +659,6 @@ impl Report {
                 (r.name.clone(), Value::Object(rule))
             })
             .collect();
-        let top_denied: Vec<Value> = self
-            .top_denied
-            .iter()
-            .map(|c| {
-                let mut client = json!({"client": c.client, "rule": c.rule, "denied": c.denied});
-                if let Some(requests) = c.requests {
-                    client["requests"] = json!(requests);
-                }
-                client
-            })
-            .collect();
-        let busiest = self.busiest.map(|b| {
-            json!({
-                "start": format_ms(b.start_ms),
-                "requests": b.requests,
-                "admitted": b.admitted,
-                "denied": b.denied,
-            })
-        });
-        let mut out = json!({
-            "requests": self.requests,
-            "admitted": self.admitted,
-            "denied": self.denied,
-            "refused": self.refused,
-            "unmatched": self.unmatched,
-            "first": self.span_ms.map(|s| format_ms(s.0)),
-            "last": self.span_ms.map(|s| format_ms(s.1)),
-            "rules": rules,
-            "top_denied": top_denied,
-        });
-        out[format!("busiest_{}", self.bucket_name())] = json!(busiest);
-        match self.kind {
-            Kind::Replayed => {
-                out["engine"] = json!(self.engine);
-                out["format"] = json!(self.format);
-                out["format_guessed_from"] = json!(self.format_guessed_from);
-                out["late"] = json!(self.late);
-                out["unreadable"] = json!({
-                    "count": self.unreadable,
-                    "first": self.unreadable_first.iter().map(|e| json!({
-                        "line": e.line, "reason": e.reason, "text": e.text,
-                    })).collect::<Vec<_>>(),
-                });
-            }
-            Kind::Recorded => {
-                out["bypassed"] = json!(self.bypassed);
-                out["unavailable"] = json!(self.unavailable);
-                out["calls"] = json!(self.calls);
-            }
-        }
-        out
+        Value::Object(rules)
     }
 }
