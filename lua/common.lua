@@ -55,8 +55,8 @@ if #KEYS == 2 and tonumber(argv[1]) and call('EXISTS', KEYS[2]) == 1 then
 end
 
 -- Whether ARGV[1] names an operation: the one list of them in the script
--- (src/decision/protocol/script.rs's Entry owns the names, and a test
--- there holds this line to it). A one-rule path's first argument is a
+-- (src/decision/transport/protocol/script.rs's Entry owns the names, and a
+-- test there holds this line to it). A one-rule path's first argument is a
 -- number, so its guard takes any call that names none: a new operation
 -- added here cannot be taken for a lone rule.
 local op = argv[1]

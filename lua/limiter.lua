@@ -2,8 +2,8 @@
 -- nothing, in one call. common.lua, gcra.lua, windowed.lua and penalty.lua
 -- are joined in front of this file at build time (see build.rs).
 --
--- Which entry answers a call (src/decision/protocol/script.rs's Entry
--- says the same); the two one-rule paths carry no operation name (`named`,
+-- Which entry answers a call (src/decision/transport/protocol/script.rs's
+-- Entry says the same); the two one-rule paths carry no operation name (`named`,
 -- at the end of common.lua, lists the names), the cheapest encoding
 -- measured:
 --   #ARGV <= 3, no operation named   one GCRA rule on Redis's clock (gcra.lua)

@@ -136,7 +136,7 @@ async fn leased_units_outlive_an_unreachable_redis_until_their_deadline() {
     });
     let faulted = Instant::now();
     // More than an isolate may hold: a refresh tops up a lease once half
-    // of it is left, so 1.5 x `lease` at most (README, Quota leases).
+    // of it is left, so 1.5 x `lease` at most (docs/leases.md).
     let (sent, most) = (40, 30);
     let mut during = vec![];
     for _ in 0..sent {

@@ -4,8 +4,8 @@
 //! slot. Every call the worker makes for one client runs there: its rules
 //! keyed on the same identifier, with a penalty, a lease, a refund and its
 //! override keys, a lone rule with its override key, and a reset. Rules
-//! keyed on different identifiers do not, as the README's cluster section
-//! says: the check is real. The rule-wide overrides, one key per rule in
+//! keyed on different identifiers do not, as the cluster section of
+//! docs/how-it-works.md says: the check is real. The rule-wide overrides, one key per rule in
 //! no client's slot, are read too.
 #![cfg(not(target_arch = "wasm32"))]
 

@@ -83,7 +83,7 @@ fn over_gcra(arrivals_us: &[u64], interval_us: u64, burst: u64) -> usize {
 
 #[tokio::test]
 async fn naive_leases_over_admit_and_the_deadline_accounting_refuses_that_lease() {
-    // ../shared/leases.md: rate 1/s, burst 3. Naively, A is charged 3 at
+    // docs/leases.md: rate 1/s, burst 3. Naively, A is charged 3 at
     // 0.0 and spends 2 at 2.9 while B is admitted twice at 2.0.
     let s = 1_000_000;
     let reached = [0, 2 * s, 2 * s, 2_900_000, 2_900_000];

@@ -250,7 +250,7 @@ async fn a_write_sent_again_is_added_once() {
 
 /// What a rule's day takes in Redis when every minute of it is written,
 /// each figure seven digits long and ten clients of 64 characters denied:
-/// the most it can hold. The README states the bound this checks; every
+/// the most it can hold. docs/stats.md states the bound this checks; every
 /// field is counted (`SAMPLES 0`): the default five-field sample of a hash
 /// this wide read from 1.2 to 1.9 MB for the same 1.37 MB.
 #[tokio::test]

@@ -615,7 +615,7 @@ burst = 20
 /// `--isolates --latency`: calls run and answered at a distance, so that
 /// a lease can be spent only for what is left of its length once it is
 /// back; one shorter than the round trip is never spent, and once the
-/// isolate has seen a round trip, not asked for. The README's
+/// isolate has seen a round trip, not asked for. docs/leases.md's
 /// example log, 40 ms away, stays within every rule.
 #[test]
 fn isolates_at_a_distance_spend_leases_only_within_their_length() {
@@ -684,7 +684,7 @@ lease_for = "500ms"
     );
 }
 
-/// `--isolates`: the README's example log is a site's, its clients' page
+/// `--isolates`: docs/leases.md's example log is a site's, its clients' page
 /// loads bursts that end before a lease would be spent. None is leased to,
 /// so through 1 to 4 isolates next to Redis every request is decided as
 /// the exact replay decides it (leasing to bursts denied 31 to 50 of them).

@@ -242,7 +242,7 @@ mod cli {
         from: Deployment,
     }
 
-    /// What `--help` says of exit statuses; the README says the same.
+    /// What `--help` says of exit statuses; docs/operator.md says the same.
     const EXIT_STATUS: &str =
         "Exit status: 0 on success; 2 when the command line is wrong in itself \
 (what clap reports: an argument missing or unknown, a value it cannot read; and option values \

@@ -151,7 +151,7 @@ mod tests {
         );
         assert_eq!(Lease::largest(&g, 1000), 4);
         assert_eq!(Lease::largest(&g, 5000), 2);
-        // The example of ../shared/leases.md: burst 3 leaves no room.
+        // The example of docs/leases.md: burst 3 leaves no room.
         assert_eq!(
             Lease::new(&gcra(1, 1000, 3), 2, None).unwrap_err().field,
             "lease"

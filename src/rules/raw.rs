@@ -116,7 +116,7 @@ pub(super) struct RawRule {
     pub(super) fold: Vec<String>,
 }
 
-/// Every field a rule may have, in the order the README lists them.
+/// Every field a rule may have, in the order docs/rules.md lists them.
 const FIELDS: &[&str] = &[
     "name",
     "key",

@@ -275,7 +275,7 @@ pub fn case(timeline: Timeline) -> impl Strategy<Value = Case> {
         any::<u64>(),
         // A race: one client under its limit through one isolate, the
         // others only surging at its leases' last instants, as in
-        // ../shared/leases.md's example; in four races of five, that
+        // docs/leases.md's example; in four races of five, that
         // isolate far from Redis against the lease's length.
         (prop::bool::weighted(shape.races), 0u64..=4),
     )

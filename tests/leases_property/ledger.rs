@@ -1,4 +1,4 @@
-//! The leased units the README allows each isolate to spend, kept apart
+//! The leased units docs/leases.md allows each isolate to spend, kept apart
 //! from the isolates' own tables: each grant's deadline counted from the
 //! sending of the call that brought it (and, for a window, no later than
 //! the end of the bucket that call ran in), beside the deadline an isolate
@@ -13,7 +13,7 @@ use std::collections::HashMap;
 pub struct Granted {
     /// Units not yet spent.
     pub units: u64,
-    /// Its deadline by the README (exclusive), ms.
+    /// Its deadline by docs/leases.md (exclusive), ms.
     pub until_ms: u64,
     /// Its deadline counted from the reply instead, ms.
     pub late_until_ms: u64,
@@ -52,7 +52,7 @@ impl Ledger {
         true
     }
 
-    /// Rule `j`'s units isolate `i` holds at `at_ms`: by the README's
+    /// Rule `j`'s units isolate `i` holds at `at_ms`: by docs/leases.md's
     /// deadlines, and by deadlines counted from the reply.
     pub fn held(&self, (i, j): (usize, usize), at_ms: u64) -> (u64, u64) {
         let held = self.held.get(&(i, j)).map_or(&[][..], Vec::as_slice);

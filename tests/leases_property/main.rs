@@ -11,7 +11,7 @@
 //! and penalties change during the run. An adversary spends every lease
 //! at its last instant and tries it past it by half the round trip that
 //! brought it, and at a few of those instants the other isolates fill the
-//! client's limits: the worst timing (`../shared/leases.md`); half the
+//! client's limits: the worst timing (`docs/leases.md`); half the
 //! cases on the pinned clock and three in four on Redis's are races, one
 //! client under its limit through one isolate and the others only surging.
 //! The draw leans toward where a deadline counted from the reply would go
@@ -26,7 +26,7 @@
 //! a call at the instant the script ran the call. The independent checker
 //! (`simulate::conform`, sharing no code with the script, the protocol or
 //! the model) replays them against the figures an operator had in force:
-//! none may go over. No request is decided from units that, by the README,
+//! none may go over. No request is decided from units that, by docs/leases.md,
 //! its isolate does not hold (`ledger.rs`). With leases off, every request is decided by
 //! one call, as the reference model decides it when the script ran: its
 //! own, or, for requests that came while a call for their client was in

@@ -1,5 +1,5 @@
 //! Named timelines, run every time beside the random search: one for each
-//! accounting rule of `../shared/leases.md`, on both clocks, each built to
+//! accounting rule of `docs/leases.md`, on both clocks, each built to
 //! reach the state where breaking its rule goes over. A client streams
 //! through one isolate long enough to be leased, then stops, and the
 //! adversary spends the leases it was left with at their edges while
@@ -178,7 +178,7 @@ fn spent_into_a_full_limit(seen: &Seen) -> usize {
 /// at their last instant, just after the other isolate's requests took
 /// all the limit had. Charged at the grant, the refill between the grant
 /// and the spend is counted twice, as in the table of
-/// `../shared/leases.md`.
+/// `docs/leases.md`.
 fn at_the_deadline() -> Named {
     let (case, config) = gcra_stream([(10, 10), (5, 5)]);
     Named {

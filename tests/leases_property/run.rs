@@ -110,7 +110,7 @@ pub struct Seen {
     pub errors: u64,
     /// Requests the model decided otherwise (leases off only).
     pub disagreements: Vec<String>,
-    /// The leased units the README allows each isolate to spend.
+    /// The leased units docs/leases.md allows each isolate to spend.
     ledger: Ledger,
     /// Requests decided from units the ledger does not hold.
     pub unbacked: Vec<String>,
@@ -151,7 +151,7 @@ pub struct Probe {
     pub admitted: bool,
     /// Its isolate held units for it, at its arrival, only by deadlines
     /// counted from the reply: an isolate counting them so would have
-    /// admitted it from units the README says it no longer holds.
+    /// admitted it from units docs/leases.md says it no longer holds.
     pub decisive: bool,
 }
 
@@ -402,7 +402,7 @@ impl<'a> Run<'a> {
 
     /// Whether isolate `i` held the units for a request of `methods` at
     /// `at_ms` only by deadlines counted from the reply: every rule by
-    /// those, some rule not by the README's.
+    /// those, some rule not by docs/leases.md's.
     fn decisive(&self, i: usize, methods: &str, at_ms: u64) -> bool {
         let seen = self.seen.borrow();
         let held = self.config.rules.iter().enumerate().map(|(j, rule)| {

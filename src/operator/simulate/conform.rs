@@ -147,7 +147,7 @@ mod tests {
 
     #[test]
     fn the_checker_sees_what_goes_over() {
-        // ../shared/leases.md's naive lease: the last unit at 2.9 s is over.
+        // docs/leases.md's naive lease: the last unit at 2.9 s is over.
         let gcra = Policy::Gcra(Gcra::new(1, 1000, 3).unwrap());
         let at = |times: &[u64]| times.iter().map(|&t| (t, 1)).collect::<Vec<_>>();
         assert_eq!(over_limit(&gcra, 0, &at(&[0, 2000, 2000, 2900])), 0);

@@ -1,6 +1,6 @@
 //! A reference model of both algorithms, and of how one request's rules are
 //! decided together, in plain Rust, written from their definitions (the
-//! README and the comments at the top of each `lua/` file) rather than from
+//! docs/ and the comments at the top of each `lua/` file) rather than from
 //! the code that implements them. It shares nothing with that code but plain
 //! data: the rules as configured, and the [`Decision`] it fills in. So the
 //! Redis key, a window's edge offset, the emission interval and the choice
@@ -50,7 +50,7 @@ pub struct Model {
     charged_at_us: HashMap<Client, Vec<(u64, u64)>>,
 }
 
-/// What an override does, as the model reads its text: the README's
+/// What an override does, as the model reads its text: docs/operator.md's
 /// format, parsed here again.
 enum ModelOverride {
     Gcra {
@@ -761,7 +761,7 @@ impl Model {
     }
 }
 
-/// The Redis key as the README defines it: `el:{<id>}:<rule>`, the parts
+/// The Redis key as docs/how-it-works.md defines it: `el:{<id>}:<rule>`, the parts
 /// joined by `|` when all are made of `A-Za-z0-9._:@/-`, not all empty and
 /// at most 64 bytes together; otherwise `#` and the SHA1 of the parts, each
 /// preceded by its length as 8 big-endian bytes.
@@ -784,7 +784,7 @@ pub fn documented_key(rule: &str, parts: &[String]) -> String {
     format!("el:{{{id}}}:{rule}")
 }
 
-/// A client's window edge offset as the README defines it: the key's 64-bit
+/// A client's window edge offset as docs/how-it-works.md defines it: the key's 64-bit
 /// FNV-1a hash, modulo the rule's longest window.
 pub fn edge_offset(key: &str, longest_ms: u64) -> u64 {
     let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {

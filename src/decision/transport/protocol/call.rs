@@ -729,7 +729,7 @@ mod tests {
     #[test]
     fn every_key_of_a_decision_lies_in_its_clients_slot() {
         // Two rules on one identifier, with a penalty, overrides and a lease:
-        // one slot, as the README's cluster section says, so one call.
+        // one slot, as docs/how-it-works.md's cluster section says, so one call.
         let c = Config::from_json(&json!({"rules": [
             {"name": "g", "key": ["header:x-api-key"], "algorithm": "gcra", "rate": 10, "period": "1s",
              "burst": 20, "overrides": true, "penalty": "1m", "lease": 4},
