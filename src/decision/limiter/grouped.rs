@@ -21,7 +21,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     /// out in line falls to its fail mode, as one whose call timed out.
     pub(super) async fn wait_in_line(
         &self,
-        selection: &Selection<'c, '_>,
+        selection: &Selection<'c, Cow<'_, str>>,
         checks: &[(Check<'c>, Vec<&str>)],
         leased: Option<&Leased>,
         line: &str,

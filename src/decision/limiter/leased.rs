@@ -123,7 +123,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     /// the response; one refresh in flight per key.
     pub(super) fn refresh_due(
         &self,
-        selection: &Selection<'c, '_>,
+        selection: &Selection<'c, Cow<'_, str>>,
         leased: &Leased,
         now_ms: u64,
     ) -> Option<LeaseRefresh> {

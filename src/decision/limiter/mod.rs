@@ -246,7 +246,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     /// refreshes them: one that made a call asked for its lease in it.
     fn served_from_leases(
         &self,
-        selection: &Selection<'c, '_>,
+        selection: &Selection<'c, Cow<'_, str>>,
         checks: &[(Check<'c>, Vec<&str>)],
         leased: &Leased,
         now_ms: u64,
@@ -385,7 +385,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     /// keys is in flight, the request waits for it (see `grouped.rs`).
     async fn decide(
         &self,
-        selection: &Selection<'c, '_>,
+        selection: &Selection<'c, Cow<'_, str>>,
         checks: &[(Check<'c>, Vec<&str>)],
         leased: Option<&Leased>,
         now_ms: u64,
@@ -524,18 +524,35 @@ fn ignored_overrides(
         .collect()
 }
 
-/// The rules a request falls under, as the worker picks them.
+/// The rules a request falls under, as the worker picks them; the
+/// identifier's parts borrowed from the request (`Cow<str>`, as [`select`]
+/// makes them) or, to outlive it, owned ([`Selection::into_owned`]).
 #[derive(Debug)]
-pub struct Selection<'c, 'r> {
+pub struct Selection<'c, P> {
     /// Every matching rule that identifies the client, in configuration
     /// order, with the identifier's parts.
-    pub rules: Vec<(RuleId, &'c Rule, Vec<Cow<'r, str>>)>,
+    pub rules: Vec<(RuleId, &'c Rule, Vec<P>)>,
     /// Matching shadow rules that cannot identify the client (a key part
     /// given twice): they block nothing and are only logged.
     pub shadow_ambiguous: Vec<(RuleId, &'c Rule, Ambiguous)>,
 }
 
-impl<'c> Selection<'c, '_> {
+impl<'c> Selection<'c, Cow<'_, str>> {
+    /// The same rules, the identifier's parts owned: a selection that
+    /// outlives the request it was made from.
+    pub fn into_owned(self) -> Selection<'c, String> {
+        Selection {
+            rules: (self.rules.into_iter())
+                .map(|(id, rule, parts)| {
+                    (id, rule, parts.into_iter().map(Cow::into_owned).collect())
+                })
+                .collect(),
+            shadow_ambiguous: self.shadow_ambiguous,
+        }
+    }
+}
+
+impl<'c, P: AsRef<str>> Selection<'c, P> {
     /// The script's checks for a request the origin may take for any of
     /// these (upper-case) methods.
     pub fn checks(&self, methods: &[String]) -> Vec<(Check<'c>, Vec<&str>)> {
@@ -561,7 +578,7 @@ impl<'c> Selection<'c, '_> {
             .iter()
             .filter_map(|&(i, mark)| {
                 let (rule_id, rule, id) = self.rules.get(i)?;
-                let id = id.iter().map(|p| p.to_string()).collect();
+                let id = id.iter().map(|p| p.as_ref().to_owned()).collect();
                 let cost = rule.cost.for_methods(methods);
                 Some(RefundRule::of(decision, i, mark, *rule_id, id, cost))
             })
@@ -580,7 +597,7 @@ pub type Refusal<'c> = (RuleId, &'c Rule, Ambiguous);
 pub fn select<'c, 'r>(
     config: &'c Config,
     req: &'r RequestMeta,
-) -> Result<Selection<'c, 'r>, Refusal<'c>> {
+) -> Result<Selection<'c, Cow<'r, str>>, Refusal<'c>> {
     let mut selection = Selection {
         rules: Vec::new(),
         shadow_ambiguous: Vec::new(),

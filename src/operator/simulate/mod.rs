@@ -22,7 +22,7 @@ use std::{collections::VecDeque, io::BufRead};
 
 use crate::{
     decision::{
-        limiter::{select, PendingRefund, RefundRule, Refusal, Selection},
+        limiter::{select, PendingRefund, RefundRule, Selection},
         outcomes::verdict::Decision,
     },
     rules::{config::Config, rule::RuleId},
@@ -80,9 +80,38 @@ impl From<EngineError> for SimError {
 }
 
 /// A record waiting in the reordering window.
-struct Reordered {
+struct Reordered<'c> {
     time_ms: u64,
+    picked: Picked<'c>,
+}
+
+/// A record with its rules picked as the worker picks them, and what its
+/// decision will need once back: made on the reading thread, so that this
+/// one only decides and counts.
+struct Picked<'c> {
     record: Record,
+    /// Its rules, or (`Err`) the enforced rule that refuses it with a 400.
+    selection: Result<Selection<'c, String>, usize>,
+    pending: Pending,
+    /// Whether a charge may be given back after its response: its batch
+    /// then ends with it.
+    refunds: bool,
+}
+
+impl<'c> Picked<'c> {
+    fn of(config: &'c Config, record: Record) -> Picked<'c> {
+        let refunds = refunds_after(config, &record);
+        let selection = select(config, &record.request)
+            .map(Selection::into_owned)
+            .map_err(|(rule, _, _)| rule.0);
+        let pending = Pending::of(&record, &selection, refunds);
+        Picked {
+            record,
+            selection,
+            pending,
+            refunds,
+        }
+    }
 }
 
 /// What became of one request.
@@ -127,7 +156,7 @@ pub fn simulate<R: BufRead + Send>(
     let mut tally = Tally::new(config, engine.name(), format, reader.guessed_from());
     let (send, receive) = std::sync::mpsc::sync_channel::<(Vec<_>, u64)>(4);
     std::thread::scope(|scope| {
-        scope.spawn(move || read_ahead(reader, send));
+        scope.spawn(move || read_ahead(reader, config, send));
         let mut order = Reorder::default();
         let mut pipeline = Pipeline {
             config,
@@ -137,38 +166,43 @@ pub fn simulate<R: BufRead + Send>(
         };
         for (chunk, bytes) in receive {
             for item in chunk {
-                let record = match item {
-                    Ok(record) => record,
+                let picked = match item {
+                    Ok(picked) => picked,
                     Err(e) if options.strict => return Err(SimError::Strict(e)),
                     Err(e) => {
                         tally.unreadable(e);
                         continue;
                     }
                 };
-                order.push(record, &mut tally);
-                while let Some(record) = order.pop_due() {
-                    pipeline.push(record, &mut tally, observer)?;
+                order.push(picked, &mut tally);
+                while let Some(picked) = order.pop_due() {
+                    pipeline.push(picked, &mut tally, observer)?;
                 }
             }
             observer.progress(bytes);
         }
         while let Some(w) = order.waiting.pop_front() {
-            pipeline.push(w.record, &mut tally, observer)?;
+            pipeline.push(w.picked, &mut tally, observer)?;
         }
         pipeline.finish(&mut tally, observer)
     })?;
     Ok(tally.finish())
 }
 
-/// The reading thread: parses the log and sends its records on in chunks,
-/// each with the bytes read so far.
-fn read_ahead<R: BufRead>(
+/// What the reading thread sends: records with their rules picked, or
+/// the lines it could not read, and the bytes read so far.
+type ReadAhead<'c> = (Vec<Result<Picked<'c>, LineError>>, u64);
+
+/// The reading thread: parses the log, picks each record's rules under
+/// `config`, and sends them on in chunks.
+fn read_ahead<'c, R: BufRead>(
     mut reader: LogReader<R>,
-    send: std::sync::mpsc::SyncSender<(Vec<Result<Record, LineError>>, u64)>,
+    config: &'c Config,
+    send: std::sync::mpsc::SyncSender<ReadAhead<'c>>,
 ) {
     let mut chunk = Vec::with_capacity(READ_AHEAD);
     while let Some(item) = reader.next_record() {
-        chunk.push(item);
+        chunk.push(item.map(|record| Picked::of(config, record)));
         if chunk.len() == READ_AHEAD {
             let full = std::mem::replace(&mut chunk, Vec::with_capacity(READ_AHEAD));
             // The receiver is gone when the simulation stopped early.
@@ -186,22 +220,22 @@ fn read_ahead<R: BufRead>(
 struct Pipeline<'a> {
     config: &'a Config,
     engine: &'a mut dyn Engine,
-    batch: Vec<Record>,
-    in_flight: Option<SentBatch>,
+    batch: Vec<Picked<'a>>,
+    in_flight: Option<SentBatch<'a>>,
 }
 
-impl Pipeline<'_> {
+impl<'a> Pipeline<'a> {
     /// Adds the next record; a full batch goes to the engine.
     fn push(
         &mut self,
-        record: Record,
+        picked: Picked<'a>,
         tally: &mut Tally,
         observer: &mut dyn Observer,
     ) -> Result<(), SimError> {
         // A request with a charge to give back after its response ends its
         // batch: the refund must land before its client's next request.
-        let refunds = refunds_after(self.config, &record);
-        self.batch.push(record);
+        let refunds = picked.refunds;
+        self.batch.push(picked);
         if self.batch.len() == BATCH || refunds {
             let full = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH));
             self.flush(full, tally, observer)?;
@@ -212,7 +246,7 @@ impl Pipeline<'_> {
     /// Sends `records` as a batch, and counts the batch sent before it.
     fn flush(
         &mut self,
-        records: Vec<Record>,
+        records: Vec<Picked<'a>>,
         tally: &mut Tally,
         observer: &mut dyn Observer,
     ) -> Result<(), SimError> {
@@ -223,7 +257,7 @@ impl Pipeline<'_> {
                 finish_batch(self.config, before, self.engine, tally, observer)?;
             }
         }
-        let sent = send_batch(self.config, records, self.engine)?;
+        let sent = send_batch(records, self.engine)?;
         match self.in_flight.replace(sent) {
             Some(before) => finish_batch(self.config, before, self.engine, tally, observer),
             None => Ok(()),
@@ -244,25 +278,26 @@ impl Pipeline<'_> {
 /// Puts records in time order within [`REORDER_MS`]; equal times keep
 /// log order.
 #[derive(Default)]
-struct Reorder {
+struct Reorder<'c> {
     /// In time order. Most logs are nearly sorted, so a record mostly goes
     /// at the back, or close to it: cheaper than a heap of whole records.
-    waiting: VecDeque<Reordered>,
+    waiting: VecDeque<Reordered<'c>>,
     /// The latest time read.
     newest: u64,
     /// The time up to which records were released.
     released: u64,
 }
 
-impl Reorder {
-    fn push(&mut self, mut record: Record, tally: &mut Tally) {
+impl<'c> Reorder<'c> {
+    fn push(&mut self, mut picked: Picked<'c>, tally: &mut Tally) {
+        let record = &mut picked.record;
         if record.time_ms < self.released {
             tally.late();
             record.time_ms = self.released;
         }
         let time_ms = record.time_ms;
         self.newest = self.newest.max(time_ms);
-        let waiting = Reordered { time_ms, record };
+        let waiting = Reordered { time_ms, picked };
         if self.waiting.back().is_none_or(|w| w.time_ms <= time_ms) {
             self.waiting.push_back(waiting);
         } else {
@@ -272,14 +307,14 @@ impl Reorder {
     }
 
     /// The earliest record, once nothing earlier can still come.
-    fn pop_due(&mut self) -> Option<Record> {
+    fn pop_due(&mut self) -> Option<Picked<'c>> {
         let first = self.waiting.front()?;
         if first.time_ms + REORDER_MS > self.newest {
             return None;
         }
         let w = self.waiting.pop_front()?;
         self.released = w.time_ms;
-        Some(w.record)
+        Some(w.picked)
     }
 }
 
@@ -315,88 +350,89 @@ struct Pending {
     refund: Option<(u16, CallRules)>,
 }
 
+impl Pending {
+    /// What `record`'s decision will need, its rules picked as `selection`
+    /// says; the rules and parts of its call to give charges back by, when
+    /// `refunds`.
+    fn of(
+        record: &Record,
+        selection: &Result<Selection<'_, String>, usize>,
+        refunds: bool,
+    ) -> Pending {
+        let s = match selection {
+            Err(rule) => {
+                return Pending {
+                    refused: Some(*rule),
+                    shadow_refused: vec![],
+                    rules: vec![],
+                    refund: None,
+                }
+            }
+            Ok(s) => s,
+        };
+        let refund = record.status.filter(|_| refunds).map(|status| {
+            let methods = record.request.methods();
+            let rules = s
+                .rules
+                .iter()
+                .map(|(rule_id, rule, id)| (*rule_id, id.clone(), rule.cost.for_methods(methods)));
+            (status, rules.collect())
+        });
+        Pending {
+            refused: None,
+            shadow_refused: s.shadow_ambiguous.iter().map(|(id, _, _)| id.0).collect(),
+            rules: (s.rules.iter())
+                .map(|(rule, _, id)| (rule.0, id.join(" | ")))
+                .collect(),
+            refund,
+        }
+    }
+}
+
 /// A batch sent to the engine, its decisions still to come.
-struct SentBatch {
-    records: Vec<Record>,
-    pending: Vec<Pending>,
+struct SentBatch<'c> {
+    picked: Vec<Picked<'c>>,
     /// Whether a request of it may have a charge given back after its
     /// response.
     refunds: bool,
 }
 
-/// Picks each record's rules and sends the decisions to make to the
-/// engine, without waiting for them.
-fn send_batch(
-    config: &Config,
-    records: Vec<Record>,
+/// Sends the decisions `picked` asks for to the engine, without waiting
+/// for them.
+fn send_batch<'c>(
+    picked: Vec<Picked<'c>>,
     engine: &mut dyn Engine,
-) -> Result<SentBatch, SimError> {
-    let selections: Vec<Result<Selection<'_, '_>, Refusal<'_>>> =
-        records.iter().map(|r| select(config, &r.request)).collect();
-    let jobs: Vec<Job<'_>> = records
-        .iter()
-        .zip(&selections)
-        .filter_map(|(record, selection)| match selection {
+) -> Result<SentBatch<'c>, SimError> {
+    let jobs: Vec<Job<'_>> = (picked.iter())
+        .filter_map(|p| match &p.selection {
             Ok(s) if !s.rules.is_empty() => Some(Job {
-                checks: s.checks(record.request.methods()),
-                now_ms: record.time_ms,
+                checks: s.checks(p.record.request.methods()),
+                now_ms: p.record.time_ms,
             }),
             _ => None,
         })
         .collect();
     engine.send(&jobs)?;
-    let pending: Vec<Pending> = records
-        .iter()
-        .zip(&selections)
-        .map(|(record, selection)| match selection {
-            Err((rule, _, _)) => Pending {
-                refused: Some(rule.0),
-                shadow_refused: vec![],
-                rules: vec![],
-                refund: None,
-            },
-            Ok(s) => Pending {
-                refused: None,
-                shadow_refused: s.shadow_ambiguous.iter().map(|(id, _, _)| id.0).collect(),
-                rules: s
-                    .rules
-                    .iter()
-                    .map(|(rule, _, id)| (rule.0, id.join(" | ")))
-                    .collect(),
-                refund: record
-                    .status
-                    .filter(|_| refunds_after(config, record))
-                    .map(|status| {
-                        let methods = record.request.methods();
-                        let rules = s.rules.iter().map(|(rule_id, rule, id)| {
-                            let parts = id.iter().map(|p| p.to_string()).collect();
-                            (*rule_id, parts, rule.cost.for_methods(methods))
-                        });
-                        (status, rules.collect())
-                    }),
-            },
-        })
-        .collect();
-    let refunds = pending.iter().any(|p| p.refund.is_some());
     drop(jobs);
-    drop(selections);
-    Ok(SentBatch {
-        records,
-        pending,
-        refunds,
-    })
+    let refunds = picked.iter().any(|p| p.pending.refund.is_some());
+    Ok(SentBatch { picked, refunds })
 }
 
 /// Receives a batch's decisions from the engine and counts its requests.
 fn finish_batch(
     config: &Config,
-    batch: SentBatch,
+    batch: SentBatch<'_>,
     engine: &mut dyn Engine,
     tally: &mut Tally,
     observer: &mut dyn Observer,
 ) -> Result<(), SimError> {
     let mut decisions = engine.receive()?.into_iter();
-    for (record, fate) in batch.records.iter().zip(&batch.pending) {
+    for Picked {
+        record,
+        pending: fate,
+        ..
+    } in &batch.picked
+    {
         if let Some(rule) = fate.refused {
             tally.refused(record.time_ms, rule);
             observer.verdict(record, Replayed::Refused(rule));

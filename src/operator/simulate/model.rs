@@ -11,7 +11,10 @@
 //! Property tests hold the real script to it field by field, on a pinned
 //! clock and on Redis's own; `edge-limiter simulate --engine model` runs on it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    borrow::Cow,
+    collections::{BTreeMap, HashMap},
+};
 
 use crate::{
     decision::{
@@ -29,6 +32,10 @@ use crate::{
 /// A client of one rule: the rule's name and the identifier's parts.
 type Client = (String, Vec<String>);
 
+/// One client's windows, by (duration, precision): admitted cost per
+/// bucket id. Keyed by client first, so a reset drops them in one go.
+type ClientBuckets = HashMap<(u64, u64), BTreeMap<i64, u64>>;
+
 /// State of every client the model has seen; nothing ever expires, because
 /// an expired key and a key whose state is all in the past decide alike.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -36,7 +43,7 @@ pub struct Model {
     /// GCRA: theoretical arrival time, microseconds.
     tats: HashMap<Client, u64>,
     /// Windowed: admitted cost per bucket id, per client and (duration, precision).
-    buckets: HashMap<(Client, u64, u64), BTreeMap<i64, u64>>,
+    buckets: HashMap<Client, ClientBuckets>,
     /// When each running penalty ends, milliseconds.
     penalties: HashMap<Client, u64>,
     /// What each client's override key holds (any text, as stored).
@@ -170,8 +177,8 @@ struct WindowVerdict {
 struct Request<'a, 'c, 's> {
     checks: &'a [(Check<'c>, Vec<&'s str>)],
     clients: Vec<Client>,
-    /// Each rule with the figures in force (an override's, if any).
-    rules: Vec<Rule>,
+    /// Each rule's figures in force (an override's, if any).
+    policies: Vec<Cow<'c, Policy>>,
     /// Whether an override blocks each rule.
     blocked: Vec<bool>,
     /// What each rule that takes overrides reports of those it read.
@@ -247,14 +254,14 @@ impl Model {
     /// The rule in force for `client` (figures replaced by an override),
     /// whether an override blocks it, and what the decision reports of the
     /// overrides it read; `None` for a rule that takes none.
-    fn in_force(
+    fn in_force<'c>(
         &self,
-        rule: &Rule,
+        rule: &'c Rule,
         client: &Client,
         i: usize,
-    ) -> (Rule, bool, Option<OverrideRead>) {
+    ) -> (Cow<'c, Policy>, bool, Option<OverrideRead>) {
         if !rule.overrides {
-            return (rule.clone(), false, None);
+            return (Cow::Borrowed(&rule.policy), false, None);
         }
         let own = self.overrides.get(client);
         let own_read = own.and_then(|t| read_override(t, rule));
@@ -271,7 +278,7 @@ impl Model {
             text: text.unwrap_or_default(),
             ignored,
         };
-        let mut in_force = rule.clone();
+        let mut in_force = Cow::Borrowed(&rule.policy);
         let blocked = match read {
             Some(ModelOverride::Block) => true,
             Some(ModelOverride::Gcra {
@@ -280,7 +287,7 @@ impl Model {
                 burst,
             }) => {
                 if let Ok(g) = Gcra::new(rate, period_ms, burst) {
-                    in_force.policy = Policy::Gcra(g);
+                    in_force = Cow::Owned(Policy::Gcra(g));
                 }
                 false
             }
@@ -292,7 +299,7 @@ impl Model {
                         .map(|(w, l)| Window::new(w.duration_ms(), *l, w.precision_ms()).ok())
                         .collect();
                     if let Some(ws) = windows.and_then(|w| Windows::new(w).ok()) {
-                        in_force.policy = Policy::Windowed(ws);
+                        in_force = Cow::Owned(Policy::Windowed(ws));
                     }
                 }
                 false
@@ -390,7 +397,8 @@ impl Model {
                             }
                             let bucket = self
                                 .buckets
-                                .get_mut(&(client.clone(), w.duration_ms(), w.precision_ms()))
+                                .get_mut(&client)
+                                .and_then(|c| c.get_mut(&(w.duration_ms(), w.precision_ms())))
                                 .and_then(|b| b.get_mut(&id));
                             if let Some(held) = bucket.filter(|h| **h > 0) {
                                 *held -= c.cost.min(*held);
@@ -420,7 +428,7 @@ impl Model {
                 )
             })
             .collect();
-        let (rules, blocked, overrides) = checks
+        let (policies, blocked, overrides) = checks
             .iter()
             .zip(&clients)
             .enumerate()
@@ -429,7 +437,7 @@ impl Model {
         Request {
             checks,
             clients,
-            rules,
+            policies,
             blocked,
             overrides,
             now_ms,
@@ -458,7 +466,8 @@ impl Model {
         let blocked = req.blocked[i];
         let running = self.penalty_left(req, i);
         let cost = if running > 0 || blocked { 0 } else { cost };
-        let (mut state, mut write) = self.check(&req.rules[i], &req.clients[i], cost, req.now_ms);
+        let (mut state, mut write) =
+            self.check(&req.policies[i], &req.clients[i], cost, req.now_ms);
         if blocked {
             state.allowed = false;
             state.remaining = 0;
@@ -504,7 +513,7 @@ impl Model {
         match (write, &rule.policy) {
             _ if rule.count_status.is_empty() => None,
             (StateWrite::Tat(tat), _) => {
-                if let Policy::Gcra(g) = &req.rules[i].policy {
+                if let Policy::Gcra(g) = req.policies[i].as_ref() {
                     let marks = self
                         .charged_at_us
                         .entry(req.clients[i].clone())
@@ -564,7 +573,7 @@ impl Model {
         let client: Client = (rule.to_owned(), id.iter().map(|p| p.to_string()).collect());
         self.tats.remove(&client);
         self.penalties.remove(&client);
-        self.buckets.retain(|(c, _, _), _| *c != client);
+        self.buckets.remove(&client);
     }
 
     fn apply(&mut self, write: Option<StateWrite>, client: Client) {
@@ -573,13 +582,10 @@ impl Model {
                 self.tats.insert(client, tat);
             }
             Some(StateWrite::Buckets(adds)) => {
+                let windows = self.buckets.entry(client).or_default();
                 for ((duration, precision), id, cost) in adds {
-                    *self
-                        .buckets
-                        .entry((client.clone(), duration, precision))
-                        .or_default()
-                        .entry(id)
-                        .or_default() += cost;
+                    let buckets = windows.entry((duration, precision)).or_default();
+                    *buckets.entry(id).or_default() += cost;
                 }
             }
             None => {}
@@ -588,12 +594,12 @@ impl Model {
 
     fn check(
         &self,
-        rule: &Rule,
+        policy: &Policy,
         client: &Client,
         cost: u64,
         now_ms: u64,
     ) -> (ModelState, Option<StateWrite>) {
-        match &rule.policy {
+        match policy {
             Policy::Gcra(g) => {
                 self.gcra(client, (g.rate(), g.period_ms(), g.burst()), cost, now_ms)
             }
@@ -718,7 +724,8 @@ impl Model {
         let empty = BTreeMap::new();
         let counted: Vec<(i64, u64)> = self
             .buckets
-            .get(&(client.clone(), duration, precision))
+            .get(client)
+            .and_then(|c| c.get(&(duration, precision)))
             .unwrap_or(&empty)
             .range(current - n + 1..=current)
             .map(|(id, c)| (*id, *c))
