@@ -5,9 +5,13 @@
 //! they had arrived one after another at that instant. Only a request that
 //! finds a call in flight waits: a lone one goes at once.
 
-use super::*;
+use std::{borrow::Cow, time::Duration};
+
+use super::{budget_of, decided, failed, leased::Leased, Handled, Limiter, Selection};
 use crate::decision::{
     memory::in_flight::{Sending, Woken},
+    transport::keys::redis_key,
+    transport::protocol::{Check, Reply, ScriptCall, ScriptError, ScriptRunner},
     transport::redis_rest::RestError,
 };
 
@@ -155,11 +159,17 @@ mod tests {
     use futures_util::future::join_all;
     use serde_json::{json, Value};
 
+    use std::cell::RefCell;
+
     use super::*;
+    use crate::decision::limiter::{Forward, Outcome};
+    use crate::decision::outcomes::events::Action;
     use crate::decision::{
-        memory::in_flight::SharedCall, runtime::TokioPause, transport::protocol::Entry,
-        transport::redis_rest::Script,
+        memory::block_cache::BlockCache, memory::in_flight::InFlight,
+        memory::in_flight::SharedCall, memory::leases::Leases, memory::rule_wide::RuleWide,
+        runtime::TokioPause, transport::protocol::Entry, transport::redis_rest::Script,
     };
+    use crate::rules::{config::Config, request::RequestMeta};
 
     /// A Redis this far away (ms, there and back), answering every call
     /// with `reply(args)`; it keeps what each call carried.

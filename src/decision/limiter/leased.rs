@@ -4,14 +4,21 @@
 //! A request takes these steps only when a matching rule leases: the
 //! request's own take a [`Leased`], which only such a request has.
 
-use super::*;
+use std::borrow::Cow;
+
+use super::{budget_of, Decided, Forward, Handled, Limiter, Outcome, Selection};
 use crate::{
     decision::{
-        outcomes::verdict::{Grant, OverrideRead},
-        transport::keys::window_offset,
-        transport::protocol::Group,
+        memory::leases::Leases,
+        outcomes::events::{Action, Event},
+        outcomes::verdict::{Decision, Grant, OverrideRead},
+        transport::keys::{redis_key, window_offset},
+        transport::protocol::{Check, Group, LeaseAsk, ScriptCall, ScriptRunner},
     },
-    rules::policy::Policy,
+    rules::{
+        policy::Policy,
+        rule::{Mode, Rule, RuleId},
+    },
 };
 
 /// Leases to ask for after a response, one per key running low. Owned, so

@@ -18,7 +18,7 @@ use crate::decision::{
     memory::rule_wide::RuleWide,
     outcomes::events::{Action, Event},
     outcomes::verdict::{seconds_up, Decision, OverrideSource},
-    transport::keys::{override_key, penalty_key, redis_key, rule_wide_key},
+    transport::keys::{override_key, penalty_key, rule_wide_key},
     transport::protocol::{
         read_rule_wide, run, Check, LeaseAsk, RefundCharge, Reply, ScriptCall, ScriptError,
         ScriptRunner, WideRead,
@@ -726,6 +726,7 @@ mod tests {
     use crate::decision::{
         outcomes::verdict::{RequestVerdict, Retry},
         runtime::TokioPause,
+        transport::keys::redis_key,
         transport::redis_rest::{RestError, Script},
     };
     use serde_json::{json, Value};
