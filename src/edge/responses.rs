@@ -137,14 +137,9 @@ pub fn failure_body(status: u16, detail: &str) -> String {
 /// quota and window (for GCRA, the time a full burst takes to refill),
 /// under `overridden` where an override holds, else the rule's figures.
 fn policy_items(rule: &Rule, overridden: Option<Policy>, out: &mut Vec<String>) {
-    let quotas: Vec<(u64, u64)> = match overridden.as_ref().unwrap_or(&rule.policy) {
-        // A full burst refills in burst x interval (bounded by the policy).
-        Policy::Gcra(g) => vec![(g.burst(), g.span_us().div_ceil(1_000_000).max(1))],
-        Policy::Windowed(ws) => ws
-            .iter()
-            .map(|w| (w.limit(), seconds_up(w.duration_ms()).max(1)))
-            .collect(),
-    };
+    let quotas = (overridden.as_ref().unwrap_or(&rule.policy))
+        .algorithm()
+        .quotas();
     for (i, (q, w)) in quotas.iter().enumerate() {
         let name = match quotas.len() {
             1 => rule.name.clone(),
@@ -155,9 +150,9 @@ fn policy_items(rule: &Rule, overridden: Option<Policy>, out: &mut Vec<String>) 
 }
 
 fn item_name(rule: &Rule, window: usize) -> String {
-    match &rule.policy {
-        Policy::Windowed(ws) if ws.len() > 1 => format!("{}.{}", rule.name, window),
-        _ => rule.name.clone(),
+    match rule.policy.algorithm().items() {
+        1 => rule.name.clone(),
+        _ => format!("{}.{}", rule.name, window),
     }
 }
 

@@ -19,7 +19,6 @@ use crate::{
         canon,
         config::Config,
         overrides::{Override, BLOCK_TEXT},
-        policy::Policy,
         request::RequestMeta,
         rule::{KeyPart, Rule},
     },
@@ -350,7 +349,7 @@ pub async fn inspect(
 ) -> Result<ClientState, InspectError> {
     let id = identifier(rule, values)?;
     let parts: Vec<&str> = id.iter().map(String::as_str).collect();
-    let split = matches!(&rule.policy, Policy::Windowed(ws) if ws.len() > 1);
+    let split = rule.policy.algorithm().items() > 1;
     let mut policy = rule.policy.clone();
     let (mut decision, mut overridden) = (None, None);
     if rule.overrides || !split {
@@ -379,18 +378,7 @@ pub async fn inspect(
             run(client, &peek, BUDGET).await?.decision()?
         }
     };
-    let labels: Vec<String> = match &policy {
-        Policy::Gcra(g) => vec![format!(
-            "gcra {}/{}ms burst {}",
-            g.rate(),
-            g.period_ms(),
-            g.burst()
-        )],
-        Policy::Windowed(ws) => ws
-            .iter()
-            .map(|w| format!("window {}ms by {}ms", w.duration_ms(), w.precision_ms()))
-            .collect(),
-    };
+    let labels = policy.algorithm().labels();
     let windows = labels
         .into_iter()
         .zip(&decision.rules)

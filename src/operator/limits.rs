@@ -84,16 +84,7 @@ impl Stored {
 
 /// A policy in a few words, as `check` writes it.
 pub fn figures(policy: &Policy) -> String {
-    match policy {
-        Policy::Gcra(g) => format!("gcra {}/{}ms burst {}", g.rate(), g.period_ms(), g.burst()),
-        Policy::Windowed(ws) => {
-            let list: Vec<String> = ws
-                .iter()
-                .map(|w| format!("{}/{}ms", w.limit(), w.duration_ms()))
-                .collect();
-            format!("windowed {}", list.join(" + "))
-        }
-    }
+    policy.algorithm().figures()
 }
 
 /// Stores `what` as `rule`'s override for `values` (every client for

@@ -57,25 +57,7 @@ pub fn describe(config: &Config) -> Vec<String> {
         .rules
         .iter()
         .map(|r| {
-            let policy = match &r.policy {
-                Policy::Gcra(g) => {
-                    format!("gcra {}/{}ms burst {}", g.rate(), g.period_ms(), g.burst())
-                }
-                Policy::Windowed(ws) => {
-                    let list: Vec<String> = ws
-                        .iter()
-                        .map(|w| {
-                            format!(
-                                "{}/{}ms by {}ms",
-                                w.limit(),
-                                w.duration_ms(),
-                                w.precision_ms()
-                            )
-                        })
-                        .collect();
-                    format!("windowed {}", list.join(" + "))
-                }
-            };
+            let policy = r.policy.algorithm().describe();
             let mode = match r.mode {
                 Mode::Enforce => "enforce",
                 Mode::Shadow => "shadow",
@@ -108,16 +90,7 @@ pub fn describe(config: &Config) -> Vec<String> {
 /// A lease as the report says it, with the largest the figures allow.
 fn lease_text(policy: &Policy, lease: Lease) -> String {
     let largest = Lease::largest(policy, lease.for_ms);
-    match policy {
-        Policy::Gcra(_) => format!(
-            ", lease {} units for {}ms (the burst allows up to {largest} for that long)",
-            lease.units, lease.for_ms
-        ),
-        Policy::Windowed(_) => format!(
-            ", lease {} units for {}ms or to the bucket's end if sooner (the limits allow up to {largest})",
-            lease.units, lease.for_ms
-        ),
-    }
+    (policy.algorithm()).describe_lease(lease.units, lease.for_ms, largest)
 }
 
 #[cfg(test)]

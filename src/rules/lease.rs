@@ -51,13 +51,14 @@ impl Lease {
         if for_ms.is_some_and(|ms| ms == 0 || ms > MAX_DURATION_MS) {
             return Err(invalid("lease_for", "must be between 1ms and 366d".into()));
         }
-        let lease = match policy {
-            Policy::Windowed(_) => Lease {
+        // Where the figures bound a lease's length (GCRA's burst), it must
+        // fit them; elsewhere only its length and its bucket end it.
+        let lease = match policy.algorithm().lease_longest_ms(units, LEASE_SHARE) {
+            None => Lease {
                 units,
                 for_ms: for_ms.unwrap_or(DEFAULT_LEASE_FOR_MS),
             },
-            Policy::Gcra(_) => {
-                let longest_ms = Lease::longest_for_ms(policy, units);
+            Some(longest_ms) => {
                 if longest_ms == 0 {
                     return Err(invalid("lease", format!(
                         "{units} units leave no burst headroom for a lease to last: a lease may take at most {} of what the burst has left after a request; lower the lease or raise the burst",
@@ -94,28 +95,15 @@ impl Lease {
     /// lasting `for_ms` (GCRA; windows ignore it): what `edge-limiter
     /// check` reports, the same arithmetic as the script's grant.
     pub fn largest(policy: &Policy, for_ms: u64) -> u64 {
-        match policy {
-            Policy::Gcra(g) => {
-                let interval = g.interval_us();
-                let base = for_ms.saturating_mul(1000);
-                let left = g.span_us().saturating_sub(base).saturating_sub(interval) / interval;
-                left / LEASE_SHARE
-            }
-            Policy::Windowed(_) => policy.capacity().saturating_sub(1) / LEASE_SHARE,
-        }
+        policy.algorithm().lease_largest(for_ms, LEASE_SHARE)
     }
 
     /// The longest a GCRA lease of `units` may last at a fresh client, ms
     /// (0: none); windows have no such figure.
     pub fn longest_for_ms(policy: &Policy, units: u64) -> u64 {
-        match policy {
-            Policy::Gcra(g) => {
-                let interval = g.interval_us();
-                let needed = (units * LEASE_SHARE + 1).saturating_mul(interval);
-                g.span_us().saturating_sub(needed) / 1000
-            }
-            Policy::Windowed(_) => 0,
-        }
+        (policy.algorithm())
+            .lease_longest_ms(units, LEASE_SHARE)
+            .unwrap_or(0)
     }
 }
 

@@ -4,7 +4,7 @@
 //! no override.
 
 use super::{
-    policy::{Gcra, Policy, PolicyError, Window, Windows},
+    policy::{Gcra, Policy, PolicyError},
     rule::Rule,
 };
 
@@ -37,20 +37,7 @@ impl Override {
     pub fn to_text(&self) -> String {
         match self {
             Override::Block => BLOCK_TEXT.to_owned(),
-            Override::Figures(Policy::Gcra(g)) => format!(
-                "{VERSION} gcra {} {} {} {}",
-                g.rate(),
-                g.period_ms(),
-                g.burst(),
-                g.interval_us()
-            ),
-            Override::Figures(Policy::Windowed(ws)) => {
-                let limits: Vec<String> = ws
-                    .iter()
-                    .map(|w| format!("{}:{}", w.duration_ms(), w.limit()))
-                    .collect();
-                format!("{VERSION} windows {}", limits.join(" "))
-            }
+            Override::Figures(p) => format!("{VERSION} {}", p.algorithm().override_text()),
         }
     }
 
@@ -68,26 +55,11 @@ impl Override {
         }
         let kind = words.next()?;
         let words: Vec<&str> = words.collect();
-        match (kind, policy, words.as_slice()) {
-            ("block", _, []) => Some(Override::Block),
-            ("gcra", Policy::Gcra(_), &[rate, period_ms, burst, interval_us]) => {
-                let g = Gcra::new(number(rate)?, number(period_ms)?, number(burst)?).ok()?;
-                (g.interval_us() == number(interval_us)?)
-                    .then_some(Override::Figures(Policy::Gcra(g)))
-            }
-            ("windows", Policy::Windowed(ws), windows) if windows.len() == ws.len() => {
-                let limits = ws
-                    .iter()
-                    .zip(windows)
-                    .map(|(w, named)| {
-                        let (duration_ms, limit) = named.split_once(':')?;
-                        number(duration_ms).filter(|d| *d == w.duration_ms())?;
-                        number(limit)
-                    })
-                    .collect::<Option<Vec<u64>>>()?;
-                limited(ws, &limits).ok().map(Override::Figures)
-            }
-            _ => None,
+        match (kind, words.as_slice()) {
+            ("block", []) => Some(Override::Block),
+            _ => (policy.algorithm())
+                .override_figures(kind, &words)
+                .map(Override::Figures),
         }
     }
 
@@ -97,7 +69,9 @@ impl Override {
     /// `lease`).
     pub fn windows(rule: &Rule, limits: &[u64]) -> Result<Override, PolicyError> {
         let figures = match &rule.policy {
-            Policy::Windowed(ws) if ws.len() == limits.len() => limited(ws, limits)?,
+            Policy::Windowed(ws) if ws.len() == limits.len() => {
+                Policy::Windowed(ws.with_limits(limits)?)
+            }
             Policy::Windowed(ws) => {
                 return Err(PolicyError {
                     field: "limit".into(),
@@ -144,32 +118,12 @@ impl Override {
     }
 }
 
-/// A number as the script reads one: digits, no sign, no leading zero.
-fn number(word: &str) -> Option<u64> {
-    word.parse().ok().filter(|n: &u64| n.to_string() == word)
-}
-
-fn limited(ws: &Windows, limits: &[u64]) -> Result<Policy, PolicyError> {
-    let windows = ws
-        .iter()
-        .zip(limits)
-        .enumerate()
-        .map(|(i, (w, &limit))| {
-            Window::new(w.duration_ms(), limit, w.precision_ms()).map_err(|e| PolicyError {
-                field: format!("windows[{i}].{}", e.field),
-                problem: e.problem,
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Policy::Windowed(Windows::new(windows)?))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::rules::{
         lease::Lease,
-        policy::{MAX_DURATION_MS, MAX_UNITS, MAX_WINDOWS},
+        policy::{Window, Windows, MAX_DURATION_MS, MAX_UNITS, MAX_WINDOWS},
         rule::Cost,
     };
 

@@ -15,10 +15,7 @@ use crate::{
         transport::keys::{redis_key, window_offset},
         transport::protocol::{Check, Group, LeaseAsk, ScriptCall, ScriptRunner},
     },
-    rules::{
-        policy::Policy,
-        rule::{Mode, Rule, RuleId},
-    },
+    rules::rule::{Mode, Rule, RuleId},
 };
 
 /// Leases to ask for after a response, one per key running low. Owned, so
@@ -278,14 +275,9 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
 /// current bucket ends if sooner (on this isolate's clock, near enough to
 /// Redis's for sizing: the deadline itself always comes from the script).
 fn lease_horizon_ms(rule: &Rule, key: &str, now_ms: u64) -> u64 {
-    match (&rule.policy, rule.lease) {
-        (_, None) => 0,
-        (Policy::Gcra(_), Some(lease)) => lease.for_ms,
-        (Policy::Windowed(ws), Some(lease)) => {
-            let shifted = now_ms + window_offset(key, rule.policy.longest_ms());
-            ws.iter()
-                .map(|w| w.precision_ms() - shifted % w.precision_ms())
-                .fold(lease.for_ms, u64::min)
-        }
-    }
+    let Some(lease) = rule.lease else {
+        return 0;
+    };
+    let shifted_ms = || now_ms + window_offset(key, rule.policy.longest_ms());
+    (rule.policy.algorithm()).lease_horizon_ms(lease.for_ms, &shifted_ms)
 }

@@ -129,12 +129,9 @@ impl General {
     /// The longest `ask` may be granted for: its length, and for a window
     /// no longer than a bucket.
     fn longest_lease_ms(&self, ask: &LeaseAsk) -> u64 {
-        match self.rules.get(ask.rule).map(|(r, _)| &r.policy) {
-            Some(Policy::Windowed(ws)) => ws
-                .iter()
-                .map(Window::precision_ms)
-                .fold(ask.for_ms, u64::min),
-            _ => ask.for_ms,
+        match self.rules.get(ask.rule) {
+            Some((r, _)) => r.policy.algorithm().lease_cap_ms(ask.for_ms),
+            None => ask.for_ms,
         }
     }
 

@@ -1,0 +1,178 @@
+//! GCRA's figures: a rate per period and a burst, checked so that the
+//! script's microsecond arithmetic stays exact, and what they mean for
+//! headers, overrides and leases.
+
+use std::num::NonZeroU64;
+
+use super::{
+    invalid, nonzero, text_number, Algorithm, Policy, PolicyError, MAX_DURATION_MS, MAX_UNITS,
+};
+
+/// The longest debt a GCRA key may carry, burst x interval, microseconds
+/// (2^51, about 71 years). The script adds up to twice this to a pinned
+/// clock in microseconds (about 2^51.7 until the year 2100), and every sum
+/// must stay below 2^53, where Lua's numbers stop being exact integers.
+pub const MAX_GCRA_SPAN_US: u64 = 1 << 51;
+
+/// GCRA parameters: `rate` units per `period_ms`, of which `burst` may come at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gcra {
+    rate: NonZeroU64,
+    period_ms: NonZeroU64,
+    burst: NonZeroU64,
+}
+
+impl Gcra {
+    /// Checked parameters; the error names `rate`, `period` or `burst`.
+    pub fn new(rate: u64, period_ms: u64, burst: u64) -> Result<Gcra, PolicyError> {
+        let rate = nonzero(rate, "rate", "must be at least 1")?;
+        let period = nonzero(period_ms, "period", "must be between 1ms and 366d")?;
+        if period_ms > MAX_DURATION_MS {
+            return Err(invalid("period", "must be between 1ms and 366d"));
+        }
+        if rate.get() > period_ms * 1000 {
+            return Err(invalid("rate", "must be at most one unit per microsecond"));
+        }
+        let burst_nz = nonzero(burst, "burst", "must be between 1 and 1000000000")?;
+        if burst > MAX_UNITS {
+            return Err(invalid("burst", "must be between 1 and 1000000000"));
+        }
+        let gcra = Gcra {
+            rate,
+            period_ms: period,
+            burst: burst_nz,
+        };
+        if gcra
+            .interval_us()
+            .checked_mul(burst)
+            .is_none_or(|span| span > MAX_GCRA_SPAN_US)
+        {
+            return Err(invalid(
+                "burst",
+                "times period / rate exceeds 2^51 microseconds (about 71 years), \
+                 more than the script can count exactly; lower the burst or the period",
+            ));
+        }
+        Ok(gcra)
+    }
+
+    /// Units replenished per period.
+    pub fn rate(&self) -> u64 {
+        self.rate.get()
+    }
+
+    /// Length of the period, milliseconds.
+    pub fn period_ms(&self) -> u64 {
+        self.period_ms.get()
+    }
+
+    /// Units a fresh client may spend back to back.
+    pub fn burst(&self) -> u64 {
+        self.burst.get()
+    }
+
+    /// Time one unit occupies, microseconds, rounded to the nearest one so
+    /// that the script's arithmetic stays exact (a rate of 3/s is treated as
+    /// one unit per 333 333 us). Never 0, since the rate is at most one unit
+    /// per microsecond.
+    pub fn interval_us(&self) -> u64 {
+        (self.period_ms() * 1000 + self.rate() / 2) / self.rate()
+    }
+
+    /// Time a full burst takes to pay off, microseconds (at most
+    /// [`MAX_GCRA_SPAN_US`]).
+    pub fn span_us(&self) -> u64 {
+        self.interval_us() * self.burst()
+    }
+}
+
+impl Algorithm for Gcra {
+    fn capacity(&self) -> u64 {
+        self.burst()
+    }
+
+    fn longest_ms(&self) -> u64 {
+        self.period_ms()
+    }
+
+    fn describe(&self) -> String {
+        self.figures()
+    }
+
+    fn figures(&self) -> String {
+        format!(
+            "gcra {}/{}ms burst {}",
+            self.rate(),
+            self.period_ms(),
+            self.burst()
+        )
+    }
+
+    /// One item: the burst, refilled whole in burst x interval.
+    fn quotas(&self) -> Vec<(u64, u64)> {
+        vec![(self.burst(), self.span_us().div_ceil(1_000_000).max(1))]
+    }
+
+    fn items(&self) -> usize {
+        1
+    }
+
+    fn labels(&self) -> Vec<String> {
+        vec![self.figures()]
+    }
+
+    /// The script applies the interval and burst; the rate and period are
+    /// for people, and must give that same interval.
+    fn override_text(&self) -> String {
+        format!(
+            "gcra {} {} {} {}",
+            self.rate(),
+            self.period_ms(),
+            self.burst(),
+            self.interval_us()
+        )
+    }
+
+    fn override_figures(&self, kind: &str, words: &[&str]) -> Option<Policy> {
+        let (&"gcra", &[rate, period_ms, burst, interval_us]) = (&kind, words) else {
+            return None;
+        };
+        let g = Gcra::new(
+            text_number(rate)?,
+            text_number(period_ms)?,
+            text_number(burst)?,
+        )
+        .ok()?;
+        (g.interval_us() == text_number(interval_us)?).then_some(Policy::Gcra(g))
+    }
+
+    /// A lease's units count as arriving at its end, so its length takes
+    /// from the burst what refills meanwhile; and the request before it
+    /// takes one interval.
+    fn lease_largest(&self, for_ms: u64, share: u64) -> u64 {
+        let interval = self.interval_us();
+        let base = for_ms.saturating_mul(1000);
+        let left = self.span_us().saturating_sub(base).saturating_sub(interval) / interval;
+        left / share
+    }
+
+    fn lease_longest_ms(&self, units: u64, share: u64) -> Option<u64> {
+        let interval = self.interval_us();
+        let needed = (units * share + 1).saturating_mul(interval);
+        Some(self.span_us().saturating_sub(needed) / 1000)
+    }
+
+    fn lease_cap_ms(&self, for_ms: u64) -> u64 {
+        for_ms
+    }
+
+    fn lease_horizon_ms(&self, for_ms: u64, _shifted_ms: &dyn Fn() -> u64) -> u64 {
+        for_ms
+    }
+
+    fn describe_lease(&self, units: u64, for_ms: u64, largest: u64) -> String {
+        format!(
+            ", lease {units} units for {for_ms}ms (the burst allows up to {largest} for that long)"
+        )
+    }
+}
