@@ -121,6 +121,10 @@ impl Algorithm for Gcra {
         vec![self.figures()]
     }
 
+    fn parts(&self) -> Vec<Policy> {
+        vec![Policy::Gcra(*self)]
+    }
+
     /// The script applies the interval and burst; the rate and period are
     /// for people, and must give that same interval.
     fn override_text(&self) -> String {

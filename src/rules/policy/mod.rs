@@ -51,6 +51,11 @@ pub trait Algorithm {
     /// What `inspect` calls each of those limits.
     fn labels(&self) -> Vec<String>;
 
+    /// Each of those limits as figures of its own, over the same state:
+    /// `inspect` peeks them one by one, where a decision reports only the
+    /// one that binds.
+    fn parts(&self) -> Vec<Policy>;
+
     /// Its figures as an override's text after the version
     /// (`gcra <rate> <period_ms> <burst> <interval_us>`), which
     /// `lua/limiter.lua` reads.

@@ -171,6 +171,13 @@ impl Algorithm for Windows {
         self.len()
     }
 
+    fn parts(&self) -> Vec<Policy> {
+        (self.iter())
+            .filter_map(|w| Windows::new(vec![*w]).ok())
+            .map(Policy::Windowed)
+            .collect()
+    }
+
     fn labels(&self) -> Vec<String> {
         (self.iter())
             .map(|w| format!("window {}ms by {}ms", w.duration_ms(), w.precision_ms()))

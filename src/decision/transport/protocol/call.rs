@@ -1,12 +1,12 @@
 //! Every call the limiter script answers, encoded as its `KEYS` and
 //! `ARGV` as `lua/limiter.lua` lays them out.
 
-use super::script::Entry;
+use super::{figures, script::Entry};
 use crate::{
     decision::transport::keys::{override_key, penalty_key, redis_key, window_offset},
     rules::{
         overrides::Override,
-        policy::{Policy, Windows},
+        policy::Policy,
         rule::{Mode, Rule},
     },
 };
@@ -101,30 +101,14 @@ impl RuleArgs {
     /// interval (us), burst; or `window`, cost, offset (ms), n, then n x
     /// (duration, limit, precision) in ms.
     fn push_general(&self, args: &mut Vec<String>) {
-        match &self.policy {
-            Policy::Gcra(g) => {
-                args.push("gcra".to_owned());
-                push_numbers(args, &[self.cost, g.interval_us(), g.burst()]);
-            }
-            Policy::Windowed(ws) => {
-                args.push("window".to_owned());
-                push_numbers(args, &[self.cost, self.offset_ms, ws.len() as u64]);
-                push_windows(args, ws);
-            }
-        }
+        figures::of(&self.policy).push_general(self.cost, self.offset_ms, args);
     }
 
     /// The one-rule path's arguments: interval (us) and burst; or the
     /// offset, then each window; then the cost when it is not 1.
     fn one_rule_args(&self) -> Vec<String> {
         let mut args = Vec::new();
-        match &self.policy {
-            Policy::Gcra(g) => push_numbers(&mut args, &[g.interval_us(), g.burst()]),
-            Policy::Windowed(ws) => {
-                push_numbers(&mut args, &[self.offset_ms]);
-                push_windows(&mut args, ws);
-            }
-        }
+        figures::of(&self.policy).push_one_rule(self.offset_ms, &mut args);
         if self.cost != 1 {
             push_numbers(&mut args, &[self.cost]);
         }
@@ -134,12 +118,6 @@ impl RuleArgs {
 
 fn push_numbers(args: &mut Vec<String>, numbers: &[u64]) {
     args.extend(numbers.iter().map(u64::to_string));
-}
-
-fn push_windows(args: &mut Vec<String>, windows: &Windows) {
-    for w in windows.iter() {
-        push_numbers(args, &[w.duration_ms(), w.limit(), w.precision_ms()]);
-    }
 }
 
 /// A rule governing a request alone on Redis's clock, with no penalty and
@@ -346,7 +324,8 @@ impl ScriptCall {
         };
         let rule = check.rule;
         let plain = rule.count_status.is_empty() && rule.penalty_ms.is_none();
-        plain.then(|| {
+        let has_path = figures::of(&rule.policy).one_rule_entry().is_some();
+        (plain && has_path).then(|| {
             let rule_args = RuleArgs::new(rule, check.cost, id);
             OneRule {
                 override_key: rule.overrides.then(|| override_key(&rule_args.key)),
@@ -386,17 +365,15 @@ impl ScriptCall {
     /// or the one GCRA state. Each window is peeked as a rule of its own
     /// over the same key and offset, so it reads the rule's own counters.
     pub fn inspect(rule: &Rule, id: &[&str]) -> ScriptCall {
-        let windows = match &rule.policy {
-            Policy::Windowed(ws) if ws.len() > 1 => ws,
-            _ => return ScriptCall::decide(&[(Check { rule, cost: 0 }, id.to_vec())], None),
-        };
+        let algorithm = rule.policy.algorithm();
+        if algorithm.items() <= 1 {
+            return ScriptCall::decide(&[(Check { rule, cost: 0 }, id.to_vec())], None);
+        }
         let whole = RuleArgs::new(rule, 0, id);
-        let rules = windows
-            .iter()
-            .filter_map(|w| Windows::new(vec![*w]).ok())
-            .map(|one| {
+        let rules = (algorithm.parts().into_iter())
+            .map(|policy| {
                 let args = RuleArgs {
-                    policy: Policy::Windowed(one),
+                    policy,
                     ..whole.clone()
                 };
                 (args, CallMode::Enforce)
@@ -428,10 +405,10 @@ impl ScriptCall {
     /// The entry point this call takes in the script.
     pub fn entry(&self) -> Entry {
         match self {
-            ScriptCall::OneRule(one) => match one.rule.policy {
-                Policy::Gcra(_) => Entry::OneGcra,
-                Policy::Windowed(_) => Entry::OneWindowed,
-            },
+            // Only an algorithm with a one-rule path makes a OneRule.
+            ScriptCall::OneRule(one) => {
+                (figures::of(&one.rule.policy).one_rule_entry()).unwrap_or(Entry::Decide)
+            }
             ScriptCall::Decide(_) => Entry::Decide,
             ScriptCall::Group(_) => Entry::Group,
             ScriptCall::Reset(_) => Entry::Reset,

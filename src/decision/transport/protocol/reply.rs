@@ -3,7 +3,10 @@
 
 use serde_json::Value;
 
-use super::call::{General, Group, LeaseAsk, OneRule, ScriptCall};
+use super::{
+    call::{General, Group, LeaseAsk, OneRule, ScriptCall},
+    figures,
+};
 use crate::{
     decision::{
         outcomes::verdict::{
@@ -11,10 +14,7 @@ use crate::{
         },
         transport::redis_rest::RestError,
     },
-    rules::{
-        policy::{Gcra, Policy, Window},
-        rule::Mode,
-    },
+    rules::rule::Mode,
 };
 
 /// What the script answered: a decision, the keys a reset removed, or what
@@ -288,13 +288,11 @@ impl OneRule {
         {
             return self.general().decode(reply);
         }
-        let state = match (&self.rule.policy, reply.as_i64()) {
-            (Policy::Gcra(gcra), Some(verdict)) => gcra_state(gcra, self.rule.cost, verdict)?,
-            (Policy::Windowed(ws), Some(packed)) => match ws[..] {
-                [w] if self.rule.cost > 0 => window_state(&w, packed)?,
-                _ => return Err(malformed(reply, "is one integer for several windows")),
-            },
-            _ => return self.none_read(decode_general(reply, &modes, false)?),
+        let state = match reply.as_i64() {
+            Some(one) => figures::of(&self.rule.policy)
+                .one_rule_state(self.rule.cost, one)
+                .map_err(ScriptError::Reply)?,
+            None => return self.none_read(decode_general(reply, &modes, false)?),
         };
         self.none_read(Decision::settle(vec![state], &modes))
     }
@@ -312,44 +310,6 @@ impl OneRule {
         }
         Ok(decision)
     }
-}
-
-/// A lone GCRA rule's reply: how far the TAT lay ahead (us), or -1 minus
-/// that when denied.
-fn gcra_state(gcra: &Gcra, cost: u64, verdict: i64) -> Result<RuleState, ScriptError> {
-    let admitted = verdict >= 0;
-    // The bitwise complement of -1 - ahead, which cannot overflow.
-    let ahead = if admitted { verdict } else { !verdict };
-    let state = RuleState::gcra(gcra, cost, ahead as u64);
-    if state.admitted() != admitted {
-        return Err(ScriptError::Reply(format!(
-            "{verdict} contradicts its own verdict"
-        )));
-    }
-    Ok(state)
-}
-
-/// A lone window admitted at a cost: remaining x precision + how far into
-/// its bucket now lies.
-fn window_state(w: &Window, packed: i64) -> Result<RuleState, ScriptError> {
-    let (remaining, into_bucket) = u64::try_from(packed)
-        .ok()
-        .filter(|_| w.precision_ms() > 0)
-        .map(|p| (p / w.precision_ms(), p % w.precision_ms()))
-        .filter(|(remaining, _)| *remaining <= w.limit())
-        .ok_or_else(|| {
-            ScriptError::Reply(format!(
-                "{packed} is no state of a {}-unit window",
-                w.limit()
-            ))
-        })?;
-    Ok(RuleState {
-        verdict: Verdict::Admitted,
-        limit: w.limit(),
-        remaining,
-        reset_after_ms: w.duration_ms().saturating_sub(into_bucket),
-        window: 1,
-    })
 }
 
 fn malformed(reply: &Value, why: &str) -> ScriptError {
