@@ -7,7 +7,12 @@
 
 use std::{borrow::Cow, time::Duration};
 
-use super::{budget_of, decided, failed, leased::Leased, Handled, Limiter, Selection};
+use super::{
+    leased::Leased,
+    outcome::{decided, failed, Handled},
+    selection::{budget_of, Selection},
+    Limiter,
+};
 use crate::decision::{
     memory::in_flight::{Sending, Woken},
     transport::keys::redis_key,

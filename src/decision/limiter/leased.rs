@@ -6,7 +6,11 @@
 
 use std::borrow::Cow;
 
-use super::{budget_of, Decided, Forward, Handled, Limiter, Outcome, Selection};
+use super::{
+    outcome::{Decided, Forward, Handled, LeaseRefresh, Outcome},
+    selection::{budget_of, Selection},
+    Limiter,
+};
 use crate::{
     decision::{
         memory::leases::Leases,
@@ -17,14 +21,6 @@ use crate::{
     },
     rules::rule::{Mode, Rule, RuleId},
 };
-
-/// Leases to ask for after a response, one per key running low. Owned, so
-/// it can outlive the request's borrows.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseRefresh {
-    /// Each rule, with its client's identifier parts and the units wanted.
-    pub rules: Vec<(RuleId, Vec<String>, u64)>,
-}
 
 /// The state key of each matching rule that leases, in check order
 /// (`None` for the others), for a request under at least one such rule.

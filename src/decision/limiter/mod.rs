@@ -1,176 +1,40 @@
 //! The limiter's whole job for one request, runtime-independent: pick the
-//! matching rules, answer from the block cache or ask Redis once, and say
-//! what should happen to the request. `crate::edge::responses` renders it.
+//! matching rules (`selection`), answer from the block cache or ask Redis
+//! once, and say what should happen to the request (`outcome`);
+//! `crate::edge::responses` renders it.
 
 use std::{borrow::Cow, cell::RefCell, time::Duration};
 
 mod grouped;
 mod leased;
+mod outcome;
+mod selection;
 
 use grouped::line_of;
-pub use leased::LeaseRefresh;
 use leased::Leased;
+pub use outcome::{
+    ambiguity, Decided, Forward, Handled, LeaseRefresh, Outcome, PendingRefund, RefundRule,
+    Refusal, UNAVAILABLE_RETRY_S,
+};
+use outcome::{decided, failed, refund_failed, refused};
+use selection::budget_of;
+pub use selection::{select, Selection};
 
 use crate::decision::{
     memory::block_cache::BlockCache,
-    memory::in_flight::{InFlight, SharedCall},
+    memory::in_flight::InFlight,
     memory::leases::Leases,
     memory::rule_wide::RuleWide,
     outcomes::events::{Action, Event},
-    outcomes::verdict::{seconds_up, Decision, OverrideSource},
-    transport::keys::{override_key, penalty_key, rule_wide_key},
+    transport::keys::rule_wide_key,
     transport::protocol::{
-        read_rule_wide, run, Check, LeaseAsk, RefundCharge, Reply, ScriptCall, ScriptError,
-        ScriptRunner, WideRead,
+        read_rule_wide, run, Check, LeaseAsk, Reply, ScriptCall, ScriptError, ScriptRunner,
+        WideRead,
     },
 };
 use crate::rules::{
-    config::Config,
-    overrides::Override,
-    request::RequestMeta,
-    rule::{Ambiguous, FailMode, Mode, Rule, RuleId, DEFAULT_BUDGET_MS},
+    config::Config, overrides::Override, request::RequestMeta, rule::DEFAULT_BUDGET_MS,
 };
-
-/// What should happen to the request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome<'c> {
-    /// Send it on to the origin.
-    Forward(Forward<'c>),
-    /// Answer 429: an enforced rule denied it.
-    Deny(Decided<'c>),
-    /// Answer 400: an enforced rule cannot identify the client.
-    Refuse {
-        /// The rule.
-        rule: &'c Rule,
-        /// The key part given several values.
-        ambiguous: Ambiguous,
-    },
-    /// Answer 503: Redis could not decide, and a rule fails closed.
-    Unavailable,
-}
-
-/// Why a request goes on to the origin.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Forward<'c> {
-    /// No rule limits it.
-    Unlimited,
-    /// Every enforced rule admitted it.
-    Admitted(Decided<'c>),
-    /// Redis could not decide, and every rule fails open.
-    Bypassed,
-}
-
-/// The rules a request was decided under, and their decision.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decided<'c> {
-    /// The rules, in call order.
-    pub rules: Vec<&'c Rule>,
-    /// Their states and the verdict.
-    pub decision: Decision,
-}
-
-/// The limiter's answer for one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Handled<'c> {
-    /// What should happen to the request.
-    pub outcome: Outcome<'c>,
-    /// Events for the log, one JSON line each.
-    pub events: Vec<Event>,
-    /// Charges to give back once the origin has answered, if its status is
-    /// not one their rule counts: see [`Limiter::refund`].
-    pub refund: Option<PendingRefund>,
-    /// Leases running low, to refresh once the response has gone: see
-    /// [`Limiter::refresh`].
-    pub refresh: Option<LeaseRefresh>,
-    /// Rules whose rule-wide override this isolate should read again once
-    /// the response has gone: see [`Limiter::reread`].
-    pub reread: Vec<String>,
-    /// The call that decided this request with others of its client, when
-    /// one did (see [`crate::decision::memory::in_flight`]).
-    pub shared: Option<SharedCall>,
-}
-
-impl<'c> Handled<'c> {
-    fn new(outcome: Outcome<'c>, events: Vec<Event>) -> Handled<'c> {
-        Handled {
-            outcome,
-            events,
-            refund: None,
-            refresh: None,
-            reread: vec![],
-            shared: None,
-        }
-    }
-}
-
-/// The charges of a forwarded request's `count_status` rules, made up
-/// front, to give back if the origin's status is not one the rule counts.
-/// Owned, so it can outlive the request's borrows.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingRefund {
-    /// The rules, each with its client, cost and refund mark.
-    pub rules: Vec<RefundRule>,
-}
-
-/// One rule of a [`PendingRefund`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RefundRule {
-    /// The rule.
-    pub rule: RuleId,
-    /// The client's identifier parts.
-    pub id: Vec<String>,
-    /// Units charged.
-    pub cost: u64,
-    /// What the decision replied for the charge (see `lua/limiter.lua`).
-    pub mark: u64,
-    /// The override the charge was made under (its text; empty for none).
-    pub under: String,
-}
-
-impl RefundRule {
-    /// The charge `decision` replied `mark` for on its rule `i`: `rule`,
-    /// for client `id`, of `cost` units, under the override it read.
-    pub fn of(
-        decision: &Decision,
-        i: usize,
-        mark: u64,
-        rule: RuleId,
-        id: Vec<String>,
-        cost: u64,
-    ) -> RefundRule {
-        let under = decision
-            .override_of(i)
-            .map(|o| o.text.clone())
-            .unwrap_or_default();
-        RefundRule {
-            rule,
-            id,
-            cost,
-            mark,
-            under,
-        }
-    }
-}
-
-impl PendingRefund {
-    /// The charges to give back after an answer of `status`: those of rules
-    /// that do not count it, ready for [`ScriptCall::refund`]; rules
-    /// `config` lacks are left out.
-    pub fn uncounted<'a>(&'a self, config: &'a Config, status: u16) -> Vec<RefundCharge<'a>> {
-        self.rules
-            .iter()
-            .filter_map(|r| {
-                let rule = config.rule(r.rule)?;
-                (!rule.count_status.contains(&status)).then(|| RefundCharge {
-                    check: Check { rule, cost: r.cost },
-                    id: r.id.iter().map(String::as_str).collect(),
-                    mark: r.mark,
-                    under: &r.under,
-                })
-            })
-            .collect()
-    }
-}
 
 /// What one request is decided with: the configuration, Redis, and this
 /// isolate's memory of denials and clock.
@@ -452,274 +316,6 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     }
 }
 
-/// The outcome of a decision, with its log events.
-fn decided<'c>(
-    checks: &[(Check<'c>, Vec<&str>)],
-    call: &ScriptCall,
-    decision: Decision,
-) -> Handled<'c> {
-    let rules: Vec<&Rule> = checks.iter().map(|(c, _)| c.rule).collect();
-    let keys = call.rule_keys();
-    let mut events: Vec<Event> = rules
-        .iter()
-        .zip(&decision.rules)
-        .zip(&keys)
-        .filter(|((r, _), _)| r.mode == Mode::Shadow)
-        .filter_map(|((r, s), key)| {
-            let retry = s.retry()?;
-            Some(Event {
-                retry_after: retry.seconds(),
-                key: Some((*key).to_owned()),
-                ..Event::new(Action::WouldDeny, &r.name)
-            })
-        })
-        .collect();
-    events.extend(penalty_events(checks, call, &decision));
-    events.extend(ignored_overrides(checks, call, &decision));
-    if let Some(retry) = decision.retry() {
-        let binding = decision.binding();
-        events.push(Event {
-            status: Some(429),
-            retry_after: retry.seconds(),
-            key: keys.get(binding).map(|k| (*k).to_owned()),
-            overridden: override_named(&decision, binding),
-            ..Event::new(Action::Deny, &rules[binding].name)
-        });
-        return Handled::new(Outcome::Deny(Decided { rules, decision }), events);
-    }
-    let admitted = Forward::Admitted(Decided { rules, decision });
-    Handled::new(Outcome::Forward(admitted), events)
-}
-
-/// Whose override rule `i` of `decision` was decided under, and what it
-/// held, for the log: `client: v1 block`.
-fn override_named(decision: &Decision, i: usize) -> Option<String> {
-    let read = decision.override_of(i)?;
-    let whose = match read.source {
-        OverrideSource::None => return None,
-        OverrideSource::Client => "client",
-        OverrideSource::Rule => "rule",
-    };
-    Some(format!("{whose}: {}", read.text))
-}
-
-/// One `override_ignored` event per client override key that held
-/// something that is no override.
-fn ignored_overrides(
-    checks: &[(Check<'_>, Vec<&str>)],
-    call: &ScriptCall,
-    decision: &Decision,
-) -> Vec<Event> {
-    let keys = call.rule_keys();
-    decision
-        .overrides
-        .iter()
-        .filter(|o| o.ignored)
-        .filter_map(|o| {
-            Some(Event {
-                key: keys.get(o.rule).map(|k| override_key(k)),
-                ..Event::new(Action::OverrideIgnored, &checks.get(o.rule)?.0.rule.name)
-            })
-        })
-        .collect()
-}
-
-/// The rules a request falls under, as the worker picks them; the
-/// identifier's parts borrowed from the request (`Cow<str>`, as [`select`]
-/// makes them) or, to outlive it, owned ([`Selection::into_owned`]).
-#[derive(Debug)]
-pub struct Selection<'c, P> {
-    /// Every matching rule that identifies the client, in configuration
-    /// order, with the identifier's parts.
-    pub rules: Vec<(RuleId, &'c Rule, Vec<P>)>,
-    /// Matching shadow rules that cannot identify the client (a key part
-    /// given twice): they block nothing and are only logged.
-    pub shadow_ambiguous: Vec<(RuleId, &'c Rule, Ambiguous)>,
-}
-
-impl<'c> Selection<'c, Cow<'_, str>> {
-    /// The same rules, the identifier's parts owned: a selection that
-    /// outlives the request it was made from.
-    pub fn into_owned(self) -> Selection<'c, String> {
-        Selection {
-            rules: (self.rules.into_iter())
-                .map(|(id, rule, parts)| {
-                    (id, rule, parts.into_iter().map(Cow::into_owned).collect())
-                })
-                .collect(),
-            shadow_ambiguous: self.shadow_ambiguous,
-        }
-    }
-}
-
-impl<'c, P: AsRef<str>> Selection<'c, P> {
-    /// The script's checks for a request the origin may take for any of
-    /// these (upper-case) methods.
-    pub fn checks(&self, methods: &[String]) -> Vec<(Check<'c>, Vec<&str>)> {
-        self.rules
-            .iter()
-            .map(|(_, rule, id)| {
-                let cost = rule.cost.for_methods(methods);
-                (
-                    Check { rule, cost },
-                    id.iter().map(|p| p.as_ref()).collect(),
-                )
-            })
-            .collect()
-    }
-
-    /// What to give back after the response, if the status is not
-    /// counted: the charges `decision` made of these rules, by its refund
-    /// marks, at what a request for these (upper-case) methods costs;
-    /// `None` when it made none.
-    pub fn pending_refund(&self, decision: &Decision, methods: &[String]) -> Option<PendingRefund> {
-        let rules: Vec<RefundRule> = decision
-            .refund_marks
-            .iter()
-            .filter_map(|&(i, mark)| {
-                let (rule_id, rule, id) = self.rules.get(i)?;
-                let id = id.iter().map(|p| p.as_ref().to_owned()).collect();
-                let cost = rule.cost.for_methods(methods);
-                Some(RefundRule::of(decision, i, mark, *rule_id, id, cost))
-            })
-            .collect();
-        (!rules.is_empty()).then_some(PendingRefund { rules })
-    }
-}
-
-/// An enforced rule that cannot identify a request's client, and why: the
-/// request is refused with a 400.
-pub type Refusal<'c> = (RuleId, &'c Rule, Ambiguous);
-
-/// Picks the rules for `req`. `Err` names the first matching enforced rule
-/// that cannot identify the client: the request is then refused with a 400
-/// and nothing is decided. The worker and `edge-limiter simulate` share it.
-pub fn select<'c, 'r>(
-    config: &'c Config,
-    req: &'r RequestMeta,
-) -> Result<Selection<'c, Cow<'r, str>>, Refusal<'c>> {
-    let mut selection = Selection {
-        rules: Vec::new(),
-        shadow_ambiguous: Vec::new(),
-    };
-    for (id, rule) in config.rules_with_ids().filter(|(_, r)| r.matches(req)) {
-        match rule.identifier(req) {
-            Ok(parts) => selection.rules.push((id, rule, parts)),
-            // A shadow rule never blocks, not even an ambiguous request.
-            Err(a) if rule.mode == Mode::Shadow => selection.shadow_ambiguous.push((id, rule, a)),
-            Err(a) => return Err((id, rule, a)),
-        }
-    }
-    Ok(selection)
-}
-
-/// The tightest budget of these rules: none waits longer than it allows.
-fn budget_of<'a>(rules: impl Iterator<Item = &'a Rule>) -> Duration {
-    Duration::from_millis(
-        rules
-            .map(|r| r.budget_ms)
-            .min()
-            .unwrap_or(DEFAULT_BUDGET_MS),
-    )
-}
-
-/// One `refund_failed` event per charge a failed refund call kept.
-fn refund_failed(
-    charges: &[RefundCharge<'_>],
-    call: &ScriptCall,
-    status: u16,
-    error: &ScriptError,
-) -> Vec<Event> {
-    charges
-        .iter()
-        .zip(call.rule_keys())
-        .map(|(charge, key)| Event {
-            status: Some(status),
-            key: Some(key.to_owned()),
-            error: Some(error.to_string()),
-            ..Event::new(Action::RefundFailed, &charge.check.rule.name)
-        })
-        .collect()
-}
-
-/// One event per penalty the decision started, naming its penalty key.
-fn penalty_events(
-    checks: &[(Check<'_>, Vec<&str>)],
-    call: &ScriptCall,
-    decision: &Decision,
-) -> Vec<Event> {
-    let keys = call.rule_keys();
-    decision
-        .penalties_started
-        .iter()
-        .filter_map(|&i| {
-            let rule = checks.get(i)?.0.rule;
-            let action = match rule.mode {
-                Mode::Shadow => Action::WouldPenaltyStart,
-                Mode::Enforce => Action::PenaltyStart,
-            };
-            Some(Event {
-                status: (!decision.admitted()).then_some(429),
-                retry_after: rule.penalty_ms.map(seconds_up),
-                key: keys.get(i).map(|k| penalty_key(k)),
-                ..Event::new(action, &rule.name)
-            })
-        })
-        .collect()
-}
-
-/// What the log says of a key part given several values.
-pub fn ambiguity(a: &Ambiguous) -> String {
-    format!("`{}` came with several different values", a.part)
-}
-
-/// A request an enforced rule cannot identify: refused, with its event.
-fn refused((_, rule, ambiguous): Refusal<'_>) -> Handled<'_> {
-    let event = Event {
-        status: Some(400),
-        error: Some(ambiguity(&ambiguous)),
-        ..Event::new(Action::Refuse, &rule.name)
-    };
-    Handled::new(Outcome::Refuse { rule, ambiguous }, vec![event])
-}
-
-/// Seconds a client is told to wait when the limiter cannot decide.
-pub const UNAVAILABLE_RETRY_S: u64 = 1;
-
-/// Redis could not decide: the fail mode of the rules says what happens.
-fn failed<'c>(
-    checks: &[(Check<'c>, Vec<&str>)],
-    call: &ScriptCall,
-    error: &ScriptError,
-) -> Handled<'c> {
-    // One enforced closed rule is enough to refuse: it asked never to be
-    // bypassed. Shadow rules never block, not even here.
-    let closed = checks
-        .iter()
-        .any(|(c, _)| c.rule.fail == FailMode::Closed && c.rule.mode == Mode::Enforce);
-    let action = if closed {
-        Action::FailClosed
-    } else {
-        Action::FailOpen
-    };
-    let events = checks
-        .iter()
-        .zip(call.rule_keys())
-        .map(|((check, _), key)| Event {
-            status: closed.then_some(503),
-            retry_after: closed.then_some(UNAVAILABLE_RETRY_S),
-            key: Some(key.to_owned()),
-            error: Some(error.to_string()),
-            ..Event::new(action, &check.rule.name)
-        })
-        .collect();
-    let outcome = match closed {
-        true => Outcome::Unavailable,
-        false => Outcome::Forward(Forward::Bypassed),
-    };
-    Handled::new(outcome, events)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -729,6 +325,7 @@ mod tests {
         transport::keys::redis_key,
         transport::redis_rest::{RestError, Script},
     };
+    use crate::rules::rule::RuleId;
     use serde_json::{json, Value};
     use std::cell::Cell;
 

@@ -1,0 +1,339 @@
+//! What the limiter says of one request: what should happen to it, the
+//! log events that go with it, and the work it leaves for after the
+//! response (charges to give back, leases to refresh). Built here from a
+//! decision, a failed call or a refusal, for every path of the limiter.
+
+use crate::decision::{
+    memory::in_flight::SharedCall,
+    outcomes::events::{Action, Event},
+    outcomes::verdict::{seconds_up, Decision, OverrideSource},
+    transport::keys::{override_key, penalty_key},
+    transport::protocol::{Check, RefundCharge, ScriptCall, ScriptError},
+};
+use crate::rules::{
+    config::Config,
+    rule::{Ambiguous, FailMode, Mode, Rule, RuleId},
+};
+
+/// What should happen to the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome<'c> {
+    /// Send it on to the origin.
+    Forward(Forward<'c>),
+    /// Answer 429: an enforced rule denied it.
+    Deny(Decided<'c>),
+    /// Answer 400: an enforced rule cannot identify the client.
+    Refuse {
+        /// The rule.
+        rule: &'c Rule,
+        /// The key part given several values.
+        ambiguous: Ambiguous,
+    },
+    /// Answer 503: Redis could not decide, and a rule fails closed.
+    Unavailable,
+}
+
+/// Why a request goes on to the origin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Forward<'c> {
+    /// No rule limits it.
+    Unlimited,
+    /// Every enforced rule admitted it.
+    Admitted(Decided<'c>),
+    /// Redis could not decide, and every rule fails open.
+    Bypassed,
+}
+
+/// The rules a request was decided under, and their decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided<'c> {
+    /// The rules, in call order.
+    pub rules: Vec<&'c Rule>,
+    /// Their states and the verdict.
+    pub decision: Decision,
+}
+
+/// The limiter's answer for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handled<'c> {
+    /// What should happen to the request.
+    pub outcome: Outcome<'c>,
+    /// Events for the log, one JSON line each.
+    pub events: Vec<Event>,
+    /// Charges to give back once the origin has answered, if its status is
+    /// not one their rule counts: see [`Limiter::refund`].
+    pub refund: Option<PendingRefund>,
+    /// Leases running low, to refresh once the response has gone: see
+    /// [`Limiter::refresh`].
+    pub refresh: Option<LeaseRefresh>,
+    /// Rules whose rule-wide override this isolate should read again once
+    /// the response has gone: see [`Limiter::reread`].
+    pub reread: Vec<String>,
+    /// The call that decided this request with others of its client, when
+    /// one did (see [`crate::decision::memory::in_flight`]).
+    pub shared: Option<SharedCall>,
+}
+
+impl<'c> Handled<'c> {
+    /// An answer of `outcome` with `events`, and nothing left to do after.
+    pub(super) fn new(outcome: Outcome<'c>, events: Vec<Event>) -> Handled<'c> {
+        Handled {
+            outcome,
+            events,
+            refund: None,
+            refresh: None,
+            reread: vec![],
+            shared: None,
+        }
+    }
+}
+
+/// The charges of a forwarded request's `count_status` rules, made up
+/// front, to give back if the origin's status is not one the rule counts.
+/// Owned, so it can outlive the request's borrows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingRefund {
+    /// The rules, each with its client, cost and refund mark.
+    pub rules: Vec<RefundRule>,
+}
+
+/// One rule of a [`PendingRefund`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefundRule {
+    /// The rule.
+    pub rule: RuleId,
+    /// The client's identifier parts.
+    pub id: Vec<String>,
+    /// Units charged.
+    pub cost: u64,
+    /// What the decision replied for the charge (see `lua/limiter.lua`).
+    pub mark: u64,
+    /// The override the charge was made under (its text; empty for none).
+    pub under: String,
+}
+
+impl RefundRule {
+    /// The charge `decision` replied `mark` for on its rule `i`: `rule`,
+    /// for client `id`, of `cost` units, under the override it read.
+    pub fn of(
+        decision: &Decision,
+        i: usize,
+        mark: u64,
+        rule: RuleId,
+        id: Vec<String>,
+        cost: u64,
+    ) -> RefundRule {
+        let under = decision
+            .override_of(i)
+            .map(|o| o.text.clone())
+            .unwrap_or_default();
+        RefundRule {
+            rule,
+            id,
+            cost,
+            mark,
+            under,
+        }
+    }
+}
+
+impl PendingRefund {
+    /// The charges to give back after an answer of `status`: those of rules
+    /// that do not count it, ready for [`ScriptCall::refund`]; rules
+    /// `config` lacks are left out.
+    pub fn uncounted<'a>(&'a self, config: &'a Config, status: u16) -> Vec<RefundCharge<'a>> {
+        self.rules
+            .iter()
+            .filter_map(|r| {
+                let rule = config.rule(r.rule)?;
+                (!rule.count_status.contains(&status)).then(|| RefundCharge {
+                    check: Check { rule, cost: r.cost },
+                    id: r.id.iter().map(String::as_str).collect(),
+                    mark: r.mark,
+                    under: &r.under,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Leases to ask for after a response, one per key running low. Owned, so
+/// it can outlive the request's borrows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRefresh {
+    /// Each rule, with its client's identifier parts and the units wanted.
+    pub rules: Vec<(RuleId, Vec<String>, u64)>,
+}
+
+/// An enforced rule that cannot identify a request's client, and why: the
+/// request is refused with a 400.
+pub type Refusal<'c> = (RuleId, &'c Rule, Ambiguous);
+
+/// The outcome of a decision, with its log events.
+pub(super) fn decided<'c>(
+    checks: &[(Check<'c>, Vec<&str>)],
+    call: &ScriptCall,
+    decision: Decision,
+) -> Handled<'c> {
+    let rules: Vec<&Rule> = checks.iter().map(|(c, _)| c.rule).collect();
+    let keys = call.rule_keys();
+    let mut events: Vec<Event> = rules
+        .iter()
+        .zip(&decision.rules)
+        .zip(&keys)
+        .filter(|((r, _), _)| r.mode == Mode::Shadow)
+        .filter_map(|((r, s), key)| {
+            let retry = s.retry()?;
+            Some(Event {
+                retry_after: retry.seconds(),
+                key: Some((*key).to_owned()),
+                ..Event::new(Action::WouldDeny, &r.name)
+            })
+        })
+        .collect();
+    events.extend(penalty_events(checks, call, &decision));
+    events.extend(ignored_overrides(checks, call, &decision));
+    if let Some(retry) = decision.retry() {
+        let binding = decision.binding();
+        events.push(Event {
+            status: Some(429),
+            retry_after: retry.seconds(),
+            key: keys.get(binding).map(|k| (*k).to_owned()),
+            overridden: override_named(&decision, binding),
+            ..Event::new(Action::Deny, &rules[binding].name)
+        });
+        return Handled::new(Outcome::Deny(Decided { rules, decision }), events);
+    }
+    let admitted = Forward::Admitted(Decided { rules, decision });
+    Handled::new(Outcome::Forward(admitted), events)
+}
+
+/// Whose override rule `i` of `decision` was decided under, and what it
+/// held, for the log: `client: v1 block`.
+fn override_named(decision: &Decision, i: usize) -> Option<String> {
+    let read = decision.override_of(i)?;
+    let whose = match read.source {
+        OverrideSource::None => return None,
+        OverrideSource::Client => "client",
+        OverrideSource::Rule => "rule",
+    };
+    Some(format!("{whose}: {}", read.text))
+}
+
+/// One `override_ignored` event per client override key that held
+/// something that is no override.
+fn ignored_overrides(
+    checks: &[(Check<'_>, Vec<&str>)],
+    call: &ScriptCall,
+    decision: &Decision,
+) -> Vec<Event> {
+    let keys = call.rule_keys();
+    decision
+        .overrides
+        .iter()
+        .filter(|o| o.ignored)
+        .filter_map(|o| {
+            Some(Event {
+                key: keys.get(o.rule).map(|k| override_key(k)),
+                ..Event::new(Action::OverrideIgnored, &checks.get(o.rule)?.0.rule.name)
+            })
+        })
+        .collect()
+}
+
+/// One `refund_failed` event per charge a failed refund call kept.
+pub(super) fn refund_failed(
+    charges: &[RefundCharge<'_>],
+    call: &ScriptCall,
+    status: u16,
+    error: &ScriptError,
+) -> Vec<Event> {
+    charges
+        .iter()
+        .zip(call.rule_keys())
+        .map(|(charge, key)| Event {
+            status: Some(status),
+            key: Some(key.to_owned()),
+            error: Some(error.to_string()),
+            ..Event::new(Action::RefundFailed, &charge.check.rule.name)
+        })
+        .collect()
+}
+
+/// One event per penalty the decision started, naming its penalty key.
+fn penalty_events(
+    checks: &[(Check<'_>, Vec<&str>)],
+    call: &ScriptCall,
+    decision: &Decision,
+) -> Vec<Event> {
+    let keys = call.rule_keys();
+    decision
+        .penalties_started
+        .iter()
+        .filter_map(|&i| {
+            let rule = checks.get(i)?.0.rule;
+            let action = match rule.mode {
+                Mode::Shadow => Action::WouldPenaltyStart,
+                Mode::Enforce => Action::PenaltyStart,
+            };
+            Some(Event {
+                status: (!decision.admitted()).then_some(429),
+                retry_after: rule.penalty_ms.map(seconds_up),
+                key: keys.get(i).map(|k| penalty_key(k)),
+                ..Event::new(action, &rule.name)
+            })
+        })
+        .collect()
+}
+
+/// What the log says of a key part given several values.
+pub fn ambiguity(a: &Ambiguous) -> String {
+    format!("`{}` came with several different values", a.part)
+}
+
+/// A request an enforced rule cannot identify: refused, with its event.
+pub(super) fn refused((_, rule, ambiguous): Refusal<'_>) -> Handled<'_> {
+    let event = Event {
+        status: Some(400),
+        error: Some(ambiguity(&ambiguous)),
+        ..Event::new(Action::Refuse, &rule.name)
+    };
+    Handled::new(Outcome::Refuse { rule, ambiguous }, vec![event])
+}
+
+/// Seconds a client is told to wait when the limiter cannot decide.
+pub const UNAVAILABLE_RETRY_S: u64 = 1;
+
+/// Redis could not decide: the fail mode of the rules says what happens.
+pub(super) fn failed<'c>(
+    checks: &[(Check<'c>, Vec<&str>)],
+    call: &ScriptCall,
+    error: &ScriptError,
+) -> Handled<'c> {
+    // One enforced closed rule is enough to refuse: it asked never to be
+    // bypassed. Shadow rules never block, not even here.
+    let closed = checks
+        .iter()
+        .any(|(c, _)| c.rule.fail == FailMode::Closed && c.rule.mode == Mode::Enforce);
+    let action = if closed {
+        Action::FailClosed
+    } else {
+        Action::FailOpen
+    };
+    let events = checks
+        .iter()
+        .zip(call.rule_keys())
+        .map(|((check, _), key)| Event {
+            status: closed.then_some(503),
+            retry_after: closed.then_some(UNAVAILABLE_RETRY_S),
+            key: Some(key.to_owned()),
+            error: Some(error.to_string()),
+            ..Event::new(action, &check.rule.name)
+        })
+        .collect();
+    let outcome = match closed {
+        true => Outcome::Unavailable,
+        false => Outcome::Forward(Forward::Bypassed),
+    };
+    Handled::new(outcome, events)
+}
