@@ -16,11 +16,9 @@ use worker::{console_error, console_log, event, worker_sys::web_sys, Context, En
 use crate::{
     decision::{
         limiter::{Handled, LeaseRefresh, Limiter, PendingRefund},
-        memory::block_cache::BlockCache,
         memory::in_flight::InFlight,
-        memory::leases::Leases,
         memory::log_gate::LogGate,
-        memory::rule_wide::RuleWide,
+        memory::IsolateMemory,
         outcomes::events::Event,
         runtime::{Bell, Pause, Paused, Signal},
         stats::{
@@ -56,14 +54,9 @@ struct Isolate {
     /// The script calls of its requests, those made at the same moment
     /// carried together.
     calls: Batches<RestClient>,
-    /// SharedCall by the isolate's requests: what it learned about denied clients.
-    cache: RefCell<BlockCache>,
-    /// Units leased to this isolate.
-    leases: RefCell<Leases>,
-    /// The rule-wide overrides as last read.
-    wide: RefCell<RuleWide>,
-    /// Its decision calls in flight, and the requests waiting on them.
-    in_flight: InFlight,
+    /// What its requests' limiters decide with: denials, leases, the
+    /// rule-wide overrides, the calls in flight.
+    memory: IsolateMemory,
     /// What it counted and has not written yet, when stats are on.
     stats: Option<RefCell<Recorder>>,
     /// Its log lines, held back where a flood repeats them.
@@ -101,11 +94,8 @@ fn isolate(env: &Env) -> std::result::Result<Rc<Isolate>, String> {
                     (js_sys::Math::random() * 2f64.powi(53)) as u64,
                 ))
             }),
-        cache: RefCell::new(BlockCache::new(config.cache_hold_ms)),
-        leases: RefCell::new(Leases::new()),
-        wide: RefCell::new(RuleWide::new()),
+        memory: IsolateMemory::new(config.cache_hold_ms, InFlight::new(JsPause)),
         headers_read: config.headers_read(),
-        in_flight: InFlight::new(JsPause),
         log_gate: RefCell::new(LogGate::new()),
         log_flush_at: Cell::new(0),
         config,
@@ -299,15 +289,7 @@ type Calls<'a> = Counted<'a, Batched<'a, RestClient, OnRequest>>;
 impl Isolate {
     /// A limiter on `store`: the isolate's calls, a request's counted.
     fn limiter<'a>(&'a self, store: &'a Calls<'a>) -> Limiter<'a, 'a, Calls<'a>> {
-        Limiter {
-            config: &self.config,
-            store,
-            cache: &self.cache,
-            leases: &self.leases,
-            wide: &self.wide,
-            in_flight: &self.in_flight,
-            pinned: false,
-        }
+        Limiter::new(&self.config, store, &self.memory, false)
     }
 
     /// Writes the lines the log gate lets through of `events`, and sets a

@@ -25,6 +25,7 @@ use crate::decision::{
     memory::in_flight::InFlight,
     memory::leases::Leases,
     memory::rule_wide::RuleWide,
+    memory::IsolateMemory,
     outcomes::events::{Action, Event},
     transport::keys::rule_wide_key,
     transport::protocol::{
@@ -57,6 +58,27 @@ pub struct Limiter<'c, 's, S> {
     /// Whether the script runs on `now_ms` rather than Redis's clock
     /// (tests and simulations, whose time is not real).
     pub pinned: bool,
+}
+
+impl<'c, 's, S> Limiter<'c, 's, S> {
+    /// A limiter over one isolate's `memory`, its calls made through
+    /// `store`; `pinned` runs the script on the caller's clock.
+    pub fn new(
+        config: &'c Config,
+        store: &'s S,
+        memory: &'s IsolateMemory,
+        pinned: bool,
+    ) -> Limiter<'c, 's, S> {
+        Limiter {
+            config,
+            store,
+            cache: &memory.cache,
+            leases: &memory.leases,
+            wide: &memory.wide,
+            in_flight: &memory.in_flight,
+            pinned,
+        }
+    }
 }
 
 impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {

@@ -32,10 +32,8 @@ use super::{
 use crate::{
     decision::{
         limiter::{select, Forward, Handled, Limiter, Outcome},
-        memory::block_cache::BlockCache,
         memory::in_flight::InFlight,
-        memory::leases::Leases,
-        memory::rule_wide::RuleWide,
+        memory::IsolateMemory,
         outcomes::verdict::RuleState,
         runtime::{Bell, Pause, Paused, Signal},
         transport::keys::{redis_key, window_offset},
@@ -162,14 +160,12 @@ struct Replay<'c> {
     config: &'c Config,
     runner: SocketRunner,
     clock: Rc<Clock>,
-    caches: Vec<RefCell<BlockCache>>,
-    leases: Vec<RefCell<Leases>>,
-    in_flight: Vec<InFlight>,
+    /// Each isolate's; every one holds the plan's rule-wide overrides for
+    /// the whole replay.
+    isolates: Vec<IsolateMemory>,
     /// Each group call's run at Redis, by isolate and call, for the
     /// requests it decided.
     groups: RefCell<HashMap<(usize, u64), GroupRun>>,
-    /// The plan's rule-wide overrides, held for the whole replay.
-    wide: RefCell<RuleWide>,
     /// The farthest isolate's distance to Redis, ms each way.
     latency_ms: u64,
     /// The order in which requests were decided, at Redis or in an isolate.
@@ -201,17 +197,15 @@ impl<'c> IsolatesReplay<'c> {
         let replay = Replay {
             config,
             runner: SocketRunner::start()?,
-            caches: (0..isolates)
-                .map(|_| RefCell::new(BlockCache::new(config.cache_hold_ms)))
-                .collect(),
-            leases: (0..isolates).map(|_| RefCell::new(Leases::new())).collect(),
-            in_flight: (0..isolates)
-                // Calls here never time out, nor does a wait in line.
-                .map(|_| InFlight::new(OnTimeline(clock.clone())).ignoring_budgets())
+            isolates: (0..isolates)
+                .map(|_| {
+                    // Calls here never time out, nor does a wait in line.
+                    let in_flight = InFlight::new(OnTimeline(clock.clone())).ignoring_budgets();
+                    IsolateMemory::new(config.cache_hold_ms, in_flight)
+                })
                 .collect(),
             groups: RefCell::new(HashMap::new()),
             clock,
-            wide: RefCell::new(RuleWide::new()),
             latency_ms,
             order: Cell::new(0),
             charged: RefCell::new(HashMap::new()),
@@ -238,7 +232,11 @@ impl<'c> IsolatesReplay<'c> {
                     let mut conn = self.replay.runner.conn.borrow_mut();
                     write_client_override(&mut conn, &o.rule, id, &o.text)?;
                 }
-                None => self.replay.wide.borrow_mut().hold(&o.rule, &o.text),
+                None => {
+                    for isolate in &self.replay.isolates {
+                        isolate.wide.borrow_mut().hold(&o.rule, &o.text);
+                    }
+                }
             }
         }
         Ok(())
@@ -294,20 +292,12 @@ impl<'c> Replay<'c> {
     fn isolate_of(&self, record: &Record) -> usize {
         let mut h = record.line.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         h ^= h >> 29;
-        (h % self.leases.len() as u64) as usize
+        (h % self.isolates.len() as u64) as usize
     }
 
     /// Isolate `i`'s limiter, its calls made through `store`.
     fn limiter<'s, S>(&'s self, i: usize, store: &'s S) -> Limiter<'c, 's, S> {
-        Limiter {
-            config: self.config,
-            store,
-            cache: &self.caches[i],
-            leases: &self.leases[i],
-            wide: &self.wide,
-            in_flight: &self.in_flight[i],
-            pinned: true,
-        }
+        Limiter::new(self.config, store, &self.isolates[i], true)
     }
 
     /// When the script ran the call that decided a request of isolate `i`
@@ -454,7 +444,7 @@ struct FarScript<'r, 'c> {
 impl<'r, 'c> FarScript<'r, 'c> {
     /// Isolate `i` of N: i + 1 N-ths of the replay's latency away.
     fn new(replay: &'r Replay<'c>, i: usize) -> FarScript<'r, 'c> {
-        let n = replay.leases.len() as u64;
+        let n = replay.isolates.len() as u64;
         FarScript {
             replay,
             distance_ms: replay.latency_ms * (i as u64 + 1) / n,
