@@ -338,9 +338,22 @@ fn limiter_call(call: &Sent) -> Option<(Vec<String>, bool)> {
 /// Sends `n` requests of `client` to `path`, alternating between the
 /// workers; their statuses.
 async fn alternate(workers: [&Worker; 2], path: &str, client: &str, n: usize) -> Vec<u16> {
+    alternate_paced(workers, (path, client), n, Duration::ZERO).await
+}
+
+/// [`alternate`], `gap` between one answer and the next request.
+async fn alternate_paced(
+    workers: [&Worker; 2],
+    (path, client): (&str, &str),
+    n: usize,
+    gap: Duration,
+) -> Vec<u16> {
     let http = support::http();
     let mut statuses = Vec::new();
     for i in 0..n {
+        if i > 0 && !gap.is_zero() {
+            tokio::time::sleep(gap).await;
+        }
         let url = format!("{}{path}", workers[i % 2].url);
         let r = http
             .get(url)
@@ -385,7 +398,10 @@ async fn two_workers_stats_agree_with_what_was_sent_and_decided() {
     open.extend(alternate(workers, "/limited", "c3", 2).await);
     proxy.set(Fault::Pass);
     assert_eq!(open, [200; 4]);
-    let hot = alternate(workers, "/leased", "c4", 40).await;
+    // An isolate leases to a stream, a run of arrivals that has lasted
+    // half a lease (500 ms): paced, each worker's 20 span over a second
+    // however fast the machine answers.
+    let hot = alternate_paced(workers, ("/leased", "c4"), 40, Duration::from_millis(30)).await;
     assert_eq!(hot, [200; 40]);
     sent += 6 + 5 + 4 + 40;
 
