@@ -640,7 +640,7 @@ refusing or out of reach, a log line --strict stops at).";
             format!(
                 "rule `{}`: no override; {} holds\n",
                 rule.name,
-                limits::figures(&rule.policy)
+                rule.policy.algorithm().figures()
             )
         } else {
             found

@@ -60,7 +60,11 @@ impl Stored {
         let what = match &self.read {
             Some(Override::Block) => "blocked".to_owned(),
             Some(Override::Figures(p)) => {
-                format!("{} in place of {}", figures(p), figures(configured))
+                format!(
+                    "{} in place of {}",
+                    p.algorithm().figures(),
+                    configured.algorithm().figures()
+                )
             }
             None => format!("not an override (ignored): {:?}", self.text),
         };
@@ -80,11 +84,6 @@ impl Stored {
             "expires_in_ms": self.expires_in_ms,
         })
     }
-}
-
-/// A policy in a few words, as `check` writes it.
-pub fn figures(policy: &Policy) -> String {
-    policy.algorithm().figures()
 }
 
 /// Stores `what` as `rule`'s override for `values` (every client for

@@ -10,7 +10,7 @@ use super::{
     lease::Lease,
     pattern::PathPattern,
     policy::{Gcra, Policy, PolicyError, Window, Windows, MAX_DURATION_MS},
-    raw::{Algorithm, FromJson, RawConfig, RawCost, RawDuration, RawRule},
+    raw::{AlgorithmName, FromJson, RawConfig, RawCost, RawDuration, RawRule},
     request::{self, CfField, RequestMeta},
     rule::{Cost, DenyBody, FailMode, KeyPart, Mode, Rule, RuleId, DEFAULT_BUDGET_MS},
     stats::{self, StatsClients, StatsSettings},
@@ -293,13 +293,13 @@ impl TryFrom<RawRule> for Rule {
 
     fn try_from(raw: RawRule) -> Result<Rule, FieldError> {
         let policy = match raw.algorithm {
-            Algorithm::Gcra => gcra(
+            AlgorithmName::Gcra => gcra(
                 raw.rate,
                 raw.period.as_ref(),
                 raw.burst,
                 raw.windows.is_some(),
             )?,
-            Algorithm::Windowed => windowed(&raw)?,
+            AlgorithmName::Windowed => windowed(&raw)?,
         };
         let name = rule_name(raw.name)?;
         let host = raw.host.map(host_pattern).transpose()?;

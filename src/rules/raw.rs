@@ -10,9 +10,9 @@ use super::{
     stats::StatsClients,
 };
 
-/// The two algorithms a rule can use.
+/// The algorithm a rule names in `algorithm`, before its figures are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Algorithm {
+pub(super) enum AlgorithmName {
     /// `rate`, `period`, `burst`.
     Gcra,
     /// `windows`.
@@ -96,7 +96,7 @@ pub(super) struct RawRule {
     pub(super) with_headers: Vec<String>,
     pub(super) without_headers: Vec<String>,
     pub(super) key: Vec<String>,
-    pub(super) algorithm: Algorithm,
+    pub(super) algorithm: AlgorithmName,
     pub(super) rate: Option<u64>,
     pub(super) period: Option<RawDuration>,
     pub(super) burst: Option<u64>,
@@ -203,11 +203,14 @@ fn named<T: Copy>(v: &Value, names: &[(&str, T)]) -> Result<T, String> {
     })
 }
 
-impl FromJson for Algorithm {
-    fn from_json(v: &Value) -> Result<Algorithm, String> {
+impl FromJson for AlgorithmName {
+    fn from_json(v: &Value) -> Result<AlgorithmName, String> {
         named(
             v,
-            &[("gcra", Algorithm::Gcra), ("windowed", Algorithm::Windowed)],
+            &[
+                ("gcra", AlgorithmName::Gcra),
+                ("windowed", AlgorithmName::Windowed),
+            ],
         )
     }
 }

@@ -1,7 +1,7 @@
 //! Every call the limiter script answers, encoded as its `KEYS` and
 //! `ARGV` as `lua/limiter.lua` lays them out.
 
-use super::{figures, script::Entry};
+use super::{algorithms, script::Entry};
 use crate::{
     decision::transport::keys::{override_key, penalty_key, redis_key, window_offset},
     rules::{
@@ -101,14 +101,14 @@ impl RuleArgs {
     /// interval (us), burst; or `window`, cost, offset (ms), n, then n x
     /// (duration, limit, precision) in ms.
     fn push_general(&self, args: &mut Vec<String>) {
-        figures::of(&self.policy).push_general(self.cost, self.offset_ms, args);
+        algorithms::of(&self.policy).push_general(self.cost, self.offset_ms, args);
     }
 
     /// The one-rule path's arguments: interval (us) and burst; or the
     /// offset, then each window; then the cost when it is not 1.
     fn one_rule_args(&self) -> Vec<String> {
         let mut args = Vec::new();
-        figures::of(&self.policy).push_one_rule(self.offset_ms, &mut args);
+        algorithms::of(&self.policy).push_one_rule(self.offset_ms, &mut args);
         if self.cost != 1 {
             push_numbers(&mut args, &[self.cost]);
         }
@@ -324,7 +324,7 @@ impl ScriptCall {
         };
         let rule = check.rule;
         let plain = rule.count_status.is_empty() && rule.penalty_ms.is_none();
-        let has_path = figures::of(&rule.policy).one_rule_entry().is_some();
+        let has_path = algorithms::of(&rule.policy).one_rule_entry().is_some();
         (plain && has_path).then(|| {
             let rule_args = RuleArgs::new(rule, check.cost, id);
             OneRule {
@@ -407,7 +407,7 @@ impl ScriptCall {
         match self {
             // Only an algorithm with a one-rule path makes a OneRule.
             ScriptCall::OneRule(one) => {
-                (figures::of(&one.rule.policy).one_rule_entry()).unwrap_or(Entry::Decide)
+                (algorithms::of(&one.rule.policy).one_rule_entry()).unwrap_or(Entry::Decide)
             }
             ScriptCall::Decide(_) => Entry::Decide,
             ScriptCall::Group(_) => Entry::Group,

@@ -1,6 +1,6 @@
 //! The limiter script's protocol, owned here alone, one job a file:
 //! `script` embeds the script with its SHA1 and names its entry points,
-//! `figures` holds each algorithm's side of the contract (a module per
+//! `algorithms` holds each algorithm's side of the contract (a module per
 //! algorithm), `call` encodes every call it answers as its `KEYS` and
 //! `ARGV`, `reply` reads the reply back into a
 //! [`Decision`](crate::decision::outcomes::verdict::Decision), and
@@ -9,8 +9,8 @@
 //! Each imports only those before it in that order. `lua/limiter.lua`
 //! documents the same contract from the script's side.
 
+mod algorithms;
 mod call;
-mod figures;
 mod reply;
 mod rule_wide_read;
 mod runner;

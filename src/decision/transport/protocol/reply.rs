@@ -4,8 +4,8 @@
 use serde_json::Value;
 
 use super::{
+    algorithms,
     call::{General, Group, LeaseAsk, OneRule, ScriptCall},
-    figures,
 };
 use crate::{
     decision::{
@@ -289,7 +289,7 @@ impl OneRule {
             return self.general().decode(reply);
         }
         let state = match reply.as_i64() {
-            Some(one) => figures::of(&self.rule.policy)
+            Some(one) => algorithms::of(&self.rule.policy)
                 .one_rule_state(self.rule.cost, one)
                 .map_err(ScriptError::Reply)?,
             None => return self.none_read(decode_general(reply, &modes, false)?),
