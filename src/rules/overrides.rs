@@ -57,9 +57,7 @@ impl Override {
         let words: Vec<&str> = words.collect();
         match (kind, words.as_slice()) {
             ("block", []) => Some(Override::Block),
-            _ => (policy.algorithm())
-                .override_figures(kind, &words)
-                .map(Override::Figures),
+            _ => policy.override_figures(kind, &words).map(Override::Figures),
         }
     }
 

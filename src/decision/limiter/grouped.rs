@@ -11,7 +11,7 @@ use super::{
     leased::Leased,
     outcome::{decided, failed, Handled},
     selection::{budget_of, Selection},
-    Limiter,
+    state::Limiter,
 };
 use crate::decision::{
     memory::in_flight::{Sending, Woken},

@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use super::{
     outcome::{Decided, Forward, Handled, LeaseRefresh, Outcome},
     selection::{budget_of, Selection},
-    Limiter,
+    state::Limiter,
 };
 use crate::{
     decision::{

@@ -3,12 +3,13 @@
 //! once, and say what should happen to the request (`outcome`);
 //! `crate::edge::responses` renders it.
 
-use std::{borrow::Cow, cell::RefCell, time::Duration};
+use std::{borrow::Cow, time::Duration};
 
 mod grouped;
 mod leased;
 mod outcome;
 mod selection;
+mod state;
 
 use grouped::line_of;
 use leased::Leased;
@@ -19,13 +20,9 @@ pub use outcome::{
 use outcome::{decided, failed, refund_failed, refused};
 use selection::budget_of;
 pub use selection::{select, Selection};
+pub use state::Limiter;
 
 use crate::decision::{
-    memory::block_cache::BlockCache,
-    memory::in_flight::InFlight,
-    memory::leases::Leases,
-    memory::rule_wide::RuleWide,
-    memory::IsolateMemory,
     outcomes::events::{Action, Event},
     transport::keys::rule_wide_key,
     transport::protocol::{
@@ -33,53 +30,7 @@ use crate::decision::{
         WideRead,
     },
 };
-use crate::rules::{
-    config::Config, overrides::Override, request::RequestMeta, rule::DEFAULT_BUDGET_MS,
-};
-
-/// What one request is decided with: the configuration, Redis, and this
-/// isolate's memory of denials and clock.
-pub struct Limiter<'c, 's, S> {
-    /// The rules; an outcome borrows them.
-    pub config: &'c Config,
-    /// Where the script runs.
-    pub store: &'s S,
-    /// Denials still in force, shared by the isolate's requests. Borrowed
-    /// only briefly, never across an await, since requests interleave.
-    pub cache: &'s RefCell<BlockCache>,
-    /// Units leased to this isolate, and its keys' demand; borrowed as
-    /// briefly as the cache.
-    pub leases: &'s RefCell<Leases>,
-    /// The rule-wide overrides as this isolate last read them.
-    pub wide: &'s RefCell<RuleWide>,
-    /// The isolate's decision calls in flight, and the requests waiting
-    /// on them.
-    pub in_flight: &'s InFlight,
-    /// Whether the script runs on `now_ms` rather than Redis's clock
-    /// (tests and simulations, whose time is not real).
-    pub pinned: bool,
-}
-
-impl<'c, 's, S> Limiter<'c, 's, S> {
-    /// A limiter over one isolate's `memory`, its calls made through
-    /// `store`; `pinned` runs the script on the caller's clock.
-    pub fn new(
-        config: &'c Config,
-        store: &'s S,
-        memory: &'s IsolateMemory,
-        pinned: bool,
-    ) -> Limiter<'c, 's, S> {
-        Limiter {
-            config,
-            store,
-            cache: &memory.cache,
-            leases: &memory.leases,
-            wide: &memory.wide,
-            in_flight: &memory.in_flight,
-            pinned,
-        }
-    }
-}
+use crate::rules::{overrides::Override, request::RequestMeta, rule::DEFAULT_BUDGET_MS};
 
 impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     /// Decides `req` at `now_ms` (the isolate's clock: it ages cached
@@ -340,14 +291,19 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
 
 #[cfg(test)]
 mod tests {
+    use std::cell::RefCell;
+
     use super::*;
     use crate::decision::{
+        memory::{
+            block_cache::BlockCache, in_flight::InFlight, leases::Leases, rule_wide::RuleWide,
+        },
         outcomes::verdict::{RequestVerdict, Retry},
         runtime::TokioPause,
         transport::keys::redis_key,
         transport::redis_rest::{RestError, Script},
     };
-    use crate::rules::rule::RuleId;
+    use crate::rules::{config::Config, rule::RuleId};
     use serde_json::{json, Value};
     use std::cell::Cell;
 

@@ -4,8 +4,8 @@
 
 use std::num::NonZeroU64;
 
-use super::{
-    invalid, nonzero, text_number, Algorithm, Policy, PolicyError, MAX_DURATION_MS, MAX_UNITS,
+use super::algorithm::{
+    invalid, nonzero, text_number, Algorithm, PolicyError, MAX_DURATION_MS, MAX_UNITS,
 };
 
 /// The longest debt a GCRA key may carry, burst x interval, microseconds
@@ -86,6 +86,24 @@ impl Gcra {
     }
 }
 
+impl Gcra {
+    /// The figures an override's text of `kind` and `words` puts in place
+    /// of these: a GCRA override whose interval is the one its rate and
+    /// period give.
+    pub(super) fn overridden_by(&self, kind: &str, words: &[&str]) -> Option<Gcra> {
+        let (&"gcra", &[rate, period_ms, burst, interval_us]) = (&kind, words) else {
+            return None;
+        };
+        let g = Gcra::new(
+            text_number(rate)?,
+            text_number(period_ms)?,
+            text_number(burst)?,
+        )
+        .ok()?;
+        (g.interval_us() == text_number(interval_us)?).then_some(g)
+    }
+}
+
 impl Algorithm for Gcra {
     fn capacity(&self) -> u64 {
         self.burst()
@@ -121,10 +139,6 @@ impl Algorithm for Gcra {
         vec![self.figures()]
     }
 
-    fn parts(&self) -> Vec<Policy> {
-        vec![Policy::Gcra(*self)]
-    }
-
     /// The script applies the interval and burst; the rate and period are
     /// for people, and must give that same interval.
     fn override_text(&self) -> String {
@@ -135,19 +149,6 @@ impl Algorithm for Gcra {
             self.burst(),
             self.interval_us()
         )
-    }
-
-    fn override_figures(&self, kind: &str, words: &[&str]) -> Option<Policy> {
-        let (&"gcra", &[rate, period_ms, burst, interval_us]) = (&kind, words) else {
-            return None;
-        };
-        let g = Gcra::new(
-            text_number(rate)?,
-            text_number(period_ms)?,
-            text_number(burst)?,
-        )
-        .ok()?;
-        (g.interval_us() == text_number(interval_us)?).then_some(Policy::Gcra(g))
     }
 
     /// A lease's units count as arriving at its end, so its length takes

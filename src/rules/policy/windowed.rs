@@ -4,8 +4,8 @@
 
 use std::num::NonZeroU64;
 
-use super::{
-    invalid, nonzero, text_number, Algorithm, Policy, PolicyError, MAX_DURATION_MS, MAX_UNITS,
+use super::algorithm::{
+    invalid, nonzero, text_number, Algorithm, PolicyError, MAX_DURATION_MS, MAX_UNITS,
 };
 
 /// Windows per windowed rule, at most.
@@ -131,6 +131,32 @@ impl Windows {
     }
 }
 
+impl Windows {
+    /// Each window as windows of their own, over the same state.
+    pub(super) fn parts(&self) -> Vec<Windows> {
+        (self.iter())
+            .filter_map(|w| Windows::new(vec![*w]).ok())
+            .collect()
+    }
+
+    /// The figures an override's text of `kind` and `words` puts in place
+    /// of these: new limits for these very windows, in their order.
+    pub(super) fn overridden_by(&self, kind: &str, words: &[&str]) -> Option<Windows> {
+        if kind != "windows" || words.len() != self.len() {
+            return None;
+        }
+        let limits = (self.iter())
+            .zip(words)
+            .map(|(w, named)| {
+                let (duration_ms, limit) = named.split_once(':')?;
+                text_number(duration_ms).filter(|d| *d == w.duration_ms())?;
+                text_number(limit)
+            })
+            .collect::<Option<Vec<u64>>>()?;
+        self.with_limits(&limits).ok()
+    }
+}
+
 impl Algorithm for Windows {
     fn capacity(&self) -> u64 {
         self.iter().map(Window::limit).min().unwrap_or(0)
@@ -171,13 +197,6 @@ impl Algorithm for Windows {
         self.len()
     }
 
-    fn parts(&self) -> Vec<Policy> {
-        (self.iter())
-            .filter_map(|w| Windows::new(vec![*w]).ok())
-            .map(Policy::Windowed)
-            .collect()
-    }
-
     fn labels(&self) -> Vec<String> {
         (self.iter())
             .map(|w| format!("window {}ms by {}ms", w.duration_ms(), w.precision_ms()))
@@ -192,21 +211,6 @@ impl Algorithm for Windows {
             .map(|w| format!("{}:{}", w.duration_ms(), w.limit()))
             .collect();
         format!("windows {}", limits.join(" "))
-    }
-
-    fn override_figures(&self, kind: &str, words: &[&str]) -> Option<Policy> {
-        if kind != "windows" || words.len() != self.len() {
-            return None;
-        }
-        let limits = (self.iter())
-            .zip(words)
-            .map(|(w, named)| {
-                let (duration_ms, limit) = named.split_once(':')?;
-                text_number(duration_ms).filter(|d| *d == w.duration_ms())?;
-                text_number(limit)
-            })
-            .collect::<Option<Vec<u64>>>()?;
-        self.with_limits(&limits).ok().map(Policy::Windowed)
     }
 
     /// A lease's units count in the request's buckets, so any window

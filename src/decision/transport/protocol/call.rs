@@ -365,12 +365,11 @@ impl ScriptCall {
     /// or the one GCRA state. Each window is peeked as a rule of its own
     /// over the same key and offset, so it reads the rule's own counters.
     pub fn inspect(rule: &Rule, id: &[&str]) -> ScriptCall {
-        let algorithm = rule.policy.algorithm();
-        if algorithm.items() <= 1 {
+        if rule.policy.algorithm().items() <= 1 {
             return ScriptCall::decide(&[(Check { rule, cost: 0 }, id.to_vec())], None);
         }
         let whole = RuleArgs::new(rule, 0, id);
-        let rules = (algorithm.parts().into_iter())
+        let rules = (rule.policy.parts().into_iter())
             .map(|policy| {
                 let args = RuleArgs {
                     policy,

@@ -1,0 +1,94 @@
+//! What every algorithm's figures answer, and what their checks share:
+//! the error naming a field, and the bounds every figure keeps to.
+
+use std::num::NonZeroU64;
+
+/// What every algorithm answers of its figures, so that nothing outside
+/// its module asks which algorithm a rule uses: `gcra.rs` and
+/// `windowed.rs` implement it, and `policy/mod.rs` lists them.
+pub trait Algorithm {
+    /// The largest cost one request can ever be admitted with.
+    fn capacity(&self) -> u64;
+
+    /// The longest span it counts over, ms: the span a key's window edge
+    /// offset is spread over.
+    fn longest_ms(&self) -> u64;
+
+    /// The figures as `edge-limiter check` reports them
+    /// (`gcra 5/1000ms burst 5`).
+    fn describe(&self) -> String;
+
+    /// The figures as `limit` and `inspect` name them, shorter
+    /// (`windowed 10/1000ms + 100/60000ms`).
+    fn figures(&self) -> String;
+
+    /// The `RateLimit-Policy` items: (quota, window in seconds), one per
+    /// limit it holds.
+    fn quotas(&self) -> Vec<(u64, u64)>;
+
+    /// How many limits it reports in headers; with more than one, each is
+    /// named `rule.i`.
+    fn items(&self) -> usize;
+
+    /// What `inspect` calls each of those limits.
+    fn labels(&self) -> Vec<String>;
+
+    /// Its figures as an override's text after the version
+    /// (`gcra <rate> <period_ms> <burst> <interval_us>`), which
+    /// `lua/limiter.lua` reads.
+    fn override_text(&self) -> String;
+
+    /// The most units a fresh client's lease lasting `for_ms` can hold,
+    /// taking one `share`th of what is left after a request.
+    fn lease_largest(&self, for_ms: u64, share: u64) -> u64;
+
+    /// The longest a lease of `units` may last at a fresh client, ms,
+    /// where the figures bound it (0: not at all); `None` where only its
+    /// length and the buckets it is counted in do.
+    fn lease_longest_ms(&self, units: u64, share: u64) -> Option<u64>;
+
+    /// How long a lease asked for `for_ms` lasts at most, wherever the
+    /// clock is: the script ends a window's with its shortest bucket.
+    fn lease_cap_ms(&self, for_ms: u64) -> u64;
+
+    /// How long a lease granted now would last, at most `for_ms`;
+    /// `shifted_ms` tells now on the key's shifted clock, for algorithms
+    /// whose leases end with a bucket.
+    fn lease_horizon_ms(&self, for_ms: u64, shifted_ms: &dyn Fn() -> u64) -> u64;
+
+    /// A lease as `edge-limiter check` reports it, with the `largest` the
+    /// figures allow.
+    fn describe_lease(&self, units: u64, for_ms: u64, largest: u64) -> String;
+}
+
+/// A policy's parameters that cannot work, with the field to fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyError {
+    /// The offending field, as written in the configuration.
+    pub field: String,
+    /// What is wrong and what would be right.
+    pub problem: String,
+}
+
+pub(super) fn invalid(field: impl Into<String>, problem: impl Into<String>) -> PolicyError {
+    PolicyError {
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+/// Upper bound for every duration: 366 days of milliseconds.
+pub const MAX_DURATION_MS: u64 = 366 * 24 * 3600 * 1000;
+
+/// Upper bound for a limit or burst.
+pub const MAX_UNITS: u64 = 1_000_000_000;
+
+pub(super) fn nonzero(n: u64, field: &str, problem: &str) -> Result<NonZeroU64, PolicyError> {
+    NonZeroU64::new(n).ok_or_else(|| invalid(field, problem))
+}
+
+/// A number as the script reads one in an override's text: digits, no
+/// sign, no leading zero.
+pub(super) fn text_number(word: &str) -> Option<u64> {
+    word.parse().ok().filter(|n: &u64| n.to_string() == word)
+}
