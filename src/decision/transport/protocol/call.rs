@@ -124,6 +124,8 @@ fn push_numbers(args: &mut Vec<String>, numbers: &[u64]) {
 /// charged now: the script's cheapest path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OneRule {
+    /// The entry that decides it: its algorithm's one-rule path.
+    pub entry: Entry,
     /// The rule's key and figures.
     pub rule: RuleArgs,
     /// The rule's mode, for settling the reply.
@@ -324,10 +326,11 @@ impl ScriptCall {
         };
         let rule = check.rule;
         let plain = rule.count_status.is_empty() && rule.penalty_ms.is_none();
-        let has_path = algorithms::of(&rule.policy).one_rule_entry().is_some();
-        (plain && has_path).then(|| {
+        let entry = algorithms::of(&rule.policy).one_rule_entry()?;
+        plain.then(|| {
             let rule_args = RuleArgs::new(rule, check.cost, id);
             OneRule {
+                entry,
                 override_key: rule.overrides.then(|| override_key(&rule_args.key)),
                 rule: rule_args,
                 mode: rule.mode,
@@ -404,10 +407,7 @@ impl ScriptCall {
     /// The entry point this call takes in the script.
     pub fn entry(&self) -> Entry {
         match self {
-            // Only an algorithm with a one-rule path makes a OneRule.
-            ScriptCall::OneRule(one) => {
-                (algorithms::of(&one.rule.policy).one_rule_entry()).unwrap_or(Entry::Decide)
-            }
+            ScriptCall::OneRule(one) => one.entry,
             ScriptCall::Decide(_) => Entry::Decide,
             ScriptCall::Group(_) => Entry::Group,
             ScriptCall::Reset(_) => Entry::Reset,
