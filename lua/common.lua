@@ -21,43 +21,25 @@
 -- keys live one day (86400000 ms) longer than that, so a replay slower
 -- than its log never loses state to an expiry.
 --
--- The one-rule paths at the top of gcra.lua and windowed.lua run before any
--- function is built and read ARGV and redis.call through these aliases; no
--- function uses them, so no closure captures them.
-local argv, call, args = ARGV, redis.call, #ARGV
--- A lone windowed rule's ARGV (more than 3): its offset, n x (duration,
--- limit, precision), then its cost when it is not 1. Its n, and its cost
--- as text.
-local lone_n, lone_cost = 0, '1'
-if args > 3 then
-  lone_n = (args - 1 - (args - 1) % 3) / 3
-  if (args - 1) % 3 == 1 then
-    lone_cost = argv[args]
-  end
-end
-
--- A lone rule that takes overrides sends its override key as KEYS[2].
--- With none stored its one-rule path decides it; with one, ARGV becomes
--- the general decision's with an override read, which applies it.
-if #KEYS == 2 and tonumber(argv[1]) and call('EXISTS', KEYS[2]) == 1 then
-  local rule = { 'gcra', argv[3] or '1', argv[1], argv[2] }
-  if args > 3 then
-    rule = { 'window', lone_cost, argv[1], tostring(lone_n), unpack(argv, 2, 1 + 3 * lone_n) }
-  end
-  local general = { 'decide', '', 'e', unpack(rule) }
-  for _, word in ipairs({ 'override', '1', '1', '', '-1' }) do
-    general[#general + 1] = word
-  end
-  for i, word in ipairs(general) do
-    argv[i] = word
-  end
-  args = #argv
-end
-
--- Whether ARGV[1] names an operation: the one list of them in the script
+-- Every call names its operation in ARGV[1]. The two lone-rule operations
+-- are the rule's own arguments (a rule's word, 'gcra' or 'window', then
+-- its cost and figures, as in a general decision), decided at the top of
+-- gcra.lua or windowed.lua before any function is built; they read ARGV
+-- and redis.call through these aliases, which no function captures.
+local argv, call, op = ARGV, redis.call, ARGV[1]
+-- The operations: the one list of them in the script
 -- (src/decision/transport/protocol/script.rs's Entry owns the names, and a
--- test there holds this line to it). A one-rule path's first argument is a
--- number, so its guard takes any call that names none: a new operation
--- added here cannot be taken for a lone rule.
-local op = argv[1]
-local named = op == 'decide' or op == 'group' or op == 'reset' or op == 'refund'
+-- test there holds these two lines to it).
+local lone = op == 'gcra' or op == 'window'
+local known = lone or op == 'decide' or op == 'group' or op == 'reset' or op == 'refund'
+if not known then
+  return redis.error_reply('edge-limiter: the call names no operation of this script')
+end
+
+-- A lone rule that takes overrides sends its client's override key as
+-- KEYS[2]. With one stored, the general decision (limiter.lua) decides the
+-- rule, reading and applying the override; `general` says whether this
+-- call goes that way, so that only such calls build its functions (Redis
+-- builds every function of a script anew on each call).
+local overridden = lone and KEYS[2] ~= nil and call('EXISTS', KEYS[2]) == 1
+local general = overridden or not lone

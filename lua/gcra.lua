@@ -24,17 +24,17 @@
 
 -- One GCRA rule governing a request alone, on Redis's clock: the commonest
 -- call, decided before any function of the script is built.
---   ARGV  interval (us), burst, then the cost when it is not 1 (no other
---         argument: each one costs Redis its parsing)
+--   KEYS  the rule's state, then the client's override key when the rule
+--         takes overrides (common.lua: with one stored, the general
+--         decision decides the call instead)
+--   ARGV  'gcra', cost, interval (us), burst: the rule's arguments as a
+--         general decision has them
 -- Replies with one integer, cheaper than a table: how far the TAT lay ahead
 -- before the request (us), or -1 minus that when the request is denied;
 -- the caller derives every header from it. Numbers go to redis.call as
 -- '%d' text, which Redis converts for less than a Lua number.
-if args <= 3 and not named then
-  local key, interval_us, burst, cost = KEYS[1], argv[1] + 0, argv[2] + 0, 1
-  if argv[3] then
-    cost = argv[3] + 0
-  end
+if op == 'gcra' and not overridden then
+  local key, cost, interval_us, burst = KEYS[1], argv[2] + 0, argv[3] + 0, argv[4] + 0
   -- -2 (no key) and -1 (a key without expiry, which this script never
   -- writes) both come out negative: no state.
   local pttl = call('PTTL', key)
@@ -71,7 +71,7 @@ end
 -- The general path's functions (limiter.lua), built only for the calls
 -- that reach it: Redis builds every function of a script anew on each call.
 local gcra_ahead, gcra_check, gcra_commit, gcra_refund
-if argv[1] == 'decide' or argv[1] == 'group' or argv[1] == 'refund' then
+if general then
   -- How far the key's TAT lies ahead of now, microseconds (0: not at all).
   --   now_us    the pinned clock, or nil for Redis's clock
   function gcra_ahead(key, now_us, interval_us)

@@ -2,28 +2,30 @@
 -- nothing, in one call. common.lua, gcra.lua, windowed.lua and penalty.lua
 -- are joined in front of this file at build time (see build.rs).
 --
--- Which entry answers a call (src/decision/transport/protocol/script.rs's
--- Entry says the same); the two one-rule paths carry no operation name (`named`,
--- at the end of common.lua, lists the names), the cheapest encoding
--- measured:
---   #ARGV <= 3, no operation named   one GCRA rule on Redis's clock (gcra.lua)
---   #ARGV > 3, no operation named    one windowed rule on Redis's clock
---                                    (windowed.lua)
---   either, with KEYS[2]             its rule takes overrides: KEYS[2] is
---                                    the client's override key; when it
---                                    holds one, ARGV is rewritten as the
---                                    general decision's (common.lua)
---   ARGV[1] == 'reset'               forget every key in KEYS (below)
---   ARGV[1] == 'refund'              give back refundable charges (below)
---   ARGV[1] == 'decide'              the general decision (below)
---   ARGV[1] == 'group'               several requests of one client under
---                                    the same rules, each decided by the
---                                    general decision after the one before,
---                                    at the same instant (below)
+-- ARGV[1] names the operation (src/decision/transport/protocol/script.rs's
+-- Entry says the same; `known`, in common.lua, lists the names):
+--   ARGV[1] == 'gcra'     one GCRA rule alone, on the Redis clock (gcra.lua)
+--   ARGV[1] == 'window'   one windowed rule alone, on the Redis clock
+--                         (windowed.lua); either, with KEYS[2], is a rule
+--                         that takes overrides: KEYS[2] is the client's
+--                         override key, and when it holds one the general
+--                         decision below decides the rule
+--   ARGV[1] == 'reset'    forget every key in KEYS (below)
+--   ARGV[1] == 'refund'   give back refundable charges (below)
+--   ARGV[1] == 'decide'   the general decision (below)
+--   ARGV[1] == 'group'    several requests of one client under the same
+--                         rules, each decided by the general decision
+--                         after the one before, at the same instant (below)
+--
+-- A rule's arguments, the same in every call that carries rules:
+--   'gcra',   cost, interval (us), burst
+--   'window', cost, offset (ms), n, then n x (duration, limit, precision) (ms)
+-- A lone rule's call is its arguments alone.
 --
 -- The general decision:
 -- KEYS[i]   state of rule i (all under one hash tag when run on a cluster);
---           after the rules' keys, one penalty key per rule with a penalty
+--           after the rules' keys, one override key per rule that takes
+--           overrides, then one penalty key per rule with a penalty
 -- ARGV[1]   'decide' ('group' for a group)
 -- ARGV[2]   now in milliseconds, or '' to keep Redis's own time (key
 --           expiries, TIME), so that edge locations with skewed clocks agree
@@ -32,22 +34,19 @@
 --           charged); 'r' and 'q' are the same with a refund mark in the
 --           reply (rules that count only some responses: the caller gives
 --           the charge back after a response they do not count)
---           after them, one override key per rule that takes overrides,
---           then the penalty keys
--- ARGV[4..] per rule, in KEYS order:
---             'gcra',   cost, interval (us), burst
---             'window', cost, offset (ms), n, then n x (duration, limit, precision) (ms)
---           then, for a group: 'costs', m, and m x (one cost per rule, in
---           KEYS order): each further request's, in the order they are
---           decided after the first (whose costs are the rules' own);
---           then, if any rule asks for a lease: 'lease', m, and m x (its
---           1-based index, the most units it wants, its longest length
---           (ms)); then, if any rule takes overrides:
---           'override', m, and m x (its 1-based index, the rule-wide
---           override's text ('' for none), its ms left (-1: no end));
---           then, if any rule has a penalty:
---           'penalty', and per such rule its 1-based index and the
---           penalty (ms), in penalty keys' order
+-- ARGV[4..] each rule's arguments, in KEYS order; then sections, each a
+--           word, a count m and m entries, in this order, each only when
+--           it has entries:
+--             'costs', for a group: each further request's cost per rule
+--             (KEYS order), in the order they are decided after the first
+--             (whose costs are the rules' own);
+--             'lease': per lease asked for, its rule's 1-based index, the
+--             most units it wants, its longest length (ms);
+--             'override': per rule that takes overrides, its 1-based
+--             index, the rule-wide override's text ('' for none), its ms
+--             left (-1: no end);
+--             'penalty': per rule with a penalty, its 1-based index and
+--             the penalty (ms), in penalty keys' order
 --
 -- Reply: six integers per rule, in KEYS order: allowed (1/0), limit,
 -- remaining, reset_after, retry_after (milliseconds; -1: never, the cost
@@ -78,9 +77,9 @@
 -- units were counted in (or its length, if sooner), so every window
 -- counts them where they are spent.
 --
--- The refund call: ARGV[2] the clock as for a decision, then per rule the
--- same arguments as a decision's, then its refund mark. Replies with one
--- integer per rule: 1 if something was given back.
+-- The refund call: ARGV[2] the clock as for a decision, then per rule its
+-- arguments, then its refund mark. Replies with one integer per rule: 1 if
+-- something was given back.
 -- The request is allowed when every enforced rule admits it; then every rule
 -- that admits it is charged. Otherwise none is, and the rules that would
 -- have admitted it are reported as they stand. Either way, a rule with a
@@ -88,116 +87,137 @@
 -- penalty. A rule whose penalty runs denies, its retry-after being what
 -- is left of the penalty.
 
-if ARGV[1] == 'reset' then
+if op == 'reset' then
   return redis.call('DEL', unpack(KEYS))
 end
 
-if ARGV[1] == 'refund' then
-  local pinned_ms, given, at = ARGV[2], {}, 3
-  local now_us, now_ms
-  if pinned_ms ~= '' then
-    now_us, now_ms = pinned_ms * 1000, pinned_ms + 0
+-- ARGV is read in order, from ARGV[at]: read(n) gives the next n
+-- arguments, as text. A lone rule's call is its rule's arguments from
+-- ARGV[1]; every other call names its clock in ARGV[2].
+local at, pinned_ms = 1, ''
+local function read(n)
+  at = at + n
+  return unpack(ARGV, at - n, at - 1)
+end
+if not lone then
+  at = 2
+  pinned_ms = read(1)
+end
+
+-- The next rule's arguments, named. A window's figures stay text, as
+-- windowed.lua joins them into field names.
+local function read_rule()
+  local word, cost, first, second = read(4)
+  if word == 'gcra' then
+    return { algorithm = 'gcra', cost = cost + 0, interval_us = first + 0, burst = second + 0 }
   end
+  return { algorithm = 'window', cost = cost + 0, offset_ms = first + 0, windows = { read(3 * second) } }
+end
+
+-- nil on Redis's clock: GCRA then needs no clock (its state is the key's
+-- expiry), and a windowed rule reads its key's (or TIME for a fresh key).
+local now_us, now_ms
+if pinned_ms ~= '' then
+  now_us, now_ms = pinned_ms * 1000, pinned_ms + 0
+end
+
+if op == 'refund' then
+  local given = {}
   for i = 1, #KEYS do
-    local cost = ARGV[at + 1] + 0
-    if ARGV[at] == 'gcra' then
-      given[i] = gcra_refund(KEYS[i], now_us, ARGV[at + 2] + 0, cost, ARGV[at + 4] + 0)
-      at = at + 5
+    local rule = read_rule()
+    local mark = read(1) + 0
+    if rule.algorithm == 'gcra' then
+      given[i] = gcra_refund(KEYS[i], now_us, rule.interval_us, rule.cost, mark)
     else
-      local n = ARGV[at + 3] + 0
-      local mark = ARGV[at + 4 + 3 * n] + 0
-      given[i] = windowed_refund(KEYS[i], now_ms, cost, ARGV[at + 2] + 0, at + 4, n, mark)
-      at = at + 5 + 3 * n
+      given[i] = windowed_refund(KEYS[i], now_ms, rule.cost, rule.offset_ms, rule.windows, mark)
     end
   end
   return given
 end
 
--- nil on Redis's clock: GCRA then needs no clock (its state is the key's
--- expiry), and a windowed rule reads its key's (or TIME for a fresh key).
-local pinned_ms, modes = ARGV[2], ARGV[3]
-local now_us, now_ms
-if pinned_ms ~= '' then
-  now_us = pinned_ms * 1000
-  now_ms = pinned_ms + 0
+-- The general decision's arguments, named. A lone rule that reached here
+-- is enforced and reads its client's override (common.lua).
+local modes, rules = 'e', {}
+if not lone then
+  modes = read(1)
 end
-
-local rules = #modes
+for i = 1, #modes do
+  rules[i] = read_rule()
+end
 -- The mode letters as string.byte gives them: 'e', 'r', 'q'.
 local ENFORCE, REFUNDABLE, REFUNDABLE_SHADOW = 101, 114, 113
-local reply, writes, first, aheads = { 0, 0, 0, 0, 0, 0 }, { nil }, { nil }, {}
 
--- Where each rule's arguments start, and the sections after them.
-local at = 4
-for i = 1, rules do
-  first[i] = at
-  if ARGV[at] == 'window' then
-    at = at + 4 + 3 * ARGV[at + 3]
-  else
-    at = at + 4
-  end
+-- Each request's cost per rule, in the order they are decided: the
+-- first's are the rules' own.
+local costs = { {} }
+for i, rule in ipairs(rules) do
+  costs[1][i] = rule.cost
 end
--- A group's further requests, and where their costs start.
-local further, costs_at = 0, 0
-if ARGV[at] == 'costs' then
-  further, costs_at = ARGV[at + 1] + 0, at + 2
-  at = at + 2 + further * rules
-end
-local leases = nil
-if ARGV[at] == 'lease' then
-  leases = {}
-  for j = 1, ARGV[at + 1] do
-    local b = at + 3 * j - 1
-    leases[j] = { rule = ARGV[b] + 0, units = ARGV[b + 1] + 0, ms = ARGV[b + 2] + 0 }
+local section, count = read(2)
+if section == 'costs' then
+  for request = 2, count + 1 do
+    local each = { read(#rules) }
+    for i = 1, #rules do
+      each[i] = each[i] + 0
+    end
+    costs[request] = each
   end
-  at = at + 2 + 3 * ARGV[at + 1]
+  section, count = read(2)
 end
-local overrides, shown = nil, 0
-if ARGV[at] == 'override' then
-  overrides = {}
-  shown = ARGV[at + 1] + 0
-  for j = 1, shown do
-    local b = at + 3 * j - 1
-    overrides[j] = { rule = ARGV[b] + 0, wide = ARGV[b + 1], wide_ms = ARGV[b + 2] + 0, key = KEYS[rules + j] }
+local leases = {}
+if section == 'lease' then
+  for j = 1, count do
+    local rule, units, ms = read(3)
+    leases[j] = { rule = rule + 0, units = units + 0, ms = ms + 0 }
   end
-  at = at + 2 + 3 * shown
+  section, count = read(2)
+end
+local overrides = {}
+if lone then
+  overrides[1] = { rule = 1, wide = '', wide_ms = -1, key = KEYS[2] }
+elseif section == 'override' then
+  for j = 1, count do
+    local rule, wide, wide_ms = read(3)
+    overrides[j] = { rule = rule + 0, wide = wide, wide_ms = wide_ms + 0, key = KEYS[#rules + j] }
+  end
+  section, count = read(2)
 end
 local penalties = nil
-if ARGV[at] == 'penalty' then
+if section == 'penalty' then
   penalties = {}
-  for j = at + 1, #ARGV, 2 do
-    penalties[ARGV[j] + 0] = { key = KEYS[rules + shown + (j - at + 1) / 2], ms = ARGV[j + 1] + 0 }
+  for j = 1, count do
+    local rule, ms = read(2)
+    penalties[rule + 0] = { key = KEYS[#rules + #overrides + j], ms = ms + 0 }
   end
 end
 
--- Overrides: the figures in force replace the rule's own in ARGV, so that
+-- Overrides: the figures in force replace the rule's own, so that
 -- everything after reads them as if configured; a block denies the rule
 -- like a running penalty. A client's override goes before its rule's; text
 -- that is not an override of this release for this rule is none.
 local blocked, override_reply = {}, {}
-if overrides then
+if #overrides > 0 then
   -- Whether `text` is an override of rule i; if so, applied. Only the
   -- forms this release writes are read, a bounded number of fields each,
-  -- so that no stored value, of any length, can fail the call. The
-  -- figures stay text, as ARGV holds them: windowed.lua joins them into names.
+  -- so that no stored value, of any length, can fail the call.
   local function apply(i, text, left_ms)
-    local at = first[i]
+    local rule = rules[i]
     if text == 'v1 block' then
       blocked[i] = left_ms
       return true
     end
-    if ARGV[at] == 'gcra' then
+    if rule.algorithm == 'gcra' then
       local rate, period_ms, burst, interval_us =
         string.match(text, '^v1 gcra ([1-9]%d*) ([1-9]%d*) ([1-9]%d*) ([1-9]%d*)$')
       if not rate then
         return false
       end
-      -- Checked as the configuration checks them (src/rules/policy.rs).
+      -- Checked as the configuration checks them (src/rules/policy/gcra.rs).
       rate, period_ms = rate + 0, period_ms + 0
       local exact = interval_us + 0 == math.floor((period_ms * 1000 + math.floor(rate / 2)) / rate)
       if exact and rate <= period_ms * 1000 and period_ms <= 31622400000 and burst + 0 <= 1000000000
         and interval_us * burst <= 2251799813685248 then
-        ARGV[at + 2], ARGV[at + 3] = interval_us, burst
+        rule.interval_us, rule.burst = interval_us + 0, burst + 0
         return true
       end
       return false
@@ -206,19 +226,20 @@ if overrides then
     -- order: written from the rule's own durations, the text must come out
     -- the same, so an override naming windows the rule no longer has is
     -- none. No more fields are read than the rule has windows.
-    local n, limits, written = ARGV[at + 3] + 0, {}, 'v1 windows'
+    local windows, limits, written = rule.windows, {}, 'v1 windows'
+    local n = #windows / 3
     for limit in string.gmatch(text, ':([1-9]%d*)') do
       if #limits == n or limit + 0 > 1000000000 then
         return false
       end
       limits[#limits + 1] = limit
-      written = written .. ' ' .. ARGV[at + 1 + 3 * #limits] .. ':' .. limit
+      written = written .. ' ' .. windows[3 * #limits - 2] .. ':' .. limit
     end
     if #limits ~= n or text ~= written then
       return false
     end
     for w = 1, n do
-      ARGV[at + 3 + 3 * w - 1] = limits[w]
+      windows[3 * w - 1] = limits[w]
     end
     return true
   end
@@ -247,15 +268,17 @@ if overrides then
   end
 end
 
--- Decides every rule into reply[base + 6i - 5 .. base + 6i] and
--- writes[i]: at its own cost or, when peeking, at cost 0 and only for the
--- rules that admitted the request. Returns whether an enforced rule
--- denies it.
-local function decide(peek, base)
+-- Per rule, from the last decision: its six reply fields, named; what its
+-- admission writes; for GCRA, how far its TAT lay ahead.
+local outcomes, writes, aheads = {}, {}, {}
+
+-- Decides every rule at the costs `cost_of` into outcomes[i] and
+-- writes[i], or, when peeking, at cost 0 and only the rules that admitted
+-- the request. Returns whether an enforced rule denies it.
+local function decide(cost_of, peek)
   local denied = false
-  for i = 1, rules do
-    local k, at, mode = base + 6 * i, first[i], string.byte(modes, i)
-    if not peek or reply[k - 5] == 1 then
+  for i, rule in ipairs(rules) do
+    if not peek or outcomes[i].allowed == 1 then
       -- A running penalty denies whatever the rate says: the rule is then
       -- reported as it stands (at cost 0), with the penalty's time left.
       local penalty, left = penalties and penalties[i], 0
@@ -273,25 +296,26 @@ local function decide(peek, base)
       end
       local cost = 0
       if not peek and left == 0 then
-        cost = ARGV[at + 1] + 0
+        cost = cost_of[i]
       end
-      if ARGV[at] == 'gcra' then
-        local interval_us, burst = ARGV[at + 2] + 0, ARGV[at + 3] + 0
-        aheads[i] = gcra_ahead(KEYS[i], now_us, interval_us)
-        reply[k - 5], reply[k - 4], reply[k - 3], reply[k - 2], reply[k - 1], reply[k], writes[i] =
-          gcra_check(aheads[i], cost, interval_us, burst)
+      local o = {}
+      if rule.algorithm == 'gcra' then
+        aheads[i] = gcra_ahead(KEYS[i], now_us, rule.interval_us)
+        o.allowed, o.limit, o.remaining, o.reset_after, o.retry_after, o.window, writes[i] =
+          gcra_check(aheads[i], cost, rule.interval_us, rule.burst)
       else
-        local offset_ms, windows = ARGV[at + 2] + 0, ARGV[at + 3] + 0
-        reply[k - 5], reply[k - 4], reply[k - 3], reply[k - 2], reply[k - 1], reply[k], writes[i] =
-          windowed_check(KEYS[i], now_ms, cost, offset_ms, at + 4, windows)
+        o.allowed, o.limit, o.remaining, o.reset_after, o.retry_after, o.window, writes[i] =
+          windowed_check(KEYS[i], now_ms, cost, rule.offset_ms, rule.windows)
       end
       if left > 0 then
-        reply[k - 5], reply[k - 1], writes[i] = 0, left, nil
-        reply[k - 2] = math.max(reply[k - 2], left)
+        o.allowed, o.retry_after, writes[i] = 0, left, nil
+        o.reset_after = math.max(o.reset_after, left)
       elseif left < 0 then
-        reply[k - 5], reply[k - 3], reply[k - 1], writes[i] = 0, 0, -1, nil
+        o.allowed, o.remaining, o.retry_after, writes[i] = 0, 0, -1, nil
       end
-      if reply[k - 5] == 0 and (mode == ENFORCE or mode == REFUNDABLE) then
+      outcomes[i] = o
+      local mode = string.byte(modes, i)
+      if o.allowed == 0 and (mode == ENFORCE or mode == REFUNDABLE) then
         denied = true
       end
     end
@@ -300,19 +324,18 @@ local function decide(peek, base)
 end
 
 -- The lease granted to one lease asked for, charged with the request
--- whose fields start after reply[base] into writes[i]: units and how long
--- they may be spent (ms). Built only for calls that ask for one.
+-- decided at `cost_of` into writes[i]: units and how long they may be
+-- spent (ms). Built only for calls that ask for one.
 local grant
-if leases then
-  function grant(lease, base)
+if #leases > 0 then
+  function grant(lease, cost_of)
     local i = lease.rule
-    local k, at = base + 6 * i, first[i]
-    if reply[k - 5] ~= 1 then
+    local rule, o, cost = rules[i], outcomes[i], cost_of[lease.rule]
+    if o.allowed ~= 1 then
       return 0, 0
     end
-    local cost = ARGV[at + 1] + 0
-    if ARGV[at] == 'gcra' then
-      local interval_us, burst = ARGV[at + 2] + 0, ARGV[at + 3] + 0
+    if rule.algorithm == 'gcra' then
+      local interval_us, burst = rule.interval_us, rule.burst
       local from_us = math.max(aheads[i], lease.ms * 1000)
       local left = math.floor((interval_us * burst - from_us - cost * interval_us) / interval_us)
       local units = math.min(lease.units, math.floor(left / 2))
@@ -321,48 +344,41 @@ if leases then
       end
       local write = from_us + (cost + units) * interval_us
       writes[i] = write
-      reply[k - 3], reply[k - 2] = math.floor((interval_us * burst - write) / interval_us), math.ceil(write / 1000)
+      o.remaining, o.reset_after = math.floor((interval_us * burst - write) / interval_us), math.ceil(write / 1000)
       return units, lease.ms
     end
-    local units = math.min(lease.units, math.floor(reply[k - 3] / 2))
+    local units = math.min(lease.units, math.floor(o.remaining / 2))
     if units <= 0 then
       return 0, 0
     end
     local allowed, limit, remaining, reset_after, _, bound, plan =
-      windowed_check(KEYS[i], now_ms, cost + units, ARGV[at + 2] + 0, at + 4, ARGV[at + 3] + 0)
+      windowed_check(KEYS[i], now_ms, cost + units, rule.offset_ms, rule.windows)
     if allowed ~= 1 or not plan then
       return 0, 0
     end
     writes[i] = plan
-    reply[k - 4], reply[k - 3], reply[k - 2], reply[k] = limit, remaining, reset_after, bound
+    o.limit, o.remaining, o.reset_after, o.window = limit, remaining, reset_after, bound
     return units, math.min(plan.edge - plan.now, lease.ms)
   end
 end
 
--- Each request in turn, its fields from reply[base + 1] on: one, or a
--- group's, each decided as if it came after the one before at the same
--- instant, so that each sees what those before it charged.
-local granted, clock_us, base = {}, now_us, 0
-for request = 0, further do
-  if request > 0 then
-    -- This request's costs go where every step reads the rule's cost.
-    for i = 1, rules do
-      ARGV[first[i] + 1] = ARGV[costs_at + (request - 1) * rules + i - 1]
-    end
-    base = #reply
-  end
-  local denied = decide(false, base)
+-- Each request in turn: one, or a group's, each decided as if it came
+-- after the one before at the same instant, so that each sees what those
+-- before it charged.
+local reply, granted, clock_us = {}, {}, now_us
+for request, cost_of in ipairs(costs) do
+  local denied = decide(cost_of, false)
   if denied then
     -- Nothing is consumed anywhere: report the admitting rules as they stand.
-    decide(true, base)
+    decide(cost_of, true)
   else
     -- A group asks for its leases with its last request.
-    if request == further then
-      for j, lease in ipairs(leases or {}) do
-        granted[2 * j - 1], granted[2 * j] = grant(lease, base)
+    if request == #costs then
+      for j, lease in ipairs(leases) do
+        granted[2 * j - 1], granted[2 * j] = grant(lease, cost_of)
       end
     end
-    for i = 1, rules do
+    for i = 1, #rules do
       local write = writes[i]
       if type(write) == 'number' then
         gcra_commit(KEYS[i], now_us, write)
@@ -371,24 +387,29 @@ for request = 0, further do
       end
     end
   end
-  if penalties then
-    -- Every rule that denied on its own starts its penalty, a shadow rule's
-    -- too: it then reports the denials enforcing it would have made. A call
-    -- at cost 0 (a lease refresh, a look) denies no request, and starts none.
-    local started = 0
-    for i, penalty in pairs(penalties) do
-      local k = base + 6 * i
-      if reply[k - 5] == 0 and not penalty.running and not blocked[i] and ARGV[first[i] + 1] ~= '0' then
-        penalty_start(penalty.key, now_ms, penalty.ms)
-        started = started + 2 ^ (i - 1)
-        reply[k - 1] = math.max(reply[k - 1], penalty.ms)
-        reply[k - 2] = math.max(reply[k - 2], penalty.ms)
-      end
+  -- Every rule that denied on its own starts its penalty, a shadow rule's
+  -- too: it then reports the denials enforcing it would have made. A call
+  -- at cost 0 (a lease refresh, a look) denies no request, and starts none.
+  local started = 0
+  for i, penalty in pairs(penalties or {}) do
+    local o = outcomes[i]
+    if o.allowed == 0 and not penalty.running and not blocked[i] and cost_of[i] ~= 0 then
+      penalty_start(penalty.key, now_ms, penalty.ms)
+      started = started + 2 ^ (i - 1)
+      o.retry_after = math.max(o.retry_after, penalty.ms)
+      o.reset_after = math.max(o.reset_after, penalty.ms)
     end
+  end
+  for i = 1, #rules do
+    local o, k = outcomes[i], #reply
+    reply[k + 1], reply[k + 2], reply[k + 3] = o.allowed, o.limit, o.remaining
+    reply[k + 4], reply[k + 5], reply[k + 6] = o.reset_after, o.retry_after, o.window
+  end
+  if penalties then
     reply[#reply + 1] = started
   end
   -- Refund marks, when the request was charged.
-  for i = 1, rules do
+  for i = 1, #rules do
     local mode = string.byte(modes, i)
     if mode == REFUNDABLE or mode == REFUNDABLE_SHADOW then
       local write, mark = writes[i], 0
@@ -405,7 +426,7 @@ for request = 0, further do
     end
   end
 end
-for j = 1, 2 * #(leases or {}) do
+for j = 1, 2 * #leases do
   reply[#reply + 1] = granted[j] or 0
 end
 for j = 1, #override_reply do

@@ -42,50 +42,53 @@
 -- A rule of windows that governs a request alone, on Redis's clock, in the
 -- same buckets as the last admission: the commonest windowed call, decided
 -- before any function of this script is built.
---   ARGV  offset (ms), then n x (duration, limit, precision) (ms), then
---         the cost when it is not 1 (no other argument: each one costs
---         Redis its parsing)
+--   KEYS  the rule's hash, then the client's override key when the rule
+--         takes overrides (common.lua: with one stored, the general
+--         decision decides the call instead)
+--   ARGV  'window', cost, offset (ms), n, then n x (duration, limit,
+--         precision) (ms): the rule's arguments as a general decision has
+--         them
 -- Replies like the general path below: for a lone window admitted at a
 -- cost, one integer (remaining x precision + how far into its bucket now
 -- lies); otherwise the six fields of the binding window. Anything else (a
 -- fresh key, a bucket that moved, other windows or limits, a denial) falls
--- through to that path. One window reads one field and adds the cost as
--- the text it came as: conversions and redis.calls are what a call pays
--- most for.
-local one_rule = args > 3 and not named
-if one_rule then
+-- through to the end of this file. One window reads one field and adds the
+-- cost as the text it came as: conversions and redis.calls are what a call
+-- pays most for.
+local one_window = op == 'window' and not overridden
+if one_window then
   -- The windows' figures stay text: they are joined into field names.
-  local key, cost = KEYS[1], lone_cost
+  local key, cost, n = KEYS[1], argv[2], argv[4]
   local pttl = call('PTTL', key)
   if pttl > 0 and cost ~= '0' then
     -- A value that is no integer (not ours) makes HINCRBY fail: pcall.
-    if args < 6 then
-      local v = tonumber(call('HGET', key, argv[2] .. '/' .. argv[3] .. '/' .. argv[4]))
+    if n == '1' then
+      local duration_ms, limit, precision_ms = argv[5], argv[6], argv[7]
+      local v = tonumber(call('HGET', key, duration_ms .. '/' .. limit .. '/' .. precision_ms))
       local u = v and pttl > v and redis.pcall('HINCRBY', key, 'u', cost)
       if type(u) == 'number' then
         if u <= 0 then
           -- Its bucket ends `pttl - v` from now.
-          local precision_ms = argv[4] + 0
           local into = precision_ms - pttl + v
           local packed = -u * precision_ms + into
           if packed < 9007199254740992 then
             return packed
           end
-          return { 1, argv[3] + 0, -u, argv[2] - into, 0, 1 }
+          return { 1, limit + 0, -u, duration_ms - into, 0, 1 }
         end
         -- Undone, and decided again below, which knows how long to wait.
         call('HINCRBY', key, 'u', -cost)
       end
     else
-      local state = call('HMGET', key, table.concat(argv, '/', 2, 1 + 3 * lone_n), 'e', 'b')
+      local state = call('HMGET', key, table.concat(argv, '/', 5, 4 + 3 * n), 'e', 'b')
       local v, e, b = tonumber(state[1]), tonumber(state[2]), tonumber(state[3])
       local u = v and e and b and pttl > v and redis.pcall('HINCRBY', key, 'u', cost)
       if type(u) == 'number' then
         if u <= 0 then
-          -- now = e - PTTL; window b binds.
-          local w = 3 * b
-          local into = (e - pttl) % argv[w + 1]
-          return { 1, argv[w] + 0, -u, argv[w - 1] - into, 0, b }
+          -- now = e - PTTL; window b binds, its figures from ARGV[3b + 2].
+          local duration_ms, limit, precision_ms = argv[3 * b + 2], argv[3 * b + 3], argv[3 * b + 4]
+          local into = (e - pttl) % precision_ms
+          return { 1, limit + 0, -u, duration_ms - into, 0, b }
         end
         call('HINCRBY', key, 'u', -cost)
       end
@@ -98,22 +101,23 @@ end
 --   pinned  the pinned clock (ms), or nil for Redis's
 --   cost    units this request asks for (0 = peek)
 --   offset  bucket edge shift, milliseconds
---   at, n   the n windows' duration, limit, precision are ARGV[at], ARGV[at+1]...
+--   windows each window's duration, limit and precision (ms, as text), one
+--           window after another
 -- Returns the six reply fields of the binding window: allowed (1/0), limit,
 -- remaining, reset_after, retry_after (milliseconds; -1: never) and its
 -- 1-based index; then what windowed_commit needs if the whole request is
 -- admitted (nil: nothing to write).
-local function windowed_check(key, pinned, cost, offset, at, n)
+local function windowed_check(key, pinned, cost, offset, windows)
   -- e, t and the previous release's c, each window's two fields, then u,
   -- a, s and the previous release's v (k is where they start).
+  local n = #windows / 3
   local fields, k = { 'e', 't', 'c' }, 2 * n + 3
   for j = 1, n do
-    local b = at + 3 * j - 3
-    local p = ARGV[b] .. ':' .. ARGV[b + 2]
+    local p = windows[3 * j - 2] .. ':' .. windows[3 * j]
     fields[2 * j + 2], fields[2 * j + 3] = p, p .. ':n'
   end
   fields[k + 1], fields[k + 2], fields[k + 3], fields[k + 4] = 'u', 'a', 's', 'v'
-  local spec = table.concat(ARGV, '/', at, at + 3 * n - 1)
+  local spec = table.concat(windows, '/')
   local pttl = -2
   if not pinned then
     pttl = redis.call('PTTL', key)
@@ -158,9 +162,8 @@ local function windowed_check(key, pinned, cost, offset, at, n)
   -- The first bucket edge after now, in any window.
   local edge = math.huge
   for j = 1, n do
-    local b = at + 3 * j - 3
-    local limit, precision = ARGV[b + 1] + 0, ARGV[b + 2] + 0
-    local buckets = ARGV[b] / precision
+    local limit, precision = windows[3 * j - 1] + 0, windows[3 * j] + 0
+    local buckets = windows[3 * j - 2] / precision
     local cur = math.floor(now / precision)
     local prefix = fields[2 * j + 2]
     -- last: the newest bucket holding cost; older: the cost before it
@@ -323,8 +326,8 @@ end
 -- counted; a key that expired or holds no state of ours gives nothing
 -- back. Returns 1 if anything was.
 local windowed_refund
-if argv[1] == 'refund' then
-  function windowed_refund(key, pinned, cost, offset, at, n, mark_ms)
+if op == 'refund' then
+  function windowed_refund(key, pinned, cost, offset, windows, mark_ms)
     local pttl = -2
     if not pinned then
       pttl = redis.call('PTTL', key)
@@ -332,10 +335,10 @@ if argv[1] == 'refund' then
         return 0
       end
     end
+    local n = #windows / 3
     local fields = { 'e', 't', 'a', 'u' }
     for j = 1, n do
-      local b = at + 3 * j - 3
-      local p = ARGV[b] .. ':' .. ARGV[b + 2]
+      local p = windows[3 * j - 2] .. ':' .. windows[3 * j]
       fields[2 * j + 3], fields[2 * j + 4] = p, p .. ':n'
     end
     local stored = redis.call('HMGET', key, unpack(fields))
@@ -350,9 +353,8 @@ if argv[1] == 'refund' then
     -- Which windows still count the charge's bucket.
     local counted, any = {}, false
     for j = 1, n do
-      local b = at + 3 * j - 3
-      local precision = ARGV[b + 2] + 0
-      local buckets = ARGV[b] / precision
+      local precision = windows[3 * j] + 0
+      local buckets = windows[3 * j - 2] / precision
       counted[j] = math.floor(mark_ms / precision) > math.floor(now / precision) - buckets
       any = any or counted[j]
     end
@@ -371,8 +373,7 @@ if argv[1] == 'refund' then
     -- bucket, then the room at t and the cost since follow.
     local set, room, bound = {}, nil, 0
     for j = 1, n do
-      local b = at + 3 * j - 3
-      local precision, limit = ARGV[b + 2] + 0, ARGV[b + 1] + 0
+      local precision, limit = windows[3 * j] + 0, windows[3 * j - 1] + 0
       local total = tonumber(stored[2 * j + 3]) or 0
       if counted[j] then
         local id = math.floor(mark_ms / precision)
@@ -404,15 +405,16 @@ if argv[1] == 'refund' then
 end
 
 -- A lone rule that the path at the top of this file did not decide.
-if one_rule then
-  local windows, offset_ms, cost = lone_n, ARGV[1] + 0, lone_cost + 0
+if one_window then
+  local key, cost, offset_ms, n = KEYS[1], argv[2] + 0, argv[3] + 0, argv[4] + 0
+  local windows = { unpack(argv, 5, 4 + 3 * n) }
   local allowed, limit, remaining, reset_after_ms, retry_after_ms, binding, write =
-    windowed_check(KEYS[1], nil, cost, offset_ms, 2, windows)
+    windowed_check(key, nil, cost, offset_ms, windows)
   if write then
-    windowed_commit(KEYS[1], write)
-    if windows == 1 then
+    windowed_commit(key, write)
+    if n == 1 then
       -- remaining x precision + how far into its bucket now lies
-      local packed = remaining * ARGV[4] + ARGV[2] - reset_after_ms
+      local packed = remaining * windows[3] + windows[1] - reset_after_ms
       if packed < 9007199254740992 then
         return packed
       end

@@ -297,7 +297,11 @@ async fn edges_with_skewed_clocks_agree_because_redis_keeps_time() {
         vec!["skew"],
     )];
     let call = ScriptCall::decide(&checks, None);
-    assert_eq!(call.args(), ["6000000", "5"], "no clock is sent");
+    assert_eq!(
+        call.args(),
+        ["gcra", "1", "6000000", "5"],
+        "no clock is sent"
+    );
     b.decide(&[&rs[0]], "skew", 1, None).await;
     // The TAT is the key's expiry, kept by Redis: one interval (6 s) ahead
     // of Redis's now, give or take the milliseconds between the two calls.

@@ -284,7 +284,11 @@ mod tests {
         let out = burst(&far, 4, 10);
         let sent = far.sent.borrow();
         assert_eq!(sent.len(), 2, "{sent:?}");
-        assert_eq!(sent[0], ["200000", "5"], "the first alone, at once");
+        assert_eq!(
+            sent[0],
+            ["gcra", "1", "200000", "5"],
+            "the first alone, at once"
+        );
         assert_eq!(
             sent[1],
             ["group", "", "e", "gcra", "1", "200000", "5", "costs", "2", "1", "1"]

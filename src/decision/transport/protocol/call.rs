@@ -104,14 +104,11 @@ impl RuleArgs {
         algorithms::of(&self.policy).push_general(self.cost, self.offset_ms, args);
     }
 
-    /// The one-rule path's arguments: interval (us) and burst; or the
-    /// offset, then each window; then the cost when it is not 1.
+    /// The one-rule path's arguments: the rule's own, its word naming
+    /// the operation.
     fn one_rule_args(&self) -> Vec<String> {
         let mut args = Vec::new();
-        algorithms::of(&self.policy).push_one_rule(self.offset_ms, &mut args);
-        if self.cost != 1 {
-            push_numbers(&mut args, &[self.cost]);
-        }
+        self.push_general(&mut args);
         args
     }
 }
@@ -532,8 +529,8 @@ impl General {
     /// `lease`, their count and (1-based rule, units, ms) triples, then
     /// `override`, their count and (1-based rule, rule-wide text, its ms
     /// left) triples (a signature leaves the ms left empty: it changes
-    /// every millisecond, the decision does not), then `penalty` and
-    /// (1-based rule, ms) pairs.
+    /// every millisecond, the decision does not), then `penalty`, their
+    /// count and (1-based rule, ms) pairs.
     fn args(&self, now_ms: Option<u64>, whole: bool) -> Vec<String> {
         self.encode(Entry::DECIDE, &[], now_ms, whole)
     }
@@ -582,6 +579,7 @@ impl General {
         }
         if !self.penalties.is_empty() {
             args.push("penalty".to_owned());
+            push_numbers(&mut args, &[self.penalties.len() as u64]);
             for p in &self.penalties {
                 push_numbers(&mut args, &[p.rule as u64 + 1, p.ms]);
             }
@@ -688,11 +686,14 @@ mod tests {
             general(ww, 1, 42),
             ["window", "1", "42", "2", "1000", "10", "100", "60000", "100", "60000"]
         );
-        // A rule alone has arguments of its own: no tag, the cost only when not 1.
-        assert_eq!(one(g, 1, 0), ["100000", "5"]);
-        assert_eq!(one(g, 0, 0), ["100000", "5", "0"]);
-        assert_eq!(one(w, 1, 7), ["7", "1000", "10", "100"]);
-        assert_eq!(one(w, 2, 7), ["7", "1000", "10", "100", "2"]);
+        // A rule alone is its arguments alone, its word naming the operation.
+        assert_eq!(one(g, 1, 0), ["gcra", "1", "100000", "5"]);
+        assert_eq!(one(w, 2, 7), ["window", "2", "7", "1", "1000", "10", "100"]);
+        for rule in [g, w, ww] {
+            let entry = algorithms::of(&rule.policy).one_rule_entry().unwrap();
+            assert_eq!(one(rule, 3, 1), general(rule, 3, 1));
+            assert_eq!(one(rule, 3, 1)[0], entry.operation());
+        }
     }
 
     /// The hash tag a key carries: what Redis Cluster hashes to its slot.
@@ -773,7 +774,7 @@ mod tests {
         assert_eq!(penalty.rule_keys(), ["el:{a}:p"]);
         assert_eq!(
             &penalty.args()[3..],
-            ["gcra", "1", "60000000", "1", "penalty", "1", "3600000"]
+            ["gcra", "1", "60000000", "1", "penalty", "1", "1", "3600000"]
         );
     }
 

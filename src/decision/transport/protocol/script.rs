@@ -15,28 +15,28 @@ pub const LIMITER: Script = Script {
 #[cfg(test)]
 const LUA_FILES: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/lua_files.rs"));
 
-/// The script's entry points, and what selects each. The cheapest encoding
-/// measured is kept: the two one-rule paths carry no operation name, and
-/// are told apart by how many arguments they get (the table at the top of
-/// `lua/limiter.lua` says the same).
+/// The script's entry points: `ARGV[1]` names one in every call (the
+/// table at the top of `lua/limiter.lua` says the same, and `known` in
+/// `lua/common.lua` lists the names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Entry {
-    /// A GCRA rule alone on Redis's clock: 2 or 3 arguments, the first no
-    /// operation name (`lua/gcra.lua`).
+    /// A GCRA rule alone on Redis's clock: the rule's arguments alone,
+    /// its word [`Entry::GCRA`] first (`lua/gcra.lua`).
     OneGcra,
-    /// A windowed rule alone on Redis's clock: 4 or more arguments, the
-    /// first no operation name (`lua/windowed.lua`). Either one-rule entry
-    /// with a second key reads it as the client's override, and becomes
-    /// [`Entry::Decide`] inside the script when it holds one.
+    /// A windowed rule alone on Redis's clock: the rule's arguments alone,
+    /// its word [`Entry::WINDOW`] first (`lua/windowed.lua`). Either
+    /// one-rule entry with a second key reads it as the client's override,
+    /// and the script decides it as [`Entry::Decide`] would when it holds
+    /// one.
     OneWindowed,
-    /// Everything else: `ARGV[1] == 'decide'` (`lua/limiter.lua`).
+    /// The general decision (`lua/limiter.lua`).
     Decide,
-    /// `ARGV[1] == 'group'`: several requests of one client under the same
-    /// rules, each decided as [`Entry::Decide`] would after the one before.
+    /// Several requests of one client under the same rules, each decided
+    /// as [`Entry::Decide`] would after the one before.
     Group,
-    /// `ARGV[1] == 'reset'`, alone: deletes every key given.
+    /// Deletes every key given.
     Reset,
-    /// `ARGV[1] == 'refund'`: gives refundable charges back.
+    /// Gives refundable charges back.
     Refund,
 }
 
@@ -51,6 +51,12 @@ impl Entry {
         Entry::Refund,
     ];
 
+    /// A GCRA rule's word, first in its arguments: alone, its call's
+    /// operation.
+    pub const GCRA: &'static str = "gcra";
+    /// A windowed rule's word, first in its arguments: alone, its call's
+    /// operation.
+    pub const WINDOW: &'static str = "window";
     /// `ARGV[1]` of a general decision.
     pub const DECIDE: &'static str = "decide";
     /// `ARGV[1]` of a group.
@@ -60,17 +66,15 @@ impl Entry {
     /// `ARGV[1]` of a refund.
     pub const REFUND: &'static str = "refund";
 
-    /// The operation name `ARGV[1]` holds for this entry; `None` for the
-    /// one-rule paths, which carry none. The script lists the same names
-    /// once (`named`, at the end of `lua/common.lua`), and takes a call
-    /// whose `ARGV[1]` is none of them for a one-rule path.
-    pub fn operation(self) -> Option<&'static str> {
+    /// The operation name `ARGV[1]` holds for this entry.
+    pub fn operation(self) -> &'static str {
         match self {
-            Entry::OneGcra | Entry::OneWindowed => None,
-            Entry::Decide => Some(Entry::DECIDE),
-            Entry::Group => Some(Entry::GROUP),
-            Entry::Reset => Some(Entry::RESET),
-            Entry::Refund => Some(Entry::REFUND),
+            Entry::OneGcra => Entry::GCRA,
+            Entry::OneWindowed => Entry::WINDOW,
+            Entry::Decide => Entry::DECIDE,
+            Entry::Group => Entry::GROUP,
+            Entry::Reset => Entry::RESET,
+            Entry::Refund => Entry::REFUND,
         }
     }
 }
@@ -134,14 +138,13 @@ mod tests {
         line.split('\'').skip(1).step_by(2).collect()
     }
 
-    /// A new operation cannot slip into a one-rule path: the script lists
-    /// the operations once (`named`, in common.lua), the same as `Entry`
-    /// and as limiter.lua's table of entries; the one-rule paths' guards
-    /// read that list, and no other line tests that `ARGV[1]` is not some
-    /// name; every name the script compares `ARGV[1]` with is an operation.
+    /// The operations are listed once in the script (`lone` and `known`,
+    /// in common.lua), the same as `Entry` and as limiter.lua's table of
+    /// entries; every name the script compares `op` with is one of them,
+    /// nothing else reads `ARGV[1]`, and nothing writes `ARGV`.
     #[test]
-    fn every_guard_knows_every_operation() {
-        let operations: BTreeSet<&str> = Entry::ALL.iter().filter_map(|e| e.operation()).collect();
+    fn the_script_names_each_operation_once() {
+        let operations: BTreeSet<&str> = Entry::ALL.iter().map(|e| e.operation()).collect();
         let (_, limiter) = LUA_FILES
             .iter()
             .find(|(n, _)| n.ends_with("limiter.lua"))
@@ -153,24 +156,30 @@ mod tests {
             .collect();
         assert_eq!(table, operations, "limiter.lua's table of entries");
         let script: Vec<&str> = LIMITER.source.lines().collect();
-        let named: Vec<&&str> = script
+        let listed: BTreeSet<&str> = script
             .iter()
-            .filter(|l| l.starts_with("local named ="))
+            .filter(|l| l.starts_with("local lone =") || l.starts_with("local known ="))
+            .flat_map(|l| quoted(l))
             .collect();
-        assert_eq!(named.len(), 1, "one list of the operations");
-        assert_eq!(quoted(named[0]), operations, "{}", named[0]);
+        assert_eq!(listed, operations, "common.lua's list");
         for line in &script {
-            assert!(!line.contains("[1] ~= '"), "a guard of its own: {line}");
-            if line.contains("[1] == '") {
+            if line.contains("op == '") {
                 assert!(quoted(line).is_subset(&operations), "{line}");
             }
+            assert!(!line.contains("op ~= '"), "a guard of its own: {line}");
+            let names_op = line.starts_with("local argv, call, op = ");
+            assert!(names_op || !line.contains("ARGV[1]"), "not `op`: {line}");
+            assert!(!line.contains("#ARGV"), "dispatch by counting: {line}");
+            assert!(!line.contains("#KEYS =="), "dispatch by counting: {line}");
+            let writes = line.split_once('=').is_some_and(|(left, right)| {
+                !right.starts_with('=') && (left.contains("ARGV[") || left.contains("argv["))
+            });
+            assert!(!writes, "ARGV rewritten: {line}");
         }
-        for file in ["gcra.lua", "windowed.lua"] {
-            let guards = code(file)
-                .iter()
-                .filter(|l| l.contains("and not named"))
-                .count();
-            assert_eq!(guards, 1, "{file}'s one-rule path goes by the list");
+        for (file, word) in [("gcra.lua", Entry::GCRA), ("windowed.lua", Entry::WINDOW)] {
+            let guard = format!("op == '{word}' and not overridden");
+            let guards = code(file).iter().filter(|l| l.contains(&guard)).count();
+            assert_eq!(guards, 1, "{file}'s one-rule path is its operation's");
         }
     }
 }

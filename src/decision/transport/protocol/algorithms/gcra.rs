@@ -10,17 +10,12 @@ use crate::{
 impl ScriptFigures for Gcra {
     /// `gcra`, cost, interval (us), burst.
     fn push_general(&self, cost: u64, _offset_ms: u64, args: &mut Vec<String>) {
-        args.push("gcra".to_owned());
+        args.push(Entry::GCRA.to_owned());
         push_numbers(args, &[cost, self.interval_us(), self.burst()]);
     }
 
     fn one_rule_entry(&self) -> Option<Entry> {
         Some(Entry::OneGcra)
-    }
-
-    /// Interval (us) and burst.
-    fn push_one_rule(&self, _offset_ms: u64, args: &mut Vec<String>) {
-        push_numbers(args, &[self.interval_us(), self.burst()]);
     }
 
     /// How far the TAT lay ahead (us), or -1 minus that when denied.

@@ -12,18 +12,16 @@ use crate::{decision::outcomes::verdict::RuleState, rules::policy::Policy};
 
 /// One algorithm's side of the script's contract.
 pub trait ScriptFigures {
-    /// Its arguments in the general decision (`lua/limiter.lua`): its
-    /// word, the `cost`, then its figures; `offset_ms` shifts the key's
-    /// bucket edges, for algorithms that count in buckets.
+    /// A rule's arguments in every call that carries rules
+    /// (`lua/limiter.lua`): its word, the `cost`, then its figures;
+    /// `offset_ms` shifts the key's bucket edges, for algorithms that
+    /// count in buckets.
     fn push_general(&self, cost: u64, offset_ms: u64, args: &mut Vec<String>);
 
-    /// The entry that decides a rule of it alone on Redis's clock, with
-    /// no operation named, where it has one.
+    /// The entry that decides a rule of it alone on Redis's clock, where
+    /// it has one: its operation is the rule's word, and its arguments the
+    /// rule's.
     fn one_rule_entry(&self) -> Option<Entry>;
-
-    /// That entry's arguments before the cost (which follows when it is
-    /// not 1).
-    fn push_one_rule(&self, offset_ms: u64, args: &mut Vec<String>);
 
     /// What that entry's one-integer reply says of a request of `cost`;
     /// `Err` says why it is no reply of this algorithm's.

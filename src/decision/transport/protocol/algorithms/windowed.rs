@@ -11,30 +11,19 @@ use crate::{
     rules::policy::Windows,
 };
 
-/// Each window's duration, limit and precision, ms.
-fn push_windows(args: &mut Vec<String>, windows: &Windows) {
-    for w in windows.iter() {
-        push_numbers(args, &[w.duration_ms(), w.limit(), w.precision_ms()]);
-    }
-}
-
 impl ScriptFigures for Windows {
     /// `window`, cost, offset (ms), n, then n x (duration, limit,
     /// precision) in ms.
     fn push_general(&self, cost: u64, offset_ms: u64, args: &mut Vec<String>) {
-        args.push("window".to_owned());
+        args.push(Entry::WINDOW.to_owned());
         push_numbers(args, &[cost, offset_ms, self.len() as u64]);
-        push_windows(args, self);
+        for w in self.iter() {
+            push_numbers(args, &[w.duration_ms(), w.limit(), w.precision_ms()]);
+        }
     }
 
     fn one_rule_entry(&self) -> Option<Entry> {
         Some(Entry::OneWindowed)
-    }
-
-    /// The offset, then each window.
-    fn push_one_rule(&self, offset_ms: u64, args: &mut Vec<String>) {
-        push_numbers(args, &[offset_ms]);
-        push_windows(args, self);
     }
 
     /// Remaining x precision + how far into its bucket now lies, for one
