@@ -14,16 +14,15 @@ use super::{
     state::Limiter,
 };
 use crate::decision::{
-    memory::in_flight::{Sending, Woken},
-    transport::keys::redis_key,
-    transport::protocol::{Check, Reply, ScriptCall, ScriptError, ScriptRunner},
+    memory::in_flight::Woken,
+    transport::protocol::{Check, ScriptCall, ScriptError, ScriptRunner},
     transport::redis_rest::RestError,
 };
 
 impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
-    /// Decides `checks` (of a request that arrived at `now_ms`) behind the
-    /// call in flight on `line`: from the block cache at once if it can;
-    /// otherwise once that call returns, by a call deciding every request
+    /// Decides `checks` (of a request that arrived at `now_ms`, `own` its
+    /// call without lease asks and `signature` the block cache's key for
+    /// it) behind the call in flight on `line`: once that call returns, by a call deciding every request
     /// that waited (sent by the newest of them), or from what the
     /// returning call brought (leased units, a denial to cache). All
     /// within the rules' budget from `now_ms`: a request whose budget runs
@@ -33,16 +32,10 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         selection: &Selection<'c, Cow<'_, str>>,
         checks: &[(Check<'c>, Vec<&str>)],
         leased: Option<&Leased>,
+        (own, signature): (&ScriptCall, String),
         line: &str,
         now_ms: u64,
     ) -> Handled<'c> {
-        // Its own call, never sent: the block cache's signature, its
-        // events' keys.
-        let own = self.call_for(checks, vec![], now_ms);
-        let signature = own.signature();
-        if let Some(decision) = self.cache.borrow_mut().lookup(&signature, now_ms) {
-            return decided(checks, &own, decision);
-        }
         let budget_ms = budget_of(checks.iter().map(|(c, _)| c.rule)).as_millis() as u64;
         let costs = checks.iter().map(|(c, _)| c.cost).collect();
         let deadline_ms = now_ms + budget_ms;
@@ -56,16 +49,16 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                         self.cache
                             .borrow_mut()
                             .remember(signature, &decision, now_ms);
-                        decided(checks, &own, decision)
+                        decided(checks, own, decision)
                     }
-                    Err(error) => failed(checks, &own, &error),
+                    Err(error) => failed(checks, own, &error),
                 };
                 handled.shared = Some(shared);
                 handled
             }
             Woken::Expired => {
                 let timeout = ScriptError::Store(RestError::Timeout { budget_ms });
-                failed(checks, &own, &timeout)
+                failed(checks, own, &timeout)
             }
             Woken::Turn => {
                 // Dropping the waiter passes the turn on.
@@ -75,88 +68,23 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                     return handled;
                 }
                 if let Some(decision) = self.cache.borrow_mut().lookup(&signature, now_ms) {
-                    return decided(checks, &own, decision);
+                    return decided(checks, own, decision);
                 }
                 let left_ms = deadline_ms.saturating_sub(now_ms);
                 let sending = waiter.take(now_ms, left_ms);
-                if sending.alone() {
-                    let asks = leased.map_or_else(Vec::new, |l| self.lease_asks(checks, l, now_ms));
-                    let call = self.call_for(checks, asks, now_ms);
-                    let budget = Duration::from_millis(left_ms);
-                    let handled = self.send(checks, leased, &call, signature, budget, now_ms);
-                    return handled.await;
-                }
-                self.send_group(checks, leased, sending, (&own, signature), left_ms, now_ms)
-                    .await
+                let budget = Duration::from_millis(left_ms);
+                let sent = self.send(
+                    checks,
+                    leased,
+                    Some(sending),
+                    (own, signature),
+                    budget,
+                    now_ms,
+                );
+                sent.await
             }
         }
     }
-
-    /// Sends the call deciding `sending`'s group, this request last, at
-    /// `now_ms` within `left_ms`, with the leases this request's rules ask
-    /// for; gives each other request its decision, and returns this one's
-    /// (`own`: its own call and signature).
-    async fn send_group(
-        &self,
-        checks: &[(Check<'c>, Vec<&str>)],
-        leased: Option<&Leased>,
-        sending: Sending<'_>,
-        (own, signature): (&ScriptCall, String),
-        left_ms: u64,
-        now_ms: u64,
-    ) -> Handled<'c> {
-        let asks = leased.map_or_else(Vec::new, |l| self.lease_asks(checks, l, now_ms));
-        let call = {
-            let wide = self.wide.borrow();
-            ScriptCall::group(checks, &sending.costs(), asks, self.clock(now_ms))
-                .with_rule_wide(|i| wide.in_force(&checks.get(i)?.0.rule.name, now_ms))
-        };
-        let epochs = leased.map(|_| self.epochs(&call));
-        let budget = Duration::from_millis(left_ms);
-        let result = self
-            .call(&call, budget, leased.is_some())
-            .await
-            .and_then(Reply::decisions);
-        if leased.is_some() {
-            self.answered(&call);
-        }
-        let shared = sending.shared();
-        let mut granted = vec![];
-        let result = result.and_then(|mut decisions| {
-            if let Some(epochs) = &epochs {
-                for d in &mut decisions {
-                    granted.extend(self.settle_leases(checks, &call, epochs, d, now_ms));
-                }
-            }
-            let mine = decisions.pop();
-            mine.map(|d| (decisions, d))
-                .ok_or_else(|| ScriptError::Reply("holds no decision".into()))
-        });
-        let mut handled = match result {
-            Ok((others, mine)) => {
-                sending.deliver(others.into_iter().map(Ok));
-                self.cache.borrow_mut().remember(signature, &mine, now_ms);
-                decided(checks, own, mine)
-            }
-            Err(error) => {
-                sending.deliver(std::iter::repeat(Err(error.clone())));
-                failed(checks, own, &error)
-            }
-        };
-        handled.events.extend(granted);
-        handled.shared = Some(shared);
-        handled
-    }
-}
-
-/// What a request's line is named by: its rules' state keys, which name
-/// each rule and client.
-pub(super) fn line_of(checks: &[(Check<'_>, Vec<&str>)]) -> String {
-    let keys: Vec<String> = checks
-        .iter()
-        .map(|(c, id)| redis_key(&c.rule.name, id))
-        .collect();
-    keys.join("\n")
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use crate::{
         memory::leases::Leases,
         outcomes::events::{Action, Event},
         outcomes::verdict::{Decision, Grant, OverrideRead},
-        transport::keys::{redis_key, window_offset},
+        transport::keys::window_offset,
         transport::protocol::{Check, Group, LeaseAsk, ScriptCall, ScriptRunner},
     },
     rules::rule::{Mode, Rule, RuleId},
@@ -27,20 +27,26 @@ use crate::{
 pub(super) struct Leased(Vec<Option<String>>);
 
 impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
-    /// The request's [`Leased`] keys, each counted toward its key's demand;
-    /// `None`, with no lease state touched, when no matching rule leases.
-    pub(super) fn observe(&self, checks: &[(Check<'c>, Vec<&str>)], now_ms: u64) -> Option<Leased> {
+    /// The request's [`Leased`] keys (`keys`: each check's state key),
+    /// each counted toward its key's demand; `None`, with no lease state
+    /// touched, when no matching rule leases.
+    pub(super) fn observe(
+        &self,
+        checks: &[(Check<'c>, Vec<&str>)],
+        keys: &[&str],
+        now_ms: u64,
+    ) -> Option<Leased> {
         if checks.iter().all(|(c, _)| c.rule.lease.is_none()) {
             return None;
         }
         let mut leases = self.leases.borrow_mut();
         let keys = checks
             .iter()
-            .map(|(c, id)| {
+            .zip(keys)
+            .map(|((c, _), &key)| {
                 c.rule.lease?;
-                let key = redis_key(&c.rule.name, id);
-                leases.observe(&key, now_ms, lease_horizon_ms(c.rule, &key, now_ms));
-                Some(key)
+                leases.observe(key, now_ms, lease_horizon_ms(c.rule, key, now_ms));
+                Some(key.to_owned())
             })
             .collect();
         Some(Leased(keys))
@@ -168,7 +174,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                 })
             })
             .collect();
-        let call = self.call_for(&checks, asks, now_ms);
+        let call = self.call_for(&checks, now_ms).asking(asks);
         let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
         let epochs = self.epochs(&call);
         let result = self

@@ -11,7 +11,6 @@ mod outcome;
 mod selection;
 mod state;
 
-use grouped::line_of;
 use leased::Leased;
 pub use outcome::{
     ambiguity, Decided, Forward, Handled, LeaseRefresh, Outcome, PendingRefund, RefundRule,
@@ -23,11 +22,11 @@ pub use selection::{select, Selection};
 pub use state::Limiter;
 
 use crate::decision::{
+    memory::in_flight::Sending,
     outcomes::events::{Action, Event},
     transport::keys::rule_wide_key,
     transport::protocol::{
-        read_rule_wide, run, Check, LeaseAsk, Reply, ScriptCall, ScriptError, ScriptRunner,
-        WideRead,
+        read_rule_wide, run, Check, Reply, ScriptCall, ScriptError, ScriptRunner, WideRead,
     },
 };
 use crate::rules::{overrides::Override, request::RequestMeta, rule::DEFAULT_BUDGET_MS};
@@ -56,7 +55,11 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         }
         let methods = req.methods();
         let checks = selection.checks(methods);
-        let leased = self.observe(&checks, now_ms);
+        // The request's call without lease asks, where each rule's key is
+        // made once: its line, its leases, the block cache's signature and
+        // the call it sends are all drawn from it.
+        let own = self.call_for(&checks, now_ms);
+        let leased = self.observe(&checks, &own.rule_keys(), now_ms);
         let reread = self.reread_due(&checks, now_ms);
         if let Some(leased) = &leased {
             if let Some(mut handled) = self.served_from_leases(&selection, &checks, leased, now_ms)
@@ -66,9 +69,8 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                 return handled;
             }
         }
-        let mut handled = self
-            .decide(&selection, &checks, leased.as_ref(), now_ms)
-            .await;
+        let handled = self.decide(&selection, &checks, leased.as_ref(), own, now_ms);
+        let mut handled = handled.await;
         events.append(&mut handled.events);
         handled.events = events;
         handled.reread = reread;
@@ -152,17 +154,23 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         text.is_empty() || rule.is_some_and(|r| Override::parse(text, &r.policy).is_some())
     }
 
-    /// The call deciding `checks` at `now_ms` and asking for `asks`, under
-    /// the rule-wide overrides this isolate holds.
-    fn call_for(
+    /// The call deciding `checks` at `now_ms`, under the rule-wide
+    /// overrides this isolate holds.
+    fn call_for(&self, checks: &[(Check<'c>, Vec<&str>)], now_ms: u64) -> ScriptCall {
+        let call = ScriptCall::decide(checks, self.clock(now_ms));
+        self.under_rule_wide(call, checks, now_ms)
+    }
+
+    /// `call`, on `checks`' rules, under the rule-wide overrides this
+    /// isolate holds at `now_ms`.
+    fn under_rule_wide(
         &self,
+        call: ScriptCall,
         checks: &[(Check<'c>, Vec<&str>)],
-        asks: Vec<LeaseAsk>,
         now_ms: u64,
     ) -> ScriptCall {
         let wide = self.wide.borrow();
-        ScriptCall::decide_leasing(checks, asks, self.clock(now_ms))
-            .with_rule_wide(|i| wide.in_force(&checks.get(i)?.0.rule.name, now_ms))
+        call.with_rule_wide(|i| wide.in_force(&checks.get(i)?.0.rule.name, now_ms))
     }
 
     /// The script's clock for a call at `now_ms`: Redis's own unless pinned.
@@ -216,7 +224,8 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         }
     }
 
-    /// Decides the checks of the matched rules, from the cache or Redis;
+    /// Decides the checks of the matched rules (`own`: their call without
+    /// lease asks), from the cache or Redis;
     /// with `leased` keys, asking for their leases in the call and
     /// settling what it brings back. While a call for the same rules and
     /// keys is in flight, the request waits for it (see `grouped.rs`).
@@ -225,67 +234,85 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         selection: &Selection<'c, Cow<'_, str>>,
         checks: &[(Check<'c>, Vec<&str>)],
         leased: Option<&Leased>,
+        own: ScriptCall,
         now_ms: u64,
     ) -> Handled<'c> {
-        let line = line_of(checks);
+        let signature = own.signature();
+        if let Some(decision) = self.cache.borrow_mut().lookup(&signature, now_ms) {
+            return decided(checks, &own, decision);
+        }
+        let line = own.rule_keys().join("\n");
         if self.in_flight.busy(&line, now_ms) {
             return self
-                .wait_in_line(selection, checks, leased, &line, now_ms)
+                .wait_in_line(selection, checks, leased, (&own, signature), &line, now_ms)
                 .await;
-        }
-        let asks = leased.map_or_else(Vec::new, |l| self.lease_asks(checks, l, now_ms));
-        let call = self.call_for(checks, asks, now_ms);
-        let signature = call.signature();
-        let cached = self.cache.borrow_mut().lookup(&signature, now_ms);
-        if let Some(decision) = cached {
-            if leased.is_some() {
-                self.answered(&call);
-            }
-            return decided(checks, &call, decision);
         }
         let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
         let _hold = self
             .in_flight
             .hold(&line, now_ms, budget.as_millis() as u64);
-        self.send(checks, leased, &call, signature, budget, now_ms)
-            .await
+        let sent = self.send(checks, leased, None, (&own, signature), budget, now_ms);
+        sent.await
     }
 
-    /// Sends `call`, deciding `checks` at `now_ms` within `budget`, and
-    /// settles what it brings back: a denial to cache (`signature`), the
-    /// leases it asked for.
+    /// Sends the call deciding this request at `now_ms` within `budget`:
+    /// alone, or last of `group`, the requests that waited in its line,
+    /// each of which it gives its decision. Settles what the call brings
+    /// back: the leases this request's rules ask for in it, and its
+    /// decision, which the block cache keeps under `signature` when it is
+    /// a denial (`own`: the request's call without lease asks).
     async fn send(
         &self,
         checks: &[(Check<'c>, Vec<&str>)],
         leased: Option<&Leased>,
-        call: &ScriptCall,
-        signature: String,
+        group: Option<Sending<'_>>,
+        (own, signature): (&ScriptCall, String),
         budget: Duration,
         now_ms: u64,
     ) -> Handled<'c> {
-        let epochs = leased.map(|_| self.epochs(call));
+        let asks = leased.map_or_else(Vec::new, |l| self.lease_asks(checks, l, now_ms));
+        let costs = group.as_ref().map_or_else(Vec::new, Sending::costs);
+        let call = own.clone().grouped(&costs).asking(asks);
+        let call = self.under_rule_wide(call, checks, now_ms);
+        let epochs = leased.map(|_| self.epochs(&call));
         let result = self
-            .call(call, budget, leased.is_some())
+            .call(&call, budget, leased.is_some())
             .await
-            .and_then(|r| r.decision());
+            .and_then(Reply::decisions);
         if leased.is_some() {
-            self.answered(call);
+            self.answered(&call);
         }
-        match result {
-            Ok(mut decision) => {
-                self.cache
-                    .borrow_mut()
-                    .remember(signature, &decision, now_ms);
-                let granted = match &epochs {
-                    Some(epochs) => self.settle_leases(checks, call, epochs, &mut decision, now_ms),
-                    None => vec![],
-                };
-                let mut handled = decided(checks, call, decision);
-                handled.events.extend(granted);
-                handled
+        let mut granted = vec![];
+        let result = result.and_then(|mut decisions| {
+            if let Some(epochs) = &epochs {
+                for d in &mut decisions {
+                    granted.extend(self.settle_leases(checks, &call, epochs, d, now_ms));
+                }
             }
-            Err(error) => failed(checks, call, &error),
-        }
+            let mine = decisions.pop();
+            mine.map(|d| (decisions, d))
+                .ok_or_else(|| ScriptError::Reply("holds no decision".into()))
+        });
+        // A group of one shared its call with nobody.
+        let shared = (group.as_ref()).filter(|g| !g.alone()).map(Sending::shared);
+        let mut handled = match result {
+            Ok((others, mine)) => {
+                if let Some(group) = group {
+                    group.deliver(others.into_iter().map(Ok));
+                }
+                self.cache.borrow_mut().remember(signature, &mine, now_ms);
+                decided(checks, own, mine)
+            }
+            Err(error) => {
+                if let Some(group) = group {
+                    group.deliver(std::iter::repeat(Err(error.clone())));
+                }
+                failed(checks, own, &error)
+            }
+        };
+        handled.events.extend(granted);
+        handled.shared = shared;
+        handled
     }
 }
 

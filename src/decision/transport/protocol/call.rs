@@ -251,23 +251,20 @@ impl ScriptCall {
     /// [`ScriptCall::refund`] gives the charge back once the origin's
     /// status shows it is not counted.
     pub fn decide(checks: &[(Check<'_>, Vec<&str>)], now_ms: Option<u64>) -> ScriptCall {
-        ScriptCall::decide_leasing(checks, vec![], now_ms)
+        match ScriptCall::one_rule(checks, now_ms) {
+            Some(one) => ScriptCall::OneRule(one),
+            None => ScriptCall::Decide(General::new(checks, vec![], now_ms)),
+        }
     }
 
     /// A decision that also asks for `leases`, granted only if the request
     /// is admitted (asks for no units are left out).
     pub fn decide_leasing(
         checks: &[(Check<'_>, Vec<&str>)],
-        mut leases: Vec<LeaseAsk>,
+        leases: Vec<LeaseAsk>,
         now_ms: Option<u64>,
     ) -> ScriptCall {
-        leases.retain(|l| l.units > 0 && l.rule < checks.len());
-        if leases.is_empty() {
-            if let Some(one) = ScriptCall::one_rule(checks, now_ms) {
-                return ScriptCall::OneRule(one);
-            }
-        }
-        ScriptCall::Decide(General::new(checks, leases, now_ms))
+        ScriptCall::decide(checks, now_ms).asking(leases)
     }
 
     /// The decisions on several requests of one client under `checks`'
@@ -277,25 +274,60 @@ impl ScriptCall {
     pub fn group(
         checks: &[(Check<'_>, Vec<&str>)],
         costs: &[Vec<u64>],
-        mut leases: Vec<LeaseAsk>,
+        leases: Vec<LeaseAsk>,
         now_ms: Option<u64>,
     ) -> ScriptCall {
-        let at = |costs: &[u64]| -> Vec<(Check<'_>, Vec<&str>)> {
-            checks
-                .iter()
-                .zip(costs)
-                .map(|((c, id), &cost)| (Check { cost, ..*c }, id.clone()))
-                .collect()
-        };
-        let [first, further @ ..] = costs else {
-            return ScriptCall::decide_leasing(checks, leases, now_ms);
-        };
-        if further.is_empty() {
-            return ScriptCall::decide_leasing(&at(first), leases, now_ms);
+        (ScriptCall::decide(checks, now_ms).grouped(costs)).asking(leases)
+    }
+
+    /// This decision asking for `leases` too (asks for no units, or for no
+    /// rule of the call, are left out): a lone rule's call becomes the
+    /// general decision, which carries them; a group asks with its last
+    /// request.
+    pub fn asking(self, mut leases: Vec<LeaseAsk>) -> ScriptCall {
+        let rules = self.rule_keys().len();
+        leases.retain(|l| l.units > 0 && l.rule < rules);
+        if leases.is_empty() {
+            return self;
         }
-        leases.retain(|l| l.units > 0 && l.rule < checks.len());
+        match self {
+            ScriptCall::OneRule(one) => ScriptCall::Decide(General {
+                leases,
+                ..one.general()
+            }),
+            ScriptCall::Decide(g) => ScriptCall::Decide(General { leases, ..g }),
+            ScriptCall::Group(Group { first, further }) => ScriptCall::Group(Group {
+                first: General { leases, ..first },
+                further,
+            }),
+            other => other,
+        }
+    }
+
+    /// This decision's rules and keys deciding a group of requests:
+    /// `costs[r]` holds request r's cost on each rule, the first's
+    /// replacing the call's own; a group of one is that request's decision.
+    pub fn grouped(self, costs: &[Vec<u64>]) -> ScriptCall {
+        let [first, further @ ..] = costs else {
+            return self;
+        };
+        let mut general = match self {
+            ScriptCall::OneRule(mut one) if further.is_empty() => {
+                one.rule.cost = first.first().copied().unwrap_or(one.rule.cost);
+                return ScriptCall::OneRule(one);
+            }
+            ScriptCall::OneRule(one) => one.general(),
+            ScriptCall::Decide(g) => g,
+            other => return other,
+        };
+        for ((rule, _), &cost) in general.rules.iter_mut().zip(first) {
+            rule.cost = cost;
+        }
+        if further.is_empty() {
+            return ScriptCall::Decide(general);
+        }
         ScriptCall::Group(Group {
-            first: General::new(&at(first), leases, now_ms),
+            first: general,
             further: further.to_vec(),
         })
     }
@@ -337,8 +369,9 @@ impl ScriptCall {
 
     /// This call carrying the rule-wide overrides the caller holds:
     /// `wide(i)` is the one in force for the call's rule `i` (its text and
-    /// ms left, -1 for no end). A lone rule under one goes the general
-    /// way, where the script applies it.
+    /// ms left, -1 for no end), and a rule it gives none for carries none.
+    /// A lone rule under one goes the general way, where the script
+    /// applies it.
     pub fn with_rule_wide(mut self, wide: impl Fn(usize) -> Option<(String, i64)>) -> ScriptCall {
         if let ScriptCall::OneRule(one) = &self {
             if one.override_key.is_some() && wide(0).is_some() {
@@ -352,9 +385,7 @@ impl ScriptCall {
         };
         if let Some(g) = general {
             for o in &mut g.overrides {
-                if let Some((text, ms)) = wide(o.rule) {
-                    (o.wide, o.wide_ms) = (text, ms);
-                }
+                (o.wide, o.wide_ms) = wide(o.rule).unwrap_or((String::new(), -1));
             }
         }
         self

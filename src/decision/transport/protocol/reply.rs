@@ -45,13 +45,12 @@ impl Reply {
         }
     }
 
-    /// A group's decisions, for a group call.
+    /// The decisions of a call that decides: a group's, in order, or the
+    /// one of a call for one request.
     pub fn decisions(self) -> Result<Vec<Decision>, ScriptError> {
         match self {
             Reply::Decisions(d) => Ok(d),
-            _ => Err(ScriptError::Reply(
-                "another call's reply where a group's decisions were due".into(),
-            )),
+            other => other.decision().map(|d| vec![d]),
         }
     }
 }
