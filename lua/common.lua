@@ -38,8 +38,30 @@ end
 
 -- A lone rule that takes overrides sends its client's override key as
 -- KEYS[2]. With one stored, the general decision (limiter.lua) decides the
--- rule, reading and applying the override; `general` says whether this
--- call goes that way, so that only such calls build its functions (Redis
--- builds every function of a script anew on each call).
+-- rule, reading and applying the override. `general` says whether this
+-- call reads rules the general way (a decision, a group, a refund), so
+-- that only such calls build its functions (Redis builds every function
+-- of a script anew on each call).
 local overridden = lone and KEYS[2] ~= nil and call('EXISTS', KEYS[2]) == 1
-local general = overridden or not lone
+local general = overridden or not (lone or op == 'reset')
+
+-- The general path reads ARGV in order, from ARGV[at]: read(n) gives the
+-- next n arguments, as text. A lone rule's call is its rule's arguments
+-- from ARGV[1]; every other call names its clock in ARGV[2]: now in
+-- milliseconds, or '' for Redis's own (key expiries, TIME), so that edge
+-- locations with skewed clocks agree. now_us and now_ms are nil on
+-- Redis's clock.
+local at, read, now_us, now_ms = 1, nil, nil, nil
+if general then
+  function read(n)
+    at = at + n
+    return unpack(ARGV, at - n, at - 1)
+  end
+  if not lone then
+    at = 2
+    local pinned_ms = read(1)
+    if pinned_ms ~= '' then
+      now_us, now_ms = pinned_ms * 1000, pinned_ms + 0
+    end
+  end
+end

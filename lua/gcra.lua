@@ -68,13 +68,36 @@ if op == 'gcra' and not overridden then
   return ahead
 end
 
--- The general path's functions (limiter.lua), built only for the calls
--- that reach it: Redis builds every function of a script anew on each call.
-local gcra_ahead, gcra_check, gcra_commit, gcra_refund
+-- GCRA's steps in the general path (limiter.lua, which lists the
+-- algorithms' tables by their word), built only for the calls that reach
+-- it: Redis builds every function of a script anew on each call. A rule
+-- is a table of its figures; a write is how far ahead of now its TAT is to
+-- be stored (us).
+local gcra = nil
 if general then
+  -- Sized where it is made: each field then fills a slot, with no rehash.
+  gcra = { read = false, commit = false, refund = false, decide = false, build = false, mark = false,
+    grant = false, apply = false }
+  -- The call's clock in microseconds: the pinned one, or TIME read once,
+  -- when a mark or a refund first needs it.
+  local clock_us = now_us
+  local function clock()
+    if not clock_us then
+      local time = redis.call('TIME')
+      clock_us = time[1] * 1000000 + time[2]
+    end
+    return clock_us
+  end
+
+  -- A rule of `cost`, its figures read after its word and cost: interval
+  -- (us), burst; with how far its TAT lay ahead when last decided.
+  function gcra.read(cost)
+    local interval_us, burst = read(2)
+    return { algorithm = gcra, cost = cost, interval_us = interval_us + 0, burst = burst + 0, ahead_us = 0 }
+  end
+
   -- How far the key's TAT lies ahead of now, microseconds (0: not at all).
-  --   now_us    the pinned clock, or nil for Redis's clock
-  function gcra_ahead(key, now_us, interval_us)
+  local function ahead_of(key, interval_us)
     local ahead
     if now_us then
       ahead = 0
@@ -98,38 +121,11 @@ if general then
     return ahead
   end
 
-  -- Decides one rule without writing anything.
-  --   ahead_us     how far the TAT lies ahead of now (gcra_ahead)
-  --   cost         units this request asks for (0 = peek)
-  --   interval_us  emission interval (>= 1)
-  --   burst        units admitted back to back from a fresh key (>= 1)
-  -- Returns the six reply fields: allowed (1/0), limit, remaining,
-  -- reset_after, retry_after (milliseconds, rounded up; -1: never) and window
-  -- (always 1); then how far ahead the TAT is to be stored if the whole
-  -- request is admitted (nil: nothing to write).
-  function gcra_check(ahead_us, cost, interval_us, burst)
-    local tolerance = interval_us * burst
-    local after = ahead_us + cost * interval_us
-    if after <= tolerance then
-      local write
-      if cost > 0 then
-        write = after
-      end
-      return 1, burst, math.floor((tolerance - after) / interval_us), math.ceil(after / 1000), 0, 1, write
-    end
-    local retry_after = -1 -- more than a fresh key could ever admit: no wait helps
-    if cost <= burst then
-      -- The earliest instant at which the request fits the tolerance.
-      retry_after = math.ceil((after - tolerance) / 1000)
-    end
-    return 0, burst, math.floor((tolerance - ahead_us) / interval_us), math.ceil(ahead_us / 1000), retry_after, 1, nil
-  end
-
-  -- Stores an admitted request's TAT, `ahead` microseconds from now. On
-  -- Redis's clock the key lives exactly until the TAT has passed: by then a
-  -- fresh key would behave the same, and the expiry can never outlast the
-  -- debt, so nobody is locked out by it.
-  function gcra_commit(key, now_us, ahead_us)
+  -- Stores an admitted request's TAT, `ahead_us` from now. On Redis's
+  -- clock the key lives exactly until the TAT has passed: by then a fresh
+  -- key would behave the same, and the expiry can never outlast the debt,
+  -- so nobody is locked out by it.
+  function gcra.commit(key, ahead_us)
     local ttl = math.ceil(ahead_us / 1000)
     if now_us then
       redis.call('SET', key, now_us + ahead_us, 'PX', ttl + 86400000)
@@ -140,30 +136,105 @@ if general then
     end
   end
 
-  -- Gives back what a charge of `cost` units still holds, the charge having
-  -- left the TAT at `mark_us` (Redis's clock, microseconds): at most its
-  -- cost, and none of what time has paid off since, so that no refund can
-  -- undo another request's charge. Returns 1 if anything was given back.
-  --   now_us  the pinned clock, or nil for Redis's clock
-  function gcra_refund(key, now_us, interval_us, cost, mark_us)
-    local ahead_us = gcra_ahead(key, now_us, interval_us)
-    if ahead_us <= 0 then
-      return 0 -- paid off, or expired: nothing left to give back
+  -- A refund needs only its own step; every other call, the decision's.
+  if op == 'refund' then
+    -- Gives back what a charge of rule.cost units still holds, the charge
+    -- having left the TAT at `mark_us` (the call's clock, microseconds): at
+    -- most its cost, and none of what time has paid off since, so that no
+    -- refund can undo another request's charge. Returns 1 if anything was
+    -- given back.
+    function gcra.refund(rule, key, mark_us)
+      local ahead_us = ahead_of(key, rule.interval_us)
+      if ahead_us <= 0 then
+        return 0 -- paid off, or expired: nothing left to give back
+      end
+      local back_us = math.min(rule.cost * rule.interval_us, mark_us - clock())
+      if back_us <= 0 then
+        return 0
+      end
+      if ahead_us <= back_us then
+        redis.call('DEL', key)
+      else
+        gcra.commit(key, ahead_us - back_us)
+      end
+      return 1
     end
-    local clock_us = now_us
-    if not clock_us then
-      local time = redis.call('TIME')
-      clock_us = time[1] * 1000000 + time[2]
+  else
+    -- Decides the rule at `cost` (0 = peek) without writing anything, and
+    -- keeps how far its TAT lay ahead (rule.ahead_us) for a lease.
+    -- Returns the six reply fields: allowed (1/0), limit, remaining,
+    -- reset_after, retry_after (milliseconds, rounded up; -1: never) and window
+    -- (always 1); then the write if the whole request is admitted (nil:
+    -- nothing to write).
+    function gcra.decide(rule, key, cost)
+      local interval_us, burst = rule.interval_us, rule.burst
+      local ahead_us = ahead_of(key, interval_us)
+      rule.ahead_us = ahead_us
+      local tolerance = interval_us * burst
+      local after = ahead_us + cost * interval_us
+      if after <= tolerance then
+        local write
+        if cost > 0 then
+          write = after
+        end
+        return 1, burst, math.floor((tolerance - after) / interval_us), math.ceil(after / 1000), 0, 1, write
+      end
+      local retry_after = -1 -- more than a fresh key could ever admit: no wait helps
+      if cost <= burst then
+        -- The earliest instant at which the request fits the tolerance.
+        retry_after = math.ceil((after - tolerance) / 1000)
+      end
+      return 0, burst, math.floor((tolerance - ahead_us) / interval_us), math.ceil(ahead_us / 1000), retry_after, 1, nil
     end
-    local back_us = math.min(cost * interval_us, mark_us - clock_us)
-    if back_us <= 0 then
-      return 0
+
+    -- The steps only some calls need, each built when limiter.lua asks
+    -- for it (`build`): a charge's refund mark, a lease, an override.
+    function gcra.build(step)
+      if step == 'mark' then
+        -- A charge's refund mark: the TAT it left, on the call's clock (us).
+        function gcra.mark(ahead_us)
+          return clock() + ahead_us
+        end
+      elseif step == 'grant' then
+        -- A lease of at most lease.units for the admitted request decided at
+        -- `cost`, whose fields are `outcome`: accounted as arriving when it ends
+        -- (lease.ms from now), and granted only if that conforms now, so any
+        -- spend before then conforms whatever other callers do. Returns the
+        -- units, how long they may be spent (ms) and the write that charges
+        -- them with the request; 0 units for none.
+        function gcra.grant(rule, _, outcome, cost, lease)
+          local interval_us, burst = rule.interval_us, rule.burst
+          local from_us = math.max(rule.ahead_us, lease.ms * 1000)
+          local left = math.floor((interval_us * burst - from_us - cost * interval_us) / interval_us)
+          local units = math.min(lease.units, math.floor(left / 2))
+          if units <= 0 then
+            return 0, 0, nil
+          end
+          local write = from_us + (cost + units) * interval_us
+          outcome.remaining = math.floor((interval_us * burst - write) / interval_us)
+          outcome.reset_after = math.ceil(write / 1000)
+          return units, lease.ms, write
+        end
+      elseif step == 'apply' then
+        -- Whether `text` is a GCRA override ('v1 gcra <rate> <period ms>
+        -- <burst> <interval us>'); if so, its figures replace the rule's.
+        -- Checked as the configuration checks them (src/rules/policy/gcra.rs).
+        function gcra.apply(rule, text)
+          local rate, period_ms, burst, interval_us =
+            string.match(text, '^v1 gcra ([1-9]%d*) ([1-9]%d*) ([1-9]%d*) ([1-9]%d*)$')
+          if not rate then
+            return false
+          end
+          rate, period_ms = rate + 0, period_ms + 0
+          local exact = interval_us + 0 == math.floor((period_ms * 1000 + math.floor(rate / 2)) / rate)
+          if exact and rate <= period_ms * 1000 and period_ms <= 31622400000 and burst + 0 <= 1000000000
+            and interval_us * burst <= 2251799813685248 then
+            rule.interval_us, rule.burst = interval_us + 0, burst + 0
+            return true
+          end
+          return false
+        end
+      end
     end
-    if ahead_us <= back_us then
-      redis.call('DEL', key)
-    else
-      gcra_commit(key, now_us, ahead_us - back_us)
-    end
-    return 1
   end
 end

@@ -17,18 +17,36 @@
 --                         rules, each decided by the general decision
 --                         after the one before, at the same instant (below)
 --
--- A rule's arguments, the same in every call that carries rules:
+-- A rule's arguments, the same in every call that carries rules: its
+-- algorithm's word, its cost, then its figures, which the algorithm reads:
 --   'gcra',   cost, interval (us), burst
 --   'window', cost, offset (ms), n, then n x (duration, limit, precision) (ms)
 -- A lone rule's call is its arguments alone.
+--
+-- Each algorithm's script builds, for the general path, a table of its
+-- steps, and `algorithms` below lists them by word, once. Every step
+-- takes the rule (a table of its figures) and its key where it needs them:
+--   read(cost)                    a rule of cost: a table of its figures,
+--                                 from the arguments (`read`), and of
+--                                 `algorithm`, these steps
+--   decide(rule, key, cost)       the six reply fields and the write an
+--                                 admission makes (nil: none); cost 0 peeks
+--   commit(key, write)            that write
+--   refund(rule, key, mark)       1 if a charge was given back
+-- and, once build(step) has made them, for the calls that need them:
+--   mark(write)                   the refund mark of a charge
+--   grant(rule, key, outcome, cost, lease)
+--                                 a lease charged with an admitted request:
+--                                 units (0: none), ms, and the write then
+--   apply(rule, text)             whether text is an override of the rule;
+--                                 if so, its figures in force
 --
 -- The general decision:
 -- KEYS[i]   state of rule i (all under one hash tag when run on a cluster);
 --           after the rules' keys, one override key per rule that takes
 --           overrides, then one penalty key per rule with a penalty
 -- ARGV[1]   'decide' ('group' for a group)
--- ARGV[2]   now in milliseconds, or '' to keep Redis's own time (key
---           expiries, TIME), so that edge locations with skewed clocks agree
+-- ARGV[2]   the clock (common.lua)
 -- ARGV[3]   one letter per rule: 'e' enforces, 's' is a shadow rule whose
 --           denial is reported but blocks nothing (and it is then not
 --           charged); 'r' and 'q' are the same with a refund mark in the
@@ -91,46 +109,21 @@ if op == 'reset' then
   return redis.call('DEL', unpack(KEYS))
 end
 
--- ARGV is read in order, from ARGV[at]: read(n) gives the next n
--- arguments, as text. A lone rule's call is its rule's arguments from
--- ARGV[1]; every other call names its clock in ARGV[2].
-local at, pinned_ms = 1, ''
-local function read(n)
-  at = at + n
-  return unpack(ARGV, at - n, at - 1)
-end
-if not lone then
-  at = 2
-  pinned_ms = read(1)
-end
+-- The algorithms' steps, by the word that starts a rule's arguments: the
+-- one list of them in the script.
+local algorithms = { gcra = gcra, window = windowed }
 
--- The next rule's arguments, named. A window's figures stay text, as
--- windowed.lua joins them into field names.
+-- The next rule's arguments, named: a table its algorithm makes.
 local function read_rule()
-  local word, cost, first, second = read(4)
-  if word == 'gcra' then
-    return { algorithm = 'gcra', cost = cost + 0, interval_us = first + 0, burst = second + 0 }
-  end
-  return { algorithm = 'window', cost = cost + 0, offset_ms = first + 0, windows = { read(3 * second) } }
-end
-
--- nil on Redis's clock: GCRA then needs no clock (its state is the key's
--- expiry), and a windowed rule reads its key's (or TIME for a fresh key).
-local now_us, now_ms
-if pinned_ms ~= '' then
-  now_us, now_ms = pinned_ms * 1000, pinned_ms + 0
+  local word, cost = read(2)
+  return algorithms[word].read(cost + 0)
 end
 
 if op == 'refund' then
   local given = {}
   for i = 1, #KEYS do
     local rule = read_rule()
-    local mark = read(1) + 0
-    if rule.algorithm == 'gcra' then
-      given[i] = gcra_refund(KEYS[i], now_us, rule.interval_us, rule.cost, mark)
-    else
-      given[i] = windowed_refund(KEYS[i], now_ms, rule.cost, rule.offset_ms, rule.windows, mark)
-    end
+    given[i] = rule.algorithm.refund(rule, KEYS[i], read(1) + 0)
   end
   return given
 end
@@ -191,57 +184,38 @@ if section == 'penalty' then
   end
 end
 
+-- The steps only some calls need, built for those alone: Redis builds
+-- every function of the script anew on each call.
+local needs = {}
+if #leases > 0 then
+  needs[#needs + 1] = 'grant'
+end
+if #overrides > 0 then
+  needs[#needs + 1] = 'apply'
+end
+if string.find(modes, '[rq]') then
+  needs[#needs + 1] = 'mark'
+end
+for _, step in ipairs(needs) do
+  for _, algorithm in pairs(algorithms) do
+    algorithm.build(step)
+  end
+end
+
 -- Overrides: the figures in force replace the rule's own, so that
--- everything after reads them as if configured; a block denies the rule
--- like a running penalty. A client's override goes before its rule's; text
--- that is not an override of this release for this rule is none.
+-- everything after reads them as if configured; a block ('v1 block')
+-- denies the rule like a running penalty. A client's override goes before
+-- its rule's; text that is not an override of this release for this rule
+-- is none.
 local blocked, override_reply = {}, {}
 if #overrides > 0 then
-  -- Whether `text` is an override of rule i; if so, applied. Only the
-  -- forms this release writes are read, a bounded number of fields each,
-  -- so that no stored value, of any length, can fail the call.
+  -- Whether `text` is an override of rule i; if so, applied.
   local function apply(i, text, left_ms)
-    local rule = rules[i]
     if text == 'v1 block' then
       blocked[i] = left_ms
       return true
     end
-    if rule.algorithm == 'gcra' then
-      local rate, period_ms, burst, interval_us =
-        string.match(text, '^v1 gcra ([1-9]%d*) ([1-9]%d*) ([1-9]%d*) ([1-9]%d*)$')
-      if not rate then
-        return false
-      end
-      -- Checked as the configuration checks them (src/rules/policy/gcra.rs).
-      rate, period_ms = rate + 0, period_ms + 0
-      local exact = interval_us + 0 == math.floor((period_ms * 1000 + math.floor(rate / 2)) / rate)
-      if exact and rate <= period_ms * 1000 and period_ms <= 31622400000 and burst + 0 <= 1000000000
-        and interval_us * burst <= 2251799813685248 then
-        rule.interval_us, rule.burst = interval_us + 0, burst + 0
-        return true
-      end
-      return false
-    end
-    -- 'v1 windows' and '<duration ms>:<limit>' per window, in the rule's
-    -- order: written from the rule's own durations, the text must come out
-    -- the same, so an override naming windows the rule no longer has is
-    -- none. No more fields are read than the rule has windows.
-    local windows, limits, written = rule.windows, {}, 'v1 windows'
-    local n = #windows / 3
-    for limit in string.gmatch(text, ':([1-9]%d*)') do
-      if #limits == n or limit + 0 > 1000000000 then
-        return false
-      end
-      limits[#limits + 1] = limit
-      written = written .. ' ' .. windows[3 * #limits - 2] .. ':' .. limit
-    end
-    if #limits ~= n or text ~= written then
-      return false
-    end
-    for w = 1, n do
-      windows[3 * w - 1] = limits[w]
-    end
-    return true
+    return rules[i].algorithm.apply(rules[i], text)
   end
   for j, o in ipairs(overrides) do
     -- A key of another type (a stray write) errs on GET: none, noted.
@@ -268,9 +242,9 @@ if #overrides > 0 then
   end
 end
 
--- Per rule, from the last decision: its six reply fields, named; what its
--- admission writes; for GCRA, how far its TAT lay ahead.
-local outcomes, writes, aheads = {}, {}, {}
+-- Per rule, from the last decision: its six reply fields, named, and
+-- what its admission writes.
+local outcomes, writes = {}, {}
 
 -- Decides every rule at the costs `cost_of` into outcomes[i] and
 -- writes[i], or, when peeking, at cost 0 and only the rules that admitted
@@ -299,14 +273,8 @@ local function decide(cost_of, peek)
         cost = cost_of[i]
       end
       local o = {}
-      if rule.algorithm == 'gcra' then
-        aheads[i] = gcra_ahead(KEYS[i], now_us, rule.interval_us)
-        o.allowed, o.limit, o.remaining, o.reset_after, o.retry_after, o.window, writes[i] =
-          gcra_check(aheads[i], cost, rule.interval_us, rule.burst)
-      else
-        o.allowed, o.limit, o.remaining, o.reset_after, o.retry_after, o.window, writes[i] =
-          windowed_check(KEYS[i], now_ms, cost, rule.offset_ms, rule.windows)
-      end
+      o.allowed, o.limit, o.remaining, o.reset_after, o.retry_after, o.window, writes[i] =
+        rule.algorithm.decide(rule, KEYS[i], cost)
       if left > 0 then
         o.allowed, o.retry_after, writes[i] = 0, left, nil
         o.reset_after = math.max(o.reset_after, left)
@@ -323,67 +291,35 @@ local function decide(cost_of, peek)
   return denied
 end
 
--- The lease granted to one lease asked for, charged with the request
--- decided at `cost_of` into writes[i]: units and how long they may be
--- spent (ms). Built only for calls that ask for one.
-local grant
-if #leases > 0 then
-  function grant(lease, cost_of)
-    local i = lease.rule
-    local rule, o, cost = rules[i], outcomes[i], cost_of[lease.rule]
-    if o.allowed ~= 1 then
-      return 0, 0
-    end
-    if rule.algorithm == 'gcra' then
-      local interval_us, burst = rule.interval_us, rule.burst
-      local from_us = math.max(aheads[i], lease.ms * 1000)
-      local left = math.floor((interval_us * burst - from_us - cost * interval_us) / interval_us)
-      local units = math.min(lease.units, math.floor(left / 2))
-      if units <= 0 then
-        return 0, 0
-      end
-      local write = from_us + (cost + units) * interval_us
-      writes[i] = write
-      o.remaining, o.reset_after = math.floor((interval_us * burst - write) / interval_us), math.ceil(write / 1000)
-      return units, lease.ms
-    end
-    local units = math.min(lease.units, math.floor(o.remaining / 2))
-    if units <= 0 then
-      return 0, 0
-    end
-    local allowed, limit, remaining, reset_after, _, bound, plan =
-      windowed_check(KEYS[i], now_ms, cost + units, rule.offset_ms, rule.windows)
-    if allowed ~= 1 or not plan then
-      return 0, 0
-    end
-    writes[i] = plan
-    o.limit, o.remaining, o.reset_after, o.window = limit, remaining, reset_after, bound
-    return units, math.min(plan.edge - plan.now, lease.ms)
-  end
-end
-
 -- Each request in turn: one, or a group's, each decided as if it came
 -- after the one before at the same instant, so that each sees what those
 -- before it charged.
-local reply, granted, clock_us = {}, {}, now_us
+local reply, granted = {}, {}
 for request, cost_of in ipairs(costs) do
   local denied = decide(cost_of, false)
   if denied then
     -- Nothing is consumed anywhere: report the admitting rules as they stand.
     decide(cost_of, true)
   else
-    -- A group asks for its leases with its last request.
+    -- A group asks for its leases with its last request: each charged
+    -- with it, only when it is admitted, at most half of what the rule
+    -- has left after it.
     if request == #costs then
       for j, lease in ipairs(leases) do
-        granted[2 * j - 1], granted[2 * j] = grant(lease, cost_of)
+        local i = lease.rule
+        local units, ms, write = 0, 0, nil
+        if outcomes[i].allowed == 1 then
+          units, ms, write = rules[i].algorithm.grant(rules[i], KEYS[i], outcomes[i], cost_of[i], lease)
+        end
+        if units > 0 then
+          writes[i] = write
+        end
+        granted[2 * j - 1], granted[2 * j] = units, ms
       end
     end
-    for i = 1, #rules do
-      local write = writes[i]
-      if type(write) == 'number' then
-        gcra_commit(KEYS[i], now_us, write)
-      elseif write then
-        windowed_commit(KEYS[i], write)
+    for i, rule in ipairs(rules) do
+      if writes[i] then
+        rule.algorithm.commit(KEYS[i], writes[i])
       end
     end
   end
@@ -409,18 +345,12 @@ for request, cost_of in ipairs(costs) do
     reply[#reply + 1] = started
   end
   -- Refund marks, when the request was charged.
-  for i = 1, #rules do
+  for i, rule in ipairs(rules) do
     local mode = string.byte(modes, i)
     if mode == REFUNDABLE or mode == REFUNDABLE_SHADOW then
-      local write, mark = writes[i], 0
-      if not denied and type(write) == 'number' then
-        if not clock_us then
-          local time = redis.call('TIME')
-          clock_us = time[1] * 1000000 + time[2]
-        end
-        mark = clock_us + write
-      elseif not denied and write then
-        mark = write.now
+      local mark = 0
+      if not denied and writes[i] then
+        mark = rule.algorithm.mark(writes[i])
       end
       reply[#reply + 1] = mark
     end

@@ -96,20 +96,21 @@ if one_window then
   end
 end
 
--- Decides one rule without writing anything.
+-- Decides one rule without writing anything, on the call's clock (now_ms,
+-- common.lua: nil for Redis's).
+--   rule    the rule's figures: offset_ms, its bucket edges' shift, and
+--           windows, each window's duration, limit and precision (ms, as
+--           text), one window after another
 --   key     the hash (may be absent)
---   pinned  the pinned clock (ms), or nil for Redis's
 --   cost    units this request asks for (0 = peek)
---   offset  bucket edge shift, milliseconds
---   windows each window's duration, limit and precision (ms, as text), one
---           window after another
 -- Returns the six reply fields of the binding window: allowed (1/0), limit,
 -- remaining, reset_after, retry_after (milliseconds; -1: never) and its
 -- 1-based index; then what windowed_commit needs if the whole request is
 -- admitted (nil: nothing to write).
-local function windowed_check(key, pinned, cost, offset, windows)
+local function windowed_check(rule, key, cost)
   -- e, t and the previous release's c, each window's two fields, then u,
   -- a, s and the previous release's v (k is where they start).
+  local windows, offset, pinned = rule.windows, rule.offset_ms, now_ms
   local n = #windows / 3
   local fields, k = { 'e', 't', 'c' }, 2 * n + 3
   for j = 1, n do
@@ -320,96 +321,172 @@ local function windowed_commit(key, plan)
   end
 end
 
--- Gives back a refundable charge of `cost` units (limiter.lua's refund
--- call), made at `mark` on the key's shifted clock (ms). Each window takes
--- the cost out of the bucket it was counted in, while that bucket is still
--- counted; a key that expired or holds no state of ours gives nothing
--- back. Returns 1 if anything was.
-local windowed_refund
-if op == 'refund' then
-  function windowed_refund(key, pinned, cost, offset, windows, mark_ms)
-    local pttl = -2
-    if not pinned then
-      pttl = redis.call('PTTL', key)
-      if pttl <= 0 then
+-- The windows' steps in the general path (limiter.lua, which lists the
+-- algorithms' tables by their word), built only for the calls that reach
+-- it. A rule is a table of its figures, its windows' as text; a write is
+-- windowed_check's plan.
+local windowed = nil
+if general then
+  -- Sized where it is made: each field then fills a slot, with no rehash.
+  windowed = { decide = windowed_check, commit = windowed_commit, read = false, refund = false, mark = false,
+    grant = false, apply = false, build = false }
+
+  -- A rule of `cost`, its figures read after its word and cost: offset
+  -- (ms), n, then n x (duration, limit, precision) (ms).
+  function windowed.read(cost)
+    local offset_ms, n = read(2)
+    return { algorithm = windowed, cost = cost, offset_ms = offset_ms + 0, windows = { read(3 * n) } }
+  end
+
+  -- A refund needs only its own step; every other call, the decision's.
+  if op == 'refund' then
+    -- Gives back a refundable charge of rule.cost units, made at `mark_ms`
+    -- on the key's shifted clock. Each window takes the cost out of the
+    -- bucket it was counted in, while that bucket is still counted; a key
+    -- that expired or holds no state of ours gives nothing back. Returns 1
+    -- if anything was.
+    function windowed.refund(rule, key, mark_ms)
+      local pttl = -2
+      if not now_ms then
+        pttl = redis.call('PTTL', key)
+        if pttl <= 0 then
+          return 0
+        end
+      end
+      local windows, cost = rule.windows, rule.cost
+      local n = #windows / 3
+      local fields = { 'e', 't', 'a', 'u' }
+      for j = 1, n do
+        local p = windows[3 * j - 2] .. ':' .. windows[3 * j]
+        fields[2 * j + 3], fields[2 * j + 4] = p, p .. ':n'
+      end
+      local stored = redis.call('HMGET', key, unpack(fields))
+      local e, t, a, u = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3]), tonumber(stored[4])
+      if not (e and t and a and u) then
         return 0
       end
-    end
-    local n = #windows / 3
-    local fields = { 'e', 't', 'a', 'u' }
-    for j = 1, n do
-      local p = windows[3 * j - 2] .. ':' .. windows[3 * j]
-      fields[2 * j + 3], fields[2 * j + 4] = p, p .. ':n'
-    end
-    local stored = redis.call('HMGET', key, unpack(fields))
-    local e, t, a, u = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3]), tonumber(stored[4])
-    if not (e and t and a and u) then
-      return 0
-    end
-    local now = e - pttl
-    if pinned then
-      now = pinned + offset
-    end
-    -- Which windows still count the charge's bucket.
-    local counted, any = {}, false
-    for j = 1, n do
-      local precision = windows[3 * j] + 0
-      local buckets = windows[3 * j - 2] / precision
-      counted[j] = math.floor(mark_ms / precision) > math.floor(now / precision) - buckets
-      any = any or counted[j]
-    end
-    if not any then
-      return 0
-    end
-    if t <= mark_ms and u + a >= cost then
-      -- In t's buckets in every window, and the cost since the last move
-      -- can hold it: taken from there, which every window counts in its
-      -- newest bucket (whether the charge was that move or came after it
-      -- in the same buckets, the count is the same).
-      redis.call('HINCRBY', key, 'u', -cost)
+      local now = e - pttl
+      if now_ms then
+        now = now_ms + rule.offset_ms
+      end
+      -- Which windows still count the charge's bucket.
+      local counted, any = {}, false
+      for j = 1, n do
+        local precision = windows[3 * j] + 0
+        local buckets = windows[3 * j - 2] / precision
+        counted[j] = math.floor(mark_ms / precision) > math.floor(now / precision) - buckets
+        any = any or counted[j]
+      end
+      if not any then
+        return 0
+      end
+      if t <= mark_ms and u + a >= cost then
+        -- In t's buckets in every window, and the cost since the last move
+        -- can hold it: taken from there, which every window counts in its
+        -- newest bucket (whether the charge was that move or came after it
+        -- in the same buckets, the count is the same).
+        redis.call('HINCRBY', key, 'u', -cost)
+        return 1
+      end
+      -- In the totals since a move: out of each counting window's total and
+      -- bucket, then the room at t and the cost since follow.
+      local set, room, bound = {}, nil, 0
+      for j = 1, n do
+        local precision, limit = windows[3 * j] + 0, windows[3 * j - 1] + 0
+        local total = tonumber(stored[2 * j + 3]) or 0
+        if counted[j] then
+          local id = math.floor(mark_ms / precision)
+          local field = fields[2 * j + 4]
+          if id < math.floor(t / precision) then
+            field = string.format('%s:%d', fields[2 * j + 3], id)
+          end
+          local held = tonumber(redis.call('HGET', key, field) or '') or 0
+          local back = math.min(cost, held)
+          if back > 0 then
+            total = total - back
+            set[#set + 1], set[#set + 2] = fields[2 * j + 3], string.format('%d', total)
+            set[#set + 1], set[#set + 2] = field, string.format('%d', held - back)
+          end
+        end
+        if not room or limit - total < room then
+          room, bound = limit - total, j
+        end
+      end
+      if #set == 0 then
+        return 0
+      end
+      set[#set + 1], set[#set + 2] = 'a', string.format('%d', room)
+      set[#set + 1], set[#set + 2] = 'u', string.format('%d', u - (room - a))
+      set[#set + 1], set[#set + 2] = 'b', bound
+      redis.call('HSET', key, unpack(set))
       return 1
     end
-    -- In the totals since a move: out of each counting window's total and
-    -- bucket, then the room at t and the cost since follow.
-    local set, room, bound = {}, nil, 0
-    for j = 1, n do
-      local precision, limit = windows[3 * j] + 0, windows[3 * j - 1] + 0
-      local total = tonumber(stored[2 * j + 3]) or 0
-      if counted[j] then
-        local id = math.floor(mark_ms / precision)
-        local field = fields[2 * j + 4]
-        if id < math.floor(t / precision) then
-          field = string.format('%s:%d', fields[2 * j + 3], id)
+  else
+    -- The steps only some calls need, each built when limiter.lua asks
+    -- for it (`build`): a charge's refund mark, a lease, an override.
+    function windowed.build(step)
+      if step == 'mark' then
+        -- A charge's refund mark: its time on the key's shifted clock (ms).
+        function windowed.mark(plan)
+          return plan.now
         end
-        local held = tonumber(redis.call('HGET', key, field) or '') or 0
-        local back = math.min(cost, held)
-        if back > 0 then
-          total = total - back
-          set[#set + 1], set[#set + 2] = fields[2 * j + 3], string.format('%d', total)
-          set[#set + 1], set[#set + 2] = field, string.format('%d', held - back)
+      elseif step == 'grant' then
+        -- A lease of at most lease.units for the admitted request decided at
+        -- `cost`, whose fields are `outcome`, of at most half of what is left:
+        -- counted with the request, it ends with the earliest bucket its units
+        -- were counted in (or lease.ms, if sooner), so every window counts them
+        -- where they are spent. Returns the units, how long they may be spent
+        -- (ms) and the write that charges them with the request.
+        function windowed.grant(rule, key, outcome, cost, lease)
+          local units = math.min(lease.units, math.floor(outcome.remaining / 2))
+          if units <= 0 then
+            return 0, 0, nil
+          end
+          local allowed, limit, remaining, reset_after, _, bound, plan =
+            windowed_check(rule, key, cost + units)
+          if allowed ~= 1 or not plan then
+            return 0, 0, nil
+          end
+          outcome.limit, outcome.remaining, outcome.reset_after, outcome.window = limit, remaining, reset_after, bound
+          return units, math.min(plan.edge - plan.now, lease.ms), plan
+        end
+      elseif step == 'apply' then
+        -- Whether `text` is an override of the rule's windows ('v1 windows' and
+        -- '<duration ms>:<limit>' per window, in the rule's order); if so, its
+        -- limits replace the rule's. Written from the rule's own durations, the
+        -- text must come out the same, so an override naming windows the rule
+        -- no longer has is none. No more fields are read than the rule has
+        -- windows, so that no stored value, of any length, can fail the call.
+        function windowed.apply(rule, text)
+          local windows, limits, written = rule.windows, {}, 'v1 windows'
+          local n = #windows / 3
+          for limit in string.gmatch(text, ':([1-9]%d*)') do
+            if #limits == n or limit + 0 > 1000000000 then
+              return false
+            end
+            limits[#limits + 1] = limit
+            written = written .. ' ' .. windows[3 * #limits - 2] .. ':' .. limit
+          end
+          if #limits ~= n or text ~= written then
+            return false
+          end
+          for w = 1, n do
+            windows[3 * w - 1] = limits[w]
+          end
+          return true
         end
       end
-      if not room or limit - total < room then
-        room, bound = limit - total, j
-      end
     end
-    if #set == 0 then
-      return 0
-    end
-    set[#set + 1], set[#set + 2] = 'a', string.format('%d', room)
-    set[#set + 1], set[#set + 2] = 'u', string.format('%d', u - (room - a))
-    set[#set + 1], set[#set + 2] = 'b', bound
-    redis.call('HSET', key, unpack(set))
-    return 1
   end
 end
 
 -- A lone rule that the path at the top of this file did not decide.
 if one_window then
-  local key, cost, offset_ms, n = KEYS[1], argv[2] + 0, argv[3] + 0, argv[4] + 0
-  local windows = { unpack(argv, 5, 4 + 3 * n) }
+  local key, cost, n = KEYS[1], argv[2] + 0, argv[4] + 0
+  local rule = { offset_ms = argv[3] + 0, windows = { unpack(argv, 5, 4 + 3 * n) } }
+  local windows = rule.windows
   local allowed, limit, remaining, reset_after_ms, retry_after_ms, binding, write =
-    windowed_check(key, nil, cost, offset_ms, windows)
+    windowed_check(rule, key, cost)
   if write then
     windowed_commit(key, write)
     if n == 1 then

@@ -752,3 +752,124 @@ thread_local! {
         (backend, rt)
     };
 }
+/// A case `the_script_decides_exactly_as_the_model` found (on 7b60f58's
+/// scripts and on later ones alike): the last decision of client1 on the
+/// one-window rule finds one unit more charged in Redis than in the model,
+/// in about one run in five, depending on where the real clock puts the
+/// buckets. Every refund before it answered the same on both sides, so a
+/// refund that gives back less than the model's (or a charge the model
+/// forgets) is the suspect. Ignored until that is found: it fails some
+/// runs. `cargo test --test scripts_model -- --ignored` runs it.
+#[test]
+#[ignore = "a known script/model disagreement on a window's refund, not yet found"]
+fn a_window_refund_case_the_model_and_script_disagree_on() {
+    let specs = vec![
+        Spec {
+            policy: Policy::Gcra(Gcra::new(1, 50, 2).unwrap()),
+            shadow: false,
+            counted: false,
+            penalty_ms: None,
+            overrides: false,
+        },
+        Spec {
+            policy: Policy::Windowed(
+                Windows::new(vec![Window::new(732, 5, 244).unwrap()]).unwrap(),
+            ),
+            shadow: false,
+            counted: true,
+            penalty_ms: Some(446),
+            overrides: true,
+        },
+        Spec {
+            policy: Policy::Windowed(
+                Windows::new(vec![
+                    Window::new(64, 4, 64).unwrap(),
+                    Window::new(132, 6, 22).unwrap(),
+                    Window::new(1183, 3, 169).unwrap(),
+                ])
+                .unwrap(),
+            ),
+            shadow: false,
+            counted: false,
+            penalty_ms: Some(408),
+            overrides: false,
+        },
+    ];
+    let steps = vec![
+        Step {
+            wait_ms: 229,
+            rules: 6,
+            client: 1,
+            cost: 4,
+            kind: Kind::Decide,
+            further: vec![1, 1, 1, 2],
+        },
+        Step {
+            wait_ms: 3,
+            rules: 6,
+            client: 0,
+            cost: 1,
+            kind: Kind::Override,
+            further: vec![2, 1, 2, 2, 1, 1],
+        },
+        Step {
+            wait_ms: 3401,
+            rules: 6,
+            client: 1,
+            cost: 1,
+            kind: Kind::Decide,
+            further: vec![7, 1],
+        },
+        Step {
+            wait_ms: 1,
+            rules: 7,
+            client: 1,
+            cost: 2,
+            kind: Kind::Group,
+            further: vec![1, 1, 1, 2, 2],
+        },
+        Step {
+            wait_ms: 274,
+            rules: 5,
+            client: 0,
+            cost: 1,
+            kind: Kind::Refund,
+            further: vec![2],
+        },
+        Step {
+            wait_ms: 0,
+            rules: 5,
+            client: 0,
+            cost: 2,
+            kind: Kind::Refund,
+            further: vec![2, 1, 1, 1, 1],
+        },
+        Step {
+            wait_ms: 297,
+            rules: 7,
+            client: 0,
+            cost: 2,
+            kind: Kind::Decide,
+            further: vec![2, 2, 1, 1, 1, 2],
+        },
+        Step {
+            wait_ms: 4,
+            rules: 1,
+            client: 1,
+            cost: 0,
+            kind: Kind::Group,
+            further: vec![1, 2, 2, 1, 1, 2, 2],
+        },
+        Step {
+            wait_ms: 4,
+            rules: 2,
+            client: 1,
+            cost: 2,
+            kind: Kind::Decide,
+            further: vec![0, 2, 1, 0, 1],
+        },
+    ];
+    BACKEND
+        .with(|b| run_case(&b.0, &b.1, &specs, &steps))
+        .unwrap();
+}
