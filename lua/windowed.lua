@@ -380,16 +380,23 @@ if general then
       if not any then
         return 0
       end
-      if t <= mark_ms and u + a >= cost then
-        -- In t's buckets in every window, and the cost since the last move
-        -- can hold it: taken from there, which every window counts in its
-        -- newest bucket (whether the charge was that move or came after it
-        -- in the same buckets, the count is the same).
-        redis.call('HINCRBY', key, 'u', -cost)
-        return 1
+      -- Charged at or after the last move: in t's buckets in every window,
+      -- each of which counts the cost since the move in its newest bucket.
+      -- Taken from that cost as far as it holds (whether the charge was the
+      -- move or came after it, the count is the same); an earlier refund
+      -- may have taken from it for a charge counted at the move, and the
+      -- rest then comes out of each window's newest bucket at t.
+      local since_back = 0
+      if t <= mark_ms then
+        since_back = math.min(cost, math.max(u + a, 0))
+        if since_back == cost then
+          redis.call('HINCRBY', key, 'u', -cost)
+          return 1
+        end
       end
-      -- In the totals since a move: out of each counting window's total and
-      -- bucket, then the room at t and the cost since follow.
+      cost = cost - since_back
+      -- Out of each counting window's total at t and the charge's bucket,
+      -- then the room at t and the cost since follow.
       local set, room, bound = {}, nil, 0
       for j = 1, n do
         local precision, limit = windows[3 * j] + 0, windows[3 * j - 1] + 0
@@ -413,10 +420,14 @@ if general then
         end
       end
       if #set == 0 then
-        return 0
+        if since_back == 0 then
+          return 0
+        end
+        redis.call('HINCRBY', key, 'u', -since_back)
+        return 1
       end
       set[#set + 1], set[#set + 2] = 'a', string.format('%d', room)
-      set[#set + 1], set[#set + 2] = 'u', string.format('%d', u - (room - a))
+      set[#set + 1], set[#set + 2] = 'u', string.format('%d', u - since_back - (room - a))
       set[#set + 1], set[#set + 2] = 'b', bound
       redis.call('HSET', key, unpack(set))
       return 1
