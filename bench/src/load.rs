@@ -9,6 +9,10 @@ use crate::{
     stack::{repo, Origin, Worker, TOKEN},
 };
 
+/// The load rule's limit per client and day: far above what a fresh client
+/// sends, well below what the hot one does.
+pub const HOT_LIMIT: u64 = 50;
+
 /// Load shape, the same for every worker.
 #[derive(Debug, Clone, Copy)]
 pub struct Shape {

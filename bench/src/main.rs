@@ -37,13 +37,13 @@ use edge_limiter_local::{
 };
 
 use crate::{
-    load::Shape,
+    load::{Shape, HOT_LIMIT},
     report::{
         Results, BARE_OURS, BARE_PASSTHROUGH, BARE_PEER, OURS, OURS_BASELINE, OURS_FAR,
         OURS_FAR_BASELINE, OURS_HOSTILE, OURS_HOT, OURS_SHARED, OURS_UNMATCHED, PASSTHROUGH, PEER,
         PEER_FAR, PEER_HOT,
     },
-    stack::{repo, Origin, Worker, TOKEN},
+    stack::{copy, copy_build, repo, rest_vars, Origin, Worker, BUILD, TOKEN},
 };
 
 const USAGE: &str = "\
@@ -170,9 +170,6 @@ const HOT_EVERY: u32 = 8;
 /// wrk runs per worker and round of parts 2 and 5 (one second each at the
 /// least), taken in turns.
 const SLICES: u32 = 5;
-/// The load rule's limit per client and day: far above what a fresh client
-/// sends, well below what the hot one does.
-const HOT_LIMIT: u64 = 50;
 
 fn say(what: &str) {
     eprintln!("[bench] {what}");
@@ -713,21 +710,6 @@ fn start_workers(
     Ok(([passthrough, ours, peer, ours_unmatched], probe))
 }
 
-fn copy(from: PathBuf, to: PathBuf) -> Result<(), String> {
-    std::fs::create_dir_all(to.parent().expect("a file path"))
-        .and_then(|_| std::fs::copy(&from, &to).map(drop))
-        .map_err(|e| format!("copying {}: {e}", from.display()))
-}
-
-fn rest_vars(rest: &str, origin: &str) -> String {
-    format!(
-        "UPSTASH_REDIS_REST_URL = \"{rest}\"\nUPSTASH_REDIS_REST_TOKEN = \"{TOKEN}\"\nORIGIN_URL = \"{origin}\""
-    )
-}
-
-/// The files of a worker build (`scripts/build-worker` leaves them in `build/`).
-const BUILD: [&str; 3] = ["index.js", "index_bg.wasm", "worker/shim.mjs"];
-
 /// Our worker, from a copy of the build in `build` (so that a rebuild during
 /// the run changes nothing), with the `/load` and `/rt` rules.
 fn spawn_ours(
@@ -754,15 +736,6 @@ fn spawn_ours(
         &rest_vars(rest, origin),
         &rules,
     )
-}
-
-/// A copy of the worker build in `build` under `dir/build`, so that a
-/// rebuild during the run changes nothing.
-fn copy_build(build: &Path, dir: &Path) -> Result<(), String> {
-    for file in BUILD {
-        copy(build.join(file), dir.join("build").join(file))?;
-    }
-    Ok(())
 }
 
 /// Our worker under part 8's rules, which read every part of a request.

@@ -152,3 +152,29 @@ impl Worker {
         None
     }
 }
+
+/// The files of a worker build (`scripts/build-worker` leaves them in `build/`).
+pub const BUILD: [&str; 3] = ["index.js", "index_bg.wasm", "worker/shim.mjs"];
+
+/// Copies the file `from` to `to`, making `to`'s folder.
+pub fn copy(from: PathBuf, to: PathBuf) -> Result<(), String> {
+    std::fs::create_dir_all(to.parent().expect("a file path"))
+        .and_then(|_| std::fs::copy(&from, &to).map(drop))
+        .map_err(|e| format!("copying {}: {e}", from.display()))
+}
+
+/// A copy of the worker build in `build` under `dir/build`, so that a
+/// rebuild during the run changes nothing.
+pub fn copy_build(build: &Path, dir: &Path) -> Result<(), String> {
+    for file in BUILD {
+        copy(build.join(file), dir.join("build").join(file))?;
+    }
+    Ok(())
+}
+
+/// A worker's variables for the REST endpoint `rest` and the origin.
+pub fn rest_vars(rest: &str, origin: &str) -> String {
+    format!(
+        "UPSTASH_REDIS_REST_URL = \"{rest}\"\nUPSTASH_REDIS_REST_TOKEN = \"{TOKEN}\"\nORIGIN_URL = \"{origin}\""
+    )
+}

@@ -14,7 +14,7 @@ use edge_limiter_local::fault_proxy::{Exchange, FaultProxy};
 
 use crate::{
     load::{self, Run, Shape},
-    stack::{Origin, Worker},
+    stack::{copy_build, rest_vars, Origin, Worker},
     stats::{median, spread},
 };
 
@@ -49,18 +49,16 @@ fn spawn(
     stats: bool,
 ) -> Result<Worker, String> {
     let dir = scratch.join(label);
-    for file in crate::BUILD {
-        crate::copy(built.join(file), dir.join("build").join(file))?;
-    }
+    copy_build(built, &dir)?;
     let rules = format!(
         "[vars.LIMITER]\nstats = {stats}\nstats_every = \"1s\"\n\n[[vars.LIMITER.rules]]\nname = \"load\"\nkey = [\"ip\"]\nalgorithm = \"windowed\"\nwindows = [[\"1d\", {}, \"24m\"]]\npath_prefix = \"/load\"\n",
-        crate::HOT_LIMIT
+        load::HOT_LIMIT
     );
     Worker::spawn(
         label,
         dir,
         Path::new("build/worker/shim.mjs"),
-        &crate::rest_vars(rest, origin),
+        &rest_vars(rest, origin),
         &rules,
     )
 }
