@@ -22,11 +22,12 @@ use crate::decision::{
 impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     /// Decides `checks` (of a request that arrived at `now_ms`, `own` its
     /// call without lease asks and `signature` the block cache's key for
-    /// it) behind the call in flight on `line`: once that call returns, by a call deciding every request
-    /// that waited (sent by the newest of them), or from what the
-    /// returning call brought (leased units, a denial to cache). All
-    /// within the rules' budget from `now_ms`: a request whose budget runs
-    /// out in line falls to its fail mode, as one whose call timed out.
+    /// it) behind the call in flight on `line`: once that call returns, by
+    /// a call deciding every request that waited (sent by the newest of
+    /// them), or from what the returning call brought (leased units, a
+    /// denial to cache). All within the rules' budget from `now_ms`: a
+    /// request whose budget runs out in line falls to its fail mode, as
+    /// one whose call timed out.
     pub(super) async fn wait_in_line(
         &self,
         selection: &Selection<'c, Cow<'_, str>>,
