@@ -53,7 +53,13 @@ async fn every_call_for_one_client_runs_on_a_cluster() {
         {"name": "lone", "key": ["header:x-api-key"], "algorithm": "gcra", "rate": 1,
          "period": "1s", "overrides": true}
     ]));
-    let raised = Override::windows(&r[1], &[20, 200]).unwrap();
+    let raised = Override::changed(
+        &r[1],
+        serde_json::json!({"limits": [20, 200]})
+            .as_object()
+            .unwrap(),
+    )
+    .unwrap();
     b.redis(&[
         "SET",
         &override_key(&redis_key("w", &["k-1"])),
@@ -118,8 +124,15 @@ async fn the_rule_wide_read_runs_on_a_cluster_and_takes_a_wrong_type_as_none() {
     ]}))
     .unwrap();
     let [g, w] = [&config.rules[0], &config.rules[1]];
-    let raised = Override::gcra(g, None, None, Some(40)).unwrap().to_text();
-    let lowered = Override::windows(w, &[5, 50]).unwrap().to_text();
+    let raised = Override::changed(g, serde_json::json!({"burst": 40}).as_object().unwrap())
+        .unwrap()
+        .to_text();
+    let lowered = Override::changed(
+        w,
+        serde_json::json!({"limits": [5, 50]}).as_object().unwrap(),
+    )
+    .unwrap()
+    .to_text();
     b.redis(&["SET", &rule_wide_key("g"), &raised, "PX", "60000"]);
     b.redis(&["SET", &rule_wide_key("w"), &lowered]);
     let wide = RefCell::new(RuleWide::new());

@@ -261,14 +261,22 @@ fn override_text(rule: &Rule, pick: u64) -> Option<String> {
         let made = match &rule.policy {
             Policy::Gcra(g) => {
                 let burst = if more { g.burst() + 2 } else { 1 };
-                Override::gcra(rule, Some(g.rate() + 1), None, Some(burst))
+                Override::changed(
+                    rule,
+                    serde_json::json!({"rate": g.rate() + 1, "burst": burst})
+                        .as_object()
+                        .unwrap(),
+                )
             }
             Policy::Windowed(ws) => {
                 let limits: Vec<u64> = ws
                     .iter()
                     .map(|w| if more { w.limit() + 2 } else { 1 })
                     .collect();
-                Override::windows(rule, &limits)
+                Override::changed(
+                    rule,
+                    serde_json::json!({"limits": limits}).as_object().unwrap(),
+                )
             }
         };
         made.expect("figures the rule can take").to_text()

@@ -73,7 +73,8 @@ async fn run_of(
 async fn a_clients_override_replaces_the_figures_for_that_client() {
     let b = Backend::start();
     let rule = gcra();
-    let more = Override::gcra(&rule, None, None, Some(4)).unwrap();
+    let more =
+        Override::changed(&rule, serde_json::json!({"burst": 4}).as_object().unwrap()).unwrap();
     b.redis(&["SET", "el:{a}:g:o", &more.to_text()]);
     let a = run_of(&b, &rule, "a", 5, None).await;
     assert_eq!(admitted(&a), [true, true, true, true, false]);
@@ -107,7 +108,7 @@ async fn a_block_denies_for_its_time_left_or_for_ever() {
 async fn the_rule_wide_override_holds_where_a_client_has_none() {
     let b = Backend::start();
     let rule = gcra();
-    let wide = Override::gcra(&rule, None, None, Some(3))
+    let wide = Override::changed(&rule, serde_json::json!({"burst": 3}).as_object().unwrap())
         .unwrap()
         .to_text();
     let a = run_of(&b, &rule, "a", 4, Some((&wide, -1))).await;
@@ -129,7 +130,11 @@ async fn a_window_rules_override_sets_each_limit() {
     let rule = rules(json!([{"name": "w", "key": ["ip"], "algorithm": "windowed",
         "windows": [["1m", 2, "1m"], ["1h", 100, "1h"]], "overrides": true}]))
     .remove(0);
-    let more = Override::windows(&rule, &[4, 100]).unwrap();
+    let more = Override::changed(
+        &rule,
+        serde_json::json!({"limits": [4, 100]}).as_object().unwrap(),
+    )
+    .unwrap();
     b.redis(&["SET", "el:{a}:w:o", &more.to_text()]);
     let a = run_of(&b, &rule, "a", 5, None).await;
     assert_eq!(admitted(&a), [true, true, true, true, false]);
@@ -152,7 +157,12 @@ async fn a_window_override_holds_only_for_the_windows_it_names() {
     };
     let before = windowed(json!([["1m", 2, "1m"], ["1h", 100, "1h"]]));
     let after = windowed(json!([["1m", 2, "1m"], ["1d", 100, "1h"]]));
-    let raised = Override::windows(&before, &[4, 100]).unwrap().to_text();
+    let raised = Override::changed(
+        &before,
+        serde_json::json!({"limits": [4, 100]}).as_object().unwrap(),
+    )
+    .unwrap()
+    .to_text();
     // Under the windows it names, it holds.
     b.redis(&["SET", "el:{a}:w:o", &raised]);
     let a = run_of(&b, &before, "a", 5, None).await;
@@ -292,8 +302,15 @@ async fn a_lone_rule_reads_its_clients_override_on_its_own_path() {
         assert_eq!(plain.rules[0].limit, 2);
 
         let more = match &rule.policy {
-            Policy::Windowed(ws) => Override::windows(&rule, &vec![5; ws.len()]),
-            Policy::Gcra(_) => Override::gcra(&rule, None, None, Some(5)),
+            Policy::Windowed(ws) => Override::changed(
+                &rule,
+                serde_json::json!({"limits": vec![5; ws.len()]})
+                    .as_object()
+                    .unwrap(),
+            ),
+            Policy::Gcra(_) => {
+                Override::changed(&rule, serde_json::json!({"burst": 5}).as_object().unwrap())
+            }
         }
         .unwrap();
         b.redis(&["SET", &override_key(&one.rule.key), &more.to_text()]);

@@ -291,7 +291,8 @@ async fn a_charge_goes_back_at_the_interval_it_was_made_at() {
     let rule = rules(json!([{"name": "login", "key": ["ip"], "algorithm": "gcra",
         "rate": 1, "period": "1m", "burst": 10, "count_status": [401], "overrides": true}]))
     .remove(0);
-    let faster = Override::gcra(&rule, Some(10), None, None).unwrap();
+    let faster =
+        Override::changed(&rule, serde_json::json!({"rate": 10}).as_object().unwrap()).unwrap();
     b.redis(&["SET", "el:{a}:login:o", &faster.to_text()]);
     let mut model = Model::new();
     model.set_override("login", &["a"], Some(&faster.to_text()));
@@ -354,7 +355,11 @@ async fn a_window_charge_goes_back_under_its_override() {
         "overrides": true}]),
     )
     .remove(0);
-    let raised = Override::windows(&rule, &[8, 80]).unwrap();
+    let raised = Override::changed(
+        &rule,
+        serde_json::json!({"limits": [8, 80]}).as_object().unwrap(),
+    )
+    .unwrap();
     let text = raised.to_text();
     for (id, now_ms) in [("pinned", Some(T0)), ("live", None)] {
         b.redis(&["SET", &format!("el:{{{id}}}:pages:o"), &text]);

@@ -445,7 +445,7 @@ refusing or out of reach, a log line --strict stops at).";
         let back = text
             .parse::<u64>()
             .ok()
-            .or_else(|| edge_limiter::rules::config::duration_text(text))
+            .or_else(|| edge_limiter::rules::fields::duration_text(text))
             .ok_or_else(|| {
                 Failure::usage(format!(
                     "{option}: `{text}` is neither a duration (30m, 1h, 7d) nor an RFC 3339 time \
@@ -569,7 +569,7 @@ refusing or out of reach, a log line --strict stops at).";
     /// `1d`), from 1 ms to 366 days, naming the option. A number alone is
     /// refused: `--for 3600` reads as seconds to some and as ms to others.
     fn duration_option(option: &str, text: &str) -> Result<u64, Failure> {
-        edge_limiter::rules::config::duration_text(text)
+        edge_limiter::rules::fields::duration_text(text)
             .filter(|ms| (1..=MAX_DURATION_MS).contains(ms))
             .ok_or_else(|| {
                 Failure::usage(format!(
@@ -657,7 +657,7 @@ refusing or out of reach, a log line --strict stops at).";
         rule: &edge_limiter::rules::rule::Rule,
         set: &LimitSetArgs,
     ) -> Result<Override, Failure> {
-        let refuse = |e: edge_limiter::rules::policy::PolicyError| {
+        let refuse = |e: edge_limiter::rules::fields::FieldError| {
             Failure::usage(format!(
                 "rule `{}`, field `{}`: {}",
                 rule.name, e.field, e.problem
@@ -666,20 +666,26 @@ refusing or out of reach, a log line --strict stops at).";
         if set.block {
             return Ok(Override::Block);
         }
-        if !set.limits.is_empty() {
-            return Override::windows(rule, &set.limits).map_err(refuse);
-        }
-        if set.rate.is_none() && set.period.is_none() && set.burst.is_none() {
-            return Err(Failure::usage(
-                "give the figures: --rate, --period, --burst (GCRA), --limit per window, or --block".into(),
-            ));
-        }
+        let mut given = serde_json::Map::new();
         let period = set
             .period
             .as_deref()
             .map(|p| duration_option("--period", p))
             .transpose()?;
-        Override::gcra(rule, set.rate, period, set.burst).map_err(refuse)
+        for (name, figure) in [("rate", set.rate), ("period", period), ("burst", set.burst)] {
+            if let Some(n) = figure {
+                given.insert(name.into(), n.into());
+            }
+        }
+        if !set.limits.is_empty() {
+            given.insert("limits".into(), set.limits.clone().into());
+        }
+        if given.is_empty() {
+            return Err(Failure::usage(
+                "give the figures: --rate, --period, --burst (GCRA), --limit per window, or --block".into(),
+            ));
+        }
+        Override::changed(rule, &given).map_err(refuse)
     }
 
     /// A client for the REST endpoint the environment (or `.dev.vars` here)

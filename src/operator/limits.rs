@@ -222,28 +222,11 @@ pub fn plan(config: &Config, text: &str) -> Result<Vec<Planned>, String> {
             true => None,
             false => Some(identifier(rule, &values).map_err(|e| at(e.to_string()))?),
         };
-        let number = |field: &str| v[field].as_u64();
-        let what = if v["block"] == Value::Bool(true) {
-            Override::Block
-        } else if let Some(limits) = v["limits"].as_array() {
-            let limits: Vec<u64> = limits.iter().filter_map(Value::as_u64).collect();
-            Override::windows(rule, &limits)
-                .map_err(|e| at(format!("{}: {}", e.field, e.problem)))?
-        } else {
-            let period = match &v["period"] {
-                Value::Null => None,
-                Value::String(p) => Some(
-                    crate::rules::config::duration_text(p)
-                        .ok_or_else(|| at(format!("period: `{p}` is not a duration")))?,
-                ),
-                other => Some(
-                    other
-                        .as_u64()
-                        .ok_or_else(|| at("period: not a duration".into()))?,
-                ),
-            };
-            Override::gcra(rule, number("rate"), period, number("burst"))
-                .map_err(|e| at(format!("{}: {}", e.field, e.problem)))?
+        let what = match v.as_object() {
+            _ if v["block"] == Value::Bool(true) => Override::Block,
+            Some(given) => Override::changed(rule, given)
+                .map_err(|e| at(format!("{}: {}", e.field, e.problem)))?,
+            None => return Err(at("not a table".into())),
         };
         planned.push(Planned {
             rule: rule.name.clone(),
@@ -299,7 +282,10 @@ mod tests {
                 "{\"rule\": \"api\", \"rate\": 0}",
                 "line 1: rate: must be at least 1",
             ),
-            ("\n{\"rule\": \"api\", \"limits\": [1]}", "line 2: limit:"),
+            (
+                "\n{\"rule\": \"api\", \"limits\": [1]}",
+                "line 2: limits: is for windowed rules",
+            ),
         ] {
             let err = plan(&c, bad).unwrap_err();
             assert!(err.starts_with(says), "{bad}: {err}");

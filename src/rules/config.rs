@@ -7,10 +7,11 @@ use serde_json::Value;
 use super::{
     canon,
     cidr::Cidr,
+    fields::{duration, invalid, FieldError, FromJson, RawDuration},
     lease::Lease,
     pattern::PathPattern,
-    policy::{Gcra, Policy, PolicyError, Window, Windows, MAX_DURATION_MS},
-    raw::{AlgorithmName, FromJson, RawConfig, RawCost, RawDuration, RawRule},
+    policy::{Policy, MAX_DURATION_MS},
+    raw::{RawConfig, RawCost, RawRule},
     request::{self, CfField, RequestMeta},
     rule::{Cost, DenyBody, FailMode, KeyPart, Mode, Rule, RuleId, DEFAULT_BUDGET_MS},
     stats::{self, StatsClients, StatsSettings},
@@ -110,8 +111,10 @@ impl Config {
                 "expected a table `[vars.LIMITER]` with `rules`".into(),
             ));
         };
-        let raw = RawConfig::read(table)
-            .map_err(|(field, problem)| ConfigError::Field { field, problem })?;
+        let raw = RawConfig::read(table).map_err(|e| ConfigError::Field {
+            field: e.field,
+            problem: e.problem,
+        })?;
         if raw.rules.is_empty() {
             return Err(ConfigError::Field {
                 field: "rules".into(),
@@ -129,7 +132,7 @@ impl Config {
         let cache_hold_ms = match &raw.cache_hold {
             None => DEFAULT_CACHE_HOLD_MS,
             Some(hold) => RawDuration::from_json(hold)
-                .map_err(|why| field_error("cache_hold", why))
+                .map_err(|why| invalid("cache_hold", why))
                 .and_then(|w| duration("cache_hold", &w))
                 .map_err(|e| ConfigError::Field {
                     field: e.field,
@@ -162,7 +165,7 @@ fn stats(raw: &RawConfig) -> Result<Option<StatsSettings>, FieldError> {
         Some(false) => return Ok(None),
         None => {
             return match given.iter().find(|(_, set)| *set) {
-                Some((field, _)) => Err(field_error(
+                Some((field, _)) => Err(invalid(
                     *field,
                     "takes effect only with `stats = true`; add it, or `stats = false` to keep stats off",
                 )),
@@ -174,7 +177,7 @@ fn stats(raw: &RawConfig) -> Result<Option<StatsSettings>, FieldError> {
         |field: &str, written: Option<&RawDuration>, default: u64, range: (u64, u64, &str)| {
             let ms = written.map_or(Ok(default), |w| duration(field, w))?;
             if !(range.0..=range.1).contains(&ms) {
-                return Err(field_error(field, format!("must be between {}", range.2)));
+                return Err(invalid(field, format!("must be between {}", range.2)));
             }
             Ok(ms)
         };
@@ -256,25 +259,6 @@ fn rule_error(rule: &str, field: impl Into<String>, problem: impl Into<String>) 
     }
 }
 
-/// A problem with one field of a rule, before the rule's name is attached.
-pub(super) struct FieldError {
-    field: String,
-    problem: String,
-}
-
-fn field_error(field: impl Into<String>, problem: impl Into<String>) -> FieldError {
-    FieldError {
-        field: field.into(),
-        problem: problem.into(),
-    }
-}
-
-impl From<PolicyError> for FieldError {
-    fn from(e: PolicyError) -> FieldError {
-        field_error(e.field, e.problem)
-    }
-}
-
 fn parse_rule(value: &Value, index: usize) -> Result<Rule, ConfigError> {
     let fallback = format!("#{}", index + 1);
     let label = value
@@ -283,8 +267,7 @@ fn parse_rule(value: &Value, index: usize) -> Result<Rule, ConfigError> {
         .filter(|n| !n.is_empty())
         .unwrap_or(&fallback)
         .to_owned();
-    let raw =
-        RawRule::read(value).map_err(|(field, problem)| rule_error(&label, field, problem))?;
+    let raw = RawRule::read(value).map_err(|e| rule_error(&label, e.field, e.problem))?;
     Rule::try_from(raw).map_err(|e| rule_error(&label, e.field, e.problem))
 }
 
@@ -292,15 +275,7 @@ impl TryFrom<RawRule> for Rule {
     type Error = FieldError;
 
     fn try_from(raw: RawRule) -> Result<Rule, FieldError> {
-        let policy = match raw.algorithm {
-            AlgorithmName::Gcra => gcra(
-                raw.rate,
-                raw.period.as_ref(),
-                raw.burst,
-                raw.windows.is_some(),
-            )?,
-            AlgorithmName::Windowed => windowed(&raw)?,
-        };
+        let policy = raw.policy;
         let name = rule_name(raw.name)?;
         let host = raw.host.map(host_pattern).transpose()?;
         let path_prefix =
@@ -328,7 +303,7 @@ impl TryFrom<RawRule> for Rule {
         let except_ips = raw
             .except_ips
             .iter()
-            .map(|c| Cidr::parse(c).map_err(|why| field_error("except_ips", why)))
+            .map(|c| Cidr::parse(c).map_err(|why| invalid("except_ips", why)))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Rule {
             name,
@@ -358,7 +333,7 @@ fn methods(written: &[String]) -> Result<Vec<String>, FieldError> {
     written
         .iter()
         .map(|m| {
-            method(m).ok_or_else(|| field_error("methods", format!("`{m}` is not an HTTP method")))
+            method(m).ok_or_else(|| invalid("methods", format!("`{m}` is not an HTTP method")))
         })
         .collect()
 }
@@ -366,7 +341,7 @@ fn methods(written: &[String]) -> Result<Vec<String>, FieldError> {
 /// The key parts, those named in `fold` folded.
 fn key(written: &[String], fold: &[String]) -> Result<Vec<KeyPart>, FieldError> {
     if written.is_empty() {
-        return Err(field_error("key", "give at least one part, e.g. [\"ip\"]"));
+        return Err(invalid("key", "give at least one part, e.g. [\"ip\"]"));
     }
     let mut key = written
         .iter()
@@ -374,7 +349,7 @@ fn key(written: &[String], fold: &[String]) -> Result<Vec<KeyPart>, FieldError> 
         .collect::<Result<Vec<_>, _>>()?;
     for name in fold {
         let i = written.iter().position(|k| k == name).ok_or_else(|| {
-            field_error(
+            invalid(
                 "fold",
                 format!("`{name}` is not one of this rule's key parts"),
             )
@@ -391,7 +366,7 @@ fn budget(written: Option<&RawDuration>) -> Result<u64, FieldError> {
         Some(b) => duration("budget", b)?,
     };
     if !(10..=30_000).contains(&budget_ms) {
-        return Err(field_error("budget", "must be between 10ms and 30s"));
+        return Err(invalid("budget", "must be between 10ms and 30s"));
     }
     Ok(budget_ms)
 }
@@ -408,7 +383,7 @@ fn lease(
 ) -> Result<Option<Lease>, FieldError> {
     let Some(units) = units else {
         return match lease_for {
-            Some(_) => Err(field_error(
+            Some(_) => Err(invalid(
                 "lease_for",
                 "needs `lease` (the units a lease may hold)",
             )),
@@ -416,10 +391,10 @@ fn lease(
         };
     };
     if mode == Mode::Shadow {
-        return Err(field_error("lease", "a shadow rule is decided in Redis on every request, so it reports every denial it would make; remove `lease` or `mode`"));
+        return Err(invalid("lease", "a shadow rule is decided in Redis on every request, so it reports every denial it would make; remove `lease` or `mode`"));
     }
     if !count_status.is_empty() {
-        return Err(field_error("lease", "a `count_status` rule is charged and refunded per response, in Redis; remove `lease` or `count_status`"));
+        return Err(invalid("lease", "a `count_status` rule is charged and refunded per response, in Redis; remove `lease` or `count_status`"));
     }
     let for_ms = lease_for.map(|d| duration("lease_for", d)).transpose()?;
     Ok(Some(Lease::new(policy, units, for_ms)?))
@@ -428,7 +403,7 @@ fn lease(
 fn penalty(written: &RawDuration) -> Result<u64, FieldError> {
     Some(duration("penalty", written)?)
         .filter(|ms| *ms <= MAX_DURATION_MS)
-        .ok_or_else(|| field_error("penalty", "must be between 1ms and 366d"))
+        .ok_or_else(|| invalid("penalty", "must be between 1ms and 366d"))
 }
 
 fn rule_name(name: String) -> Result<String, FieldError> {
@@ -440,7 +415,7 @@ fn rule_name(name: String) -> Result<String, FieldError> {
     if ok {
         Ok(name)
     } else {
-        Err(field_error(
+        Err(invalid(
             "name",
             "use 1 to 64 characters from a-z, A-Z, 0-9, - and _",
         ))
@@ -457,7 +432,7 @@ fn host_pattern(h: String) -> Result<String, FieldError> {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
     if !ok {
         // A port never matches: requests are compared by host name alone.
-        return Err(field_error(
+        return Err(invalid(
             "host",
             format!("`{h}` is not a host name without a port (use example.com or *.example.com)"),
         ));
@@ -470,7 +445,7 @@ fn host_pattern(h: String) -> Result<String, FieldError> {
 /// [`canon::normalize_path`], which does the same to them.
 fn path_pattern(field: &str, p: String) -> Result<String, FieldError> {
     if !p.starts_with('/') {
-        return Err(field_error(field, format!("`{p}` must start with /")));
+        return Err(invalid(field, format!("`{p}` must start with /")));
     }
     let segments: Vec<_> = p.split('/').map(canon::path_segment).collect();
     Ok(canon::fold(&segments.join("/")))
@@ -490,7 +465,7 @@ fn header_names(field: &str, names: &[String]) -> Result<Vec<String>, FieldError
             if ok {
                 Ok(n.to_ascii_lowercase())
             } else {
-                Err(field_error(field, format!("`{n}` is not a header name")))
+                Err(invalid(field, format!("`{n}` is not a header name")))
             }
         })
         .collect()
@@ -519,7 +494,7 @@ fn key_part(text: &str) -> Result<KeyPart, FieldError> {
         },
     };
     part.ok_or_else(|| {
-        field_error(
+        invalid(
             "key",
             format!(
                 "`{text}` is not a key part; use ip, path, user-agent, header:NAME, cookie:NAME, \
@@ -531,73 +506,18 @@ fn key_part(text: &str) -> Result<KeyPart, FieldError> {
 
 fn count_status(list: Vec<u16>) -> Result<Vec<u16>, FieldError> {
     if list.is_empty() {
-        return Err(field_error(
+        return Err(invalid(
             "count_status",
             "give at least one status, e.g. [401, 403]",
         ));
     }
     match list.iter().find(|s| !(100..=599).contains(*s)) {
-        Some(bad) => Err(field_error(
+        Some(bad) => Err(invalid(
             "count_status",
             format!("{bad} is not an HTTP status (100 to 599)"),
         )),
         None => Ok(list),
     }
-}
-
-fn gcra(
-    rate: Option<u64>,
-    period: Option<&RawDuration>,
-    burst: Option<u64>,
-    has_windows: bool,
-) -> Result<Policy, FieldError> {
-    if has_windows {
-        return Err(field_error(
-            "windows",
-            "belongs to algorithm \"windowed\"; GCRA takes rate, period and burst",
-        ));
-    }
-    let rate = rate.ok_or_else(|| field_error("rate", "is required for GCRA"))?;
-    let period = period.ok_or_else(|| field_error("period", "is required for GCRA"))?;
-    let period_ms = duration("period", period)?;
-    Ok(Policy::Gcra(Gcra::new(
-        rate,
-        period_ms,
-        burst.unwrap_or(rate),
-    )?))
-}
-
-fn windowed(raw: &RawRule) -> Result<Policy, FieldError> {
-    for (field, set) in [
-        ("rate", raw.rate.is_some()),
-        ("period", raw.period.is_some()),
-        ("burst", raw.burst.is_some()),
-    ] {
-        if set {
-            return Err(field_error(
-                field,
-                "belongs to algorithm \"gcra\"; windowed takes windows",
-            ));
-        }
-    }
-    let list = raw.windows.as_ref().ok_or_else(|| {
-        field_error(
-            "windows",
-            "is required: [[duration, limit, precision], ...]",
-        )
-    })?;
-    let windows = list
-        .iter()
-        .enumerate()
-        .map(|(i, (d, limit, p))| {
-            let at = |name: &str| format!("windows[{i}].{name}");
-            let duration_ms = duration(&at("duration"), d)?;
-            let precision_ms = duration(&at("precision"), p)?;
-            Window::new(duration_ms, *limit, precision_ms)
-                .map_err(|e| field_error(at(&e.field), e.problem))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Policy::Windowed(Windows::new(windows)?))
 }
 
 fn cost(raw: RawCost) -> Result<Cost, FieldError> {
@@ -610,7 +530,7 @@ fn cost(raw: RawCost) -> Result<Cost, FieldError> {
                     cost.default = units;
                 } else {
                     let m = method(&name).ok_or_else(|| {
-                        field_error(
+                        invalid(
                             "cost",
                             format!("`{name}` is not an HTTP method (or `default`)"),
                         )
@@ -629,11 +549,11 @@ fn deny_body(
 ) -> Result<Option<DenyBody>, FieldError> {
     match (body, content_type) {
         (None, None) => Ok(None),
-        (None, Some(_)) => Err(field_error("deny_content_type", "goes with deny_body")),
+        (None, Some(_)) => Err(invalid("deny_content_type", "goes with deny_body")),
         (Some(body), content_type) => {
             let content_type = content_type.unwrap_or_else(|| "text/plain; charset=utf-8".into());
             if content_type.is_empty() || content_type.contains(['\r', '\n']) {
-                return Err(field_error(
+                return Err(invalid(
                     "deny_content_type",
                     format!("`{content_type}` is not a media type"),
                 ));
@@ -643,47 +563,10 @@ fn deny_body(
     }
 }
 
-fn duration(field: &str, raw: &RawDuration) -> Result<u64, FieldError> {
-    let ms = match raw {
-        RawDuration::Ms(ms) => Some(*ms),
-        RawDuration::Text(text) => duration_text(text),
-    }
-    .ok_or_else(|| {
-        let shown = match raw {
-            RawDuration::Ms(ms) => ms.to_string(),
-            RawDuration::Text(t) => format!("\"{t}\""),
-        };
-        field_error(
-            field,
-            format!("`{shown}` is not a duration; write e.g. 500 (ms), \"250ms\", \"1s\", \"5m\", \"1h\" or \"1d\""),
-        )
-    })?;
-    if ms == 0 {
-        return Err(field_error(field, "must be longer than zero"));
-    }
-    Ok(ms)
-}
-
-/// Milliseconds in a duration written with a unit (`250ms`, `1s`, `5m`,
-/// `1h`, `1d`), or `None`.
-pub fn duration_text(text: &str) -> Option<u64> {
-    let split = text.find(|c: char| !c.is_ascii_digit())?;
-    let (digits, unit) = text.split_at(split);
-    let n: u64 = digits.parse().ok()?;
-    let scale = match unit {
-        "ms" => 1,
-        "s" => 1000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return None,
-    };
-    n.checked_mul(scale)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rules::policy::{Gcra, Window, Windows};
     use serde_json::json;
     use std::borrow::Cow;
 
@@ -882,6 +765,22 @@ mod tests {
             (
                 json!({"name": "a", "key": ["ip"], "algorithm": "windowed", "windows": [["1s", 5, "300ms"]]}),
                 "rule `a`, field `windows[0].precision`",
+            ),
+            (
+                json!({"name": "a", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1s", "windows": []}),
+                "rule `a`, field `windows`: belongs to algorithm \"windowed\"; GCRA takes rate, period and burst",
+            ),
+            (
+                json!({"name": "a", "key": ["ip"], "algorithm": "windowed", "burst": 2, "windows": [["1s", 5, "1s"]]}),
+                "rule `a`, field `burst`: belongs to algorithm \"gcra\"; windowed takes windows",
+            ),
+            (
+                json!({"name": "a", "key": ["ip"], "algorithm": "leaky"}),
+                "rule `a`, field `algorithm`: `\"leaky\"` is not one of \"gcra\", \"windowed\"",
+            ),
+            (
+                json!({"name": "a", "key": ["ip"], "algorithm": "gcra", "rat": 1}),
+                "rule `a`, field `(rule)`: unknown field `rat`, expected one of `name`, `key`, `fold`, `algorithm`, `rate`, `period`, `burst`, `windows`, `host`",
             ),
             (json!({"key": ["ip"]}), "rule `#1`"),
         ];

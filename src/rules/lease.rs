@@ -6,7 +6,10 @@
 //! request, and never more than half of it ([`LEASE_SHARE`]), so isolates
 //! competing for a nearly spent key fall back to one call per request.
 
-use super::policy::{Policy, PolicyError, MAX_DURATION_MS};
+use super::{
+    fields::{invalid, FieldError},
+    policy::{Policy, MAX_DURATION_MS},
+};
 
 /// The share of what a rule has left that one lease may take: 1/2.
 pub const LEASE_SHARE: u64 = 2;
@@ -30,18 +33,11 @@ pub struct Lease {
     pub for_ms: u64,
 }
 
-fn invalid(field: &str, problem: String) -> PolicyError {
-    PolicyError {
-        field: field.to_owned(),
-        problem,
-    }
-}
-
 impl Lease {
     /// A lease of `units` under `policy`, lasting at most `for_ms` (`None`
     /// takes [`DEFAULT_LEASE_FOR_MS`], and for GCRA at most the longest
     /// the burst allows). The error names `lease` or `lease_for`.
-    pub fn new(policy: &Policy, units: u64, for_ms: Option<u64>) -> Result<Lease, PolicyError> {
+    pub fn new(policy: &Policy, units: u64, for_ms: Option<u64>) -> Result<Lease, FieldError> {
         if !(1..=MAX_LEASE_UNITS).contains(&units) {
             return Err(invalid(
                 "lease",
@@ -49,7 +45,7 @@ impl Lease {
             ));
         }
         if for_ms.is_some_and(|ms| ms == 0 || ms > MAX_DURATION_MS) {
-            return Err(invalid("lease_for", "must be between 1ms and 366d".into()));
+            return Err(invalid("lease_for", "must be between 1ms and 366d"));
         }
         // Where the figures bound a lease's length (GCRA's burst), it must
         // fit them; elsewhere only its length and its bucket end it.
@@ -87,7 +83,7 @@ impl Lease {
     /// Whether `policy` can grant this lease, as the configuration would
     /// for a rule of these figures: the error names `lease` or
     /// `lease_for`.
-    pub fn fits(&self, policy: &Policy) -> Result<(), PolicyError> {
+    pub fn fits(&self, policy: &Policy) -> Result<(), FieldError> {
         Lease::new(policy, self.units, Some(self.for_ms)).map(|_| ())
     }
 

@@ -6,6 +6,7 @@ pub mod body;
 pub mod canon;
 pub mod cidr;
 pub mod config;
+pub mod fields;
 pub mod json;
 pub mod lease;
 pub mod overrides;

@@ -3,10 +3,9 @@
 //! text (`lua/limiter.lua`); anything else in an override key counts as
 //! no override.
 
-use super::{
-    policy::{Gcra, Policy, PolicyError},
-    rule::Rule,
-};
+use serde_json::{Map, Value};
+
+use super::{fields::FieldError, policy::Policy, rule::Rule};
 
 /// What an override does to its rule, for every client or for one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,56 +60,13 @@ impl Override {
         }
     }
 
-    /// `rule`'s figures with these `limits` per window (`--limit`), checked
-    /// as the configuration checks the rule: the error names
-    /// `windows[i].limit`, or the rule's field they do not fit (`cost`,
-    /// `lease`).
-    pub fn windows(rule: &Rule, limits: &[u64]) -> Result<Override, PolicyError> {
-        let figures = match &rule.policy {
-            Policy::Windowed(ws) if ws.len() == limits.len() => {
-                Policy::Windowed(ws.with_limits(limits)?)
-            }
-            Policy::Windowed(ws) => {
-                return Err(PolicyError {
-                    field: "limit".into(),
-                    problem: format!(
-                        "give one limit per window: the rule has {} (in its order)",
-                        ws.len()
-                    ),
-                })
-            }
-            Policy::Gcra(_) => {
-                return Err(PolicyError {
-                    field: "limit".into(),
-                    problem:
-                        "is for windowed rules; a GCRA rule takes --rate, --period and --burst"
-                            .into(),
-                })
-            }
-        };
-        rule.fits(&figures)?;
-        Ok(Override::Figures(figures))
-    }
-
-    /// A GCRA rule's override (`--rate`, `--period`, `--burst`), each
-    /// figure left out keeping the rule's own, checked as the configuration
-    /// checks the rule: the error names the field, or the rule's field the
-    /// figures do not fit (`cost`, `lease`, `lease_for`).
-    pub fn gcra(
-        rule: &Rule,
-        rate: Option<u64>,
-        period_ms: Option<u64>,
-        burst: Option<u64>,
-    ) -> Result<Override, PolicyError> {
-        let Policy::Gcra(g) = &rule.policy else {
-            return Err(PolicyError {
-                field: "rate".into(),
-                problem: "is for GCRA rules; a windowed rule takes --limit per window".into(),
-            });
-        };
-        let rate = rate.unwrap_or(g.rate());
-        let period_ms = period_ms.unwrap_or(g.period_ms());
-        let figures = Policy::Gcra(Gcra::new(rate, period_ms, burst.unwrap_or(g.burst()))?);
+    /// `rule`'s figures with the ones `given` changed, by the names its
+    /// algorithm's [`Written::options`](crate::rules::policy::Written) lists (`limit set --rate`,
+    /// `--limit` per window), checked as the configuration checks the rule:
+    /// the error names the figure, or the rule's field the figures do not
+    /// fit (`cost`, `lease`, `lease_for`).
+    pub fn changed(rule: &Rule, given: &Map<String, Value>) -> Result<Override, FieldError> {
+        let figures = rule.policy.changed(given)?;
         rule.fits(&figures)?;
         Ok(Override::Figures(figures))
     }
@@ -121,9 +77,15 @@ mod tests {
     use super::*;
     use crate::rules::{
         lease::Lease,
-        policy::{Window, Windows, MAX_DURATION_MS, MAX_UNITS, MAX_WINDOWS},
+        policy::{Gcra, Window, Windows, MAX_DURATION_MS, MAX_UNITS, MAX_WINDOWS},
         rule::Cost,
     };
+    use serde_json::json;
+
+    /// The figures an override changes, as `limit set` passes them.
+    fn given(figures: Value) -> Map<String, Value> {
+        figures.as_object().cloned().unwrap_or_default()
+    }
 
     fn gcra(rate: u64, period_ms: u64, burst: u64) -> Policy {
         Policy::Gcra(Gcra::new(rate, period_ms, burst).unwrap())
@@ -144,10 +106,11 @@ mod tests {
             ])
             .unwrap(),
         );
-        let more = Override::gcra(&rule(&g), Some(100), None, Some(200)).unwrap();
+        let more =
+            Override::changed(&rule(&g), &given(json!({"rate": 100, "burst": 200}))).unwrap();
         assert_eq!(more.to_text(), "v1 gcra 100 1000 200 10000");
         assert_eq!(Override::parse(&more.to_text(), &g), Some(more));
-        let w = Override::windows(&rule(&windows), &[20, 200]).unwrap();
+        let w = Override::changed(&rule(&windows), &given(json!({"limits": [20, 200]}))).unwrap();
         assert_eq!(w.to_text(), "v1 windows 1000:20 60000:200");
         assert_eq!(Override::parse(&w.to_text(), &windows), Some(w));
         assert_eq!(Override::parse("v1 block", &g), Some(Override::Block));
@@ -163,7 +126,7 @@ mod tests {
             Policy::Windowed(Windows::new(ws).unwrap())
         };
         let before = windows([1000, 60_000]);
-        let text = Override::windows(&rule(&before), &[20, 200])
+        let text = Override::changed(&rule(&before), &given(json!({"limits": [20, 200]})))
             .unwrap()
             .to_text();
         assert!(Override::parse(&text, &before).is_some());
@@ -208,13 +171,17 @@ mod tests {
     #[test]
     fn every_override_fits_the_longest_text() {
         let g = gcra(31_622_400_000_000, MAX_DURATION_MS, 1);
-        let most = Override::gcra(&rule(&g), None, None, None).unwrap();
+        let most = Override::changed(&rule(&g), &given(json!({}))).unwrap();
         let windows: Vec<Window> = (0..MAX_WINDOWS as u64)
             .map(|i| MAX_DURATION_MS - i * 1000)
             .map(|d| Window::new(d, MAX_UNITS, d).unwrap())
             .collect();
         let ws = Policy::Windowed(Windows::new(windows).unwrap());
-        let limits = Override::windows(&rule(&ws), &[MAX_UNITS; MAX_WINDOWS]).unwrap();
+        let limits = Override::changed(
+            &rule(&ws),
+            &given(json!({"limits": vec![MAX_UNITS; MAX_WINDOWS]})),
+        )
+        .unwrap();
         for (o, policy) in [(most, g), (limits, ws)] {
             let text = o.to_text();
             assert!(text.len() <= MAX_TEXT_BYTES, "{} bytes: {text}", text.len());
@@ -226,11 +193,13 @@ mod tests {
     fn figures_are_checked_as_the_configuration_checks_them() {
         let g = rule(&gcra(10, 1000, 20));
         assert_eq!(
-            Override::gcra(&g, Some(0), None, None).unwrap_err().field,
+            Override::changed(&g, &given(json!({"rate": 0})))
+                .unwrap_err()
+                .field,
             "rate"
         );
         assert_eq!(
-            Override::gcra(&g, None, Some(367 * 86_400_000), None)
+            Override::changed(&g, &given(json!({"period": 367_u64 * 86_400_000})))
                 .unwrap_err()
                 .field,
             "period"
@@ -239,11 +208,29 @@ mod tests {
             Windows::new(vec![Window::new(1000, 10, 100).unwrap()]).unwrap(),
         ));
         assert_eq!(
-            Override::windows(&w, &[0]).unwrap_err().field,
+            Override::changed(&w, &given(json!({"limits": [0]})))
+                .unwrap_err()
+                .field,
             "windows[0].limit"
         );
-        assert_eq!(Override::windows(&w, &[1, 2]).unwrap_err().field, "limit");
-        assert_eq!(Override::windows(&g, &[1]).unwrap_err().field, "limit");
+        assert_eq!(
+            Override::changed(&w, &given(json!({"limits": [1, 2]})))
+                .unwrap_err()
+                .field,
+            "limit"
+        );
+        assert_eq!(
+            Override::changed(&g, &given(json!({"limits": [1]})))
+                .unwrap_err()
+                .field,
+            "limits"
+        );
+        assert_eq!(
+            Override::changed(&w, &given(json!({"rate": 5})))
+                .unwrap_err()
+                .field,
+            "rate"
+        );
     }
 
     /// Figures are checked against the whole rule, as the configuration
@@ -259,35 +246,39 @@ mod tests {
             ..rule(&gcra(10, 1000, 20))
         };
         assert_eq!(
-            Override::gcra(&costly, None, None, Some(1))
+            Override::changed(&costly, &given(json!({"burst": 1})))
                 .unwrap_err()
                 .field,
             "cost"
         );
-        assert!(Override::gcra(&costly, None, None, Some(5)).is_ok());
+        assert!(Override::changed(&costly, &given(json!({"burst": 5}))).is_ok());
         let g = gcra(100, 1000, 300);
         let leasing = Rule {
             lease: Some(Lease::new(&g, 20, Some(2000)).unwrap()),
             ..rule(&g)
         };
         for burst in [30, 100] {
-            let e = Override::gcra(&leasing, None, None, Some(burst)).unwrap_err();
+            let e = Override::changed(&leasing, &given(json!({"burst": burst}))).unwrap_err();
             assert!(e.field.starts_with("lease"), "{burst}: {e:?}");
         }
-        assert!(Override::gcra(&leasing, None, None, Some(250)).is_ok());
+        assert!(Override::changed(&leasing, &given(json!({"burst": 250}))).is_ok());
         let w = Policy::Windowed(Windows::new(vec![Window::new(1000, 21, 100).unwrap()]).unwrap());
         let leasing = Rule {
             lease: Some(Lease::new(&w, 10, None).unwrap()),
             ..rule(&w)
         };
         assert_eq!(
-            Override::windows(&leasing, &[20]).unwrap_err().field,
+            Override::changed(&leasing, &given(json!({"limits": [20]})))
+                .unwrap_err()
+                .field,
             "lease"
         );
         assert_eq!(
-            Override::windows(&leasing, &[5]).unwrap_err().field,
+            Override::changed(&leasing, &given(json!({"limits": [5]})))
+                .unwrap_err()
+                .field,
             "lease"
         );
-        assert!(Override::windows(&leasing, &[21]).is_ok());
+        assert!(Override::changed(&leasing, &given(json!({"limits": [21]}))).is_ok());
     }
 }

@@ -1,23 +1,18 @@
-//! `[vars.LIMITER]` as written, before any check (see [`super::config`]
-//! for the checks), and how each field is read from its JSON form.
+//! `[vars.LIMITER]` as written, before the checks that span fields (see
+//! [`super::config`]): the table's and each rule's own fields, read from
+//! their JSON forms ([`super::fields`]), and the figures as each algorithm
+//! reads them ([`Policy::read`]).
 
 use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
 use super::{
+    fields::{expected, invalid, list, named, one, FieldError, FromJson, RawDuration},
+    policy::Policy,
     rule::{FailMode, Mode},
     stats::StatsClients,
 };
-
-/// The algorithm a rule names in `algorithm`, before its figures are read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum AlgorithmName {
-    /// `rate`, `period`, `burst`.
-    Gcra,
-    /// `windows`.
-    Windowed,
-}
 
 /// `[vars.LIMITER]` as written, before any check.
 pub(super) struct RawConfig {
@@ -33,7 +28,7 @@ pub(super) struct RawConfig {
 impl RawConfig {
     /// Reads the table's own fields (each rule is read by [`RawRule::read`]);
     /// the error names the field.
-    pub(super) fn read(table: &Map<String, Value>) -> Result<RawConfig, RawError> {
+    pub(super) fn read(table: &Map<String, Value>) -> Result<RawConfig, FieldError> {
         const FIELDS: [&str; 7] = [
             "rules",
             "x_ratelimit_headers",
@@ -45,8 +40,8 @@ impl RawConfig {
         ];
         if let Some(unknown) = table.keys().find(|k| !FIELDS.contains(&k.as_str())) {
             let known: Vec<String> = FIELDS.iter().map(|f| format!("`{f}`")).collect();
-            return Err((
-                "LIMITER".to_owned(),
+            return Err(invalid(
+                "LIMITER",
                 format!(
                     "unknown field `{unknown}`, expected one of {}",
                     known.join(", ")
@@ -55,8 +50,8 @@ impl RawConfig {
         }
         let rules = match table.get("rules") {
             Some(Value::Array(rules)) => rules.clone(),
-            Some(other) => return Err(("rules".to_owned(), expected("a list of rules", other))),
-            None => return Err(("LIMITER".to_owned(), "missing field `rules`".to_owned())),
+            Some(other) => return Err(invalid("rules", expected("a list of rules", other))),
+            None => return Err(invalid("LIMITER", "missing field `rules`")),
         };
         let x_ratelimit_headers = one(table, "x_ratelimit_headers")?;
         Ok(RawConfig {
@@ -69,13 +64,6 @@ impl RawConfig {
             stats_clients: one(table, "stats_clients")?,
         })
     }
-}
-
-/// A duration as written: whole milliseconds, or text with a unit.
-#[derive(Debug, Clone)]
-pub(super) enum RawDuration {
-    Ms(u64),
-    Text(String),
 }
 
 /// A cost as written: units for every method, or per method with a default.
@@ -96,11 +84,8 @@ pub(super) struct RawRule {
     pub(super) with_headers: Vec<String>,
     pub(super) without_headers: Vec<String>,
     pub(super) key: Vec<String>,
-    pub(super) algorithm: AlgorithmName,
-    pub(super) rate: Option<u64>,
-    pub(super) period: Option<RawDuration>,
-    pub(super) burst: Option<u64>,
-    pub(super) windows: Option<Vec<(RawDuration, u64, RawDuration)>>,
+    /// Read and checked by its algorithm's module as the rule is read.
+    pub(super) policy: Policy,
     pub(super) cost: Option<RawCost>,
     pub(super) mode: Option<Mode>,
     pub(super) fail: Option<FailMode>,
@@ -116,16 +101,12 @@ pub(super) struct RawRule {
     pub(super) fold: Vec<String>,
 }
 
-/// Every field a rule may have, in the order docs/rules.md lists them.
-const FIELDS: &[&str] = &[
-    "name",
-    "key",
-    "fold",
-    "algorithm",
-    "rate",
-    "period",
-    "burst",
-    "windows",
+/// The fields every rule may have, in the order docs/rules.md lists them:
+/// these, each algorithm's (see [`Policy::read`]), then [`FIELDS_AFTER`].
+const FIELDS_BEFORE: &[&str] = &["name", "key", "fold", "algorithm"];
+
+/// The fields every rule may have after its figures.
+const FIELDS_AFTER: &[&str] = &[
     "host",
     "path_prefix",
     "path",
@@ -146,104 +127,21 @@ const FIELDS: &[&str] = &[
     "except_ips",
 ];
 
-/// A field that does not read: its name as the configuration spells it
-/// (`count_status[0]` for an element), and what is wrong.
-pub(super) type RawError = (String, String);
-
-/// A field's value read from its JSON form; the error says what was
-/// expected. Written by hand rather than derived: derived readers that name
-/// the failing field cost the worker's wasm about 30 KB.
-pub(super) trait FromJson: Sized {
-    /// The value, or what was expected instead.
-    fn from_json(v: &Value) -> Result<Self, String>;
-}
-
-fn expected(what: &str, got: &Value) -> String {
-    let shown: String = got.to_string().chars().take(60).collect();
-    format!("`{shown}` is not {what}")
-}
-
-impl FromJson for String {
-    fn from_json(v: &Value) -> Result<String, String> {
-        v.as_str()
-            .map(str::to_owned)
-            .ok_or_else(|| expected("text", v))
-    }
-}
-
-impl FromJson for bool {
-    fn from_json(v: &Value) -> Result<bool, String> {
-        v.as_bool().ok_or_else(|| expected("true or false", v))
-    }
-}
-
-impl FromJson for u64 {
-    fn from_json(v: &Value) -> Result<u64, String> {
-        v.as_u64()
-            .ok_or_else(|| expected("a whole number (0 or more)", v))
-    }
-}
-
-impl FromJson for u16 {
-    fn from_json(v: &Value) -> Result<u16, String> {
-        v.as_u64()
-            .and_then(|n| u16::try_from(n).ok())
-            .ok_or_else(|| expected("a whole number from 0 to 65535", v))
-    }
-}
-
-/// One of `names`' values, by its lower-case name.
-fn named<T: Copy>(v: &Value, names: &[(&str, T)]) -> Result<T, String> {
-    let found = v
-        .as_str()
-        .and_then(|text| names.iter().find(|(n, _)| *n == text));
-    found.map(|(_, t)| *t).ok_or_else(|| {
-        let all: Vec<String> = names.iter().map(|(n, _)| format!("\"{n}\"")).collect();
-        expected(&format!("one of {}", all.join(", ")), v)
-    })
-}
-
-impl FromJson for AlgorithmName {
-    fn from_json(v: &Value) -> Result<AlgorithmName, String> {
-        named(
-            v,
-            &[
-                ("gcra", AlgorithmName::Gcra),
-                ("windowed", AlgorithmName::Windowed),
-            ],
-        )
-    }
-}
-
 impl FromJson for Mode {
     fn from_json(v: &Value) -> Result<Mode, String> {
-        named(v, &[("enforce", Mode::Enforce), ("shadow", Mode::Shadow)])
+        named(v, &["enforce", "shadow"]).map(|i| [Mode::Enforce, Mode::Shadow][i])
     }
 }
 
 impl FromJson for FailMode {
     fn from_json(v: &Value) -> Result<FailMode, String> {
-        named(v, &[("open", FailMode::Open), ("closed", FailMode::Closed)])
+        named(v, &["open", "closed"]).map(|i| [FailMode::Open, FailMode::Closed][i])
     }
 }
 
 impl FromJson for StatsClients {
     fn from_json(v: &Value) -> Result<StatsClients, String> {
-        named(
-            v,
-            &[("key", StatsClients::Key), ("hash", StatsClients::Hash)],
-        )
-    }
-}
-
-impl FromJson for RawDuration {
-    fn from_json(v: &Value) -> Result<RawDuration, String> {
-        match v {
-            Value::String(text) => Ok(RawDuration::Text(text.clone())),
-            other => other.as_u64().map(RawDuration::Ms).ok_or_else(|| {
-                expected("a duration: whole milliseconds, or text such as \"250ms\", \"1s\", \"5m\", \"1h\" or \"1d\"", v)
-            }),
-        }
+        named(v, &["key", "hash"]).map(|i| [StatsClients::Key, StatsClients::Hash][i])
     }
 }
 
@@ -262,53 +160,19 @@ impl FromJson for RawCost {
     }
 }
 
-/// A window as written: `[duration, limit, precision]`.
-impl FromJson for (RawDuration, u64, RawDuration) {
-    fn from_json(v: &Value) -> Result<Self, String> {
-        match v.as_array().map(Vec::as_slice) {
-            Some([d, l, p]) => Ok((
-                RawDuration::from_json(d)?,
-                u64::from_json(l)?,
-                RawDuration::from_json(p)?,
-            )),
-            _ => Err(expected("a window: [duration, limit, precision]", v)),
-        }
-    }
-}
-
-/// One field; `null` counts as absent.
-fn one<T: FromJson>(rule: &Map<String, Value>, name: &str) -> Result<Option<T>, RawError> {
-    match rule.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => T::from_json(v).map(Some).map_err(|e| (name.to_owned(), e)),
-    }
-}
-
-/// A list field read element by element, so that an error names the
-/// element (`methods[2]`).
-fn list<T: FromJson>(rule: &Map<String, Value>, name: &str) -> Result<Option<Vec<T>>, RawError> {
-    let items = match rule.get(name) {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::Array(items)) => items,
-        Some(other) => return Err((name.to_owned(), expected("a list", other))),
-    };
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, v)| T::from_json(v).map_err(|e| (format!("{name}[{i}]"), e)))
-        .collect::<Result<Vec<T>, _>>()
-        .map(Some)
-}
-
 impl RawRule {
     /// Reads a rule from its JSON form, field by field (see [`FromJson`]).
-    pub(super) fn read(value: &Value) -> Result<RawRule, RawError> {
-        let whole = |problem: String| ("(rule)".to_owned(), problem);
+    pub(super) fn read(value: &Value) -> Result<RawRule, FieldError> {
+        let whole = |problem: String| invalid("(rule)", problem);
         let Value::Object(rule) = value else {
             return Err(whole(expected("a table", value)));
         };
-        if let Some(unknown) = rule.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-            let known: Vec<String> = FIELDS.iter().map(|f| format!("`{f}`")).collect();
+        let fields: Vec<&str> = (FIELDS_BEFORE.iter().copied())
+            .chain(Policy::fields())
+            .chain(FIELDS_AFTER.iter().copied())
+            .collect();
+        if let Some(unknown) = rule.keys().find(|k| !fields.contains(&k.as_str())) {
+            let known: Vec<String> = fields.iter().map(|f| format!("`{f}`")).collect();
             return Err(whole(format!(
                 "unknown field `{unknown}`, expected one of {}",
                 known.join(", ")
@@ -318,17 +182,18 @@ impl RawRule {
         Ok(RawRule {
             name: one(rule, "name")?.ok_or_else(|| required("name"))?,
             key: list(rule, "key")?.ok_or_else(|| required("key"))?,
-            algorithm: one(rule, "algorithm")?.ok_or_else(|| required("algorithm"))?,
+            policy: Policy::read(
+                rule.get("algorithm")
+                    .filter(|v| !v.is_null())
+                    .ok_or_else(|| required("algorithm"))?,
+                rule,
+            )?,
             host: one(rule, "host")?,
             path_prefix: one(rule, "path_prefix")?,
             path: one(rule, "path")?,
             methods: list(rule, "methods")?.unwrap_or_default(),
             with_headers: list(rule, "with_headers")?.unwrap_or_default(),
             without_headers: list(rule, "without_headers")?.unwrap_or_default(),
-            rate: one(rule, "rate")?,
-            period: one(rule, "period")?,
-            burst: one(rule, "burst")?,
-            windows: list(rule, "windows")?,
             cost: one(rule, "cost")?,
             mode: one(rule, "mode")?,
             fail: one(rule, "fail")?,

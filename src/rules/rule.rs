@@ -6,10 +6,11 @@ use std::borrow::Cow;
 use super::{
     body, canon,
     cidr::Cidr,
+    fields::FieldError,
     json,
     lease::Lease,
     pattern::PathPattern,
-    policy::{Policy, PolicyError},
+    policy::Policy,
     request::{CfField, RequestMeta, ANY_METHOD},
 };
 
@@ -201,11 +202,11 @@ impl Cost {
 
     /// Whether every method's cost is one `policy` can ever admit: the
     /// error names `cost`.
-    pub fn fits(&self, policy: &Policy) -> Result<(), PolicyError> {
+    pub fn fits(&self, policy: &Policy) -> Result<(), FieldError> {
         if self.max() <= policy.capacity() {
             return Ok(());
         }
-        Err(PolicyError {
+        Err(FieldError {
             field: "cost".into(),
             problem: format!(
                 "{} exceeds what the policy can ever admit ({}); no such request would pass",
@@ -286,7 +287,7 @@ impl Rule {
     /// as the configuration checks a rule beyond its figures: its cost
     /// within what `policy` can admit, its lease one it can grant. The
     /// error names the rule's field.
-    pub fn fits(&self, policy: &Policy) -> Result<(), PolicyError> {
+    pub fn fits(&self, policy: &Policy) -> Result<(), FieldError> {
         self.cost.fits(policy)?;
         match &self.lease {
             Some(lease) => lease.fits(policy),

@@ -903,11 +903,19 @@ async fn change(run: &Run<'_>, c: &ChangeDraw, at_ms: u64) {
             let figures = match &rule.policy {
                 Policy::Gcra(g) => {
                     let (rate, burst) = (scaled(g.rate()), scaled(g.burst()));
-                    Override::gcra(rule, Some(rate), None, Some(burst))
+                    Override::changed(
+                        rule,
+                        serde_json::json!({"rate": rate, "burst": burst})
+                            .as_object()
+                            .unwrap(),
+                    )
                 }
                 Policy::Windowed(ws) => {
                     let limits: Vec<u64> = ws.iter().map(|w| scaled(w.limit())).collect();
-                    Override::windows(rule, &limits)
+                    Override::changed(
+                        rule,
+                        serde_json::json!({"limits": limits}).as_object().unwrap(),
+                    )
                 }
             };
             match figures {

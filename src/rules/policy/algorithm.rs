@@ -1,12 +1,36 @@
-//! What every algorithm's figures answer, and what their checks share:
-//! the error naming a field, and the bounds every figure keeps to.
+//! What every algorithm's figures answer, how each is written, and what
+//! their checks share: the bounds every figure keeps to.
 
 use std::num::NonZeroU64;
+
+use crate::rules::fields::FieldError;
+
+/// How an algorithm is written: its word in a rule's `algorithm`, the
+/// fields of its figures, and the `limit set` options that change them.
+/// Each algorithm's module holds its own; `policy/mod.rs` lists them.
+pub struct Written {
+    /// Its word in `algorithm = "..."`.
+    pub name: &'static str,
+    /// What messages call it (`GCRA`).
+    pub label: &'static str,
+    /// The rule's fields its figures are read from.
+    pub fields: &'static [&'static str],
+    /// Those fields as a message lists them.
+    pub takes: &'static str,
+    /// The names of what an override may change (`limit set`'s options,
+    /// and `limit apply`'s keys).
+    pub options: &'static [&'static str],
+    /// Those options as a message lists them.
+    pub takes_options: &'static str,
+}
 
 /// What every algorithm answers of its figures, so that nothing outside
 /// its module asks which algorithm a rule uses: `gcra.rs` and
 /// `windowed.rs` implement it, and `policy/mod.rs` lists them.
 pub trait Algorithm {
+    /// How it is written.
+    fn written(&self) -> &'static Written;
+
     /// The largest cost one request can ever be admitted with.
     fn capacity(&self) -> u64;
 
@@ -61,30 +85,14 @@ pub trait Algorithm {
     fn describe_lease(&self, units: u64, for_ms: u64, largest: u64) -> String;
 }
 
-/// A policy's parameters that cannot work, with the field to fix.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PolicyError {
-    /// The offending field, as written in the configuration.
-    pub field: String,
-    /// What is wrong and what would be right.
-    pub problem: String,
-}
-
-pub(super) fn invalid(field: impl Into<String>, problem: impl Into<String>) -> PolicyError {
-    PolicyError {
-        field: field.into(),
-        problem: problem.into(),
-    }
-}
-
 /// Upper bound for every duration: 366 days of milliseconds.
 pub const MAX_DURATION_MS: u64 = 366 * 24 * 3600 * 1000;
 
 /// Upper bound for a limit or burst.
 pub const MAX_UNITS: u64 = 1_000_000_000;
 
-pub(super) fn nonzero(n: u64, field: &str, problem: &str) -> Result<NonZeroU64, PolicyError> {
-    NonZeroU64::new(n).ok_or_else(|| invalid(field, problem))
+pub(super) fn nonzero(n: u64, field: &str, problem: &str) -> Result<NonZeroU64, FieldError> {
+    NonZeroU64::new(n).ok_or_else(|| crate::rules::fields::invalid(field, problem))
 }
 
 /// A number as the script reads one in an override's text: digits, no

@@ -4,9 +4,10 @@
 
 use std::num::NonZeroU64;
 
-use super::algorithm::{
-    invalid, nonzero, text_number, Algorithm, PolicyError, MAX_DURATION_MS, MAX_UNITS,
-};
+use serde_json::{Map, Value};
+
+use super::algorithm::{nonzero, text_number, Algorithm, Written, MAX_DURATION_MS, MAX_UNITS};
+use crate::rules::fields::{duration, invalid, one, FieldError, RawDuration};
 
 /// The longest debt a GCRA key may carry, burst x interval, microseconds
 /// (2^51, about 71 years). The script adds up to twice this to a pinned
@@ -22,9 +23,42 @@ pub struct Gcra {
     burst: NonZeroU64,
 }
 
+/// How a GCRA rule is written, and what `limit set` changes of it.
+pub(super) const WRITTEN: Written = Written {
+    name: "gcra",
+    label: "GCRA",
+    fields: &["rate", "period", "burst"],
+    takes: "rate, period and burst",
+    options: &["rate", "period", "burst"],
+    takes_options: "--rate, --period and --burst",
+};
+
 impl Gcra {
+    /// The figures a rule writes: `rate` and `period`, and `burst`, which
+    /// is the rate when left out.
+    pub(super) fn read(rule: &Map<String, Value>) -> Result<Gcra, FieldError> {
+        let rate = one(rule, "rate")?.ok_or_else(|| invalid("rate", "is required for GCRA"))?;
+        let period: RawDuration =
+            one(rule, "period")?.ok_or_else(|| invalid("period", "is required for GCRA"))?;
+        let period_ms = duration("period", &period)?;
+        let burst = one(rule, "burst")?;
+        Gcra::new(rate, period_ms, burst.unwrap_or(rate))
+    }
+
+    /// These figures with the ones `given` in their place (`limit set`),
+    /// each left out keeping its own.
+    pub(super) fn changed(&self, given: &Map<String, Value>) -> Result<Gcra, FieldError> {
+        let period: Option<RawDuration> = one(given, "period")?;
+        let period_ms = period.map(|p| duration("period", &p)).transpose()?;
+        Gcra::new(
+            one(given, "rate")?.unwrap_or(self.rate()),
+            period_ms.unwrap_or(self.period_ms()),
+            one(given, "burst")?.unwrap_or(self.burst()),
+        )
+    }
+
     /// Checked parameters; the error names `rate`, `period` or `burst`.
-    pub fn new(rate: u64, period_ms: u64, burst: u64) -> Result<Gcra, PolicyError> {
+    pub fn new(rate: u64, period_ms: u64, burst: u64) -> Result<Gcra, FieldError> {
         let rate = nonzero(rate, "rate", "must be at least 1")?;
         let period = nonzero(period_ms, "period", "must be between 1ms and 366d")?;
         if period_ms > MAX_DURATION_MS {
@@ -105,6 +139,10 @@ impl Gcra {
 }
 
 impl Algorithm for Gcra {
+    fn written(&self) -> &'static Written {
+        &WRITTEN
+    }
+
     fn capacity(&self) -> u64 {
         self.burst()
     }

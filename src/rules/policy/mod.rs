@@ -8,9 +8,39 @@ mod algorithm;
 mod gcra;
 mod windowed;
 
-pub use algorithm::{Algorithm, PolicyError, MAX_DURATION_MS, MAX_UNITS};
+use serde_json::{Map, Value};
+
+pub use algorithm::{Algorithm, Written, MAX_DURATION_MS, MAX_UNITS};
 pub use gcra::{Gcra, MAX_GCRA_SPAN_US};
 pub use windowed::{Window, Windows, MAX_BUCKETS, MAX_WINDOWS};
+
+use super::fields::{invalid, named, FieldError};
+
+/// An algorithm as the configuration reads it: how it is written, and
+/// its figures read from a rule's table.
+struct Listed {
+    written: &'static Written,
+    read: fn(&Map<String, Value>) -> Result<Policy, FieldError>,
+}
+
+/// Every algorithm, one line each: the place a new one is added.
+static ALGORITHMS: [Listed; 2] = [
+    Listed {
+        written: &gcra::WRITTEN,
+        read: |rule| Gcra::read(rule).map(Policy::Gcra),
+    },
+    Listed {
+        written: &windowed::WRITTEN,
+        read: |rule| Windows::read(rule).map(Policy::Windowed),
+    },
+];
+
+/// The first of `fields` that `table` holds (`null` counts as absent),
+/// leaving out those `own` has too.
+fn held<'a>(table: &Map<String, Value>, fields: &[&'a str], own: &[&str]) -> Option<&'a str> {
+    let held = |f: &&str| table.get(*f).is_some_and(|v| !v.is_null()) && !own.contains(f);
+    fields.iter().copied().find(held)
+}
 
 /// A rate-limiting policy: which algorithm, with which numbers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,8 +52,63 @@ pub enum Policy {
 }
 
 impl Policy {
+    /// The figures of the algorithm `name`s (a rule's `algorithm`), read
+    /// from the rule's `table`; another algorithm's field there is refused,
+    /// naming whose it is.
+    pub(super) fn read(name: &Value, table: &Map<String, Value>) -> Result<Policy, FieldError> {
+        let names: Vec<&str> = ALGORITHMS.iter().map(|a| a.written.name).collect();
+        let this = &ALGORITHMS[named(name, &names).map_err(|e| invalid("algorithm", e))?];
+        let own = this.written;
+        for other in ALGORITHMS.iter().map(|a| a.written) {
+            if let Some(field) = held(table, other.fields, own.fields) {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "belongs to algorithm \"{}\"; {} takes {}",
+                        other.name, own.label, own.takes
+                    ),
+                ));
+            }
+        }
+        (this.read)(table)
+    }
+
+    /// Every algorithm's fields, each once, in the order they are listed.
+    pub(super) fn fields() -> Vec<&'static str> {
+        let mut all: Vec<&'static str> = vec![];
+        for field in ALGORITHMS.iter().flat_map(|a| a.written.fields) {
+            if !all.contains(field) {
+                all.push(field);
+            }
+        }
+        all
+    }
+
+    /// These figures with the ones `given` changed (an override's, by the
+    /// names of [`Written::options`]), checked as a rule's are; another
+    /// algorithm's option is refused, naming whose it is.
+    pub fn changed(&self, given: &Map<String, Value>) -> Result<Policy, FieldError> {
+        let own = self.algorithm().written();
+        for other in ALGORITHMS.iter().map(|a| a.written) {
+            if let Some(option) = held(given, other.options, own.options) {
+                return Err(invalid(
+                    option,
+                    format!(
+                        "is for {} rules; a {} rule takes {}",
+                        other.label, own.label, own.takes_options
+                    ),
+                ));
+            }
+        }
+        match self {
+            Policy::Gcra(g) => g.changed(given).map(Policy::Gcra),
+            Policy::Windowed(ws) => ws.changed(given).map(Policy::Windowed),
+        }
+    }
+
     /// The algorithm and its figures. This file is the one that lists the
-    /// algorithms: here, and where figures of one become a `Policy` again.
+    /// algorithms: in [`ALGORITHMS`], here, and where figures of one become
+    /// a `Policy` again.
     pub fn algorithm(&self) -> &dyn Algorithm {
         match self {
             Policy::Gcra(g) => g,

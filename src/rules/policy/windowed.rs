@@ -4,9 +4,10 @@
 
 use std::num::NonZeroU64;
 
-use super::algorithm::{
-    invalid, nonzero, text_number, Algorithm, PolicyError, MAX_DURATION_MS, MAX_UNITS,
-};
+use serde_json::{Map, Value};
+
+use super::algorithm::{nonzero, text_number, Algorithm, Written, MAX_DURATION_MS, MAX_UNITS};
+use crate::rules::fields::{duration, expected, invalid, list, FieldError, FromJson, RawDuration};
 
 /// Windows per windowed rule, at most.
 pub const MAX_WINDOWS: usize = 8;
@@ -25,7 +26,7 @@ pub struct Window {
 
 impl Window {
     /// Checked figures; the error names `duration`, `limit` or `precision`.
-    pub fn new(duration_ms: u64, limit: u64, precision_ms: u64) -> Result<Window, PolicyError> {
+    pub fn new(duration_ms: u64, limit: u64, precision_ms: u64) -> Result<Window, FieldError> {
         let duration = nonzero(duration_ms, "duration", "must be between 1ms and 366d")?;
         if duration_ms > MAX_DURATION_MS {
             return Err(invalid("duration", "must be between 1ms and 366d"));
@@ -83,9 +84,74 @@ impl Window {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Windows(Vec<Window>);
 
+/// How a windowed rule is written, and what `limit set` changes of it.
+pub(super) const WRITTEN: Written = Written {
+    name: "windowed",
+    label: "windowed",
+    fields: &["windows"],
+    takes: "windows",
+    options: &["limits"],
+    takes_options: "--limit per window",
+};
+
+/// A window as written: `[duration, limit, precision]`.
+struct RawWindow(RawDuration, u64, RawDuration);
+
+impl FromJson for RawWindow {
+    fn from_json(v: &Value) -> Result<Self, String> {
+        match v.as_array().map(Vec::as_slice) {
+            Some([d, l, p]) => Ok(RawWindow(
+                RawDuration::from_json(d)?,
+                u64::from_json(l)?,
+                RawDuration::from_json(p)?,
+            )),
+            _ => Err(expected("a window: [duration, limit, precision]", v)),
+        }
+    }
+}
+
 impl Windows {
+    /// The windows a rule writes; an error inside one names it
+    /// (`windows[1].precision`).
+    pub(super) fn read(rule: &Map<String, Value>) -> Result<Windows, FieldError> {
+        let written: Vec<RawWindow> = list(rule, "windows")?.ok_or_else(|| {
+            invalid(
+                "windows",
+                "is required: [[duration, limit, precision], ...]",
+            )
+        })?;
+        let windows = written
+            .iter()
+            .enumerate()
+            .map(|(i, RawWindow(d, limit, p))| {
+                let at = |name: &str| format!("windows[{i}].{name}");
+                let duration_ms = duration(&at("duration"), d)?;
+                let precision_ms = duration(&at("precision"), p)?;
+                Window::new(duration_ms, *limit, precision_ms)
+                    .map_err(|e| invalid(at(&e.field), e.problem))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Windows::new(windows)
+    }
+
+    /// These windows with the `limits` given, one per window in their
+    /// order (`limit set --limit`).
+    pub(super) fn changed(&self, given: &Map<String, Value>) -> Result<Windows, FieldError> {
+        let limits: Vec<u64> = list(given, "limits")?.unwrap_or_default();
+        if limits.len() != self.len() {
+            return Err(invalid(
+                "limit",
+                format!(
+                    "give one limit per window: the rule has {} (in its order)",
+                    self.len()
+                ),
+            ));
+        }
+        self.with_limits(&limits)
+    }
+
     /// Checked windows; the error names `windows` or `windows[i].duration`.
-    pub fn new(windows: Vec<Window>) -> Result<Windows, PolicyError> {
+    pub fn new(windows: Vec<Window>) -> Result<Windows, FieldError> {
         if windows.is_empty() || windows.len() > MAX_WINDOWS {
             return Err(invalid("windows", "give between 1 and 8 windows"));
         }
@@ -115,16 +181,14 @@ impl std::ops::Deref for Windows {
 impl Windows {
     /// These windows with `limits` in their order, checked as the
     /// configuration checks them: the error names `windows[i].limit`.
-    pub fn with_limits(&self, limits: &[u64]) -> Result<Windows, PolicyError> {
+    pub fn with_limits(&self, limits: &[u64]) -> Result<Windows, FieldError> {
         let windows = self
             .iter()
             .zip(limits)
             .enumerate()
             .map(|(i, (w, &limit))| {
-                Window::new(w.duration_ms(), limit, w.precision_ms()).map_err(|e| PolicyError {
-                    field: format!("windows[{i}].{}", e.field),
-                    problem: e.problem,
-                })
+                Window::new(w.duration_ms(), limit, w.precision_ms())
+                    .map_err(|e| invalid(format!("windows[{i}].{}", e.field), e.problem))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Windows::new(windows)
@@ -158,6 +222,10 @@ impl Windows {
 }
 
 impl Algorithm for Windows {
+    fn written(&self) -> &'static Written {
+        &WRITTEN
+    }
+
     fn capacity(&self) -> u64 {
         self.iter().map(Window::limit).min().unwrap_or(0)
     }
