@@ -47,9 +47,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             Woken::Done(result, shared) => {
                 let mut handled = match result {
                     Ok(decision) => {
-                        self.cache
-                            .borrow_mut()
-                            .remember(signature, &decision, now_ms);
+                        self.remember(signature, &decision, now_ms);
                         decided(checks, own, decision)
                     }
                     Err(error) => failed(checks, own, &error),
@@ -68,8 +66,8 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                 if let Some(handled) = from_leases {
                     return handled;
                 }
-                if let Some(decision) = self.cache.borrow_mut().lookup(&signature, now_ms) {
-                    return decided(checks, own, decision);
+                if let Some(handled) = self.cached_denial(checks, (own, &signature), now_ms) {
+                    return handled;
                 }
                 let left_ms = deadline_ms.saturating_sub(now_ms);
                 let sending = waiter.take(now_ms, left_ms);

@@ -4,7 +4,7 @@
 //! A request takes these steps only when a matching rule leases: the
 //! request's own take a [`Leased`], which only such a request has.
 
-use std::borrow::Cow;
+use std::{borrow::Cow, time::Duration};
 
 use super::{
     outcome::{Decided, Forward, Handled, LeaseRefresh, Outcome},
@@ -17,7 +17,7 @@ use crate::{
         outcomes::events::{Action, Event},
         outcomes::verdict::{Decision, Grant, OverrideRead},
         transport::keys::window_offset,
-        transport::protocol::{Check, Group, LeaseAsk, ScriptCall, ScriptRunner},
+        transport::protocol::{Check, Group, LeaseAsk, ScriptCall, ScriptError, ScriptRunner},
     },
     rules::rule::{Mode, Rule, RuleId},
 };
@@ -176,16 +176,10 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             .collect();
         let call = self.call_for(&checks, now_ms).asking(asks);
         let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
-        let epochs = self.epochs(&call);
-        let result = self
-            .call(&call, budget, true)
-            .await
-            .and_then(|r| r.decision());
-        self.answered(&call);
-        match result {
+        match self.call_leasing(&checks, &call, budget, now_ms).await {
             // A refresh is a call too: figures it reads end the leases.
-            Ok(mut decision) => self.settle_leases(&checks, &call, &epochs, &mut decision, now_ms),
-            Err(error) => checks
+            (Ok(_), granted) => granted,
+            (Err(error), _) => checks
                 .iter()
                 .zip(call.rule_keys())
                 .map(|((c, _), key)| Event {
@@ -195,6 +189,30 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                 })
                 .collect(),
         }
+    }
+
+    /// Runs `call`, sent at `now_ms` for `checks`' leasing rules, and
+    /// settles what it brings back into the leases: each decision's grants
+    /// (the events returned) and the units held, added to what it reports
+    /// remaining. The limiter's one send and a lease refresh both call it.
+    pub(super) async fn call_leasing(
+        &self,
+        checks: &[(Check<'c>, Vec<&str>)],
+        call: &ScriptCall,
+        budget: Duration,
+        now_ms: u64,
+    ) -> (Result<Vec<Decision>, ScriptError>, Vec<Event>) {
+        let epochs = self.epochs(call);
+        let result = self.call(call, budget, true).await;
+        self.answered(call);
+        let mut granted = vec![];
+        let result = result.map(|mut decisions| {
+            for d in &mut decisions {
+                granted.extend(self.settle_leases(checks, call, &epochs, d, now_ms));
+            }
+            decisions
+        });
+        (result, granted)
     }
 
     /// Each rule key's lease epoch as `call` is sent (see

@@ -1,22 +1,30 @@
-//! The limiter's whole job for one request, runtime-independent: pick the
-//! matching rules (`selection`), answer from the block cache or ask Redis
-//! once, and say what should happen to the request (`outcome`);
-//! `crate::edge::responses` renders it.
+//! The limiter's whole job for one request, runtime-independent, as one
+//! pipeline ([`Limiter::handle`]) of named steps, each feature's in its
+//! own file: pick the matching rules (`selection`); make their call once,
+//! under the rule-wide overrides held (`wide_overrides`); spend leased
+//! units (`leased`); answer from a remembered denial (`cached`); wait in
+//! line behind the same call in flight (`grouped`); or send the call, the
+//! one `send` here; then say what should happen to the request
+//! (`outcome`), which `crate::edge::responses` renders. After the
+//! response: refunds (`refunded`), lease refreshes and rule-wide reads.
 
 use std::{borrow::Cow, time::Duration};
 
+mod cached;
 mod grouped;
 mod leased;
 mod outcome;
+mod refunded;
 mod selection;
 mod state;
+mod wide_overrides;
 
 use leased::Leased;
 pub use outcome::{
     ambiguity, Decided, Forward, Handled, LeaseRefresh, Outcome, PendingRefund, RefundRule,
     Refusal, UNAVAILABLE_RETRY_S,
 };
-use outcome::{decided, failed, refund_failed, refused};
+use outcome::{decided, failed, refused};
 use selection::budget_of;
 pub use selection::{select, Selection};
 pub use state::Limiter;
@@ -24,12 +32,10 @@ pub use state::Limiter;
 use crate::decision::{
     memory::in_flight::Sending,
     outcomes::events::{Action, Event},
-    transport::keys::rule_wide_key,
-    transport::protocol::{
-        read_rule_wide, run, Check, Reply, ScriptCall, ScriptError, ScriptRunner, WideRead,
-    },
+    outcomes::verdict::Decision,
+    transport::protocol::{run, Check, ScriptCall, ScriptError, ScriptRunner},
 };
-use crate::rules::{overrides::Override, request::RequestMeta, rule::DEFAULT_BUDGET_MS};
+use crate::rules::request::RequestMeta;
 
 impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     /// Decides `req` at `now_ms` (the isolate's clock: it ages cached
@@ -95,133 +101,30 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         Some(handled)
     }
 
-    /// The rules of `checks` that take overrides whose rule-wide copy is
-    /// due a read after this response.
-    fn reread_due(&self, checks: &[(Check<'c>, Vec<&str>)], now_ms: u64) -> Vec<String> {
-        let mut wide = self.wide.borrow_mut();
-        checks
-            .iter()
-            .filter(|(c, _)| c.rule.overrides && wide.start_read(&c.rule.name, now_ms))
-            .map(|(c, _)| c.rule.name.clone())
-            .collect()
-    }
-
-    /// Reads the rule-wide overrides of `rules` in one request, sent at
-    /// `now_ms`, after the response has gone. A key that holds no override
-    /// of its rule is none, logged; a fault is only logged: the isolate
-    /// keeps that rule's copy and reads it again after a response a second
-    /// later.
-    pub async fn reread(&self, rules: &[String], now_ms: u64) -> Vec<Event> {
-        let keys: Vec<String> = rules.iter().map(|r| rule_wide_key(r)).collect();
-        let budget = Duration::from_millis(DEFAULT_BUDGET_MS);
-        let read = match read_rule_wide(self.store, &keys, budget).await {
-            Ok(read) => read,
-            Err(e) => vec![WideRead::Failed(e); rules.len()],
-        };
-        let mut wide = self.wide.borrow_mut();
-        let mut events = vec![];
-        for ((rule, key), read) in rules.iter().zip(keys).zip(read) {
-            let action = match read {
-                WideRead::Text(text, pttl) if self.none_or_override(rule, &text) => {
-                    wide.keep(rule, text, pttl, now_ms);
-                    continue;
-                }
-                WideRead::Text(..) | WideRead::NotText => {
-                    wide.keep(rule, String::new(), -1, now_ms);
-                    Event::new(Action::OverrideIgnored, rule)
-                }
-                WideRead::Failed(error) => {
-                    wide.failed(rule, now_ms);
-                    Event {
-                        error: Some(error.to_string()),
-                        ..Event::new(Action::OverrideReadFailed, rule)
-                    }
-                }
-            };
-            events.push(Event {
-                key: Some(key),
-                ..action
-            });
-        }
-        events
-    }
-
-    /// Whether `text`, read from rule `name`'s rule-wide key, is empty or
-    /// an override of the rule's figures. Anything else counts as none and
-    /// is never passed on: every decision would carry it, of any size.
-    fn none_or_override(&self, name: &str, text: &str) -> bool {
-        let rule = self.config.rules.iter().find(|r| r.name == name);
-        text.is_empty() || rule.is_some_and(|r| Override::parse(text, &r.policy).is_some())
-    }
-
-    /// The call deciding `checks` at `now_ms`, under the rule-wide
-    /// overrides this isolate holds.
-    fn call_for(&self, checks: &[(Check<'c>, Vec<&str>)], now_ms: u64) -> ScriptCall {
-        let call = ScriptCall::decide(checks, self.clock(now_ms));
-        self.under_rule_wide(call, checks, now_ms)
-    }
-
-    /// `call`, on `checks`' rules, under the rule-wide overrides this
-    /// isolate holds at `now_ms`.
-    fn under_rule_wide(
-        &self,
-        call: ScriptCall,
-        checks: &[(Check<'c>, Vec<&str>)],
-        now_ms: u64,
-    ) -> ScriptCall {
-        let wide = self.wide.borrow();
-        call.with_rule_wide(|i| wide.in_force(&checks.get(i)?.0.rule.name, now_ms))
-    }
-
     /// The script's clock for a call at `now_ms`: Redis's own unless pinned.
     fn clock(&self, now_ms: u64) -> Option<u64> {
         self.pinned.then_some(now_ms)
     }
 
-    /// Runs `call` within `budget`. For `leasing` rules, an answered
-    /// call's time is taken into the round trip leases are sized by (a
-    /// failed one's says nothing of it: a timeout's is the budget's); every
-    /// such call counts, asking for a lease or not, so that an isolate too
-    /// far for leases, which then asks for none, still sees Redis come nearer.
+    /// Runs `call` within `budget`, for its decisions (a group's, in
+    /// order, or the one). For `leasing` rules, an answered call's time is
+    /// taken into the round trip leases are sized by (a failed one's says
+    /// nothing of it: a timeout's is the budget's); every such call counts,
+    /// asking for a lease or not, so that an isolate too far for leases,
+    /// which then asks for none, still sees Redis come nearer.
     async fn call(
         &self,
         call: &ScriptCall,
         budget: Duration,
         leasing: bool,
-    ) -> Result<Reply, ScriptError> {
+    ) -> Result<Vec<Decision>, ScriptError> {
         let sent_ms = self.in_flight.now_ms();
         let reply = run(self.store, call, budget).await?;
         if leasing {
             let took_ms = self.in_flight.now_ms().saturating_sub(sent_ms);
             self.leases.borrow_mut().round_trip(took_ms);
         }
-        Ok(reply)
-    }
-
-    /// Gives back the charges of a forwarded request's `count_status`
-    /// rules that do not count the origin's `status`, in one script call;
-    /// nothing when every one counts it. Runs after the response has gone:
-    /// a fault is only logged, and the rule keeps the charge (tighter, never
-    /// looser), with no retry that could give it back twice.
-    pub async fn refund(&self, pending: &PendingRefund, status: u16, now_ms: u64) -> Vec<Event> {
-        let charges = pending.uncounted(self.config, status);
-        if charges.is_empty() {
-            return vec![];
-        }
-        let call = ScriptCall::refund(&charges, self.clock(now_ms));
-        let budget = budget_of(charges.iter().map(|c| c.check.rule));
-        match run(self.store, &call, budget).await {
-            Ok(Reply::Refunded(_)) => vec![],
-            // A refund call's reply decodes as a refund's or fails; a
-            // fixed text keeps every reply type's Debug out of the wasm.
-            Ok(_) => refund_failed(
-                &charges,
-                &call,
-                status,
-                &ScriptError::Reply("other than a refund's".into()),
-            ),
-            Err(error) => refund_failed(&charges, &call, status, &error),
-        }
+        reply.decisions()
     }
 
     /// Decides the checks of the matched rules (`own`: their call without
@@ -238,8 +141,8 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         now_ms: u64,
     ) -> Handled<'c> {
         let signature = own.signature();
-        if let Some(decision) = self.cache.borrow_mut().lookup(&signature, now_ms) {
-            return decided(checks, &own, decision);
+        if let Some(handled) = self.cached_denial(checks, (&own, &signature), now_ms) {
+            return handled;
         }
         let line = own.rule_keys().join("\n");
         if self.in_flight.busy(&line, now_ms) {
@@ -274,21 +177,11 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         let costs = group.as_ref().map_or_else(Vec::new, Sending::costs);
         let call = own.clone().grouped(&costs).asking(asks);
         let call = self.under_rule_wide(call, checks, now_ms);
-        let epochs = leased.map(|_| self.epochs(&call));
-        let result = self
-            .call(&call, budget, leased.is_some())
-            .await
-            .and_then(Reply::decisions);
-        if leased.is_some() {
-            self.answered(&call);
-        }
-        let mut granted = vec![];
+        let (result, granted) = match leased {
+            Some(_) => self.call_leasing(checks, &call, budget, now_ms).await,
+            None => (self.call(&call, budget, false).await, vec![]),
+        };
         let result = result.and_then(|mut decisions| {
-            if let Some(epochs) = &epochs {
-                for d in &mut decisions {
-                    granted.extend(self.settle_leases(checks, &call, epochs, d, now_ms));
-                }
-            }
             let mine = decisions.pop();
             mine.map(|d| (decisions, d))
                 .ok_or_else(|| ScriptError::Reply("holds no decision".into()))
@@ -300,7 +193,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                 if let Some(group) = group {
                     group.deliver(others.into_iter().map(Ok));
                 }
-                self.cache.borrow_mut().remember(signature, &mine, now_ms);
+                self.remember(signature, &mine, now_ms);
                 decided(checks, own, mine)
             }
             Err(error) => {

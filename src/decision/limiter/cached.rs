@@ -1,0 +1,33 @@
+//! The block cache's steps: a request answered from a denial this isolate
+//! remembers, with no call, and a decision kept when it is a denial.
+
+use super::{
+    outcome::{decided, Handled},
+    state::Limiter,
+};
+use crate::decision::{
+    outcomes::verdict::Decision,
+    transport::protocol::{Check, ScriptCall},
+};
+
+impl<'c, S> Limiter<'c, '_, S> {
+    /// `checks` decided at `now_ms` from the denial the isolate remembers
+    /// for their call `own`, of `signature`; `None` when it holds none.
+    pub(super) fn cached_denial(
+        &self,
+        checks: &[(Check<'c>, Vec<&str>)],
+        (own, signature): (&ScriptCall, &str),
+        now_ms: u64,
+    ) -> Option<Handled<'c>> {
+        let decision = self.cache.borrow_mut().lookup(signature, now_ms)?;
+        Some(decided(checks, own, decision))
+    }
+
+    /// Keeps `decision`, made at `now_ms` for the call of `signature`,
+    /// while it denies (the cache keeps nothing else).
+    pub(super) fn remember(&self, signature: String, decision: &Decision, now_ms: u64) {
+        self.cache
+            .borrow_mut()
+            .remember(signature, decision, now_ms);
+    }
+}
