@@ -82,9 +82,11 @@ async fn every_call_for_one_client_runs_on_a_cluster() {
         panic!("one refund mark: {decision:?}");
     };
     let text = raised.to_text();
+    let key = redis_key(&both[1].0.rule.name, &["k-1"]);
     let charge = RefundCharge {
         check: both[1].0,
         id: vec!["k-1"],
+        key: &key,
         mark,
         under: &text,
     };

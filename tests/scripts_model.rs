@@ -332,7 +332,12 @@ fn run_case(
                 // The real charges go back under the override each was
                 // made under, as the worker's do; the model keeps its own.
                 let unders: Vec<String> = (0..checks.len())
-                    .map(|i| RefundRule::of(&decided, i, 0, RuleId(i), vec![], 0).under)
+                    .map(|i| {
+                        RefundRule::of(&decided, (i, 0), RuleId(i), Default::default(), 0).under
+                    })
+                    .collect();
+                let keys: Vec<String> = (checks.iter())
+                    .map(|(c, id)| redis_key(&c.rule.name, id))
                     .collect();
                 let given = |marks: &[(usize, u64)], real: bool| -> Vec<RefundCharge<'_>> {
                     marks
@@ -340,6 +345,7 @@ fn run_case(
                         .map(|(i, mark)| RefundCharge {
                             check: checks[*i].0,
                             id: checks[*i].1.clone(),
+                            key: &keys[*i],
                             mark: *mark,
                             under: if real { &unders[*i] } else { "" },
                         })

@@ -10,6 +10,7 @@ mod support;
 use edge_limiter::{
     decision::{
         outcomes::verdict::Decision,
+        transport::keys::redis_key,
         transport::protocol::{run, Check, RefundCharge, Reply, ScriptCall},
     },
     operator::simulate::model::Model,
@@ -57,9 +58,11 @@ async fn refund_of(
     (cost, mark): (u64, u64),
     now_ms: Option<u64>,
 ) -> bool {
+    let key = redis_key(&rule.name, &[id]);
     let charge = RefundCharge {
         check: Check { rule, cost },
         id: vec![id],
+        key: &key,
         mark,
         under: "",
     };
@@ -313,9 +316,11 @@ async fn a_charge_goes_back_at_the_interval_it_was_made_at() {
     let last = &real[5];
     let under = &last.overrides[0].text;
     assert_eq!(under, &faster.to_text());
+    let key = redis_key(&check[0].0.rule.name, &["a"]);
     let given = |under| RefundCharge {
         check: check[0].0,
         id: vec!["a"],
+        key: &key,
         mark: mark(last),
         under,
     };
@@ -382,9 +387,11 @@ async fn a_window_charge_goes_back_under_its_override() {
             last = Some(d);
         }
         let last = last.unwrap();
+        let key = redis_key(&check[0].0.rule.name, &[id]);
         let given = RefundCharge {
             check: check[0].0,
             id: vec![id],
+            key: &key,
             mark: mark(&last),
             under: &text,
         };

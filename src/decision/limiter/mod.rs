@@ -75,13 +75,13 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                 return handled;
             }
         }
-        let handled = self.decide(&selection, &checks, leased.as_ref(), own, now_ms);
+        let handled = self.decide(&selection, &checks, leased.as_ref(), &own, now_ms);
         let mut handled = handled.await;
         events.append(&mut handled.events);
         handled.events = events;
         handled.reread = reread;
         if let Outcome::Forward(Forward::Admitted(decided)) = &handled.outcome {
-            handled.refund = selection.pending_refund(&decided.decision, methods);
+            handled.refund = selection.pending_refund(&decided.decision, methods, &own.rule_keys());
         }
         handled
     }
@@ -137,24 +137,24 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         selection: &Selection<'c, Cow<'_, str>>,
         checks: &[(Check<'c>, Vec<&str>)],
         leased: Option<&Leased>,
-        own: ScriptCall,
+        own: &ScriptCall,
         now_ms: u64,
     ) -> Handled<'c> {
         let signature = own.signature();
-        if let Some(handled) = self.cached_denial(checks, (&own, &signature), now_ms) {
+        if let Some(handled) = self.cached_denial(checks, (own, &signature), now_ms) {
             return handled;
         }
         let line = own.rule_keys().join("\n");
         if self.in_flight.busy(&line, now_ms) {
             return self
-                .wait_in_line(selection, checks, leased, (&own, signature), &line, now_ms)
+                .wait_in_line(selection, checks, leased, (own, signature), &line, now_ms)
                 .await;
         }
         let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
         let _hold = self
             .in_flight
             .hold(&line, now_ms, budget.as_millis() as u64);
-        let sent = self.send(checks, leased, None, (&own, signature), budget, now_ms);
+        let sent = self.send(checks, leased, None, (own, signature), budget, now_ms);
         sent.await
     }
 

@@ -104,6 +104,8 @@ pub struct RefundRule {
     pub rule: RuleId,
     /// The client's identifier parts.
     pub id: Vec<String>,
+    /// The client's state key under the rule, as its decision's call made it.
+    pub key: String,
     /// Units charged.
     pub cost: u64,
     /// What the decision replied for the charge (see `lua/limiter.lua`).
@@ -114,13 +116,13 @@ pub struct RefundRule {
 
 impl RefundRule {
     /// The charge `decision` replied `mark` for on its rule `i`: `rule`,
-    /// for client `id`, of `cost` units, under the override it read.
+    /// for client `id` at its state `key`, of `cost` units, under the
+    /// override it read.
     pub fn of(
         decision: &Decision,
-        i: usize,
-        mark: u64,
+        (i, mark): (usize, u64),
         rule: RuleId,
-        id: Vec<String>,
+        (id, key): (Vec<String>, String),
         cost: u64,
     ) -> RefundRule {
         let under = decision
@@ -130,6 +132,7 @@ impl RefundRule {
         RefundRule {
             rule,
             id,
+            key,
             cost,
             mark,
             under,
@@ -149,6 +152,7 @@ impl PendingRefund {
                 (!rule.count_status.contains(&status)).then(|| RefundCharge {
                     check: Check { rule, cost: r.cost },
                     id: r.id.iter().map(String::as_str).collect(),
+                    key: &r.key,
                     mark: r.mark,
                     under: &r.under,
                 })

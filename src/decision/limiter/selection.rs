@@ -59,17 +59,23 @@ impl<'c, P: AsRef<str>> Selection<'c, P> {
 
     /// What to give back after the response, if the status is not
     /// counted: the charges `decision` made of these rules, by its refund
-    /// marks, at what a request for these (upper-case) methods costs;
-    /// `None` when it made none.
-    pub fn pending_refund(&self, decision: &Decision, methods: &[String]) -> Option<PendingRefund> {
+    /// marks, at what a request for these (upper-case) methods costs, at
+    /// the `keys` its call made (one per rule); `None` when it made none.
+    pub fn pending_refund(
+        &self,
+        decision: &Decision,
+        methods: &[String],
+        keys: &[&str],
+    ) -> Option<PendingRefund> {
         let rules: Vec<RefundRule> = decision
             .refund_marks
             .iter()
             .filter_map(|&(i, mark)| {
-                let (rule_id, rule, id) = self.rules.get(i)?;
+                let ((rule_id, rule, id), key) = (self.rules.get(i)?, keys.get(i)?);
                 let id = id.iter().map(|p| p.as_ref().to_owned()).collect();
                 let cost = rule.cost.for_methods(methods);
-                Some(RefundRule::of(decision, i, mark, *rule_id, id, cost))
+                let client = (id, (*key).to_owned());
+                Some(RefundRule::of(decision, (i, mark), *rule_id, client, cost))
             })
             .collect();
         (!rules.is_empty()).then_some(PendingRefund { rules })

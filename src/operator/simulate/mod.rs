@@ -24,6 +24,7 @@ use crate::{
     decision::{
         limiter::{select, PendingRefund, RefundRule, Selection},
         outcomes::verdict::Decision,
+        transport::keys::redis_key,
     },
     rules::{config::Config, rule::RuleId},
 };
@@ -332,8 +333,8 @@ fn refunds_after(config: &Config, record: &Record) -> bool {
 }
 
 /// The rules of a call, in call order, each with the client's identifier
-/// parts and the cost.
-type CallRules = Vec<(RuleId, Vec<String>, u64)>;
+/// parts and its state key, and the cost.
+type CallRules = Vec<(RuleId, (Vec<String>, String), u64)>;
 
 /// What a request of a batch in flight needs once its decision is back.
 struct Pending {
@@ -372,10 +373,11 @@ impl Pending {
         };
         let refund = record.status.filter(|_| refunds).map(|status| {
             let methods = record.request.methods();
-            let rules = s
-                .rules
-                .iter()
-                .map(|(rule_id, rule, id)| (*rule_id, id.clone(), rule.cost.for_methods(methods)));
+            let rules = s.rules.iter().map(|(rule_id, rule, id)| {
+                let parts: Vec<&str> = id.iter().map(String::as_str).collect();
+                let client = (id.clone(), redis_key(&rule.name, &parts));
+                (*rule_id, client, rule.cost.for_methods(methods))
+            });
             (status, rules.collect())
         });
         Pending {
@@ -464,8 +466,8 @@ fn finish_batch(
                 .refund_marks
                 .iter()
                 .filter_map(|&(i, mark)| {
-                    let (rule, id, cost) = rules.get(i)?.clone();
-                    Some(RefundRule::of(&decision, i, mark, rule, id, cost))
+                    let (rule, client, cost) = rules.get(i)?.clone();
+                    Some(RefundRule::of(&decision, (i, mark), rule, client, cost))
                 })
                 .collect(),
         };

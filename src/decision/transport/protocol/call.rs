@@ -87,7 +87,11 @@ pub struct RuleArgs {
 
 impl RuleArgs {
     fn new(rule: &Rule, cost: u64, id: &[&str]) -> RuleArgs {
-        let key = redis_key(&rule.name, id);
+        RuleArgs::keyed(rule, cost, redis_key(&rule.name, id))
+    }
+
+    /// A rule's arguments at a `key` made before.
+    fn keyed(rule: &Rule, cost: u64, key: String) -> RuleArgs {
         let offset_ms = window_offset(&key, rule.policy.longest_ms());
         RuleArgs {
             key,
@@ -226,6 +230,9 @@ pub struct RefundCharge<'a> {
     pub check: Check<'a>,
     /// The client's identifier parts.
     pub id: Vec<&'a str>,
+    /// The client's state key under the rule, as the decision's call made
+    /// it: the refund gives the charge back there.
+    pub key: &'a str,
     /// The decision's refund mark for the rule.
     pub mark: u64,
     /// The text of the override the decision applied to the rule (see
@@ -337,7 +344,7 @@ impl ScriptCall {
         let rules = charges
             .iter()
             .map(|c| {
-                let mut args = RuleArgs::new(c.check.rule, c.check.cost, &c.id);
+                let mut args = RuleArgs::keyed(c.check.rule, c.check.cost, c.key.to_owned());
                 if let Some(Override::Figures(figures)) = Override::parse(c.under, &args.policy) {
                     args.policy = figures;
                 }

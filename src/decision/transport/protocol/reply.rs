@@ -487,9 +487,11 @@ mod tests {
         )
         .is_err());
 
+        let keys = call.rule_keys();
         let charge = |i: usize, mark: u64| RefundCharge {
             check: check(i).0,
             id: vec!["a"],
+            key: keys[i],
             mark,
             under: "",
         };
