@@ -8,10 +8,11 @@
 use std::{env, fs, path::Path};
 
 /// The order matters: each part uses locals the earlier ones define.
-const PARTS: [&str; 5] = [
+const PARTS: [&str; 6] = [
     "lua/common.lua",
     "lua/gcra.lua",
     "lua/windowed.lua",
+    "lua/concurrency.lua",
     "lua/penalty.lua",
     "lua/limiter.lua",
 ];

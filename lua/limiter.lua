@@ -21,6 +21,7 @@
 -- algorithm's word, its cost, then its figures, which the algorithm reads:
 --   'gcra',   cost, interval (us), burst
 --   'window', cost, offset (ms), n, then n x (duration, limit, precision) (ms)
+--   'concurrency', cost, limit, hold (ms)
 -- A lone rule's call is its arguments alone.
 --
 -- Each algorithm's script builds, for the general path, a table of its
@@ -111,7 +112,7 @@ end
 
 -- The algorithms' steps, by the word that starts a rule's arguments: the
 -- one list of them in the script.
-local algorithms = { gcra = gcra, window = windowed }
+local algorithms = { gcra = gcra, window = windowed, concurrency = concurrency }
 
 -- The next rule's arguments, named: a table its algorithm makes.
 local function read_rule()
@@ -196,8 +197,14 @@ end
 if string.find(modes, '[rq]') then
   needs[#needs + 1] = 'mark'
 end
+-- Only for the algorithms the call's rules use: an algorithm may build
+-- its steps when its first rule is read (concurrency.lua does).
+local used = {}
+for _, rule in ipairs(rules) do
+  used[rule.algorithm] = true
+end
 for _, step in ipairs(needs) do
-  for _, algorithm in pairs(algorithms) do
+  for algorithm in pairs(used) do
     algorithm.build(step)
   end
 end

@@ -23,7 +23,7 @@ use edge_limiter::{
     operator::simulate::model::Model,
     rules::{
         overrides::Override,
-        policy::{Gcra, Policy, Window, Windows},
+        policy::{Concurrency, Gcra, Policy, Window, Windows},
         rule::{Mode, Rule, RuleId},
     },
 };
@@ -35,6 +35,12 @@ fn gcra() -> impl Strategy<Value = Policy> {
     (1u64..6, 50u64..3000, 1u64..6).prop_map(|(rate, period_ms, burst)| {
         Policy::Gcra(Gcra::new(rate, period_ms, burst).unwrap())
     })
+}
+
+/// In-flight limits whose slots expire within the steps' waits.
+fn in_flight() -> impl Strategy<Value = Policy> {
+    (1u64..6, 1000u64..5000)
+        .prop_map(|(limit, hold_ms)| Policy::Concurrency(Concurrency::new(limit, hold_ms).unwrap()))
 }
 
 fn window() -> impl Strategy<Value = Window> {
@@ -268,6 +274,13 @@ fn override_text(rule: &Rule, pick: u64) -> Option<String> {
                         .unwrap(),
                 )
             }
+            Policy::Concurrency(c) => {
+                let limit = if more { c.limit() + 2 } else { 1 };
+                Override::changed(
+                    rule,
+                    serde_json::json!({"limits": [limit]}).as_object().unwrap(),
+                )
+            }
             Policy::Windowed(ws) => {
                 let limits: Vec<u64> = ws
                     .iter()
@@ -457,7 +470,7 @@ proptest! {
 
     #[test]
     fn the_script_decides_exactly_as_the_model(
-        specs in prop::collection::vec(spec(prop_oneof![gcra(), windowed()], 20..3000), 1..4),
+        specs in prop::collection::vec(spec(prop_oneof![gcra(), windowed(), in_flight()], 20..3000), 1..4),
         steps in prop::collection::vec(step(), 1..40),
     ) {
         BACKEND.with(|b| run_case(&b.0, &b.1, &specs, &steps))?;

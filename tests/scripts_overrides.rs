@@ -302,6 +302,10 @@ async fn a_lone_rule_reads_its_clients_override_on_its_own_path() {
         assert_eq!(plain.rules[0].limit, 2);
 
         let more = match &rule.policy {
+            Policy::Concurrency(_) => Override::changed(
+                &rule,
+                serde_json::json!({"limits": [5]}).as_object().unwrap(),
+            ),
             Policy::Windowed(ws) => Override::changed(
                 &rule,
                 serde_json::json!({"limits": vec![5; ws.len()]})

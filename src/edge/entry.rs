@@ -148,6 +148,7 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
         ..
     } = handled;
     isolate.log(&OnRequest(ctx.clone()), events);
+    let releases = refund.as_ref().is_some_and(|r| r.releases(&isolate.config));
     let work = Background {
         refund,
         refresh,
@@ -159,7 +160,7 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
     };
     // Before the origin is asked, so that nothing it does, and no
     // cancelled request, can skip the work or leave its flags set.
-    let origin_status = background(&isolate, &ctx, work);
+    let mut origin_status = background(&isolate, &ctx, work);
     let (response, status) = match responses::render(&outcome, &isolate.config) {
         Response::Answer {
             status,
@@ -170,11 +171,18 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
         Response::Forward { headers } => {
             let response = forward(&req, &url, isolate.origin.as_deref()).await?;
             let status = response.status();
-            (with_headers(response, &headers)?, status)
+            let (response, body_end) = match releases {
+                true => watched(response, &headers, &req.signal())?,
+                false => (with_headers(response, &headers)?, None),
+            };
+            if let Some(sender) = origin_status.take() {
+                sender.send(status, body_end);
+            }
+            (response, status)
         }
     };
     if let Some(sender) = origin_status {
-        sender.send(status);
+        sender.send(status, None);
     }
     Ok(response)
 }
@@ -225,10 +233,20 @@ fn background(isolate: &Rc<Isolate>, ctx: &Rc<Context>, work: Background) -> Opt
             isolate.count(|s| s.reread(config, &reread, calls.take(), now_ms));
         }
         if let Some(refund) = &refund {
-            if let Some(status) = status.await {
+            let answered = status.await;
+            if let Some((status, _)) = &answered {
                 let now_ms = js_sys::Date::now() as u64;
-                log(limiter.refund(refund, status, now_ms).await);
-                isolate.count(|s| s.refunded(config, refund, status, calls.take(), now_ms));
+                log(limiter.refund(refund, *status, now_ms).await);
+                isolate.count(|s| s.refunded(config, refund, *status, calls.take(), now_ms));
+            }
+            if refund.releases(config) {
+                // The body's end, its client gone, or no response at all.
+                if let Some((_, Some(body_end))) = answered {
+                    let _ = JsFuture::from(body_end).await;
+                }
+                let now_ms = js_sys::Date::now() as u64;
+                log(limiter.release(refund, now_ms).await);
+                isolate.count(|s| s.released(config, refund, calls.take(), now_ms));
             }
         }
         if let (Some(stats), Some(recorder)) = (stats, &isolate.stats) {
@@ -243,16 +261,21 @@ fn background(isolate: &Rc<Isolate>, ctx: &Rc<Context>, work: Background) -> Opt
 /// there is none.
 struct StatusSender(Rc<RefCell<StatusSlot>>);
 
-/// A status sent, or its absence, and who waits for it.
+/// A status sent with what settles when its body has ended, or their
+/// absence, and who waits for them.
 #[derive(Default)]
 struct StatusSlot {
-    sent: Option<Option<u16>>,
+    sent: Option<Option<Answered>>,
     waiting: Option<Waker>,
 }
 
+/// The origin's status, and the promise that settles when the response's
+/// body has ended (delivered, or its client gone), where it is watched.
+type Answered = (u16, Option<js_sys::Promise>);
+
 impl StatusSender {
-    fn send(self, status: u16) {
-        self.0.borrow_mut().sent = Some(Some(status));
+    fn send(self, status: u16, body_end: Option<js_sys::Promise>) {
+        self.0.borrow_mut().sent = Some(Some((status, body_end)));
     }
 }
 
@@ -266,13 +289,13 @@ impl Drop for StatusSender {
     }
 }
 
-/// A [`StatusSender`] and the status it sends, `None` for none.
-fn status_channel() -> (StatusSender, impl Future<Output = Option<u16>>) {
+/// A [`StatusSender`] and what it sends, `None` for none.
+fn status_channel() -> (StatusSender, impl Future<Output = Option<Answered>>) {
     let slot = Rc::new(RefCell::new(StatusSlot::default()));
     let waiting = slot.clone();
     let status = std::future::poll_fn(move |cx| {
         let mut slot = waiting.borrow_mut();
-        match slot.sent {
+        match slot.sent.take() {
             Some(sent) => Poll::Ready(sent),
             None => {
                 slot.waiting = Some(cx.waker().clone());
@@ -559,6 +582,33 @@ fn add_headers(target: &web_sys::Headers, headers: &[(String, String)]) -> Resul
         target.set(name, value)?;
     }
     Ok(())
+}
+
+/// The origin's response with the limiter's headers added, its body
+/// passed through a stream whose end is watched: the promise returned
+/// settles when the body has been delivered, the origin's body failed, or
+/// the client went away (`gone`, the request's signal, which workerd
+/// fires with the `enable_request_signal` flag), which also cuts the
+/// origin's body short; that is when an in-flight slot is free. A
+/// response without a body has nothing to watch.
+fn watched(
+    response: web_sys::Response,
+    headers: &[(String, String)],
+    gone: &web_sys::AbortSignal,
+) -> Result<(web_sys::Response, Option<js_sys::Promise>)> {
+    let Some(body) = response.body().filter(|_| response.status() != 101) else {
+        return Ok((with_headers(response, headers)?, None));
+    };
+    let pass = web_sys::TransformStream::new()?;
+    let options = web_sys::StreamPipeOptions::new();
+    options.set_signal(gone);
+    let body_end = body.pipe_to_with_options(&pass.writable(), &options);
+    let copy = web_sys::Response::new_with_opt_readable_stream_and_init(
+        Some(&pass.readable()),
+        response.unchecked_ref::<web_sys::ResponseInit>(),
+    )?;
+    add_headers(&copy.headers(), headers)?;
+    Ok((copy, Some(body_end)))
 }
 
 /// The origin's response with the limiter's headers added. A fetched

@@ -291,6 +291,12 @@ impl TryFrom<RawRule> for Rule {
         let budget_ms = budget(raw.budget.as_ref())?;
         let deny_body = deny_body(raw.deny_body, raw.deny_content_type)?;
         let count_status = raw.count_status.map_or(Ok(vec![]), count_status)?;
+        if policy.algorithm().released() && !count_status.is_empty() {
+            return Err(invalid(
+                "count_status",
+                "does not apply to an in-flight limit: its slot is given back after every response",
+            ));
+        }
         let penalty_ms = raw.penalty.as_ref().map(penalty).transpose()?;
         let mode = raw.mode.unwrap_or(Mode::Enforce);
         let lease = lease(
@@ -566,7 +572,7 @@ fn deny_body(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::policy::{Gcra, Window, Windows};
+    use crate::rules::policy::{Concurrency, Gcra, Window, Windows};
     use serde_json::json;
     use std::borrow::Cow;
 
@@ -776,11 +782,11 @@ mod tests {
             ),
             (
                 json!({"name": "a", "key": ["ip"], "algorithm": "leaky"}),
-                "rule `a`, field `algorithm`: `\"leaky\"` is not one of \"gcra\", \"windowed\"",
+                "rule `a`, field `algorithm`: `\"leaky\"` is not one of \"gcra\", \"windowed\", \"concurrency\"",
             ),
             (
                 json!({"name": "a", "key": ["ip"], "algorithm": "gcra", "rat": 1}),
-                "rule `a`, field `(rule)`: unknown field `rat`, expected one of `name`, `key`, `fold`, `algorithm`, `rate`, `period`, `burst`, `windows`, `host`",
+                "rule `a`, field `(rule)`: unknown field `rat`, expected one of `name`, `key`, `fold`, `algorithm`, `rate`, `period`, `burst`, `windows`, `limit`, `hold_for`, `host`",
             ),
             (json!({"key": ["ip"]}), "rule `#1`"),
         ];
@@ -890,6 +896,57 @@ mod tests {
             .is_ok(),
             "cost 0 only reports"
         );
+    }
+
+    #[test]
+    fn an_in_flight_rule_has_its_defaults_and_refuses_what_cannot_apply() {
+        let rule = |extra: Value| {
+            let mut r = json!({"name": "f", "key": ["ip"], "algorithm": "concurrency", "limit": 4});
+            r.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            one_rule(r)
+        };
+        let c = rule(json!({})).unwrap();
+        assert_eq!(
+            c.rules[0].policy,
+            Policy::Concurrency(Concurrency::new(4, 60_000).unwrap())
+        );
+        assert!(c.rules[0].policy.algorithm().released());
+        for (extra, says) in [
+            (
+                json!({"lease": 2}),
+                "field `lease`: an in-flight limit takes no lease",
+            ),
+            (
+                json!({"count_status": [401]}),
+                "field `count_status`: does not apply",
+            ),
+            (
+                json!({"limit": 0}),
+                "field `limit`: must be between 1 and 1000000",
+            ),
+            (
+                json!({"hold_for": "500ms"}),
+                "field `hold_for`: must be between 1s and 1h",
+            ),
+            (
+                json!({"hold_for": "2h"}),
+                "field `hold_for`: must be between 1s and 1h",
+            ),
+            (
+                json!({"burst": 2}),
+                "field `burst`: belongs to algorithm \"gcra\"",
+            ),
+        ] {
+            let e = rule(extra.clone()).unwrap_err().to_string();
+            assert!(e.contains(says), "{extra}: {e}");
+        }
+        let e = one_rule(json!({"name": "f", "key": ["ip"], "algorithm": "concurrency"}));
+        assert!(e
+            .unwrap_err()
+            .to_string()
+            .contains("field `limit`: is required"));
     }
 
     #[test]

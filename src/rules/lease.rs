@@ -38,6 +38,9 @@ impl Lease {
     /// takes [`DEFAULT_LEASE_FOR_MS`], and for GCRA at most the longest
     /// the burst allows). The error names `lease` or `lease_for`.
     pub fn new(policy: &Policy, units: u64, for_ms: Option<u64>) -> Result<Lease, FieldError> {
+        if let Some(why) = policy.algorithm().no_lease() {
+            return Err(invalid("lease", why));
+        }
         if !(1..=MAX_LEASE_UNITS).contains(&units) {
             return Err(invalid(
                 "lease",

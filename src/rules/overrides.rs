@@ -77,7 +77,7 @@ mod tests {
     use super::*;
     use crate::rules::{
         lease::Lease,
-        policy::{Gcra, Window, Windows, MAX_DURATION_MS, MAX_UNITS, MAX_WINDOWS},
+        policy::{Concurrency, Gcra, Window, Windows, MAX_DURATION_MS, MAX_UNITS, MAX_WINDOWS},
         rule::Cost,
     };
     use serde_json::json;
@@ -187,6 +187,32 @@ mod tests {
             assert!(text.len() <= MAX_TEXT_BYTES, "{} bytes: {text}", text.len());
             assert_eq!(Override::parse(&text, &policy), Some(o));
         }
+    }
+
+    #[test]
+    fn an_in_flight_override_changes_the_limit_and_keeps_the_hold() {
+        let policy = Policy::Concurrency(Concurrency::new(4, 30_000).unwrap());
+        let r = rule(&policy);
+        let more = Override::changed(&r, &given(json!({"limits": [9]}))).unwrap();
+        assert_eq!(more.to_text(), "v1 concurrency 9");
+        let read = Override::parse("v1 concurrency 9", &policy);
+        assert_eq!(read, Some(more));
+        let Some(Override::Figures(Policy::Concurrency(c))) = read else {
+            panic!("{read:?}");
+        };
+        assert_eq!((c.limit(), c.hold_ms()), (9, 30_000));
+        for text in [
+            "v1 concurrency 0",
+            "v1 concurrency 09",
+            "v1 concurrency 1000001",
+            "v1 gcra 1 1000 1 1000000",
+        ] {
+            assert_eq!(Override::parse(text, &policy), None, "{text}");
+        }
+        let e = Override::changed(&r, &given(json!({"limits": [1, 2]}))).unwrap_err();
+        assert_eq!(e.field, "limit");
+        let e = Override::changed(&r, &given(json!({"rate": 2}))).unwrap_err();
+        assert_eq!(e.field, "rate");
     }
 
     #[test]

@@ -18,6 +18,8 @@ fn lease_reach_ms(rule: &Rule) -> u64 {
         (_, None) => 0,
         (Policy::Gcra(_), Some(lease)) => lease.for_ms,
         (Policy::Windowed(ws), Some(_)) => ws.iter().map(|w| w.precision_ms()).min().unwrap_or(0),
+        // The configuration refuses a lease on an in-flight limit.
+        (Policy::Concurrency(_), Some(_)) => 0,
     }
 }
 

@@ -910,6 +910,12 @@ async fn change(run: &Run<'_>, c: &ChangeDraw, at_ms: u64) {
                             .unwrap(),
                     )
                 }
+                Policy::Concurrency(c) => Override::changed(
+                    rule,
+                    serde_json::json!({"limits": [scaled(c.limit())]})
+                        .as_object()
+                        .unwrap(),
+                ),
                 Policy::Windowed(ws) => {
                     let limits: Vec<u64> = ws.iter().map(|w| scaled(w.limit())).collect();
                     Override::changed(

@@ -173,7 +173,8 @@ fn project(rules_toml: &str, rest_url: &str, token: &str, origin: &Origin) -> Sc
     );
     let dir = Scratch::new("e2e");
     let config = format!(
-        "name = \"edge-limiter-e2e\"\nmain = \"{}\"\ncompatibility_date = \"2026-04-01\"\n\n{rules_toml}\n",
+        "name = \"edge-limiter-e2e\"\nmain = \"{}\"\ncompatibility_date = \"2026-04-01\"\n\
+         compatibility_flags = [\"enable_request_signal\"]\n\n{rules_toml}\n",
         shim.display(),
     );
     std::fs::write(dir.join("wrangler.toml"), config).unwrap();

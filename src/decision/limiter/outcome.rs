@@ -149,15 +149,46 @@ impl PendingRefund {
             .iter()
             .filter_map(|r| {
                 let rule = config.rule(r.rule)?;
-                (!rule.count_status.contains(&status)).then(|| RefundCharge {
-                    check: Check { rule, cost: r.cost },
-                    id: r.id.iter().map(String::as_str).collect(),
-                    key: &r.key,
-                    mark: r.mark,
-                    under: &r.under,
-                })
+                let counted =
+                    rule.count_status.contains(&status) || rule.policy.algorithm().released();
+                (!counted).then(|| r.charge(rule))
             })
             .collect()
+    }
+
+    /// The slots to give back once the response has ended: those of
+    /// in-flight rules, whatever the response; rules `config` lacks are
+    /// left out.
+    pub fn releasing<'a>(&'a self, config: &'a Config) -> Vec<RefundCharge<'a>> {
+        self.rules
+            .iter()
+            .filter_map(|r| {
+                let rule = config.rule(r.rule)?;
+                rule.policy.algorithm().released().then(|| r.charge(rule))
+            })
+            .collect()
+    }
+
+    /// Whether some of its charges are slots to give back at the
+    /// response's end.
+    pub fn releases(&self, config: &Config) -> bool {
+        !self.releasing(config).is_empty()
+    }
+}
+
+impl RefundRule {
+    /// Its charge under `rule`, ready for [`ScriptCall::refund`].
+    fn charge<'a>(&'a self, rule: &'a Rule) -> RefundCharge<'a> {
+        RefundCharge {
+            check: Check {
+                rule,
+                cost: self.cost,
+            },
+            id: self.id.iter().map(String::as_str).collect(),
+            key: &self.key,
+            mark: self.mark,
+            under: &self.under,
+        }
     }
 }
 
@@ -249,14 +280,14 @@ fn ignored_overrides(
 pub(super) fn refund_failed(
     charges: &[RefundCharge<'_>],
     call: &ScriptCall,
-    status: u16,
+    status: Option<u16>,
     error: &ScriptError,
 ) -> Vec<Event> {
     charges
         .iter()
         .zip(call.rule_keys())
         .map(|(charge, key)| Event {
-            status: Some(status),
+            status,
             key: Some(key.to_owned()),
             error: Some(error.to_string()),
             ..Event::new(Action::RefundFailed, &charge.check.rule.name)

@@ -313,6 +313,14 @@ impl Recorder {
         self.after(rules, calls, now_ms);
     }
 
+    /// Counts the `calls` giving back `pending`'s in-flight slots took, at
+    /// `now_ms`.
+    pub fn released(&mut self, config: &Config, pending: &PendingRefund, calls: u64, now_ms: u64) {
+        let charges = pending.releasing(config);
+        let rules = charges.iter().map(|c| index_of(config, c.check.rule));
+        self.after(rules, calls, now_ms);
+    }
+
     /// Counts the `calls` refreshing `pending`'s leases took, at `now_ms`.
     pub fn refreshed(&mut self, pending: &LeaseRefresh, calls: u64, now_ms: u64) {
         let rules = pending.rules.iter().map(|(RuleId(i), _, _)| Some(*i));

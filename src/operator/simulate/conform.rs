@@ -61,6 +61,8 @@ pub fn over(charges: &[Charge<'_>], offset_ms: u64) -> u64 {
             Policy::Windowed(ws) => (0..ws.len())
                 .map(|w| over_window(&allowed, w, offset_ms))
                 .sum(),
+            // Not a rate: `simulate` refuses such rules before a replay.
+            Policy::Concurrency(_) => 0,
         }
 }
 
@@ -71,7 +73,7 @@ fn gcra_figures(policy: &Policy) -> Option<(u64, u64)> {
             let interval = (g.period_ms() * 1000 + g.rate() / 2) / g.rate();
             Some((interval, interval * g.burst()))
         }
-        Policy::Windowed(_) => None,
+        Policy::Windowed(_) | Policy::Concurrency(_) => None,
     }
 }
 
@@ -111,7 +113,7 @@ fn over_window(charges: &[&Charge<'_>], w: usize, offset_ms: u64) -> u64 {
             .iter()
             .filter_map(|p| match p {
                 Policy::Windowed(ws) => ws.get(w).map(|w| w.limit()),
-                Policy::Gcra(_) => None,
+                Policy::Gcra(_) | Policy::Concurrency(_) => None,
             })
             .max()
             .unwrap_or(0);

@@ -24,7 +24,7 @@ use crate::{
         transport::protocol::{Check, RefundCharge},
     },
     rules::{
-        policy::{Gcra, Policy, Window, Windows},
+        policy::{Concurrency, Gcra, Policy, Window, Windows},
         rule::{Mode, Rule},
     },
 };
@@ -55,6 +55,9 @@ pub struct Model {
     /// back whatever holds since. A mark now past has nothing to give back,
     /// so it is dropped with the client's next charge.
     charged_at_us: HashMap<Client, Vec<(u64, u64)>>,
+    /// In-flight: the last slot number handed out, and each slot held
+    /// with when it expires (ms).
+    slots: HashMap<Client, (u64, Vec<(u64, u64)>)>,
 }
 
 /// What an override does, as the model reads its text: docs/operator.md's
@@ -66,6 +69,7 @@ enum ModelOverride {
         burst: u64,
     },
     Limits(Vec<u64>),
+    InFlight(u64),
     Block,
 }
 
@@ -104,6 +108,9 @@ fn read_override(text: &str, rule: &Rule) -> Option<ModelOverride> {
     }
     match (words[1], &rule.policy, numbers.as_slice()) {
         ("block", _, []) => Some(ModelOverride::Block),
+        ("concurrency", Policy::Concurrency(_), &[limit]) => {
+            (limit <= 1_000_000).then_some(ModelOverride::InFlight(limit))
+        }
         ("gcra", Policy::Gcra(_), &[rate, period_ms, burst, interval_us]) => {
             let rounded = emission_us(rate, period_ms);
             let fits = rate <= period_ms * 1000
@@ -160,6 +167,14 @@ impl ModelState {
 enum StateWrite {
     Tat(u64),
     Buckets(Vec<((u64, u64), i64, u64)>),
+    /// In-flight: `n` slots numbered from `first`, taken at `now` (ms),
+    /// expiring at `expiry`; the slots expired by then go.
+    Slots {
+        first: u64,
+        n: u64,
+        now: u64,
+        expiry: u64,
+    },
 }
 
 /// One window's verdict, before the rule picks its binding window.
@@ -291,6 +306,14 @@ impl Model {
                 }
                 false
             }
+            Some(ModelOverride::InFlight(limit)) => {
+                if let Policy::Concurrency(c) = &rule.policy {
+                    if let Ok(c) = Concurrency::new(limit, c.hold_ms()) {
+                        in_force = Cow::Owned(Policy::Concurrency(c));
+                    }
+                }
+                false
+            }
             Some(ModelOverride::Limits(limits)) => {
                 if let Policy::Windowed(ws) = &rule.policy {
                     let windows: Option<Vec<Window>> = ws
@@ -363,6 +386,14 @@ impl Model {
                     id.iter().map(|p| p.to_string()).collect(),
                 );
                 match &c.rule.policy {
+                    Policy::Concurrency(_) => {
+                        let Some((_, held)) = self.slots.get_mut(&client) else {
+                            return false;
+                        };
+                        let before = held.len();
+                        held.retain(|(id, _)| !(*mark..*mark + c.cost).contains(id));
+                        held.len() < before
+                    }
                     Policy::Gcra(g) => {
                         let charged = self.charged_at_us.get(&client).and_then(|marks| {
                             marks.iter().find(|(m, _)| m == mark).map(|(_, us)| *us)
@@ -511,6 +542,7 @@ impl Model {
     ) -> Option<u64> {
         let rule = req.checks[i].0.rule;
         match (write, &rule.policy) {
+            (StateWrite::Slots { first, .. }, _) => Some(*first),
             _ if rule.count_status.is_empty() => None,
             (StateWrite::Tat(tat), _) => {
                 if let Policy::Gcra(g) = req.policies[i].as_ref() {
@@ -581,6 +613,17 @@ impl Model {
             Some(StateWrite::Tat(tat)) => {
                 self.tats.insert(client, tat);
             }
+            Some(StateWrite::Slots {
+                first,
+                n,
+                now,
+                expiry,
+            }) => {
+                let (last, held) = self.slots.entry(client).or_default();
+                held.retain(|(_, e)| *e > now);
+                held.extend((first..first + n).map(|id| (id, expiry)));
+                *last = first + n - 1;
+            }
             Some(StateWrite::Buckets(adds)) => {
                 let windows = self.buckets.entry(client).or_default();
                 for ((duration, precision), id, cost) in adds {
@@ -612,7 +655,63 @@ impl Model {
                 let offset = edge_offset(&documented_key(&client.0, &client.1), longest);
                 self.windowed(client, &windows, cost, now_ms + offset)
             }
+            Policy::Concurrency(c) => {
+                self.in_flight(client, (c.limit(), c.hold_ms()), cost, now_ms)
+            }
         }
+    }
+
+    /// The in-flight limit from its definition: a request takes `cost`
+    /// slots when no more than `limit` would then be held; a slot is held
+    /// until released or `hold_ms` after it was taken. Slots are numbered
+    /// on from the last, and never below now x 1024, so numbers never
+    /// repeat. A full client is told to retry when its first slot expires,
+    /// at most a second on.
+    fn in_flight(
+        &self,
+        client: &Client,
+        (limit, hold_ms): (u64, u64),
+        cost: u64,
+        now_ms: u64,
+    ) -> (ModelState, Option<StateWrite>) {
+        let (last, held) = self.slots.get(client).cloned().unwrap_or_default();
+        let live: Vec<u64> = held
+            .iter()
+            .filter(|(_, e)| *e > now_ms)
+            .map(|(_, e)| *e)
+            .collect();
+        let free = limit as i64 - live.len() as i64;
+        if cost as i64 <= free {
+            let remaining = (free - cost as i64) as u64;
+            let state = ModelState {
+                allowed: true,
+                limit,
+                remaining,
+                reset_after_ms: if remaining == 0 { 1000 } else { 0 },
+                retry_after_ms: Some(0),
+                window: 1,
+            };
+            let write = (cost > 0).then(|| StateWrite::Slots {
+                first: (last + 1).max(now_ms * 1024),
+                n: cost,
+                now: now_ms,
+                expiry: now_ms + hold_ms,
+            });
+            return (state, write);
+        }
+        let retry = (cost <= limit).then(|| {
+            let first = live.iter().min().map_or(1000, |e| e - now_ms);
+            first.clamp(1, 1000)
+        });
+        let state = ModelState {
+            allowed: false,
+            limit,
+            remaining: free.max(0) as u64,
+            reset_after_ms: retry.unwrap_or(0),
+            retry_after_ms: retry,
+            window: 1,
+        };
+        (state, None)
     }
 
     /// GCRA from its definition: each unit occupies the limiter for one

@@ -62,6 +62,17 @@ pub trait Algorithm {
     /// `lua/limiter.lua` reads.
     fn override_text(&self) -> String;
 
+    /// Why a rule of it takes no lease, where it takes none.
+    fn no_lease(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// Whether an admitted request's charge is given back once its
+    /// response has ended, whatever the response (an in-flight slot).
+    fn released(&self) -> bool {
+        false
+    }
+
     /// The most units a fresh client's lease lasting `for_ms` can hold,
     /// taking one `share`th of what is left after a request.
     fn lease_largest(&self, for_ms: u64, share: u64) -> u64;

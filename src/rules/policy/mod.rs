@@ -5,12 +5,14 @@
 //! can represent exactly.
 
 mod algorithm;
+mod concurrency;
 mod gcra;
 mod windowed;
 
 use serde_json::{Map, Value};
 
 pub use algorithm::{Algorithm, Written, MAX_DURATION_MS, MAX_UNITS};
+pub use concurrency::{Concurrency, DEFAULT_HOLD_MS, MAX_HOLD_MS, MAX_IN_FLIGHT};
 pub use gcra::{Gcra, MAX_GCRA_SPAN_US};
 pub use windowed::{Window, Windows, MAX_BUCKETS, MAX_WINDOWS};
 
@@ -24,7 +26,7 @@ struct Listed {
 }
 
 /// Every algorithm, one line each: the place a new one is added.
-static ALGORITHMS: [Listed; 2] = [
+static ALGORITHMS: [Listed; 3] = [
     Listed {
         written: &gcra::WRITTEN,
         read: |rule| Gcra::read(rule).map(Policy::Gcra),
@@ -32,6 +34,10 @@ static ALGORITHMS: [Listed; 2] = [
     Listed {
         written: &windowed::WRITTEN,
         read: |rule| Windows::read(rule).map(Policy::Windowed),
+    },
+    Listed {
+        written: &concurrency::WRITTEN,
+        read: |rule| Concurrency::read(rule).map(Policy::Concurrency),
     },
 ];
 
@@ -49,6 +55,8 @@ pub enum Policy {
     Gcra(Gcra),
     /// One or more sliding windows checked together (see `lua/windowed.lua`).
     Windowed(Windows),
+    /// Requests in flight at once (see `lua/concurrency.lua`).
+    Concurrency(Concurrency),
 }
 
 impl Policy {
@@ -103,6 +111,7 @@ impl Policy {
         match self {
             Policy::Gcra(g) => g.changed(given).map(Policy::Gcra),
             Policy::Windowed(ws) => ws.changed(given).map(Policy::Windowed),
+            Policy::Concurrency(c) => c.changed(given).map(Policy::Concurrency),
         }
     }
 
@@ -113,6 +122,7 @@ impl Policy {
         match self {
             Policy::Gcra(g) => g,
             Policy::Windowed(ws) => ws,
+            Policy::Concurrency(c) => c,
         }
     }
 
@@ -133,6 +143,7 @@ impl Policy {
         match self {
             Policy::Gcra(g) => g.overridden_by(kind, words).map(Policy::Gcra),
             Policy::Windowed(ws) => ws.overridden_by(kind, words).map(Policy::Windowed),
+            Policy::Concurrency(c) => c.overridden_by(kind, words).map(Policy::Concurrency),
         }
     }
 
@@ -143,6 +154,7 @@ impl Policy {
         match self {
             Policy::Gcra(g) => vec![Policy::Gcra(*g)],
             Policy::Windowed(ws) => ws.parts().into_iter().map(Policy::Windowed).collect(),
+            Policy::Concurrency(c) => vec![Policy::Concurrency(*c)],
         }
     }
 }

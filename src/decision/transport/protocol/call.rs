@@ -516,7 +516,8 @@ impl General {
         let rules: Vec<(RuleArgs, CallMode)> = checks
             .iter()
             .map(|(c, id)| {
-                let refundable = !c.rule.count_status.is_empty();
+                let refundable =
+                    !c.rule.count_status.is_empty() || c.rule.policy.algorithm().released();
                 (
                     RuleArgs::new(c.rule, c.cost, id),
                     CallMode::of(c.rule.mode, refundable),

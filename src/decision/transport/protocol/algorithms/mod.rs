@@ -1,9 +1,10 @@
 //! How each algorithm's figures travel to the script and come back: one
-//! module per algorithm (`gcra`, `windowed`), each answering
+//! module per algorithm (`gcra`, `windowed`, `concurrency`), each answering
 //! [`ScriptFigures`] beside its Lua file, and [`of`] the one place in the
 //! protocol that lists them. `call` and `reply` ask through it and never
 //! which algorithm a rule uses.
 
+mod concurrency;
 mod gcra;
 mod windowed;
 
@@ -33,6 +34,7 @@ pub fn of(policy: &Policy) -> &dyn ScriptFigures {
     match policy {
         Policy::Gcra(g) => g,
         Policy::Windowed(ws) => ws,
+        Policy::Concurrency(c) => c,
     }
 }
 
