@@ -31,20 +31,12 @@ fn in_flight(limit: u64) -> Rule {
 
 /// A request of `cost` slots under `rule`, at `now_ms` (None: Redis's clock).
 async fn take(b: &Backend, rule: &Rule, cost: u64, now_ms: Option<u64>) -> Decision {
-    let call = ScriptCall::decide(&[(Check { rule, cost }, vec!["a"])], now_ms);
-    run(&b.client, &call, BUDGET)
-        .await
-        .and_then(Reply::decision)
-        .expect("a decision")
+    b.decide(&[rule], "a", cost, now_ms).await
 }
 
 /// The release mark of an admitted request.
 fn mark(d: &Decision) -> u64 {
-    assert!(d.admitted(), "{d:?}");
-    match d.refund_marks[..] {
-        [(0, mark)] => mark,
-        _ => panic!("one release mark: {d:?}"),
-    }
+    Backend::mark(d)
 }
 
 /// Gives back the `cost` slots from `mark`; whether any was still held.
@@ -147,34 +139,8 @@ async fn an_in_flight_rule_is_decided_with_the_others_all_or_nothing() {
         {"name": "f", "key": ["ip"], "algorithm": "concurrency", "limit": 5},
         {"name": "g", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1m", "burst": 1}
     ]));
-    let checks = |cost| {
-        vec![
-            (
-                Check {
-                    rule: &both[0],
-                    cost,
-                },
-                vec!["a"],
-            ),
-            (
-                Check {
-                    rule: &both[1],
-                    cost,
-                },
-                vec!["a"],
-            ),
-        ]
-    };
-    let b = &b;
-    let decide = |cost| {
-        let call = ScriptCall::decide(&checks(cost), Some(T0));
-        async move {
-            run(&b.client, &call, BUDGET)
-                .await
-                .and_then(Reply::decision)
-                .unwrap()
-        }
-    };
+    let pair = [&both[0], &both[1]];
+    let decide = |cost| b.decide(&pair, "a", cost, Some(T0));
     let first = decide(1).await;
     assert!(first.admitted());
     assert_eq!(first.rules[0].remaining, 4);

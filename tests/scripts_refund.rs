@@ -38,11 +38,7 @@ async fn charge_of(b: &Backend, rule: &Rule, id: &str, cost: u64, now_ms: Option
 
 /// The mark of `d`'s only rule, which must have been charged.
 fn mark(d: &Decision) -> u64 {
-    assert!(d.admitted(), "{d:?}");
-    match d.refund_marks[..] {
-        [(0, mark)] => mark,
-        _ => panic!("one refund mark: {d:?}"),
-    }
+    Backend::mark(d)
 }
 
 /// Gives back the one-unit charge `mark` stands for; whether anything was.

@@ -80,6 +80,16 @@ impl Backend {
             .expect("script call")
     }
 
+    /// The mark of `d`'s only rule, which must have been charged: a
+    /// refund's, or an in-flight release's.
+    pub fn mark(d: &Decision) -> u64 {
+        assert!(d.admitted(), "{d:?}");
+        match d.refund_marks[..] {
+            [(0, mark)] => mark,
+            _ => panic!("one mark: {d:?}"),
+        }
+    }
+
     /// Calls of the limiter script that reached Redis (EVALSHA and EVAL).
     pub fn script_calls(&self) -> u64 {
         let stats = self.redis(&["INFO", "commandstats"]);
