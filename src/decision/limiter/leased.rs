@@ -134,15 +134,15 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         now_ms: u64,
     ) -> Option<LeaseRefresh> {
         let mut leases = self.leases.borrow_mut();
-        let rules: Vec<(RuleId, Vec<String>, u64)> = selection
+        let rules: Vec<(RuleId, String, u64)> = selection
             .rules
             .iter()
             .zip(&leased.0)
-            .filter_map(|((rule_id, rule, id), key)| {
+            .filter_map(|((rule_id, rule, _), key)| {
                 let (lease, key) = (rule.lease?, key.as_deref()?);
                 let horizon_ms = lease_horizon_ms(rule, key, now_ms);
                 let units = leases.begin_refresh(key, lease.units, horizon_ms, now_ms);
-                (units > 0).then(|| (*rule_id, id.iter().map(|p| p.to_string()).collect(), units))
+                (units > 0).then(|| (*rule_id, key.to_owned(), units))
             })
             .collect();
         (!rules.is_empty()).then_some(LeaseRefresh { rules })
@@ -152,17 +152,19 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     /// after the response has gone (sent at `now_ms`). A fault is only
     /// logged: the next request without units makes its own call.
     pub async fn refresh(&self, pending: &LeaseRefresh, now_ms: u64) -> Vec<Event> {
-        let found: Vec<(Check<'c>, Vec<&str>, u64)> = pending
+        let found: Vec<(Check<'c>, &str, u64)> = pending
             .rules
             .iter()
-            .filter_map(|(rule_id, id, units)| {
+            .filter_map(|(rule_id, key, units)| {
                 let rule = self.config.rule(*rule_id)?;
-                let id = id.iter().map(String::as_str).collect();
-                Some((Check { rule, cost: 0 }, id, *units))
+                Some((Check { rule, cost: 0 }, key.as_str(), *units))
             })
             .collect();
+        // The keys were made with the request's call: the identifier
+        // parts are not needed again.
         let checks: Vec<(Check<'c>, Vec<&str>)> =
-            found.iter().map(|(c, id, _)| (*c, id.clone())).collect();
+            found.iter().map(|(c, _, _)| (*c, vec![])).collect();
+        let keys: Vec<&str> = found.iter().map(|(_, key, _)| *key).collect();
         let asks = found
             .iter()
             .enumerate()
@@ -174,7 +176,8 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                 })
             })
             .collect();
-        let call = self.call_for(&checks, now_ms).asking(asks);
+        let call = ScriptCall::decide_at(&checks, &keys, self.clock(now_ms));
+        let call = self.under_rule_wide(call, &checks, now_ms).asking(asks);
         let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
         match self.call_leasing(&checks, &call, budget, now_ms).await {
             // A refresh is a call too: figures it reads end the leases.

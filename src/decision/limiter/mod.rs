@@ -348,7 +348,7 @@ mod tests {
     /// Asks, at 10 ms, for 5 units of rule 0 for client 192.0.2.1.
     fn refresh_one(limiter: &Limiter<'_, '_, Fake>) {
         let pending = LeaseRefresh {
-            rules: vec![(RuleId(0), vec!["192.0.2.1".into()], 5)],
+            rules: vec![(RuleId(0), redis_key("hot", &["192.0.2.1"]), 5)],
         };
         tokio::runtime::Builder::new_current_thread()
             .build()

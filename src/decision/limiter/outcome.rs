@@ -196,8 +196,9 @@ impl RefundRule {
 /// it can outlive the request's borrows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseRefresh {
-    /// Each rule, with its client's identifier parts and the units wanted.
-    pub rules: Vec<(RuleId, Vec<String>, u64)>,
+    /// Each rule, with its client's state key (as the request's call made
+    /// it) and the units wanted.
+    pub rules: Vec<(RuleId, String, u64)>,
 }
 
 /// An enforced rule that cannot identify a request's client, and why: the

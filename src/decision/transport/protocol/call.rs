@@ -258,9 +258,35 @@ impl ScriptCall {
     /// [`ScriptCall::refund`] gives the charge back once the origin's
     /// status shows it is not counted.
     pub fn decide(checks: &[(Check<'_>, Vec<&str>)], now_ms: Option<u64>) -> ScriptCall {
-        match ScriptCall::one_rule(checks, now_ms) {
+        let rules: Vec<RuleArgs> = (checks.iter())
+            .map(|(c, id)| RuleArgs::new(c.rule, c.cost, id))
+            .collect();
+        ScriptCall::decide_args(checks, rules, now_ms)
+    }
+
+    /// The same decision at the state keys made for `checks` before
+    /// (`keys`, one per check, as [`ScriptCall::rule_keys`] gives them), so
+    /// that a request's key is made once however many calls it makes.
+    pub fn decide_at(
+        checks: &[(Check<'_>, Vec<&str>)],
+        keys: &[&str],
+        now_ms: Option<u64>,
+    ) -> ScriptCall {
+        let rules: Vec<RuleArgs> = (checks.iter().zip(keys))
+            .map(|((c, _), key)| RuleArgs::keyed(c.rule, c.cost, (*key).to_owned()))
+            .collect();
+        ScriptCall::decide_args(checks, rules, now_ms)
+    }
+
+    /// The decision over `checks`, whose arguments are `rules`.
+    fn decide_args(
+        checks: &[(Check<'_>, Vec<&str>)],
+        rules: Vec<RuleArgs>,
+        now_ms: Option<u64>,
+    ) -> ScriptCall {
+        match ScriptCall::one_rule(checks, &rules, now_ms) {
             Some(one) => ScriptCall::OneRule(one),
-            None => ScriptCall::Decide(General::new(checks, vec![], now_ms)),
+            None => ScriptCall::Decide(General::new(checks, rules, vec![], now_ms)),
         }
     }
 
@@ -356,15 +382,19 @@ impl ScriptCall {
 
     /// The one-rule path, where it decides the same as the general one: a
     /// lone rule on Redis's clock, with no penalty and nothing to refund.
-    fn one_rule(checks: &[(Check<'_>, Vec<&str>)], now_ms: Option<u64>) -> Option<OneRule> {
-        let (None, [(check, id)]) = (now_ms, checks) else {
+    fn one_rule(
+        checks: &[(Check<'_>, Vec<&str>)],
+        rules: &[RuleArgs],
+        now_ms: Option<u64>,
+    ) -> Option<OneRule> {
+        let (None, [(check, _)], [rule_args]) = (now_ms, checks, rules) else {
             return None;
         };
         let rule = check.rule;
         let plain = rule.count_status.is_empty() && rule.penalty_ms.is_none();
         let entry = algorithms::of(&rule.policy).one_rule_entry()?;
         plain.then(|| {
-            let rule_args = RuleArgs::new(rule, check.cost, id);
+            let rule_args = rule_args.clone();
             OneRule {
                 entry,
                 override_key: rule.overrides.then(|| override_key(&rule_args.key)),
@@ -510,18 +540,15 @@ impl ScriptCall {
 impl General {
     fn new(
         checks: &[(Check<'_>, Vec<&str>)],
+        args: Vec<RuleArgs>,
         leases: Vec<LeaseAsk>,
         now_ms: Option<u64>,
     ) -> General {
-        let rules: Vec<(RuleArgs, CallMode)> = checks
-            .iter()
-            .map(|(c, id)| {
+        let rules: Vec<(RuleArgs, CallMode)> = (checks.iter().zip(args))
+            .map(|((c, _), args)| {
                 let refundable =
                     !c.rule.count_status.is_empty() || c.rule.policy.algorithm().released();
-                (
-                    RuleArgs::new(c.rule, c.cost, id),
-                    CallMode::of(c.rule.mode, refundable),
-                )
+                (args, CallMode::of(c.rule.mode, refundable))
             })
             .collect();
         let penalties = checks
