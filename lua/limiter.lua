@@ -199,13 +199,15 @@ if string.find(modes, '[rq]') then
 end
 -- Only for the algorithms the call's rules use: an algorithm may build
 -- its steps when its first rule is read (concurrency.lua does).
-local used = {}
-for _, rule in ipairs(rules) do
-  used[rule.algorithm] = true
-end
-for _, step in ipairs(needs) do
-  for algorithm in pairs(used) do
-    algorithm.build(step)
+if #needs > 0 then
+  local used = {}
+  for _, rule in ipairs(rules) do
+    used[rule.algorithm] = true
+  end
+  for _, step in ipairs(needs) do
+    for algorithm in pairs(used) do
+      algorithm.build(step)
+    end
   end
 end
 

@@ -149,3 +149,39 @@ async fn an_in_flight_rule_is_decided_with_the_others_all_or_nothing() {
     assert!(!second.admitted());
     assert_eq!(decide(0).await.rules[0].remaining, 4);
 }
+
+#[tokio::test]
+async fn inspect_shows_the_slots_held_and_until_when() {
+    use edge_limiter::operator::inspect::inspect;
+    let b = Backend::start();
+    let rule = rules(
+        json!([{"name": "f", "key": ["header:x-k"], "algorithm": "concurrency",
+                             "limit": 3, "hold_for": "10s"}]),
+    )
+    .remove(0);
+    let none = inspect(&b.client, &rule, &["k-1"]).await.unwrap();
+    assert_eq!(none.slots_ms, Some(vec![]));
+    assert!(
+        none.render().contains("slots held: none"),
+        "{}",
+        none.render()
+    );
+    let d = b.decide(&[&rule], "k-1", 1, None).await;
+    mark(&d);
+    b.decide(&[&rule], "k-1", 1, None).await;
+    let two = inspect(&b.client, &rule, &["k-1"]).await.unwrap();
+    let slots = two.slots_ms.clone().unwrap();
+    assert_eq!(slots.len(), 2, "{two:?}");
+    assert!(
+        slots.iter().all(|ms| (9_000..=10_000).contains(ms)),
+        "{slots:?}"
+    );
+    assert_eq!(two.windows[0].remaining, 1);
+    assert!(
+        two.render()
+            .contains("slots held: 2, free when their responses end"),
+        "{}",
+        two.render()
+    );
+    assert_eq!(two.to_json()["slots_ms"].as_array().map(Vec::len), Some(2));
+}

@@ -287,6 +287,9 @@ pub struct ClientState {
     /// The client's own override, as its key holds it, when the rule takes
     /// overrides and the key holds one (or something that is none).
     pub overridden: Option<String>,
+    /// For an in-flight rule, each slot held: milliseconds until it is
+    /// free if its release never comes, soonest first.
+    pub slots_ms: Option<Vec<u64>>,
 }
 
 impl ClientState {
@@ -315,6 +318,16 @@ impl ClientState {
             Some(ms) => format!("  penalty: {ms} ms left\n"),
             None => "  penalty: none\n".to_owned(),
         });
+        if let Some(slots) = &self.slots_ms {
+            let until: Vec<String> = slots.iter().map(|ms| format!("{ms} ms")).collect();
+            out.push_str(&match slots.len() {
+                0 => "  slots held: none\n".to_owned(),
+                n => format!(
+                    "  slots held: {n}, free when their responses end, at the latest in {}\n",
+                    until.join(", ")
+                ),
+            });
+        }
         if let Some(o) = &self.overridden {
             out.push_str(&format!("  override: {o}\n"));
         }
@@ -334,6 +347,7 @@ impl ClientState {
                 "reset_after_ms": w.reset_after_ms,
             })).collect::<Vec<_>>(),
             "penalty_ms": self.penalty_ms,
+            "slots_ms": self.slots_ms,
             "override": self.overridden,
         })
     }
@@ -400,6 +414,10 @@ pub async fn inspect(
             .map(|ms| ms as u64),
         None => None,
     };
+    let slots_ms = match rule.policy.algorithm().released() {
+        true => Some(slots_held(client, &key).await?),
+        false => None,
+    };
     Ok(ClientState {
         rule: rule.name.clone(),
         client: id,
@@ -407,7 +425,28 @@ pub async fn inspect(
         windows,
         penalty_ms,
         overridden,
+        slots_ms,
     })
+}
+
+/// The in-flight slots `key` holds: milliseconds until each expires, on
+/// Redis's clock, soonest first (`lua/concurrency.lua` scores each slot by
+/// its expiry).
+async fn slots_held(client: &RestClient, key: &str) -> Result<Vec<u64>, InspectError> {
+    let time = client.command(&["TIME"]).await?;
+    let part = |i: usize| time[i].as_str().and_then(|t| t.parse::<u64>().ok());
+    let now_ms = match (part(0), part(1)) {
+        (Some(s), Some(us)) => s * 1000 + us / 1000,
+        _ => return Err(ScriptError::Reply(format!("TIME replied {time}")).into()),
+    };
+    let after = format!("({now_ms}");
+    let held = (client.command(&["ZRANGEBYSCORE", key, &after, "+inf", "WITHSCORES"])).await?;
+    let scores = held.as_array().map(Vec::as_slice).unwrap_or_default();
+    Ok(scores
+        .chunks(2)
+        .filter_map(|pair| pair.get(1)?.as_str()?.parse::<u64>().ok())
+        .map(|expiry| expiry.saturating_sub(now_ms))
+        .collect())
 }
 
 /// The rule-wide override in force for `rule`, when it takes overrides:
