@@ -201,7 +201,8 @@ struct Background {
 /// overrides read again (after a denial too, so that a cleared block
 /// reaches the isolate) at once, beside the origin's fetch; charges the
 /// origin's status does not count given back once it is known; then the
-/// stats, when due. `None` when there is nothing to do; otherwise where
+/// stats, when due; last, in-flight slots given back once the body has
+/// ended. `None` when there is nothing to do; otherwise where
 /// the status goes. A request whose origin fetch failed, or that was
 /// cancelled, keeps its charges: the origin may have acted on it.
 fn background(isolate: &Rc<Isolate>, ctx: &Rc<Context>, work: Background) -> Option<StatusSender> {
@@ -232,25 +233,28 @@ fn background(isolate: &Rc<Isolate>, ctx: &Rc<Context>, work: Background) -> Opt
             log(limiter.reread(&reread, now_ms).await);
             isolate.count(|s| s.reread(config, &reread, calls.take(), now_ms));
         }
-        if let Some(refund) = &refund {
-            let answered = status.await;
-            if let Some((status, _)) = &answered {
-                let now_ms = js_sys::Date::now() as u64;
-                log(limiter.refund(refund, *status, now_ms).await);
-                isolate.count(|s| s.refunded(config, refund, *status, calls.take(), now_ms));
-            }
-            if refund.releases(config) {
-                // The body's end, its client gone, or no response at all.
-                if let Some((_, Some(body_end))) = answered {
-                    let _ = JsFuture::from(body_end).await;
-                }
-                let now_ms = js_sys::Date::now() as u64;
-                log(limiter.release(refund, now_ms).await);
-                isolate.count(|s| s.released(config, refund, calls.take(), now_ms));
-            }
+        let answered = match &refund {
+            Some(_) => status.await,
+            None => None,
+        };
+        if let (Some(refund), Some((status, _))) = (&refund, &answered) {
+            let now_ms = js_sys::Date::now() as u64;
+            log(limiter.refund(refund, *status, now_ms).await);
+            isolate.count(|s| s.refunded(config, refund, *status, calls.take(), now_ms));
         }
         if let (Some(stats), Some(recorder)) = (stats, &isolate.stats) {
             log(write::flush(&isolate.client, config, recorder, stats).await);
+        }
+        // Last: a streamed body may take long to end, and nothing else
+        // waits for it.
+        if let Some(refund) = refund.as_ref().filter(|r| r.releases(config)) {
+            // The body's end, its client gone, or no response at all.
+            if let Some((_, Some(body_end))) = answered {
+                let _ = JsFuture::from(body_end).await;
+            }
+            let now_ms = js_sys::Date::now() as u64;
+            log(limiter.release(refund, now_ms).await);
+            isolate.count(|s| s.released(config, refund, calls.take(), now_ms));
         }
     });
     Some(sender)
