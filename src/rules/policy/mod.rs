@@ -1,8 +1,9 @@
 //! What a rule allows: one module per algorithm, each owning its figures,
 //! their checks, and every question the rest of the crate asks of them
-//! ([`Algorithm`]). Each figure is checked when it is built, so a [`Gcra`],
-//! [`Window`] or [`Windows`] that exists is one the script and the headers
-//! can represent exactly.
+//! ([`Algorithm`]), and reading them from a rule ([`Policy::read`]). Each
+//! figure is checked when it is built, so a [`Gcra`], [`Windows`] or
+//! [`Concurrency`] that exists is one the script and the headers can
+//! represent exactly.
 
 mod algorithm;
 mod concurrency;
@@ -25,7 +26,7 @@ struct Listed {
     read: fn(&Map<String, Value>) -> Result<Policy, FieldError>,
 }
 
-/// Every algorithm, one line each: the place a new one is added.
+/// Every algorithm, an entry each: the place a new one is added.
 static ALGORITHMS: [Listed; 3] = [
     Listed {
         written: &gcra::WRITTEN,
