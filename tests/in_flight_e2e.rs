@@ -2,7 +2,8 @@
 //! counting for itself, never holds more of a key's requests at once than
 //! the limit, through one instance or two on one Redis; a slot comes back
 //! when the body has been delivered, when the client hangs up and when the
-//! origin fetch fails.
+//! origin fetch fails; and one whose worker is killed mid-answer is free
+//! after `hold_for`.
 #![cfg(not(target_arch = "wasm32"))]
 
 mod support;
@@ -158,4 +159,50 @@ async fn a_slot_comes_back_on_hang_up_and_on_origin_failure() {
     assert!(failed.is_server_error(), "{failed}");
     settle(&stack, "/held/cut").await;
     assert_eq!(fetch_whole(&url, "198.51.100.10").await, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_slot_whose_release_never_comes_is_free_after_hold_for() {
+    let rules = IN_FLIGHT
+        .replace("limit = 4", "limit = 1")
+        .replace("\"30s\"", "\"2s\"");
+    let mut stack = Stack::builder(&rules).instances(2).start();
+    let doomed = stack.others.pop().expect("a second worker");
+    let ip = "198.51.100.11";
+    // The second worker takes the one slot for a slow answer, then is
+    // killed before the answer ends: nothing will ever release the slot.
+    let slow = support::http()
+        .get(format!("{}/held/evicted?drip=20000", doomed.url))
+        .header("CF-Connecting-IP", ip)
+        .send();
+    let slow = tokio::spawn(slow);
+    let url = format!("{}/held/evicted", stack.worker.url);
+    let at_origin = async {
+        while held(&stack, "/held/evicted").await.1 == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), at_origin)
+        .await
+        .expect("the slow request reaches the origin");
+    assert_eq!(fetch_whole(&url, ip).await, StatusCode::TOO_MANY_REQUESTS);
+    let taken = std::time::Instant::now();
+    drop(doomed);
+    let _ = slow.await;
+    // Denied until hold_for (2 s) has passed since the slot was taken,
+    // then admitted. The denial above is answered from memory for a
+    // second: a slot freed at the kill would show as about 1 s.
+    let back = async {
+        while fetch_whole(&url, ip).await != StatusCode::OK {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(6), back)
+        .await
+        .expect("the slot is free after hold_for");
+    let waited = taken.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1500),
+        "free after {waited:?}"
+    );
 }
