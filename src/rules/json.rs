@@ -190,11 +190,16 @@ impl Json {
     /// ([`canon::before_nul`]), a number as the integer it equals where
     /// it equals one ([`canon::number_or_uuid`]: `1.0`, `1e0` and `1` are
     /// `1`, as JavaScript and Python compare them), a boolean, object or
-    /// array as compact JSON. `null` counts as missing (`None`).
+    /// array as compact JSON. `null` counts as missing (`None`). An
+    /// integer beyond 2^53 counts as the double a JavaScript origin reads
+    /// it as: the ids it cannot tell apart are one client, never many.
     fn text_of(&self, at: usize) -> Option<Cow<'_, str>> {
+        const EXACT: u64 = 1 << 53;
         let number = match self.tape[at] {
             Token::Null => return None,
             Token::String(span) => return Some(Cow::Borrowed(canon::before_nul(self.str(span)))),
+            Token::Int(n) if n.unsigned_abs() > EXACT => Number::from_f64(n as f64)?,
+            Token::UInt(n) if n > EXACT => Number::from_f64(n as f64)?,
             Token::Int(n) => Number::from(n),
             Token::UInt(n) => Number::from(n),
             Token::Float(n) => Number::from_f64(n)?,
@@ -553,6 +558,26 @@ mod tests {
         assert_eq!(plain(&doc, "/zero").as_deref(), Some("0"));
         assert_eq!(plain(&doc, "/half").as_deref(), Some("1.5"));
         assert_eq!(plain(&doc, "/huge"), plain(&doc, "/huge_exp"));
+    }
+
+    #[test]
+    fn integers_beyond_2_53_count_as_the_double_javascript_reads() {
+        let doc = parse(
+            br#"{"a": 9007199254740993, "b": 9007199254740992, "c": 9007199254740991,
+                "d": 1000000000000000001, "e": 1000000000000000000, "f": -9007199254740993,
+                "g": 18446744073709551615, "s": "9007199254740993"}"#,
+        )
+        .unwrap();
+        // 2^53 + 1 is the double 2^53 in JavaScript: one client, not two.
+        assert_eq!(plain(&doc, "/a").as_deref(), Some("9007199254740992"));
+        assert_eq!(plain(&doc, "/a"), plain(&doc, "/b"));
+        assert_eq!(plain(&doc, "/c").as_deref(), Some("9007199254740991"));
+        assert_eq!(plain(&doc, "/d"), plain(&doc, "/e"));
+        assert_eq!(plain(&doc, "/f").as_deref(), Some("-9007199254740992"));
+        // Written as JavaScript's String() writes that double.
+        assert_eq!(plain(&doc, "/g").as_deref(), Some("18446744073709552000"));
+        // An id sent as a string stays exact.
+        assert_eq!(plain(&doc, "/s").as_deref(), Some("9007199254740993"));
     }
 
     #[test]
