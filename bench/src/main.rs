@@ -15,6 +15,7 @@ mod far;
 mod gc;
 mod hostile;
 mod hot;
+mod in_flight;
 mod load;
 mod peer;
 mod redis_side;
@@ -40,8 +41,8 @@ use crate::{
     load::{Shape, HOT_LIMIT},
     report::{
         Results, BARE_OURS, BARE_PASSTHROUGH, BARE_PEER, OURS, OURS_BASELINE, OURS_FAR,
-        OURS_FAR_BASELINE, OURS_HOSTILE, OURS_HOT, OURS_SHARED, OURS_UNMATCHED, PASSTHROUGH, PEER,
-        PEER_FAR, PEER_HOT,
+        OURS_FAR_BASELINE, OURS_HOSTILE, OURS_HOT, OURS_IN_FLIGHT, OURS_SHARED, OURS_UNMATCHED,
+        PASSTHROUGH, PEER, PEER_FAR, PEER_HOT,
     },
     stack::{copy, copy_build, repo, rest_vars, Origin, Worker, BUILD, TOKEN},
 };
@@ -58,7 +59,7 @@ usage: edge-limiter-bench [--quick] [--rounds N] [--seconds S] [--baseline DIR]
                another build of our worker (what scripts/build-worker leaves
                in build/, e.g. of an earlier commit), run beside this one
                under load: a change's before and after in one run
-  --parts LIST the parts to run, comma-separated (default 1,2,3,4,6,7,8; 2
+  --parts LIST the parts to run, comma-separated (default 1,2,3,4,6,7,8,9; 2
                also measures 5): '--parts 2 --baseline DIR --no-save' compares
                two builds under load in a few minutes, '--parts 8 --no-save'
                sends the hostile requests alone
@@ -76,7 +77,7 @@ struct Options {
     /// Requests of each hostile shape per measurement (part 8).
     hostile_batch: usize,
     /// Which parts run; index 0 is unused, 5 goes with 2.
-    parts: [bool; 9],
+    parts: [bool; 10],
     out: Option<PathBuf>,
 }
 
@@ -87,7 +88,7 @@ impl Options {
         SLICES.min(self.seconds).max(1)
     }
 
-    /// Whether `part` (1 to 8) is to run.
+    /// Whether `part` (1 to 9) is to run.
     fn runs(&self, part: usize) -> bool {
         self.parts[part]
     }
@@ -105,7 +106,7 @@ impl Options {
             far_clients: 200,
             baseline: None,
             hostile_batch: 60,
-            parts: [true; 9],
+            parts: [true; 10],
             out: Some(repo().join("bench/RESULTS.md")),
         };
         while let Some(arg) = args.next() {
@@ -145,14 +146,14 @@ impl Options {
 }
 
 /// `1,2,6` as the parts it names; 5 is measured with 2, so it names 2.
-fn parts(list: &str) -> Result<[bool; 9], String> {
-    let mut on = [false; 9];
+fn parts(list: &str) -> Result<[bool; 10], String> {
+    let mut on = [false; 10];
     for item in list.split(',') {
         match item.trim().parse::<usize>() {
-            Ok(n @ 1..=8) => on[if n == 5 { 2 } else { n }] = true,
+            Ok(n @ 1..=9) => on[if n == 5 { 2 } else { n }] = true,
             _ => {
                 return Err(format!(
-                    "--parts takes numbers 1 to 8, comma-separated, not {list:?}"
+                    "--parts takes numbers 1 to 9, comma-separated, not {list:?}"
                 ))
             }
         }
@@ -238,6 +239,9 @@ async fn run(o: &Options) -> Result<Results, String> {
     }
     if o.runs(8) {
         hostile_part(o, &b, &passthrough, &mut r).await?;
+    }
+    if o.runs(9) {
+        in_flight_part(&b, &mut r).await?;
     }
     drop(passthrough);
     let _ = std::fs::remove_dir_all(&b.scratch);
@@ -471,6 +475,25 @@ async fn hostile_part(
         rounds: o.load_rounds.clamp(1, 3) as usize,
     };
     r.hostile = hostile::run(&b.http, &ours, passthrough, &b.rest, settings).await?;
+    Ok(())
+}
+
+/// Part 9: requests in flight through ours, behind a proxy counting its
+/// REST requests.
+async fn in_flight_part(b: &Shared, r: &mut Results) -> Result<(), String> {
+    say("part 9: requests in flight");
+    let proxy = FaultProxy::start(b.endpoint.addr()).map_err(|e| format!("fault proxy: {e}"))?;
+    let dir = b.scratch.join(OURS_IN_FLIGHT);
+    copy_build(&b.built, &dir)?;
+    let ours = Worker::spawn(
+        OURS_IN_FLIGHT,
+        dir,
+        Path::new("build/worker/shim.mjs"),
+        &rest_vars(&proxy.url(), &b.origin.url),
+        &in_flight::rules(),
+    )?;
+    ours.ready(&b.http).await?;
+    r.in_flight = Some(in_flight::measure(&b.http, &ours, &proxy, &b.origin).await?);
     Ok(())
 }
 
@@ -895,7 +918,9 @@ mod tests {
         assert!(parse(&["--parts", "7"]).unwrap().runs(7));
         let alone = parse(&["--parts", "8"]).unwrap();
         assert!(alone.runs(8) && !alone.runs(2));
-        assert!(parse(&["--parts", "9"]).is_err());
+        let in_flight = parse(&["--parts", "9"]).unwrap();
+        assert!(in_flight.runs(9) && !in_flight.runs(8));
+        assert!(parse(&["--parts", "10"]).is_err());
         assert!(parse(&["--parts"]).is_err());
     }
 }

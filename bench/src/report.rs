@@ -8,6 +8,7 @@ use crate::{
     gc::Scavenges,
     hostile::{Hostile, MOST_TIMES_ORDINARY},
     hot::{self, Shared, Steady},
+    in_flight::{self, InFlight},
     load::{pooled_percentile, Run},
     redis_side::{
         Sample, FLOOR_CLOCK_RW, FLOOR_PTTL_SET, FLOOR_RW, GCRA_FRACTIONAL, GCRA_OVERRIDES,
@@ -61,6 +62,8 @@ pub struct Results {
     pub shared: Option<Shared>,
     /// Part 8.
     pub hostile: Hostile,
+    /// Part 9.
+    pub in_flight: Option<InFlight>,
     /// Part 4.
     pub wasm: Size,
     pub our_bundle: Option<Size>,
@@ -158,6 +161,8 @@ pub const PEER_HOT: &str = "peer-hot";
 pub const OURS_SHARED: &str = "ours-shared";
 /// Ours under rules that read every part of a request (part 8).
 pub const OURS_HOSTILE: &str = "ours-hostile";
+/// Ours under an in-flight rule, its REST requests counted (part 9).
+pub const OURS_IN_FLIGHT: &str = "ours-in-flight";
 /// The passthrough, ours and the peer again, each in a workerd of its own
 /// without wrangler (part 2).
 pub const BARE_PASSTHROUGH: &str = "bare-passthrough";
@@ -233,6 +238,7 @@ pub fn render(r: &Results) -> String {
         hot_rows(&r.hot, "7 hot key", false),
         shared_rows(r),
         hostile_rows(&r.hostile),
+        in_flight_rows(r.in_flight.as_ref()),
     ];
     for cells in parts.iter().flatten() {
         let _ = writeln!(out, "| {} |", cells.join(" | "));
@@ -847,6 +853,47 @@ fn hot_rows(runs: &[(&'static str, Vec<Steady>)], part: &str, far: bool) -> Vec<
     rows
 }
 
+/// Part 9: REST requests per request under an in-flight rule, and what
+/// the origin held at once of a client sending more than its limit.
+fn in_flight_rows(f: Option<&InFlight>) -> Vec<Row> {
+    let Some(f) = f else {
+        return vec![];
+    };
+    let part = "9 in flight";
+    vec![
+        row([
+            part,
+            &format!(
+                "REST requests per request, decisions and releases, {} clients at once ({} requests)",
+                in_flight::CLIENTS,
+                f.requests
+            ),
+            &format!("{:.2}", f.per_request()),
+            "- (no in-flight limit)",
+            "",
+            "<= 1.5",
+            met(Some(f.per_request() <= 1.5)),
+        ]),
+        row([
+            part,
+            &format!(
+                "a client's {} requests at once under a limit of {}: over the limit at the origin, most held at once",
+                f.crowd,
+                in_flight::LIMIT
+            ),
+            &format!(
+                "{} (held {})",
+                f.most_held.saturating_sub(in_flight::LIMIT),
+                f.most_held
+            ),
+            "-",
+            "",
+            "0",
+            met(Some(f.most_held <= in_flight::LIMIT)),
+        ]),
+    ]
+}
+
 /// Two of our workers on one Redis, one key above its limit.
 fn shared_rows(r: &Results) -> Vec<Row> {
     let Some(s) = &r.shared else {
@@ -1161,6 +1208,14 @@ fn far_parts_measured(r: &Results) -> String {
             far::PAGE,
             hot::RATE,
             hot::RATE
+        );
+    }
+    if r.in_flight.is_some() {
+        let _ = writeln!(
+            out,
+            "9. Ours alone (the peer has no in-flight limit) under `algorithm = \"concurrency\"`, limit {}, its REST endpoint behind a proxy that counts REST requests; every answer's body comes from the demo origin 20 ms after its headers (500 ms for the crowd below, so that its admitted requests overlap there). First {} clients at once, each sending its requests one after another, every one admitted: the REST requests they took, the releases after the responses included, per request (after a warm-up request per client). Then one client sending four times its limit at once: the most of its requests the demo origin, counting for itself, held at once.",
+            in_flight::LIMIT,
+            in_flight::CLIENTS
         );
     }
     if let Some(settings) = r.hostile.settings {
