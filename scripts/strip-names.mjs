@@ -2,24 +2,14 @@
 // names for stack traces): it is about a sixth of the gzipped bundle, which
 // has a size budget. The toolchain's producers and target features records
 // go too: no runtime reads them. Usage: node scripts/strip-names.mjs FILE.wasm
+import { leb as readLeb } from "./wasm-leb.mjs";
 import { readFileSync, writeFileSync } from "node:fs";
 
 const DROPPED = ["name", "producers", "target_features"];
 const file = process.argv[2];
 const wasm = readFileSync(file);
 
-// Reads an unsigned LEB128 number at `at`; returns it and where it ends.
-function leb(at) {
-  let value = 0;
-  let shift = 0;
-  let byte;
-  do {
-    byte = wasm[at++];
-    value += (byte & 0x7f) * 2 ** shift;
-    shift += 7;
-  } while (byte & 0x80);
-  return [value, at];
-}
+const leb = (at) => readLeb(wasm, at);
 
 const kept = [wasm.subarray(0, 8)]; // magic and version
 let at = 8;

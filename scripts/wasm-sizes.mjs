@@ -4,23 +4,14 @@
 // Reads a build made with its names: `KEEP_WASM_NAMES=1 scripts/build-worker`
 // (then `scripts/build-worker` again for the stripped one).
 // Usage: node scripts/wasm-sizes.mjs build/index_bg.wasm [ROWS]
+import { leb as readLeb } from "./wasm-leb.mjs";
 import { readFileSync } from "node:fs";
 import { deflateRawSync } from "node:zlib";
 
 const wasm = readFileSync(process.argv[2]);
 const rows = Number(process.argv[3] ?? 30);
 
-function leb(at) {
-  let value = 0;
-  let shift = 0;
-  let byte;
-  do {
-    byte = wasm[at++];
-    value += (byte & 0x7f) * 2 ** shift;
-    shift += 7;
-  } while (byte & 0x80);
-  return [value, at];
-}
+const leb = (at) => readLeb(wasm, at);
 
 // An import's kind decides how much follows its two names.
 function skipImport(at) {

@@ -150,6 +150,7 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
     isolate.log(&OnRequest(ctx.clone()), events);
     let releases = refund.as_ref().is_some_and(|r| r.releases(&isolate.config));
     let work = Background {
+        releases,
         refund,
         refresh,
         reread,
@@ -189,6 +190,8 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
 
 /// What a request leaves to do after its decision.
 struct Background {
+    /// Whether `refund` holds in-flight slots to give back at the body's end.
+    releases: bool,
     refund: Option<PendingRefund>,
     refresh: Option<LeaseRefresh>,
     reread: Vec<String>,
@@ -207,6 +210,7 @@ struct Background {
 /// cancelled, keeps its charges: the origin may have acted on it.
 fn background(isolate: &Rc<Isolate>, ctx: &Rc<Context>, work: Background) -> Option<StatusSender> {
     let Background {
+        releases,
         refund,
         refresh,
         reread,
@@ -247,7 +251,7 @@ fn background(isolate: &Rc<Isolate>, ctx: &Rc<Context>, work: Background) -> Opt
         }
         // Last: a streamed body may take long to end, and nothing else
         // waits for it.
-        if let Some(refund) = refund.as_ref().filter(|r| r.releases(config)) {
+        if let Some(refund) = refund.as_ref().filter(|_| releases) {
             // The body's end, its client gone, or no response at all.
             if let Some((_, Some(body_end))) = answered {
                 let _ = JsFuture::from(body_end).await;
