@@ -611,12 +611,10 @@ fn watched(
     let options = web_sys::StreamPipeOptions::new();
     options.set_signal(gone);
     let body_end = body.pipe_to_with_options(&pass.writable(), &options);
-    let copy = web_sys::Response::new_with_opt_readable_stream_and_init(
-        Some(&pass.readable()),
-        response.unchecked_ref::<web_sys::ResponseInit>(),
-    )?;
-    add_headers(&copy.headers(), headers)?;
-    Ok((copy, Some(body_end)))
+    Ok((
+        copied(&response, Some(&pass.readable()), headers)?,
+        Some(body_end),
+    ))
 }
 
 /// The origin's response with the limiter's headers added. A fetched
@@ -631,8 +629,18 @@ pub fn with_headers(
     if headers.is_empty() || response.status() == 101 {
         return Ok(response);
     }
+    copied(&response, response.body().as_ref(), headers)
+}
+
+/// `response` with `body` and the limiter's `headers` added, in one JS
+/// call (`new Response(body, response)`).
+fn copied(
+    response: &web_sys::Response,
+    body: Option<&web_sys::ReadableStream>,
+    headers: &[(String, String)],
+) -> Result<web_sys::Response> {
     let copy = web_sys::Response::new_with_opt_readable_stream_and_init(
-        response.body().as_ref(),
+        body,
         response.unchecked_ref::<web_sys::ResponseInit>(),
     )?;
     add_headers(&copy.headers(), headers)?;

@@ -81,7 +81,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         handled.events = events;
         handled.reread = reread;
         if let Outcome::Forward(Forward::Admitted(decided)) = &handled.outcome {
-            handled.refund = selection.pending_refund(&decided.decision, methods, &own.rule_keys());
+            handled.refund = selection.pending_refund(&decided.decision, methods, &own);
         }
         handled
     }

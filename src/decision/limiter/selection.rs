@@ -6,7 +6,10 @@
 use std::{borrow::Cow, time::Duration};
 
 use super::outcome::{PendingRefund, RefundRule, Refusal};
-use crate::decision::{outcomes::verdict::Decision, transport::protocol::Check};
+use crate::decision::{
+    outcomes::verdict::Decision,
+    transport::protocol::{Check, ScriptCall},
+};
 use crate::rules::{
     config::Config,
     request::RequestMeta,
@@ -60,13 +63,17 @@ impl<'c, P: AsRef<str>> Selection<'c, P> {
     /// What to give back after the response, if the status is not
     /// counted: the charges `decision` made of these rules, by its refund
     /// marks, at what a request for these (upper-case) methods costs, at
-    /// the `keys` its call made (one per rule); `None` when it made none.
+    /// the keys its `call` made (one per rule); `None` when it made none.
     pub fn pending_refund(
         &self,
         decision: &Decision,
         methods: &[String],
-        keys: &[&str],
+        call: &ScriptCall,
     ) -> Option<PendingRefund> {
+        if decision.refund_marks.is_empty() {
+            return None;
+        }
+        let keys = call.rule_keys();
         let rules: Vec<RefundRule> = decision
             .refund_marks
             .iter()
