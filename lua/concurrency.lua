@@ -111,6 +111,12 @@ if general then
           function concurrency.mark(write)
             return write.first
           end
+        elseif step == 'shift' then
+          -- A delayed request holds its slot while it waits: the slot
+          -- taken now stands.
+          function concurrency.shift()
+            return nil
+          end
         elseif step == 'grant' then
           -- Never asked: the configuration refuses leases on in-flight limits.
           function concurrency.grant()

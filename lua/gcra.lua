@@ -27,14 +27,16 @@
 --   KEYS  the rule's state, then the client's override key when the rule
 --         takes overrides (common.lua: with one stored, the general
 --         decision decides the call instead)
---   ARGV  'gcra', cost, interval (us), burst: the rule's arguments as a
---         general decision has them
+--   ARGV  'gcra', cost, interval (us), burst, max delay (ms, 0: none):
+--         the rule's arguments as a general decision has them
 -- Replies with one integer, cheaper than a table: how far the TAT lay ahead
 -- before the request (us), or -1 minus that when the request is denied;
--- the caller derives every header from it. Numbers go to redis.call as
+-- the caller derives every header from it, and a delay: an admitted
+-- request whose TAT then lies past the burst is served that much later. Numbers go to redis.call as
 -- '%d' text, which Redis converts for less than a Lua number.
 if op == 'gcra' and not overridden then
   local key, cost, interval_us, burst = KEYS[1], argv[2] + 0, argv[3] + 0, argv[4] + 0
+  local delay_us = argv[5] * 1000
   -- -2 (no key) and -1 (a key without expiry, which this script never
   -- writes) both come out negative: no state.
   local pttl = call('PTTL', key)
@@ -51,7 +53,10 @@ if op == 'gcra' and not overridden then
     ahead = 0
   end
   local after = ahead + cost * interval_us
-  if after > interval_us * burst then
+  -- Within the delay, the request is reserved at the instant it conforms:
+  -- charged now, so that no later request can take that instant.
+  local tolerance = interval_us * burst
+  if after > tolerance and (after > tolerance + delay_us or cost > burst or cost == 0) then
     return -1 - ahead
   end
   if cost > 0 then
@@ -77,7 +82,7 @@ local gcra = nil
 if general then
   -- Sized where it is made: each field then fills a slot, with no rehash.
   gcra = { read = false, commit = false, refund = false, decide = false, build = false, mark = false,
-    grant = false, apply = false }
+    grant = false, apply = false, shift = false }
   -- The call's clock in microseconds: the pinned one, or TIME read once,
   -- when a mark or a refund first needs it.
   local clock_us = now_us
@@ -90,10 +95,12 @@ if general then
   end
 
   -- A rule of `cost`, its figures read after its word and cost: interval
-  -- (us), burst; with how far its TAT lay ahead when last decided.
+  -- (us), burst, the longest delay (ms, 0: none); with how far its TAT lay
+  -- ahead when last decided.
   function gcra.read(cost)
-    local interval_us, burst = read(2)
-    return { algorithm = gcra, cost = cost, interval_us = interval_us + 0, burst = burst + 0, ahead_us = 0 }
+    local interval_us, burst, delay_ms = read(3)
+    return { algorithm = gcra, cost = cost, interval_us = interval_us + 0, burst = burst + 0,
+      delay_us = delay_ms * 1000, ahead_us = 0 }
   end
 
   -- How far the key's TAT lies ahead of now, microseconds (0: not at all).
@@ -165,7 +172,8 @@ if general then
     -- Returns the six reply fields: allowed (1/0), limit, remaining,
     -- reset_after, retry_after (milliseconds, rounded up; -1: never) and window
     -- (always 1); then the write if the whole request is admitted (nil:
-    -- nothing to write).
+    -- nothing to write); then, for a denial the rule's delay covers, how
+    -- long the request must wait to conform (us).
     function gcra.decide(rule, key, cost)
       local interval_us, burst = rule.interval_us, rule.burst
       local ahead_us = ahead_of(key, interval_us)
@@ -179,12 +187,16 @@ if general then
         end
         return 1, burst, math.floor((tolerance - after) / interval_us), math.ceil(after / 1000), 0, 1, write
       end
-      local retry_after = -1 -- more than a fresh key could ever admit: no wait helps
+      local retry_after, wait_us = -1, nil -- more than a fresh key could ever admit: no wait helps
       if cost <= burst then
         -- The earliest instant at which the request fits the tolerance.
         retry_after = math.ceil((after - tolerance) / 1000)
+        if cost > 0 and after - tolerance <= rule.delay_us then
+          wait_us = after - tolerance
+        end
       end
-      return 0, burst, math.floor((tolerance - ahead_us) / interval_us), math.ceil(ahead_us / 1000), retry_after, 1, nil
+      return 0, burst, math.floor((tolerance - ahead_us) / interval_us), math.ceil(ahead_us / 1000), retry_after, 1,
+        nil, wait_us
     end
 
     -- The steps only some calls need, each built when limiter.lua asks
@@ -194,6 +206,20 @@ if general then
         -- A charge's refund mark: the TAT it left, on the call's clock (us).
         function gcra.mark(ahead_us)
           return clock() + ahead_us
+        end
+      elseif step == 'shift' then
+        -- The request of `cost` decided into `o`, accounted as arriving
+        -- `later_us` from now, where the worker forwards it; `wait_us` is
+        -- this rule's own wait, if it needs one (it may exceed later_us in
+        -- a shadow rule). Returns the write that charges it.
+        function gcra.shift(rule, o, cost, later_us, wait_us)
+          local interval_us = rule.interval_us
+          local write = math.max(rule.ahead_us, later_us) + cost * interval_us
+          local arrives_us = math.max(later_us, wait_us or 0)
+          o.allowed, o.retry_after = 1, math.ceil((wait_us or 0) / 1000)
+          o.remaining = math.floor((interval_us * rule.burst - write + arrives_us) / interval_us)
+          o.reset_after = math.ceil(write / 1000)
+          return write
         end
       elseif step == 'grant' then
         -- A lease of at most lease.units for the admitted request decided at

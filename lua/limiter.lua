@@ -19,7 +19,7 @@
 --
 -- A rule's arguments, the same in every call that carries rules: its
 -- algorithm's word, its cost, then its figures, which the algorithm reads:
---   'gcra',   cost, interval (us), burst
+--   'gcra',   cost, interval (us), burst, max delay (ms, 0: none)
 --   'window', cost, offset (ms), n, then n x (duration, limit, precision) (ms)
 --   'concurrency', cost, limit, hold (ms)
 -- A lone rule's call is its arguments alone.
@@ -31,7 +31,9 @@
 --                                 from the arguments (`read`), and of
 --                                 `algorithm`, these steps
 --   decide(rule, key, cost)       the six reply fields and the write an
---                                 admission makes (nil: none); cost 0 peeks
+--                                 admission makes (nil: none); cost 0 peeks;
+--                                 for a denial the rule's delay covers, the
+--                                 wait (us) after which it would conform
 --   commit(key, write)            that write
 --   refund(rule, key, mark)       1 if a charge was given back
 -- and, once build(step) has made them, for the calls that need them:
@@ -41,6 +43,11 @@
 --                                 units (0: none), ms, and the write then
 --   apply(rule, text)             whether text is an override of the rule;
 --                                 if so, its figures in force
+--   shift(rule, o, cost, later, wait)
+--                                 the request accounted as arriving later
+--                                 (us) and its outcome o then: the write
+--                                 that charges it (nil: decide's stands);
+--                                 an algorithm without it cannot delay
 --
 -- The general decision:
 -- KEYS[i]   state of rule i (all under one hash tag when run on a cluster);
@@ -69,7 +76,8 @@
 --
 -- Reply: six integers per rule, in KEYS order: allowed (1/0), limit,
 -- remaining, reset_after, retry_after (milliseconds; -1: never, the cost
--- exceeds the limit) and the 1-based binding window. With penalties, one
+-- exceeds the limit; for an admitted rule, how long the request waits
+-- before it conforms, 0 for not at all) and the 1-based binding window. With penalties, one
 -- more integer: the sum of 2^(i-1) over the rules i whose penalty this call
 -- started. Then one refund mark per 'r' or 'q' rule, in KEYS order (0: it
 -- was not charged): for GCRA the TAT the charge left (us, on the call's
@@ -251,9 +259,9 @@ if #overrides > 0 then
   end
 end
 
--- Per rule, from the last decision: its six reply fields, named, and
--- what its admission writes.
-local outcomes, writes = {}, {}
+-- Per rule, from the last decision: its six reply fields, named, what
+-- its admission writes, and the wait its delay covers (us, nil: none).
+local outcomes, writes, waits = {}, {}, {}
 
 -- Decides every rule at the costs `cost_of` into outcomes[i] and
 -- writes[i], or, when peeking, at cost 0 and only the rules that admitted
@@ -282,8 +290,11 @@ local function decide(cost_of, peek)
         cost = cost_of[i]
       end
       local o = {}
-      o.allowed, o.limit, o.remaining, o.reset_after, o.retry_after, o.window, writes[i] =
+      o.allowed, o.limit, o.remaining, o.reset_after, o.retry_after, o.window, writes[i], waits[i] =
         rule.algorithm.decide(rule, KEYS[i], cost)
+      if left ~= 0 then
+        waits[i] = nil
+      end
       if left > 0 then
         o.allowed, o.retry_after, writes[i] = 0, left, nil
         o.reset_after = math.max(o.reset_after, left)
@@ -300,12 +311,55 @@ local function decide(cost_of, peek)
   return denied
 end
 
+-- How long the request must wait before every enforced rule admits it
+-- (us): 0 when it need not, or cannot because a denial is beyond its
+-- rule's delay or a rule cannot count it later (a window's buckets).
+local function delay()
+  local later = 0
+  for i, rule in ipairs(rules) do
+    local mode = string.byte(modes, i)
+    if outcomes[i].allowed == 0 and (mode == ENFORCE or mode == REFUNDABLE) then
+      if not waits[i] then
+        return 0
+      end
+      later = math.max(later, waits[i])
+    end
+  end
+  for _, rule in ipairs(rules) do
+    if not rule.algorithm.shift then
+      rule.algorithm.build('shift')
+      if not rule.algorithm.shift then
+        return 0
+      end
+    end
+  end
+  return later
+end
+
 -- Each request in turn: one, or a group's, each decided as if it came
 -- after the one before at the same instant, so that each sees what those
 -- before it charged.
 local reply, granted = {}, {}
 for request, cost_of in ipairs(costs) do
   local denied = decide(cost_of, false)
+  -- A request every enforced rule admits within its delay is reserved at
+  -- the instant it conforms: every rule counts it arriving then, where the
+  -- worker forwards it. A shadow rule's wait reserves its own instant.
+  local later = 0
+  if denied then
+    later = delay()
+    denied = later == 0
+  end
+  if not denied then
+    for i, rule in ipairs(rules) do
+      if waits[i] or (later > 0 and outcomes[i].allowed == 1) then
+        if not rule.algorithm.shift then
+          rule.algorithm.build('shift')
+        end
+        writes[i] = rule.algorithm.shift(rule, outcomes[i], cost_of[i], later, waits[i]) or writes[i]
+      end
+    end
+  end
   if denied then
     -- Nothing is consumed anywhere: report the admitting rules as they stand.
     decide(cost_of, true)
@@ -313,7 +367,7 @@ for request, cost_of in ipairs(costs) do
     -- A group asks for its leases with its last request: each charged
     -- with it, only when it is admitted, at most half of what the rule
     -- has left after it.
-    if request == #costs then
+    if request == #costs and later == 0 then
       for j, lease in ipairs(leases) do
         local i = lease.rule
         local units, ms, write = 0, 0, nil

@@ -299,7 +299,7 @@ async fn edges_with_skewed_clocks_agree_because_redis_keeps_time() {
     let call = ScriptCall::decide(&checks, None);
     assert_eq!(
         call.args(),
-        ["gcra", "1", "6000000", "5"],
+        ["gcra", "1", "6000000", "5", "0"],
         "no clock is sent"
     );
     b.decide(&[&rs[0]], "skew", 1, None).await;

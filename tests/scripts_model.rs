@@ -31,9 +31,15 @@ use proptest::{prelude::*, test_runner::TestCaseError};
 use serde_json::{json, Value};
 use support::{Backend, BUDGET, TOKEN};
 
+/// GCRA rules, some of which delay a request instead of denying it.
 fn gcra() -> impl Strategy<Value = Policy> {
-    (1u64..6, 50u64..3000, 1u64..6).prop_map(|(rate, period_ms, burst)| {
-        Policy::Gcra(Gcra::new(rate, period_ms, burst).unwrap())
+    let delay = prop_oneof![Just(0u64), 1u64..3000];
+    (1u64..6, 50u64..3000, 1u64..6, delay).prop_map(|(rate, period_ms, burst, delay_ms)| {
+        Policy::Gcra(
+            Gcra::new(rate, period_ms, burst)
+                .unwrap()
+                .delaying(delay_ms),
+        )
     })
 }
 
@@ -545,8 +551,13 @@ thread_local! {
 /// move them; GCRA intervals include ones that are no whole millisecond
 /// (the remainder stored beside the expiry).
 fn fast_gcra() -> impl Strategy<Value = Policy> {
-    (1u64..4, 30u64..300, 1u64..5).prop_map(|(rate, period_ms, burst)| {
-        Policy::Gcra(Gcra::new(rate, period_ms, burst).unwrap())
+    let delay = prop_oneof![Just(0u64), 1u64..300];
+    (1u64..4, 30u64..300, 1u64..5, delay).prop_map(|(rate, period_ms, burst, delay_ms)| {
+        Policy::Gcra(
+            Gcra::new(rate, period_ms, burst)
+                .unwrap()
+                .delaying(delay_ms),
+        )
     })
 }
 

@@ -325,7 +325,8 @@ fn the_command_prints_tables_json_and_clear_errors() {
     assert_eq!(
         report["rules"]["g"],
         json!({"mode": "enforce", "matched": 4, "admitted": 3, "denied": 1, "denied_by_other_rules": 0,
-               "shadow_would_deny": 0, "refused": 0, "penalties_started": 0})
+               "shadow_would_deny": 0, "refused": 0, "penalties_started": 0,
+               "delayed": 0, "delayed_ms": 0})
     );
     assert_eq!(report["unreadable"]["count"], json!(1));
     assert_eq!(report["unreadable"]["first"][0]["line"], json!(6));

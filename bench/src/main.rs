@@ -11,6 +11,7 @@
 
 mod bare;
 mod cpu;
+mod delayed;
 mod far;
 mod gc;
 mod hostile;
@@ -479,7 +480,7 @@ async fn hostile_part(
 }
 
 /// Part 9: requests in flight through ours, behind a proxy counting its
-/// REST requests.
+/// REST requests; then requests that wait instead of a 429.
 async fn in_flight_part(b: &Shared, r: &mut Results) -> Result<(), String> {
     say("part 9: requests in flight");
     let proxy = FaultProxy::start(b.endpoint.addr()).map_err(|e| format!("fault proxy: {e}"))?;
@@ -490,10 +491,11 @@ async fn in_flight_part(b: &Shared, r: &mut Results) -> Result<(), String> {
         dir,
         Path::new("build/worker/shim.mjs"),
         &rest_vars(&proxy.url(), &b.origin.url),
-        &in_flight::rules(),
+        &(in_flight::rules() + &delayed::rule()),
     )?;
     ours.ready(&b.http).await?;
     r.in_flight = Some(in_flight::measure(&b.http, &ours, &proxy, &b.origin).await?);
+    r.delayed = Some(delayed::measure(&b.http, &ours, &b.origin).await?);
     Ok(())
 }
 

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::{
+    delayed::{self, Delayed},
     far::{self, Situation},
     gc::Scavenges,
     hostile::{Hostile, MOST_TIMES_ORDINARY},
@@ -64,6 +65,8 @@ pub struct Results {
     pub hostile: Hostile,
     /// Part 9.
     pub in_flight: Option<InFlight>,
+    /// Part 9, the wait instead of 429.
+    pub delayed: Option<Delayed>,
     /// Part 4.
     pub wasm: Size,
     pub our_bundle: Option<Size>,
@@ -239,6 +242,7 @@ pub fn render(r: &Results) -> String {
         shared_rows(r),
         hostile_rows(&r.hostile),
         in_flight_rows(r.in_flight.as_ref()),
+        delayed_rows(r.delayed.as_ref()),
     ];
     for cells in parts.iter().flatten() {
         let _ = writeln!(out, "| {} |", cells.join(" | "));
@@ -894,6 +898,44 @@ fn in_flight_rows(f: Option<&InFlight>) -> Vec<Row> {
     ]
 }
 
+/// Part 9, the wait: the CPU of a delayed request against an admitted
+/// one's, and what the origin saw early of a client over the wait.
+fn delayed_rows(d: Option<&Delayed>) -> Vec<Row> {
+    let Some(d) = d else {
+        return vec![];
+    };
+    let part = "9 delay";
+    vec![
+        row([
+            part,
+            &format!(
+                "workerd CPU of a delayed request against an admitted one, ms ({} of {} pairs waited)",
+                d.waited,
+                delayed::BATCH
+            ),
+            &format!("{:.3} / {:.3}", d.delayed_cpu_ms, d.admitted_cpu_ms),
+            "- (`blockUntilReady` waits in the client)",
+            &format!("{:.2}", d.ratio()),
+            "",
+            "",
+        ]),
+        row([
+            part,
+            &format!(
+                "a client's {} requests at once, one per {} ms: arrivals early at the origin by more than {} ms (admitted)",
+                delayed::CROWD,
+                delayed::INTERVAL_MS,
+                delayed::SLACK_MS
+            ),
+            &format!("{} ({})", d.early, d.crowd_admitted),
+            "-",
+            "",
+            "0",
+            met(Some(d.early == 0)),
+        ]),
+    ]
+}
+
 /// Two of our workers on one Redis, one key above its limit.
 fn shared_rows(r: &Results) -> Vec<Row> {
     let Some(s) = &r.shared else {
@@ -1213,9 +1255,14 @@ fn far_parts_measured(r: &Results) -> String {
     if r.in_flight.is_some() {
         let _ = writeln!(
             out,
-            "9. Ours alone (the peer has no in-flight limit) under `algorithm = \"concurrency\"`, limit {}, its REST endpoint behind a proxy that counts REST requests; every answer's body comes from the demo origin 20 ms after its headers (500 ms for the crowd below, so that its admitted requests overlap there). First {} clients at once, each sending its requests one after another, every one admitted: the REST requests they took, the releases after the responses included, per request (after a warm-up request per client). Then one client sending four times its limit at once: the most of its requests the demo origin, counting for itself, held at once.",
+            "9. Ours alone (the peer has no in-flight limit) under `algorithm = \"concurrency\"`, limit {}, its REST endpoint behind a proxy that counts REST requests; every answer's body comes from the demo origin 20 ms after its headers (500 ms for the crowd below, so that its admitted requests overlap there). First {} clients at once, each sending its requests one after another, every one admitted: the REST requests they took, the releases after the responses included, per request (after a warm-up request per client). Then one client sending four times its limit at once: the most of its requests the demo origin, counting for itself, held at once. The same worker holds a GCRA rule of one request per {} ms, burst 1, `on_limit = \"delay\"` with `max_delay = 1s`: {} fresh clients each send one request (admitted at once), {} others each two at once (one of them waits about an interval); the delayed request's CPU is a pair's user + system time of the worker's own workerd less a single request's. Then one client sends {} at once: the demo origin's arrival times, by its own clock, held to the rule by GCRA's virtual scheduling, an arrival counting as early past {} ms of slack.",
             in_flight::LIMIT,
-            in_flight::CLIENTS
+            in_flight::CLIENTS,
+            delayed::INTERVAL_MS,
+            delayed::BATCH,
+            delayed::BATCH,
+            delayed::CROWD,
+            delayed::SLACK_MS
         );
     }
     if let Some(settings) = r.hostile.settings {

@@ -169,7 +169,12 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
             body,
             headers,
         } => (respond(status, &content_type, &body, &headers)?, status),
-        Response::Forward { headers } => {
+        Response::Forward { headers, after_ms } => {
+            if after_ms > 0 {
+                // A timer, so the wait spends no CPU; the instant was
+                // reserved in Redis, so nothing else can take it meanwhile.
+                JsPause.until(JsPause.now_ms() + after_ms, None).await;
+            }
             let response = forward(&req, &url, isolate.origin.as_deref()).await?;
             let status = response.status();
             let (response, body_end) = match releases {

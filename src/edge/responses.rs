@@ -32,6 +32,9 @@ pub enum Response {
     Forward {
         /// Headers to add.
         headers: Vec<(String, String)>,
+        /// Milliseconds to wait first: the instant a delaying rule
+        /// reserved for it (0: none).
+        after_ms: u64,
     },
     /// Answer it here; the origin never sees it.
     Answer {
@@ -50,7 +53,7 @@ impl Response {
     /// The headers this response carries or adds.
     pub fn headers(&self) -> &[(String, String)] {
         match self {
-            Response::Forward { headers } | Response::Answer { headers, .. } => headers,
+            Response::Forward { headers, .. } | Response::Answer { headers, .. } => headers,
         }
     }
 }
@@ -61,12 +64,17 @@ pub fn render(outcome: &Outcome<'_>, config: &Config) -> Response {
         x_ratelimit: config.x_ratelimit_headers,
     };
     match outcome {
-        Outcome::Forward(Forward::Unlimited) => Response::Forward { headers: vec![] },
+        Outcome::Forward(Forward::Unlimited) => Response::Forward {
+            headers: vec![],
+            after_ms: 0,
+        },
         Outcome::Forward(Forward::Admitted(decided)) => Response::Forward {
             headers: for_decision(&decided.rules, &decided.decision, style),
+            after_ms: decided.decision.delay_ms(),
         },
         Outcome::Forward(Forward::Bypassed) => Response::Forward {
             headers: vec![(BYPASS_HEADER.to_owned(), "redis-unavailable".to_owned())],
+            after_ms: 0,
         },
         Outcome::Deny(decided) => denial(decided, style),
         Outcome::Refuse { rule, ambiguous } => refusal(rule, ambiguous),
@@ -325,7 +333,10 @@ mod tests {
     fn admitted_requests_get_policy_and_state() {
         let rs = rules();
         let d = Decision {
-            verdict: RequestVerdict::Admitted { tightest: 1 },
+            verdict: RequestVerdict::Admitted {
+                tightest: 1,
+                delay_ms: 0,
+            },
             penalties_started: vec![],
             refund_marks: vec![],
             grants: vec![],

@@ -774,7 +774,7 @@ mod tests {
             ),
             (
                 json!({"name": "a", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1s", "windows": []}),
-                "rule `a`, field `windows`: belongs to algorithm \"windowed\"; GCRA takes rate, period and burst",
+                "rule `a`, field `windows`: belongs to algorithm \"windowed\"; GCRA takes rate, period, burst, on_limit and max_delay",
             ),
             (
                 json!({"name": "a", "key": ["ip"], "algorithm": "windowed", "burst": 2, "windows": [["1s", 5, "1s"]]}),
@@ -786,7 +786,7 @@ mod tests {
             ),
             (
                 json!({"name": "a", "key": ["ip"], "algorithm": "gcra", "rat": 1}),
-                "rule `a`, field `(rule)`: unknown field `rat`, expected one of `name`, `key`, `fold`, `algorithm`, `rate`, `period`, `burst`, `windows`, `limit`, `hold_for`, `host`",
+                "rule `a`, field `(rule)`: unknown field `rat`, expected one of `name`, `key`, `fold`, `algorithm`, `rate`, `period`, `burst`, `on_limit`, `max_delay`, `windows`, `limit`, `hold_for`, `host`",
             ),
             (json!({"key": ["ip"]}), "rule `#1`"),
         ];
@@ -947,6 +947,54 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("field `limit`: is required"));
+    }
+
+    #[test]
+    fn a_delaying_rule_is_gcra_only_leases_nothing_and_waits_at_most_30s() {
+        let rule = |extra: Value| {
+            let mut r = json!({"name": "d", "key": ["ip"], "algorithm": "gcra", "rate": 5,
+                "period": "1s", "on_limit": "delay"});
+            r.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            one_rule(r)
+        };
+        let delayed = |c: Config| c.rules[0].policy.algorithm().max_delay_ms();
+        assert_eq!(delayed(rule(json!({})).unwrap()), 1000, "the default");
+        assert_eq!(delayed(rule(json!({"max_delay": "30s"})).unwrap()), 30_000);
+        assert_eq!(delayed(rule(json!({"on_limit": "deny"})).unwrap()), 0);
+        for (extra, says) in [
+            (
+                json!({"max_delay": "31s"}),
+                "field `max_delay`: must be between 1ms and 30s",
+            ),
+            (
+                json!({"max_delay": 0}),
+                "field `max_delay`: must be longer than zero",
+            ),
+            (
+                json!({"on_limit": "deny", "max_delay": "1s"}),
+                "field `max_delay`: needs `on_limit = \"delay\"`",
+            ),
+            (
+                json!({"on_limit": "queue"}),
+                "field `on_limit`: `queue` is neither",
+            ),
+            (
+                json!({"lease": 2}),
+                "field `lease`: a delaying rule reserves",
+            ),
+        ] {
+            let e = rule(extra.clone()).unwrap_err().to_string();
+            assert!(e.contains(says), "{extra}: {e}");
+        }
+        let windowed = json!({"name": "w", "key": ["ip"], "algorithm": "windowed",
+            "windows": [["1m", 10, "1s"]], "on_limit": "delay"});
+        let e = one_rule(windowed).unwrap_err().to_string();
+        assert!(
+            e.contains("field `on_limit`: a windowed rule cannot delay exactly"),
+            "{e}"
+        );
     }
 
     #[test]

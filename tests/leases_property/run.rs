@@ -608,6 +608,8 @@ fn costs_of(args: &[String], rules: usize) -> Vec<Vec<u64>> {
         first.push(number(at + 1));
         at += match args.get(at).map(String::as_str) {
             Some("window") => 4 + 3 * number(at + 3) as usize,
+            // Its word, cost, interval, burst and delay.
+            Some("gcra") => 5,
             _ => 4,
         };
     }

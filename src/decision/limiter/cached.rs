@@ -23,11 +23,23 @@ impl<'c, S> Limiter<'c, '_, S> {
         Some(decided(checks, own, decision))
     }
 
-    /// Keeps `decision`, made at `now_ms` for the call of `signature`,
-    /// while it denies (the cache keeps nothing else).
-    pub(super) fn remember(&self, signature: String, decision: &Decision, now_ms: u64) {
+    /// Keeps `decision` on `checks`, made at `now_ms` for the call of
+    /// `signature`, while it denies (the cache keeps nothing else) and no
+    /// delaying rule could admit the request by waiting.
+    pub(super) fn remember(
+        &self,
+        checks: &[(Check<'c>, Vec<&str>)],
+        signature: String,
+        decision: &Decision,
+        now_ms: u64,
+    ) {
+        let early_ms = checks
+            .iter()
+            .map(|(c, _)| c.rule.policy.algorithm().max_delay_ms())
+            .max()
+            .unwrap_or(0);
         self.cache
             .borrow_mut()
-            .remember(signature, decision, now_ms);
+            .remember(signature, decision, now_ms, early_ms);
     }
 }

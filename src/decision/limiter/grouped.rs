@@ -47,7 +47,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             Woken::Done(result, shared) => {
                 let mut handled = match result {
                     Ok(decision) => {
-                        self.remember(signature, &decision, now_ms);
+                        self.remember(checks, signature, &decision, now_ms);
                         decided(checks, own, decision)
                     }
                     Err(error) => failed(checks, own, &error),
@@ -213,12 +213,12 @@ mod tests {
         assert_eq!(sent.len(), 2, "{sent:?}");
         assert_eq!(
             sent[0],
-            ["gcra", "1", "200000", "5"],
+            ["gcra", "1", "200000", "5", "0"],
             "the first alone, at once"
         );
         assert_eq!(
             sent[1],
-            ["group", "", "e", "gcra", "1", "200000", "5", "costs", "2", "1", "1"]
+            ["group", "", "e", "gcra", "1", "200000", "5", "0", "costs", "2", "1", "1"]
         );
         let shared: Vec<Option<SharedCall>> = out.iter().map(|h| h.shared).collect();
         let of = |place, sent| {

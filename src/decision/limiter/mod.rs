@@ -193,7 +193,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                 if let Some(group) = group {
                     group.deliver(others.into_iter().map(Ok));
                 }
-                self.remember(signature, &mine, now_ms);
+                self.remember(checks, signature, &mine, now_ms);
                 decided(checks, own, mine)
             }
             Err(error) => {
@@ -467,7 +467,10 @@ mod tests {
         };
         assert_eq!(
             decided.decision.verdict,
-            RequestVerdict::Admitted { tightest: 1 }
+            RequestVerdict::Admitted {
+                tightest: 1,
+                delay_ms: 0
+            }
         );
         assert_eq!(
             decided.decision.rules[1].retry(),
@@ -618,6 +621,7 @@ mod tests {
                     "1",
                     "180000000",
                     "5",
+                    "0",
                     "1795169160000000"
                 ]
                 .map(String::from)[..],

@@ -7,10 +7,11 @@ use std::collections::HashMap;
 use crate::decision::outcomes::verdict::{Decision, RequestVerdict, Retry, Verdict};
 
 /// Denied requests, keyed by everything that decided them (keys, costs,
-/// policies), with the instant they were decided.
+/// policies), with the instant they were decided and the instant they stop
+/// being answered from memory.
 #[derive(Debug)]
 pub struct BlockCache {
-    entries: HashMap<String, (u64, Decision)>,
+    entries: HashMap<String, (u64, u64, Decision)>,
     /// How long a denial is answered from memory before Redis is asked
     /// again, however long it lasts: an `edge-limiter reset` (or a limit
     /// raised by a deploy) then reaches every isolate within this.
@@ -45,9 +46,9 @@ impl BlockCache {
     /// The denial for `signature` if it still holds at `now_ms`, with every
     /// time in it moved on by the time since it was made.
     pub fn lookup(&mut self, signature: &str, now_ms: u64) -> Option<Decision> {
-        let (decided_at, decision) = self.entries.get(signature)?;
+        let (decided_at, until, decision) = self.entries.get(signature)?;
         let elapsed = now_ms.saturating_sub(*decided_at);
-        if elapsed >= held_for(self.hold_ms, decision) {
+        if now_ms >= *until {
             self.entries.remove(signature);
             return None;
         }
@@ -66,22 +67,24 @@ impl BlockCache {
         Some(d)
     }
 
-    /// Remembers a denial made at `now_ms` that lasts.
-    pub fn remember(&mut self, signature: String, decision: &Decision, now_ms: u64) {
-        if held_for(self.hold_ms, decision) == 0 {
+    /// Remembers a denial made at `now_ms` that lasts, until `early_ms`
+    /// before it ends: a delaying rule admits the request that much early.
+    pub fn remember(&mut self, signature: String, decision: &Decision, now_ms: u64, early_ms: u64) {
+        let held = held_for(self.hold_ms, decision);
+        if held <= early_ms {
             return;
         }
         if self.entries.len() >= CAPACITY {
-            let hold = self.hold_ms;
-            self.entries
-                .retain(|_, (at, d)| now_ms.saturating_sub(*at) < held_for(hold, d));
+            self.entries.retain(|_, (_, until, _)| now_ms < *until);
             if self.entries.len() >= CAPACITY {
                 // Still full of live denials: forget them all rather than
                 // grow; each costs one more round trip at worst.
                 self.entries.clear();
             }
         }
-        self.entries.insert(signature, (now_ms, decision.clone()));
+        let until = now_ms + (held - early_ms);
+        self.entries
+            .insert(signature, (now_ms, until, decision.clone()));
     }
 
     /// Entries held now.
@@ -123,7 +126,7 @@ mod tests {
     #[test]
     fn a_denial_is_served_until_it_ends_with_times_moving_on() {
         let mut c = BlockCache::new(HOLD);
-        c.remember("k".into(), &denied(1000), 10_000);
+        c.remember("k".into(), &denied(1000), 10_000, 0);
         let d = c.lookup("k", 10_400).unwrap();
         assert_eq!(d.wait_ms(), Some(600));
         assert_eq!(d.rules[0].reset_after_ms, 2600);
@@ -140,7 +143,7 @@ mod tests {
     #[test]
     fn a_long_denial_is_asked_of_redis_again_after_the_hold() {
         let mut c = BlockCache::new(HOLD);
-        c.remember("k".into(), &denied(86_400_000), 0);
+        c.remember("k".into(), &denied(86_400_000), 0, 0);
         let d = c.lookup("k", HOLD - 1).unwrap();
         assert_eq!(d.wait_ms(), Some(86_400_000 - HOLD + 1));
         assert_eq!(c.lookup("k", HOLD), None, "a reset shows by now");
@@ -153,9 +156,13 @@ mod tests {
         c.remember(
             "a".into(),
             &Decision {
-                verdict: RequestVerdict::Admitted { tightest: 0 },
+                verdict: RequestVerdict::Admitted {
+                    tightest: 0,
+                    delay_ms: 0,
+                },
                 ..denied(0)
             },
+            0,
             0,
         );
         assert!(c.is_empty());
@@ -166,7 +173,7 @@ mod tests {
             },
             ..denied(0)
         };
-        c.remember("n".into(), &never, 0);
+        c.remember("n".into(), &never, 0, 0);
         let d = c
             .lookup("n", HOLD - 1)
             .expect("a block without end is held");
@@ -178,15 +185,15 @@ mod tests {
     fn the_cache_is_bounded() {
         let mut c = BlockCache::new(HOLD);
         for i in 0..CAPACITY + 10 {
-            c.remember(format!("client-{i}"), &denied(60_000), 0);
+            c.remember(format!("client-{i}"), &denied(60_000), 0, 0);
         }
         assert!(c.len() <= CAPACITY);
         // Expired entries make room first.
         let mut c = BlockCache::new(HOLD);
         for i in 0..CAPACITY {
-            c.remember(format!("old-{i}"), &denied(10), 0);
+            c.remember(format!("old-{i}"), &denied(10), 0, 0);
         }
-        c.remember("new".into(), &denied(10), 1000);
+        c.remember("new".into(), &denied(10), 1000, 0);
         assert_eq!(c.len(), 1);
     }
 }

@@ -63,6 +63,12 @@ impl Retry {
 pub enum Verdict {
     /// The rule alone would admit it.
     Admitted,
+    /// The rule alone would admit it this many milliseconds from now, and
+    /// has reserved that instant for it (`on_limit = "delay"`).
+    Delayed {
+        /// Milliseconds the request waits before it conforms.
+        ms: u64,
+    },
     /// The rule alone would deny it.
     Denied(Retry),
 }
@@ -86,28 +92,41 @@ pub struct RuleState {
 impl RuleState {
     /// Whether this rule alone admits the request.
     pub fn admitted(&self) -> bool {
-        self.verdict == Verdict::Admitted
+        !matches!(self.verdict, Verdict::Denied(_))
     }
 
     /// When this rule could admit the request, if it denies it.
     pub fn retry(&self) -> Option<Retry> {
         match self.verdict {
-            Verdict::Admitted => None,
+            Verdict::Admitted | Verdict::Delayed { .. } => None,
             Verdict::Denied(r) => Some(r),
         }
     }
 
+    /// How long this rule has the request wait, ms (0: not at all).
+    pub fn delay_ms(&self) -> u64 {
+        match self.verdict {
+            Verdict::Delayed { ms } => ms,
+            _ => 0,
+        }
+    }
+
     /// A GCRA rule's state when its TAT lay `ahead_us` ahead of now before a
-    /// request of `cost` units: after the request if that fits the burst,
-    /// else as it stands. The same arithmetic as `gcra_check` in
-    /// `lua/gcra.lua`, saturating so that no reply can overflow it; the
-    /// reference model works it out again on its own.
+    /// request of `cost` units: after the request if that fits the burst
+    /// (or, delayed, the burst and the rule's delay), else as it stands.
+    /// The same arithmetic as the one-rule path in `lua/gcra.lua`,
+    /// saturating so that no reply can overflow it; the reference model
+    /// works it out again on its own.
     pub fn gcra(g: &Gcra, cost: u64, ahead_us: u64) -> RuleState {
         let interval = g.interval_us().max(1);
         let tolerance = interval.saturating_mul(g.burst());
         let after = ahead_us.saturating_add(cost.saturating_mul(interval));
+        let late_us = after.saturating_sub(tolerance);
         let (stands, verdict) = if after <= tolerance {
             (after, Verdict::Admitted)
+        } else if cost > 0 && cost <= g.burst() && late_us <= g.max_delay_ms() * 1000 {
+            let ms = late_us.div_ceil(1000);
+            (after, Verdict::Delayed { ms })
         } else if cost > g.burst() {
             (ahead_us, Verdict::Denied(Retry::Never))
         } else {
@@ -132,6 +151,9 @@ pub enum RequestVerdict {
     Admitted {
         /// 0-based index of the first rule with the fewest units left.
         tightest: usize,
+        /// Milliseconds the request waits before it is forwarded: the
+        /// longest an enforced rule delays it (0: none).
+        delay_ms: u64,
     },
     /// An enforced rule denied it; nothing was charged.
     Denied {
@@ -212,9 +234,12 @@ impl Decision {
     /// admitted, the first with the fewest units left.
     pub fn settle(rules: Vec<RuleState>, modes: &[Mode]) -> Decision {
         let mut denied: Option<(usize, Retry)> = None;
-        let mut tightest = 0;
+        let (mut tightest, mut delay_ms) = (0, 0);
         for (i, s) in rules.iter().enumerate() {
             let enforced = modes.get(i) != Some(&Mode::Shadow);
+            if enforced {
+                delay_ms = delay_ms.max(s.delay_ms());
+            }
             match (s.verdict, denied) {
                 (Verdict::Denied(retry), None) if enforced => denied = Some((i, retry)),
                 (Verdict::Denied(retry), Some((_, binding)))
@@ -228,7 +253,7 @@ impl Decision {
         }
         let verdict = match denied {
             Some((binding, retry)) => RequestVerdict::Denied { binding, retry },
-            None => RequestVerdict::Admitted { tightest },
+            None => RequestVerdict::Admitted { tightest, delay_ms },
         };
         Decision {
             verdict,
@@ -249,7 +274,7 @@ impl Decision {
     /// denied, the tightest when admitted.
     pub fn binding(&self) -> usize {
         match self.verdict {
-            RequestVerdict::Admitted { tightest } => tightest,
+            RequestVerdict::Admitted { tightest, .. } => tightest,
             RequestVerdict::Denied { binding, .. } => binding,
         }
     }
@@ -259,6 +284,15 @@ impl Decision {
         match self.verdict {
             RequestVerdict::Admitted { .. } => None,
             RequestVerdict::Denied { retry, .. } => Some(retry),
+        }
+    }
+
+    /// Milliseconds an admitted request waits before it is forwarded (0:
+    /// none, or denied).
+    pub fn delay_ms(&self) -> u64 {
+        match self.verdict {
+            RequestVerdict::Admitted { delay_ms, .. } => delay_ms,
+            RequestVerdict::Denied { .. } => 0,
         }
     }
 

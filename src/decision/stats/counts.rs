@@ -36,10 +36,15 @@ pub enum RuleCount {
     /// lease refreshes and override reads (a call for several rules counts
     /// for each).
     Calls,
+    /// Requests the rule had wait instead of denying them (a shadow
+    /// rule's: would have had wait).
+    Delayed,
+    /// Milliseconds those requests waited, summed (the rule's own wait).
+    DelayedMs,
 }
 
 /// How many [`RuleCount`]s there are.
-pub const RULE_COUNTS: usize = 11;
+pub const RULE_COUNTS: usize = 13;
 
 impl RuleCount {
     /// Every figure, in stored order.
@@ -55,6 +60,8 @@ impl RuleCount {
         RuleCount::PenaltiesStarted,
         RuleCount::Leased,
         RuleCount::Calls,
+        RuleCount::Delayed,
+        RuleCount::DelayedMs,
     ];
 
     /// Its name in JSON, as `simulate --json` names the same figures.
@@ -71,6 +78,8 @@ impl RuleCount {
             RuleCount::PenaltiesStarted => "penalties_started",
             RuleCount::Leased => "leased",
             RuleCount::Calls => "calls",
+            RuleCount::Delayed => "delayed",
+            RuleCount::DelayedMs => "delayed_ms",
         }
     }
 }
@@ -189,6 +198,8 @@ pub struct RuleFate {
     pub fate: Fate,
     /// A shadow rule that would have denied it.
     pub would_deny: bool,
+    /// How long the rule had it wait (a shadow rule's: would have), ms.
+    pub delayed_ms: u64,
 }
 
 impl RuleFate {
@@ -206,6 +217,7 @@ impl RuleFate {
         RuleFate {
             fate,
             would_deny: shadow && !state.admitted(),
+            delayed_ms: state.delay_ms(),
         }
     }
 
@@ -218,6 +230,8 @@ impl RuleFate {
             Fate::DeniedByOthers => RuleCount::DeniedByOthers,
         }] += 1;
         counts[RuleCount::ShadowWouldDeny] += u64::from(self.would_deny);
+        counts[RuleCount::Delayed] += u64::from(self.delayed_ms > 0);
+        counts[RuleCount::DelayedMs] += self.delayed_ms;
     }
 }
 
@@ -288,12 +302,22 @@ mod tests {
         RuleFate {
             fate: Fate::DeniedByOthers,
             would_deny: true,
+            delayed_ms: 0,
         }
         .count(&mut c);
         assert_eq!(c[RuleCount::Matched], 1);
         assert_eq!(c[RuleCount::DeniedByOthers], 1);
         assert_eq!(c[RuleCount::ShadowWouldDeny], 1);
         assert_eq!(c.0.iter().sum::<u64>(), 3);
+        let mut d = RuleCounts::default();
+        let delayed = RuleFate {
+            fate: Fate::Admitted,
+            would_deny: false,
+            delayed_ms: 250,
+        };
+        delayed.count(&mut d);
+        delayed.count(&mut d);
+        assert_eq!((d[RuleCount::Delayed], d[RuleCount::DelayedMs]), (2, 500));
         assert_eq!(RuleCount::ALL.len(), RULE_COUNTS);
         assert!(RuleCount::ALL
             .iter()

@@ -118,6 +118,6 @@ mod tests {
         // key: one field, minute 0's.
         let sent = store.0.borrow();
         assert_eq!(sent[0][1..3], ["1", "86400000"]);
-        assert_eq!(sent[0][4..7], ["1", "0", "4 0 0 0 0 0 0 0"]);
+        assert_eq!(sent[0][4..7], ["1", "0", "4"]);
     }
 }

@@ -141,15 +141,20 @@ struct ModelState {
     limit: u64,
     remaining: u64,
     reset_after_ms: u64,
-    /// `None`: never (when denied).
+    /// `None`: never (when denied). When allowed, how long the request
+    /// waits before it conforms (0: not at all).
     retry_after_ms: Option<u64>,
     window: usize,
+    /// A GCRA denial that waiting this long (us) would turn into an
+    /// admission, within the rule's `max_delay`.
+    wait_us: Option<u64>,
 }
 
 impl ModelState {
     fn state(self) -> RuleState {
         let verdict = match (self.allowed, self.retry_after_ms) {
-            (true, _) => Verdict::Admitted,
+            (true, None | Some(0)) => Verdict::Admitted,
+            (true, Some(ms)) => Verdict::Delayed { ms },
             (false, Some(ms)) => Verdict::Denied(Retry::After { ms }),
             (false, None) => Verdict::Denied(Retry::Never),
         };
@@ -219,8 +224,16 @@ fn request_verdict(states: &[ModelState], enforced: &[bool], allowed: bool) -> R
     }
     let binding = binding.unwrap_or(0);
     let retry = states.get(binding).and_then(|s| s.retry_after_ms);
+    let delay_ms = (states.iter().zip(enforced))
+        .filter(|(s, e)| **e && s.allowed)
+        .filter_map(|(s, _)| s.retry_after_ms)
+        .max()
+        .unwrap_or(0);
     match (allowed, retry) {
-        (true, _) => RequestVerdict::Admitted { tightest: binding },
+        (true, _) => RequestVerdict::Admitted {
+            tightest: binding,
+            delay_ms,
+        },
         (false, Some(ms)) => RequestVerdict::Denied {
             binding,
             retry: Retry::After { ms },
@@ -230,6 +243,27 @@ fn request_verdict(states: &[ModelState], enforced: &[bool], allowed: bool) -> R
             retry: Retry::Never,
         },
     }
+}
+
+/// How long a denied request waits before it reaches the origin, us, if
+/// it can: every enforced rule that denies it would admit it within its
+/// delay (the longest of those waits), and no rule counts in windows,
+/// whose buckets count a request when it is decided.
+fn delay(req: &Request<'_, '_, '_>, states: &[ModelState], enforced: &[bool]) -> Option<u64> {
+    if req
+        .policies
+        .iter()
+        .any(|p| matches!(p.as_ref(), Policy::Windowed(_)))
+    {
+        return None;
+    }
+    let mut later = 0;
+    for (s, e) in states.iter().zip(enforced) {
+        if *e && !s.allowed {
+            later = later.max(s.wait_us?);
+        }
+    }
+    Some(later)
 }
 
 /// Whether waiting `a` takes strictly longer than waiting `b`; `None` is
@@ -301,8 +335,10 @@ impl Model {
                 period_ms,
                 burst,
             }) => {
-                if let Ok(g) = Gcra::new(rate, period_ms, burst) {
-                    in_force = Cow::Owned(Policy::Gcra(g));
+                if let (Ok(g), Policy::Gcra(own)) =
+                    (Gcra::new(rate, period_ms, burst), &rule.policy)
+                {
+                    in_force = Cow::Owned(Policy::Gcra(g.delaying(own.max_delay_ms())));
                 }
                 false
             }
@@ -353,7 +389,23 @@ impl Model {
             .iter()
             .map(|(c, _)| c.rule.mode == Mode::Enforce)
             .collect();
-        let allowed = !(0..checks.len()).any(|i| enforced[i] && !states[i].allowed);
+        let mut allowed = !(0..checks.len()).any(|i| enforced[i] && !states[i].allowed);
+        let mut writes = writes;
+        let later = if allowed {
+            Some(0)
+        } else {
+            delay(&req, &states, &enforced)
+        };
+        if let Some(later) = later {
+            allowed = true;
+            for (i, (state, write)) in states.iter_mut().zip(&mut writes).enumerate() {
+                if state.wait_us.is_some() || (later > 0 && state.allowed) {
+                    if let Some((s, w)) = self.arriving(&req, i, later, state.wait_us) {
+                        (*state, *write) = (s, w);
+                    }
+                }
+            }
+        }
         let mut refund_marks = vec![];
         if allowed {
             refund_marks = self.charge(&req, writes);
@@ -499,6 +551,9 @@ impl Model {
         let cost = if running > 0 || blocked { 0 } else { cost };
         let (mut state, mut write) =
             self.check(&req.policies[i], &req.clients[i], cost, req.now_ms);
+        if blocked || running > 0 {
+            state.wait_us = None;
+        }
         if blocked {
             state.allowed = false;
             state.remaining = 0;
@@ -644,7 +699,8 @@ impl Model {
     ) -> (ModelState, Option<StateWrite>) {
         match policy {
             Policy::Gcra(g) => {
-                self.gcra(client, (g.rate(), g.period_ms(), g.burst()), cost, now_ms)
+                let figures = (g.rate(), g.period_ms(), g.burst(), g.max_delay_ms());
+                self.gcra(client, figures, cost, now_ms)
             }
             Policy::Windowed(ws) => {
                 let windows: Vec<(u64, u64, u64)> = ws
@@ -690,6 +746,7 @@ impl Model {
                 reset_after_ms: if remaining == 0 { 1000 } else { 0 },
                 retry_after_ms: Some(0),
                 window: 1,
+                wait_us: None,
             };
             let write = (cost > 0).then(|| StateWrite::Slots {
                 first: (last + 1).max(now_ms * 1024),
@@ -710,6 +767,7 @@ impl Model {
             reset_after_ms: retry.unwrap_or(0),
             retry_after_ms: retry,
             window: 1,
+            wait_us: None,
         };
         (state, None)
     }
@@ -717,11 +775,13 @@ impl Model {
     /// GCRA from its definition: each unit occupies the limiter for one
     /// emission interval (period / rate, to the nearest microsecond); a
     /// request is admitted when the theoretical arrival time (TAT), moved on
-    /// by its units, lies no more than burst intervals ahead of now.
+    /// by its units, lies no more than burst intervals ahead of now. A
+    /// denied request that would be admitted within `max_delay_ms` notes
+    /// that wait.
     fn gcra(
         &self,
         client: &Client,
-        (rate, period_ms, burst): (u64, u64, u64),
+        (rate, period_ms, burst, max_delay_ms): (u64, u64, u64, u64),
         cost: u64,
         now_ms: u64,
     ) -> (ModelState, Option<StateWrite>) {
@@ -739,6 +799,7 @@ impl Model {
                 reset_after_ms: ms_up(wanted - now),
                 retry_after_ms: Some(0),
                 window: 1,
+                wait_us: None,
             };
             return (state, (cost > 0).then_some(StateWrite::Tat(wanted)));
         }
@@ -750,8 +811,42 @@ impl Model {
             // More than the burst never fits, however long one waits.
             retry_after_ms: (cost <= burst).then(|| ms_up(wanted - now - tolerance)),
             window: 1,
+            wait_us: Some(wanted - now - tolerance)
+                .filter(|w| cost > 0 && cost <= burst && *w <= max_delay_ms * 1000),
         };
         (state, None)
+    }
+
+    /// Rule `i`'s standing and write when the request reaches the origin
+    /// `later_us` from now: a GCRA rule counts it arriving then, or when it
+    /// would itself conform (`wait_us`) if that is later (a shadow rule's
+    /// own delay); an in-flight slot is taken now either way (`None`).
+    fn arriving(
+        &self,
+        req: &Request<'_, '_, '_>,
+        i: usize,
+        later_us: u64,
+        wait_us: Option<u64>,
+    ) -> Option<(ModelState, Option<StateWrite>)> {
+        let Policy::Gcra(g) = req.policies[i].as_ref() else {
+            return None;
+        };
+        let interval = emission_us(g.rate(), g.period_ms());
+        let cost = req.checks[i].0.cost;
+        let now = req.now_ms * 1000;
+        let arrival = now + later_us.max(wait_us.unwrap_or(0));
+        let tat = self.tats.get(&req.clients[i]).copied().unwrap_or(0);
+        let wanted = tat.max(now + later_us) + cost * interval;
+        let state = ModelState {
+            allowed: true,
+            limit: g.burst(),
+            remaining: (interval * g.burst() + arrival - wanted) / interval,
+            reset_after_ms: (wanted - now).div_ceil(1000),
+            retry_after_ms: Some(wait_us.unwrap_or(0).div_ceil(1000)),
+            window: 1,
+            wait_us: None,
+        };
+        Some((state, Some(StateWrite::Tat(wanted))))
     }
 
     /// Sliding windows from their definition: a window of `duration` counts
@@ -794,6 +889,7 @@ impl Model {
             reset_after_ms: b.reset_after_ms,
             retry_after_ms: b.retry_after_ms,
             window: bound + 1,
+            wait_us: None,
         };
         let write = (admit && cost > 0).then(|| {
             StateWrite::Buckets(

@@ -411,6 +411,12 @@ const RULE_COLUMNS: [(RuleCount, &str); 7] = [
     (RuleCount::PenaltiesStarted, "penalties started"),
 ];
 
+/// The columns a rule table adds when a rule had requests wait.
+const DELAY_COLUMNS: [(RuleCount, &str); 2] = [
+    (RuleCount::Delayed, "delayed"),
+    (RuleCount::DelayedMs, "waited (ms)"),
+];
+
 /// The columns of the second table, of what only the isolates record.
 const RECORDED_COLUMNS: [(RuleCount, &str); 4] = [
     (RuleCount::FailOpen, "fail open"),
@@ -442,7 +448,11 @@ impl Report {
 
     /// The per-rule table's header and rows.
     pub fn rule_rows(&self) -> (Vec<&'static str>, Vec<Vec<String>>) {
-        self.rows_of(&RULE_COLUMNS)
+        let mut columns = RULE_COLUMNS.to_vec();
+        if self.rules.iter().any(|r| r.counts[RuleCount::Delayed] > 0) {
+            columns.extend(DELAY_COLUMNS);
+        }
+        self.rows_of(&columns)
     }
 
     /// The header and rows of the table of what only the isolates record:
@@ -641,6 +651,8 @@ impl Report {
                 RuleCount::ShadowWouldDeny,
                 RuleCount::Refused,
                 RuleCount::PenaltiesStarted,
+                RuleCount::Delayed,
+                RuleCount::DelayedMs,
             ],
             Kind::Recorded => &RuleCount::ALL,
         };

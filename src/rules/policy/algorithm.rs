@@ -67,6 +67,12 @@ pub trait Algorithm {
         None
     }
 
+    /// The longest a request waits to conform instead of being denied,
+    /// ms (0: it is denied; only GCRA delays).
+    fn max_delay_ms(&self) -> u64 {
+        0
+    }
+
     /// Whether an admitted request's charge is given back once its
     /// response has ended, whatever the response (an in-flight slot).
     fn released(&self) -> bool {

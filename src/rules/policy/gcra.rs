@@ -9,26 +9,36 @@ use serde_json::{Map, Value};
 use super::algorithm::{nonzero, text_number, Algorithm, Written, MAX_DURATION_MS, MAX_UNITS};
 use crate::rules::fields::{duration, invalid, one, FieldError, RawDuration};
 
+/// The longest `max_delay`, ms: a waiting request holds its isolate's
+/// memory and its client's connection.
+pub const MAX_DELAY_MS: u64 = 30_000;
+
+/// The delay a rule with `on_limit = "delay"` and no `max_delay` allows, ms.
+const DEFAULT_DELAY_MS: u64 = 1000;
+
 /// The longest debt a GCRA key may carry, burst x interval, microseconds
 /// (2^51, about 71 years). The script adds up to twice this to a pinned
 /// clock in microseconds (about 2^51.7 until the year 2100), and every sum
 /// must stay below 2^53, where Lua's numbers stop being exact integers.
 pub const MAX_GCRA_SPAN_US: u64 = 1 << 51;
 
-/// GCRA parameters: `rate` units per `period_ms`, of which `burst` may come at once.
+/// GCRA parameters: `rate` units per `period_ms`, of which `burst` may
+/// come at once; and how long a request may wait to conform instead of
+/// being denied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Gcra {
     rate: NonZeroU64,
     period_ms: NonZeroU64,
     burst: NonZeroU64,
+    max_delay_ms: u64,
 }
 
 /// How a GCRA rule is written, and what `limit set` changes of it.
 pub(super) const WRITTEN: Written = Written {
     name: "gcra",
     label: "GCRA",
-    fields: &["rate", "period", "burst"],
-    takes: "rate, period and burst",
+    fields: &["rate", "period", "burst", "on_limit", "max_delay"],
+    takes: "rate, period, burst, on_limit and max_delay",
     options: &["rate", "period", "burst"],
     takes_options: "--rate, --period and --burst",
 };
@@ -42,7 +52,17 @@ impl Gcra {
             one(rule, "period")?.ok_or_else(|| invalid("period", "is required for GCRA"))?;
         let period_ms = duration("period", &period)?;
         let burst = one(rule, "burst")?;
-        Gcra::new(rate, period_ms, burst.unwrap_or(rate))
+        let delay_ms = match (delays(rule)?, one::<RawDuration>(rule, "max_delay")?) {
+            (false, None) => 0,
+            (false, Some(_)) => {
+                return Err(invalid("max_delay", "needs `on_limit = \"delay\"`"));
+            }
+            (true, None) => DEFAULT_DELAY_MS,
+            (true, Some(d)) => Some(duration("max_delay", &d)?)
+                .filter(|ms| *ms <= MAX_DELAY_MS)
+                .ok_or_else(|| invalid("max_delay", "must be between 1ms and 30s"))?,
+        };
+        Ok(Gcra::new(rate, period_ms, burst.unwrap_or(rate))?.delaying(delay_ms))
     }
 
     /// These figures with the ones `given` in their place (`limit set`),
@@ -55,6 +75,16 @@ impl Gcra {
             period_ms.unwrap_or(self.period_ms()),
             one(given, "burst")?.unwrap_or(self.burst()),
         )
+        .map(|g| g.delaying(self.max_delay_ms))
+    }
+
+    /// These figures, a request that would conform within `ms` waiting
+    /// for it instead of being denied (0: none waits).
+    pub fn delaying(self, ms: u64) -> Gcra {
+        Gcra {
+            max_delay_ms: ms,
+            ..self
+        }
     }
 
     /// Checked parameters; the error names `rate`, `period` or `burst`.
@@ -75,6 +105,7 @@ impl Gcra {
             rate,
             period_ms: period,
             burst: burst_nz,
+            max_delay_ms: 0,
         };
         if gcra
             .interval_us()
@@ -88,6 +119,12 @@ impl Gcra {
             ));
         }
         Ok(gcra)
+    }
+
+    /// The longest a request waits to conform instead of being denied,
+    /// ms (0: it is denied).
+    pub fn max_delay_ms(&self) -> u64 {
+        self.max_delay_ms
     }
 
     /// Units replenished per period.
@@ -133,7 +170,8 @@ impl Gcra {
             text_number(period_ms)?,
             text_number(burst)?,
         )
-        .ok()?;
+        .ok()?
+        .delaying(self.max_delay_ms);
         (g.interval_us() == text_number(interval_us)?).then_some(g)
     }
 }
@@ -152,7 +190,10 @@ impl Algorithm for Gcra {
     }
 
     fn describe(&self) -> String {
-        self.figures()
+        match self.max_delay_ms {
+            0 => self.figures(),
+            ms => format!("{}, delays up to {ms}ms", self.figures()),
+        }
     }
 
     fn figures(&self) -> String {
@@ -205,6 +246,16 @@ impl Algorithm for Gcra {
         Some(self.span_us().saturating_sub(needed) / 1000)
     }
 
+    fn max_delay_ms(&self) -> u64 {
+        self.max_delay_ms
+    }
+
+    fn no_lease(&self) -> Option<&'static str> {
+        (self.max_delay_ms > 0).then_some(
+            "a delaying rule reserves each request's instant in Redis, which a lease's units, spent in the isolate, cannot; remove `lease` or `on_limit`",
+        )
+    }
+
     fn lease_cap_ms(&self, for_ms: u64) -> u64 {
         for_ms
     }
@@ -217,5 +268,18 @@ impl Algorithm for Gcra {
         format!(
             ", lease {units} units for {for_ms}ms (the burst allows up to {largest} for that long)"
         )
+    }
+}
+
+/// Whether a rule's `on_limit` asks for a delay (`"delay"`) rather than a
+/// denial (`"deny"`, the default).
+pub(super) fn delays(rule: &Map<String, Value>) -> Result<bool, FieldError> {
+    match one::<String>(rule, "on_limit")?.as_deref() {
+        None | Some("deny") => Ok(false),
+        Some("delay") => Ok(true),
+        Some(other) => Err(invalid(
+            "on_limit",
+            format!("`{other}` is neither \"deny\" nor \"delay\""),
+        )),
     }
 }

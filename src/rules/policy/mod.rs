@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 
 pub use algorithm::{Algorithm, Written, MAX_DURATION_MS, MAX_UNITS};
 pub use concurrency::{Concurrency, DEFAULT_HOLD_MS, MAX_HOLD_MS, MAX_IN_FLIGHT};
-pub use gcra::{Gcra, MAX_GCRA_SPAN_US};
+pub use gcra::{Gcra, MAX_DELAY_MS, MAX_GCRA_SPAN_US};
 pub use windowed::{Window, Windows, MAX_BUCKETS, MAX_WINDOWS};
 
 use super::fields::{invalid, named, FieldError};

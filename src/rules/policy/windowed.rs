@@ -88,8 +88,8 @@ pub struct Windows(Vec<Window>);
 pub(super) const WRITTEN: Written = Written {
     name: "windowed",
     label: "windowed",
-    fields: &["windows"],
-    takes: "windows",
+    fields: &["windows", "on_limit"],
+    takes: "windows and on_limit = \"deny\"",
     options: &["limits"],
     takes_options: "--limit per window",
 };
@@ -114,6 +114,14 @@ impl Windows {
     /// The windows a rule writes; an error inside one names it
     /// (`windows[1].precision`).
     pub(super) fn read(rule: &Map<String, Value>) -> Result<Windows, FieldError> {
+        if super::gcra::delays(rule)? {
+            return Err(invalid(
+                "on_limit",
+                "a windowed rule cannot delay exactly: its buckets count a request when it is \
+                 decided, so a delayed one could reach the origin in a later window than it \
+                 was counted in; use a GCRA rule to delay, or on_limit = \"deny\"",
+            ));
+        }
         let written: Vec<RawWindow> = list(rule, "windows")?.ok_or_else(|| {
             invalid(
                 "windows",

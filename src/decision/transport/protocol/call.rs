@@ -747,13 +747,13 @@ mod tests {
         ]}))
         .unwrap();
         let (g, w, ww) = (&c.rules[0], &c.rules[1], &c.rules[2]);
-        assert_eq!(general(g, 2, 0), ["gcra", "2", "100000", "5"]);
+        assert_eq!(general(g, 2, 0), ["gcra", "2", "100000", "5", "0"]);
         assert_eq!(
             general(ww, 1, 42),
             ["window", "1", "42", "2", "1000", "10", "100", "60000", "100", "60000"]
         );
         // A rule alone is its arguments alone, its word naming the operation.
-        assert_eq!(one(g, 1, 0), ["gcra", "1", "100000", "5"]);
+        assert_eq!(one(g, 1, 0), ["gcra", "1", "100000", "5", "0"]);
         assert_eq!(one(w, 2, 7), ["window", "2", "7", "1", "1000", "10", "100"]);
         for rule in [g, w, ww] {
             let entry = algorithms::of(&rule.policy).one_rule_entry().unwrap();
@@ -840,7 +840,7 @@ mod tests {
         assert_eq!(penalty.rule_keys(), ["el:{a}:p"]);
         assert_eq!(
             &penalty.args()[3..],
-            ["gcra", "1", "60000000", "1", "penalty", "1", "1", "3600000"]
+            ["gcra", "1", "60000000", "1", "0", "penalty", "1", "1", "3600000"]
         );
     }
 
@@ -891,8 +891,8 @@ mod tests {
         assert_eq!(
             args(&group),
             [
-                "group", "7", "ee", "gcra", "1", "100000", "5", "gcra", "1", "60000000", "1",
-                "costs", "2", "2", "1", "3", "0", "lease", "1", "1", "2", "100"
+                "group", "7", "ee", "gcra", "1", "100000", "5", "0", "gcra", "1", "60000000", "1",
+                "0", "costs", "2", "2", "1", "3", "0", "lease", "1", "1", "2", "100"
             ]
         );
         let lone = ScriptCall::group(&checks[1..], &[vec![4]], vec![], None);
@@ -932,7 +932,7 @@ mod tests {
         assert_eq!(
             args(&call),
             [
-                "decide", "5", "ee", "gcra", "1", "100000", "5", "window", "2", &offset, "1",
+                "decide", "5", "ee", "gcra", "1", "100000", "5", "0", "window", "2", &offset, "1",
                 "60000", "100", "60000"
             ]
         );

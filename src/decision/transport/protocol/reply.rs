@@ -352,7 +352,9 @@ pub fn decode_general(
         .chunks(PER_RULE)
         .map(|c| {
             let verdict = match (c[0], u64::try_from(c[4])) {
-                (1, _) => Verdict::Admitted,
+                (1, Ok(0)) => Verdict::Admitted,
+                // An admitted rule's retry is its delay.
+                (1, Ok(ms)) => Verdict::Delayed { ms },
                 (0, Ok(ms)) => Verdict::Denied(Retry::After { ms }),
                 // -1: never, the cost exceeds the limit.
                 (0, Err(_)) => Verdict::Denied(Retry::Never),
@@ -503,7 +505,7 @@ mod tests {
             args(&refund),
             [
                 "refund", "", "window", "1", &offset, "1", "60000", "3", "60000", "7", "gcra", "1",
-                "100000", "10", "9"
+                "100000", "10", "0", "9"
             ]
         );
         assert_eq!(
@@ -604,7 +606,10 @@ mod tests {
         let shadow = states(reply, &[Mode::Enforce, Mode::Shadow], false).unwrap();
         assert_eq!(
             shadow.verdict,
-            RequestVerdict::Admitted { tightest: 1 },
+            RequestVerdict::Admitted {
+                tightest: 1,
+                delay_ms: 0
+            },
             "the fewest units left"
         );
     }

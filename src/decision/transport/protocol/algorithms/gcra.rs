@@ -8,10 +8,13 @@ use crate::{
 };
 
 impl ScriptFigures for Gcra {
-    /// `gcra`, cost, interval (us), burst.
+    /// `gcra`, cost, interval (us), burst, max delay (ms).
     fn push_general(&self, cost: u64, _offset_ms: u64, args: &mut Vec<String>) {
         args.push(Entry::GCRA.to_owned());
-        push_numbers(args, &[cost, self.interval_us(), self.burst()]);
+        push_numbers(
+            args,
+            &[cost, self.interval_us(), self.burst(), self.max_delay_ms()],
+        );
     }
 
     fn one_rule_entry(&self) -> Option<Entry> {
