@@ -650,7 +650,7 @@ refusing or out of reach, a log line --strict stops at).";
             format!(
                 "rule `{}`: no override; {} holds\n",
                 rule.name,
-                rule.policy.algorithm().figures()
+                rule.policy.described().figures()
             )
         } else {
             found

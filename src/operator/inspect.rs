@@ -392,7 +392,7 @@ pub async fn inspect(
             run(client, &peek, BUDGET).await?.decision()?
         }
     };
-    let labels = policy.algorithm().labels();
+    let labels = policy.described().labels();
     let windows = labels
         .into_iter()
         .zip(&decision.rules)

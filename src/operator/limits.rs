@@ -62,8 +62,8 @@ impl Stored {
             Some(Override::Figures(p)) => {
                 format!(
                     "{} in place of {}",
-                    p.algorithm().figures(),
-                    configured.algorithm().figures()
+                    p.described().figures(),
+                    configured.described().figures()
                 )
             }
             None => format!("not an override (ignored): {:?}", self.text),

@@ -57,7 +57,7 @@ pub fn describe(config: &Config) -> Vec<String> {
         .rules
         .iter()
         .map(|r| {
-            let policy = r.policy.algorithm().describe();
+            let policy = r.policy.described().describe();
             let mode = match r.mode {
                 Mode::Enforce => "enforce",
                 Mode::Shadow => "shadow",
@@ -90,7 +90,7 @@ pub fn describe(config: &Config) -> Vec<String> {
 /// A lease as the report says it, with the largest the figures allow.
 fn lease_text(policy: &Policy, lease: Lease) -> String {
     let largest = Lease::largest(policy, lease.for_ms);
-    (policy.algorithm()).describe_lease(lease.units, lease.for_ms, largest)
+    (policy.described()).describe_lease(lease.units, lease.for_ms, largest)
 }
 
 #[cfg(test)]

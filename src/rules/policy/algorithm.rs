@@ -38,14 +38,6 @@ pub trait Algorithm {
     /// offset is spread over.
     fn longest_ms(&self) -> u64;
 
-    /// The figures as `edge-limiter check` reports them
-    /// (`gcra 5/1000ms burst 5`).
-    fn describe(&self) -> String;
-
-    /// The figures as `limit` and `inspect` name them, shorter
-    /// (`windowed 10/1000ms + 100/60000ms`).
-    fn figures(&self) -> String;
-
     /// The `RateLimit-Policy` items: (quota, window in seconds), one per
     /// limit it holds.
     fn quotas(&self) -> Vec<(u64, u64)>;
@@ -53,9 +45,6 @@ pub trait Algorithm {
     /// How many limits it reports in headers; with more than one, each is
     /// named `rule.i`.
     fn items(&self) -> usize;
-
-    /// What `inspect` calls each of those limits.
-    fn labels(&self) -> Vec<String>;
 
     /// Its figures as an override's text after the version
     /// (`gcra <rate> <period_ms> <burst> <interval_us>`), which
@@ -96,6 +85,22 @@ pub trait Algorithm {
     /// `shifted_ms` tells now on the key's shifted clock, for algorithms
     /// whose leases end with a bucket.
     fn lease_horizon_ms(&self, for_ms: u64, shifted_ms: &dyn Fn() -> u64) -> u64;
+}
+
+/// What the operator's commands say of an algorithm's figures. A trait of
+/// its own, apart from [`Algorithm`], so that the worker, which never says
+/// them, carries none of it.
+pub trait Described {
+    /// The figures as `edge-limiter check` reports them
+    /// (`gcra 5/1000ms burst 5`).
+    fn describe(&self) -> String;
+
+    /// The figures as `limit` and `inspect` name them, shorter
+    /// (`windowed 10/1000ms + 100/60000ms`).
+    fn figures(&self) -> String;
+
+    /// What `inspect` calls each of the limits it reports in headers.
+    fn labels(&self) -> Vec<String>;
 
     /// A lease as `edge-limiter check` reports it, with the `largest` the
     /// figures allow.

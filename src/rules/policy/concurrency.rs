@@ -6,7 +6,7 @@ use std::num::NonZeroU64;
 
 use serde_json::{Map, Value};
 
-use super::algorithm::{nonzero, text_number, Algorithm, Written};
+use super::algorithm::{nonzero, text_number, Algorithm, Described, Written};
 use crate::rules::fields::{duration, invalid, list, one, FieldError, RawDuration};
 
 /// How an in-flight rule is written, and what `limit set` changes of it.
@@ -115,18 +115,6 @@ impl Algorithm for Concurrency {
         self.hold_ms()
     }
 
-    fn describe(&self) -> String {
-        format!(
-            "{}, a slot held at most {}ms",
-            self.figures(),
-            self.hold_ms()
-        )
-    }
-
-    fn figures(&self) -> String {
-        format!("concurrency {} in flight", self.limit())
-    }
-
     /// None: `RateLimit-Policy` describes quotas over a window, which an
     /// in-flight limit has not.
     fn quotas(&self) -> Vec<(u64, u64)> {
@@ -135,10 +123,6 @@ impl Algorithm for Concurrency {
 
     fn items(&self) -> usize {
         1
-    }
-
-    fn labels(&self) -> Vec<String> {
-        vec![self.figures()]
     }
 
     fn override_text(&self) -> String {
@@ -170,6 +154,24 @@ impl Algorithm for Concurrency {
 
     fn lease_horizon_ms(&self, _for_ms: u64, _shifted_ms: &dyn Fn() -> u64) -> u64 {
         0
+    }
+}
+
+impl Described for Concurrency {
+    fn describe(&self) -> String {
+        format!(
+            "{}, a slot held at most {}ms",
+            self.figures(),
+            self.hold_ms()
+        )
+    }
+
+    fn figures(&self) -> String {
+        format!("concurrency {} in flight", self.limit())
+    }
+
+    fn labels(&self) -> Vec<String> {
+        vec![self.figures()]
     }
 
     fn describe_lease(&self, _units: u64, _for_ms: u64, _largest: u64) -> String {

@@ -6,7 +6,9 @@ use std::num::NonZeroU64;
 
 use serde_json::{Map, Value};
 
-use super::algorithm::{nonzero, text_number, Algorithm, Written, MAX_DURATION_MS, MAX_UNITS};
+use super::algorithm::{
+    nonzero, text_number, Algorithm, Described, Written, MAX_DURATION_MS, MAX_UNITS,
+};
 use crate::rules::fields::{duration, invalid, one, FieldError, RawDuration};
 
 /// The longest `max_delay`, ms: a waiting request holds its isolate's
@@ -189,22 +191,6 @@ impl Algorithm for Gcra {
         self.period_ms()
     }
 
-    fn describe(&self) -> String {
-        match self.max_delay_ms {
-            0 => self.figures(),
-            ms => format!("{}, delays up to {ms}ms", self.figures()),
-        }
-    }
-
-    fn figures(&self) -> String {
-        format!(
-            "gcra {}/{}ms burst {}",
-            self.rate(),
-            self.period_ms(),
-            self.burst()
-        )
-    }
-
     /// One item: the burst, refilled whole in burst x interval.
     fn quotas(&self) -> Vec<(u64, u64)> {
         vec![(self.burst(), self.span_us().div_ceil(1_000_000).max(1))]
@@ -212,10 +198,6 @@ impl Algorithm for Gcra {
 
     fn items(&self) -> usize {
         1
-    }
-
-    fn labels(&self) -> Vec<String> {
-        vec![self.figures()]
     }
 
     /// The script applies the interval and burst; the rate and period are
@@ -262,6 +244,28 @@ impl Algorithm for Gcra {
 
     fn lease_horizon_ms(&self, for_ms: u64, _shifted_ms: &dyn Fn() -> u64) -> u64 {
         for_ms
+    }
+}
+
+impl Described for Gcra {
+    fn describe(&self) -> String {
+        match self.max_delay_ms {
+            0 => self.figures(),
+            ms => format!("{}, delays up to {ms}ms", self.figures()),
+        }
+    }
+
+    fn figures(&self) -> String {
+        format!(
+            "gcra {}/{}ms burst {}",
+            self.rate(),
+            self.period_ms(),
+            self.burst()
+        )
+    }
+
+    fn labels(&self) -> Vec<String> {
+        vec![self.figures()]
     }
 
     fn describe_lease(&self, units: u64, for_ms: u64, largest: u64) -> String {

@@ -12,7 +12,7 @@ mod windowed;
 
 use serde_json::{Map, Value};
 
-pub use algorithm::{Algorithm, Written, MAX_DURATION_MS, MAX_UNITS};
+pub use algorithm::{Algorithm, Described, Written, MAX_DURATION_MS, MAX_UNITS};
 pub use concurrency::{Concurrency, DEFAULT_HOLD_MS, MAX_HOLD_MS, MAX_IN_FLIGHT};
 pub use gcra::{Gcra, MAX_DELAY_MS, MAX_GCRA_SPAN_US};
 pub use windowed::{Window, Windows, MAX_BUCKETS, MAX_WINDOWS};
@@ -120,6 +120,15 @@ impl Policy {
     /// algorithms: in [`ALGORITHMS`], here, and where figures of one become
     /// a `Policy` again.
     pub fn algorithm(&self) -> &dyn Algorithm {
+        match self {
+            Policy::Gcra(g) => g,
+            Policy::Windowed(ws) => ws,
+            Policy::Concurrency(c) => c,
+        }
+    }
+
+    /// What the operator's commands say of its figures.
+    pub fn described(&self) -> &dyn Described {
         match self {
             Policy::Gcra(g) => g,
             Policy::Windowed(ws) => ws,

@@ -6,7 +6,9 @@ use std::num::NonZeroU64;
 
 use serde_json::{Map, Value};
 
-use super::algorithm::{nonzero, text_number, Algorithm, Written, MAX_DURATION_MS, MAX_UNITS};
+use super::algorithm::{
+    nonzero, text_number, Algorithm, Described, Written, MAX_DURATION_MS, MAX_UNITS,
+};
 use crate::rules::fields::{duration, expected, invalid, list, FieldError, FromJson, RawDuration};
 
 /// Windows per windowed rule, at most.
@@ -242,27 +244,6 @@ impl Algorithm for Windows {
         self.iter().map(Window::duration_ms).max().unwrap_or(1)
     }
 
-    fn describe(&self) -> String {
-        let list: Vec<String> = (self.iter())
-            .map(|w| {
-                format!(
-                    "{}/{}ms by {}ms",
-                    w.limit(),
-                    w.duration_ms(),
-                    w.precision_ms()
-                )
-            })
-            .collect();
-        format!("windowed {}", list.join(" + "))
-    }
-
-    fn figures(&self) -> String {
-        let list: Vec<String> = (self.iter())
-            .map(|w| format!("{}/{}ms", w.limit(), w.duration_ms()))
-            .collect();
-        format!("windowed {}", list.join(" + "))
-    }
-
     fn quotas(&self) -> Vec<(u64, u64)> {
         (self.iter())
             .map(|w| (w.limit(), w.duration_ms().div_ceil(1000).max(1)))
@@ -271,12 +252,6 @@ impl Algorithm for Windows {
 
     fn items(&self) -> usize {
         self.len()
-    }
-
-    fn labels(&self) -> Vec<String> {
-        (self.iter())
-            .map(|w| format!("window {}ms by {}ms", w.duration_ms(), w.precision_ms()))
-            .collect()
     }
 
     /// Each limit names its window's duration, so that a rule redeployed
@@ -308,6 +283,35 @@ impl Algorithm for Windows {
         (self.iter())
             .map(|w| w.precision_ms() - shifted % w.precision_ms())
             .fold(for_ms, u64::min)
+    }
+}
+
+impl Described for Windows {
+    fn describe(&self) -> String {
+        let list: Vec<String> = (self.iter())
+            .map(|w| {
+                format!(
+                    "{}/{}ms by {}ms",
+                    w.limit(),
+                    w.duration_ms(),
+                    w.precision_ms()
+                )
+            })
+            .collect();
+        format!("windowed {}", list.join(" + "))
+    }
+
+    fn figures(&self) -> String {
+        let list: Vec<String> = (self.iter())
+            .map(|w| format!("{}/{}ms", w.limit(), w.duration_ms()))
+            .collect();
+        format!("windowed {}", list.join(" + "))
+    }
+
+    fn labels(&self) -> Vec<String> {
+        (self.iter())
+            .map(|w| format!("window {}ms by {}ms", w.duration_ms(), w.precision_ms()))
+            .collect()
     }
 
     fn describe_lease(&self, units: u64, for_ms: u64, largest: u64) -> String {
