@@ -172,7 +172,7 @@ if general then
     -- Returns the six reply fields: allowed (1/0), limit, remaining,
     -- reset_after, retry_after (milliseconds, rounded up; -1: never) and window
     -- (always 1); then the write if the whole request is admitted (nil:
-    -- nothing to write); then, for a denial the rule's delay covers, how
+    -- nothing to write); then, for a denial that waiting would cure, how
     -- long the request must wait to conform (us).
     function gcra.decide(rule, key, cost)
       local interval_us, burst = rule.interval_us, rule.burst
@@ -191,7 +191,7 @@ if general then
       if cost <= burst then
         -- The earliest instant at which the request fits the tolerance.
         retry_after = math.ceil((after - tolerance) / 1000)
-        if cost > 0 and after - tolerance <= rule.delay_us then
+        if cost > 0 then
           wait_us = after - tolerance
         end
       end
@@ -210,13 +210,18 @@ if general then
       elseif step == 'shift' then
         -- The request of `cost` decided into `o`, accounted as arriving
         -- `later_us` from now, where the worker forwards it; `wait_us` is
-        -- this rule's own wait, if it needs one (it may exceed later_us in
-        -- a shadow rule). Returns the write that charges it.
+        -- how long this rule needs it to wait, if at all (past later_us
+        -- only for a shadow rule's own delay). Returns the write that
+        -- charges it; the reply's retry is the wait its own delay made.
         function gcra.shift(rule, o, cost, later_us, wait_us)
           local interval_us = rule.interval_us
           local write = math.max(rule.ahead_us, later_us) + cost * interval_us
           local arrives_us = math.max(later_us, wait_us or 0)
-          o.allowed, o.retry_after = 1, math.ceil((wait_us or 0) / 1000)
+          local own_us = 0
+          if rule.delay_us > 0 then
+            own_us = wait_us or 0
+          end
+          o.allowed, o.retry_after = 1, math.ceil(own_us / 1000)
           o.remaining = math.floor((interval_us * rule.burst - write + arrives_us) / interval_us)
           o.reset_after = math.ceil(write / 1000)
           return write

@@ -311,21 +311,33 @@ local function decide(cost_of, peek)
   return denied
 end
 
--- How long the request must wait before every enforced rule admits it
--- (us): 0 when it need not, or cannot because a denial is beyond its
--- rule's delay or a rule cannot count it later (a window's buckets).
+-- Whether rule i's wait is one its own delay covers.
+local function delays(i)
+  return waits[i] and waits[i] <= (rules[i].delay_us or 0)
+end
+
+-- How long a denied request waits before it is forwarded (us): the
+-- longest wait of the enforced denials a rule's own delay covers; 0 when
+-- it cannot wait, because no delay covers a denial, an enforced rule
+-- would still deny it then, or a rule cannot count it later (a window's
+-- buckets).
 local function delay()
   local later = 0
-  for i, rule in ipairs(rules) do
+  for i in ipairs(rules) do
     local mode = string.byte(modes, i)
-    if outcomes[i].allowed == 0 and (mode == ENFORCE or mode == REFUNDABLE) then
-      if not waits[i] then
-        return 0
-      end
+    if outcomes[i].allowed == 0 and (mode == ENFORCE or mode == REFUNDABLE) and delays(i) then
       later = math.max(later, waits[i])
     end
   end
-  for _, rule in ipairs(rules) do
+  if later == 0 then
+    return 0
+  end
+  for i, rule in ipairs(rules) do
+    local mode = string.byte(modes, i)
+    local enforced = mode == ENFORCE or mode == REFUNDABLE
+    if enforced and outcomes[i].allowed == 0 and not (waits[i] and waits[i] <= later) then
+      return 0
+    end
     if not rule.algorithm.shift then
       rule.algorithm.build('shift')
       if not rule.algorithm.shift then
@@ -342,9 +354,9 @@ end
 local reply, granted = {}, {}
 for request, cost_of in ipairs(costs) do
   local denied = decide(cost_of, false)
-  -- A request every enforced rule admits within its delay is reserved at
-  -- the instant it conforms: every rule counts it arriving then, where the
-  -- worker forwards it. A shadow rule's wait reserves its own instant.
+  -- A request that waits is reserved at the instant it is forwarded:
+  -- every rule counts it arriving then. A shadow rule's own delay
+  -- reserves its own instant.
   local later = 0
   if denied then
     later = delay()
@@ -352,7 +364,7 @@ for request, cost_of in ipairs(costs) do
   end
   if not denied then
     for i, rule in ipairs(rules) do
-      if waits[i] or (later > 0 and outcomes[i].allowed == 1) then
+      if (waits[i] and (waits[i] <= later or delays(i))) or (later > 0 and outcomes[i].allowed == 1) then
         if not rule.algorithm.shift then
           rule.algorithm.build('shift')
         end

@@ -142,6 +142,35 @@ async fn a_burst_reaches_the_origin_paced_across_two_instances() {
     );
 }
 
+/// Thirty requests at once from one client into one isolate, decided
+/// together in one call (docs/concurrency.md): each waits its own turn,
+/// one per 50 ms, by the origin's clock.
+#[tokio::test]
+async fn a_crowd_in_one_isolate_waits_its_turns() {
+    let rules = "[[vars.LIMITER.rules]]\nname = \"crowd\"\nkey = [\"ip\"]\nalgorithm = \"gcra\"\n\
+                 rate = 1\nperiod = 50\nburst = 1\non_limit = \"delay\"\nmax_delay = \"1s\"\n";
+    let stack = Stack::start(rules);
+    let path = "/timed/crowd";
+    let sent = (0..30).map(|_| {
+        let url = format!("{}{path}", stack.worker.url);
+        async move {
+            let r = support::http()
+                .get(url)
+                .header("CF-Connecting-IP", "198.51.100.40")
+                .send()
+                .await
+                .expect("the worker answers");
+            r.status().as_u16()
+        }
+    });
+    let answered = join_all(sent).await;
+    let ok = answered.iter().filter(|s| **s == 200).count();
+    assert!((21..=25).contains(&ok), "{answered:?}");
+    let seen = arrivals(&stack, path).await;
+    assert_eq!(seen.len(), ok);
+    conforms(&seen, 50.0, 1.0, 10.0).unwrap();
+}
+
 /// What the isolates wrote of rule `paced` today: its delayed requests and
 /// the milliseconds they waited, and its admitted ones.
 fn delays_kept(stack: &Stack) -> (u64, u64, u64) {

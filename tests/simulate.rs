@@ -500,6 +500,59 @@ fn count_status_and_penalties_by_hand() {
     }
 }
 
+/// A delaying rule, worked out by hand: GCRA 2/s (500 ms a unit), burst
+/// 2, waits up to 1 s. Five at once: two go, the third waits 500 ms, the
+/// fourth 1000 ms, the fifth would wait 1500 ms and is denied. At 1200 ms
+/// the TAT (2000 ms) lies 800 ms ahead: a request then waits 300 ms. A
+/// rule without a delay beside it (4/s, burst 2) would deny the third and
+/// fourth at once; it admits them where they arrive, after the wait, and
+/// denies the fifth itself.
+#[test]
+fn waits_by_hand() {
+    let config = Config::from_json(&json!({"rules": [
+        {"name": "paced", "key": ["ip"], "algorithm": "gcra", "rate": 2, "period": "1s",
+         "burst": 2, "on_limit": "delay", "max_delay": "1s"},
+        {"name": "beside", "key": ["ip"], "algorithm": "gcra", "rate": 4, "period": "1s", "burst": 2}
+    ]}))
+    .unwrap();
+    let mut csv = String::from("time,ip,method,path\n");
+    for t in [0, 0, 0, 0, 0, 1200] {
+        csv.push_str(&format!("{},203.0.113.2,GET,/\n", T0 + t));
+    }
+    let engines: [Box<dyn Engine>; 2] = [
+        Box::new(RedisEngine::start().expect("redis-server starts")),
+        Box::new(ModelEngine::new()),
+    ];
+    for mut engine in engines {
+        let report = simulate(
+            &config,
+            csv.as_bytes(),
+            &Options::default(),
+            engine.as_mut(),
+            &mut (),
+        )
+        .unwrap();
+        let figures: Vec<_> = (report.rules.iter())
+            .map(|r| {
+                let c = |n| r.counts[n];
+                let delays = (c(RuleCount::Delayed), c(RuleCount::DelayedMs));
+                (
+                    r.name.as_str(),
+                    c(RuleCount::Admitted),
+                    c(RuleCount::Denied),
+                    delays,
+                )
+            })
+            .collect();
+        assert_eq!(
+            figures,
+            [("paced", 5, 1, (3, 1800)), ("beside", 5, 1, (0, 0))],
+            "{}",
+            report.engine
+        );
+    }
+}
+
 /// `--isolates`: a hot key under its limit, spread over three isolates,
 /// is mostly decided from leases, never over the limit, and admitted as
 /// the exact replay admits it; far over its limit, it is never over

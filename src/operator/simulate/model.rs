@@ -146,7 +146,7 @@ struct ModelState {
     retry_after_ms: Option<u64>,
     window: usize,
     /// A GCRA denial that waiting this long (us) would turn into an
-    /// admission, within the rule's `max_delay`.
+    /// admission.
     wait_us: Option<u64>,
 }
 
@@ -245,25 +245,34 @@ fn request_verdict(states: &[ModelState], enforced: &[bool], allowed: bool) -> R
     }
 }
 
+/// The longest rule `i` of `req` lets a request wait, us (0: none).
+fn max_delay_us(req: &Request<'_, '_, '_>, i: usize) -> u64 {
+    match req.policies[i].as_ref() {
+        Policy::Gcra(g) => g.max_delay_ms() * 1000,
+        _ => 0,
+    }
+}
+
+/// Whether rule `i`, standing at `s`, would admit the request after a wait
+/// its own `max_delay` allows.
+fn own_delay_covers(req: &Request<'_, '_, '_>, i: usize, s: &ModelState) -> bool {
+    s.wait_us.is_some_and(|w| w <= max_delay_us(req, i))
+}
+
 /// How long a denied request waits before it reaches the origin, us, if
-/// it can: every enforced rule that denies it would admit it within its
-/// delay (the longest of those waits), and no rule counts in windows,
-/// whose buckets count a request when it is decided.
+/// it does: the longest wait of the enforced denials that their own rule's
+/// delay covers, provided every other enforced rule admits it by then and
+/// no rule counts in windows, whose buckets count a request when it is
+/// decided.
 fn delay(req: &Request<'_, '_, '_>, states: &[ModelState], enforced: &[bool]) -> Option<u64> {
-    if req
-        .policies
-        .iter()
-        .any(|p| matches!(p.as_ref(), Policy::Windowed(_)))
-    {
-        return None;
-    }
-    let mut later = 0;
-    for (s, e) in states.iter().zip(enforced) {
-        if *e && !s.allowed {
-            later = later.max(s.wait_us?);
-        }
-    }
-    Some(later)
+    let denials = || (0..states.len()).filter(|&i| enforced[i] && !states[i].allowed);
+    let later = denials()
+        .filter(|&i| own_delay_covers(req, i, &states[i]))
+        .filter_map(|i| states[i].wait_us)
+        .max()?;
+    let windows = (req.policies.iter()).any(|p| matches!(p.as_ref(), Policy::Windowed(_)));
+    let all_by_then = denials().all(|i| states[i].wait_us.is_some_and(|w| w <= later));
+    (all_by_then && !windows).then_some(later)
 }
 
 /// Whether waiting `a` takes strictly longer than waiting `b`; `None` is
@@ -399,7 +408,9 @@ impl Model {
         if let Some(later) = later {
             allowed = true;
             for (i, (state, write)) in states.iter_mut().zip(&mut writes).enumerate() {
-                if state.wait_us.is_some() || (later > 0 && state.allowed) {
+                let cured =
+                    state.wait_us.is_some_and(|w| w <= later) || own_delay_covers(&req, i, state);
+                if cured || (later > 0 && state.allowed) {
                     if let Some((s, w)) = self.arriving(&req, i, later, state.wait_us) {
                         (*state, *write) = (s, w);
                     }
@@ -699,8 +710,7 @@ impl Model {
     ) -> (ModelState, Option<StateWrite>) {
         match policy {
             Policy::Gcra(g) => {
-                let figures = (g.rate(), g.period_ms(), g.burst(), g.max_delay_ms());
-                self.gcra(client, figures, cost, now_ms)
+                self.gcra(client, (g.rate(), g.period_ms(), g.burst()), cost, now_ms)
             }
             Policy::Windowed(ws) => {
                 let windows: Vec<(u64, u64, u64)> = ws
@@ -776,12 +786,11 @@ impl Model {
     /// emission interval (period / rate, to the nearest microsecond); a
     /// request is admitted when the theoretical arrival time (TAT), moved on
     /// by its units, lies no more than burst intervals ahead of now. A
-    /// denied request that would be admitted within `max_delay_ms` notes
-    /// that wait.
+    /// denial that waiting would cure notes how long.
     fn gcra(
         &self,
         client: &Client,
-        (rate, period_ms, burst, max_delay_ms): (u64, u64, u64, u64),
+        (rate, period_ms, burst): (u64, u64, u64),
         cost: u64,
         now_ms: u64,
     ) -> (ModelState, Option<StateWrite>) {
@@ -811,8 +820,7 @@ impl Model {
             // More than the burst never fits, however long one waits.
             retry_after_ms: (cost <= burst).then(|| ms_up(wanted - now - tolerance)),
             window: 1,
-            wait_us: Some(wanted - now - tolerance)
-                .filter(|w| cost > 0 && cost <= burst && *w <= max_delay_ms * 1000),
+            wait_us: Some(wanted - now - tolerance).filter(|_| cost > 0 && cost <= burst),
         };
         (state, None)
     }
@@ -820,7 +828,8 @@ impl Model {
     /// Rule `i`'s standing and write when the request reaches the origin
     /// `later_us` from now: a GCRA rule counts it arriving then, or when it
     /// would itself conform (`wait_us`) if that is later (a shadow rule's
-    /// own delay); an in-flight slot is taken now either way (`None`).
+    /// own delay), and reports the wait only if it delays requests itself;
+    /// an in-flight slot is taken now either way (`None`).
     fn arriving(
         &self,
         req: &Request<'_, '_, '_>,
@@ -842,7 +851,10 @@ impl Model {
             limit: g.burst(),
             remaining: (interval * g.burst() + arrival - wanted) / interval,
             reset_after_ms: (wanted - now).div_ceil(1000),
-            retry_after_ms: Some(wait_us.unwrap_or(0).div_ceil(1000)),
+            retry_after_ms: Some(match g.max_delay_ms() {
+                0 => 0,
+                _ => wait_us.unwrap_or(0).div_ceil(1000),
+            }),
             window: 1,
             wait_us: None,
         };
