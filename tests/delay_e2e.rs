@@ -60,6 +60,15 @@ fn conforms(arrivals: &[f64], interval: f64, burst: f64, slack: f64) -> Result<(
     Ok(())
 }
 
+/// A GET of `url` from `ip`, with `authorization` when given.
+async fn get(url: String, ip: &str, authorization: Option<&str>) -> reqwest::Response {
+    let mut request = support::http().get(url).header("CF-Connecting-IP", ip);
+    if let Some(a) = authorization {
+        request = request.header("authorization", a);
+    }
+    request.send().await.expect("the worker answers")
+}
+
 /// The origin's arrival times for `path`, ms, sorted.
 async fn arrivals(stack: &Stack, path: &str) -> Vec<f64> {
     let url = format!("{}/__origin/arrivals?path={path}", stack.origin.url);
@@ -80,12 +89,7 @@ async fn a_burst_reaches_the_origin_paced_across_two_instances() {
         let url = format!("{}{path}", urls[i % 2]);
         async move {
             let started = Instant::now();
-            let r = support::http()
-                .get(url)
-                .header("CF-Connecting-IP", "198.51.100.20")
-                .send()
-                .await
-                .expect("the worker answers");
+            let r = get(url, "198.51.100.20", None).await;
             let limit = header(&r, "RateLimit").map(str::to_owned);
             let retry = header(&r, "Retry-After").map(str::to_owned);
             (r.status(), started.elapsed(), limit, retry)
@@ -129,12 +133,7 @@ async fn a_burst_reaches_the_origin_paced_across_two_instances() {
     // client is served at once.
     tokio::time::sleep(Duration::from_millis(2300)).await;
     let started = Instant::now();
-    let r = support::http()
-        .get(format!("{}{path}", urls[0]))
-        .header("CF-Connecting-IP", "198.51.100.20")
-        .send()
-        .await
-        .unwrap();
+    let r = get(format!("{}{path}", urls[0]), "198.51.100.20", None).await;
     assert_eq!(r.status(), StatusCode::OK);
     assert!(
         started.elapsed() < Duration::from_millis(500),
@@ -154,12 +153,7 @@ async fn a_crowd_in_one_isolate_waits_its_turns() {
     let sent = (0..30).map(|_| {
         let url = format!("{}{path}", stack.worker.url);
         async move {
-            let r = support::http()
-                .get(url)
-                .header("CF-Connecting-IP", "198.51.100.40")
-                .send()
-                .await
-                .expect("the worker answers");
+            let r = get(url, "198.51.100.40", None).await;
             r.status().as_u16()
         }
     });
@@ -168,7 +162,10 @@ async fn a_crowd_in_one_isolate_waits_its_turns() {
     assert!((21..=25).contains(&ok), "{answered:?}");
     let seen = arrivals(&stack, path).await;
     assert_eq!(seen.len(), ok);
-    conforms(&seen, 50.0, 1.0, 10.0).unwrap();
+    // The slack is the spread of the requests' own trips (a call's leader
+    // and its waiters are answered at different moments): well under one
+    // interval, so that a turn skipped still shows.
+    conforms(&seen, 50.0, 1.0, 25.0).unwrap();
 }
 
 /// What the isolates wrote of rule `paced` today: its delayed requests and
@@ -199,12 +196,12 @@ async fn delays_are_counted(stack: &Stack, urls: &[String], admitted: u64) {
     let (delayed, waited) = loop {
         tokio::time::sleep(Duration::from_millis(1100)).await;
         for url in urls {
-            let r = support::http()
-                .get(format!("{url}/timed/flush"))
-                .header("CF-Connecting-IP", format!("198.51.100.{}", 100 + flushes))
-                .send()
-                .await
-                .unwrap();
+            let r = get(
+                format!("{url}/timed/flush"),
+                &format!("198.51.100.{}", 100 + flushes),
+                None,
+            )
+            .await;
             assert_eq!(r.status(), StatusCode::OK);
             flushes += 1;
         }
@@ -265,13 +262,7 @@ async fn the_documented_example_answers_as_the_page_says() {
     let sent = (0..6).map(|_| {
         let url = format!("{}{path}", stack.worker.url);
         async move {
-            let r = support::http()
-                .get(url)
-                .header("CF-Connecting-IP", "198.51.100.30")
-                .header("authorization", "Bearer k1")
-                .send()
-                .await
-                .expect("the worker answers");
+            let r = get(url, "198.51.100.30", Some("Bearer k1")).await;
             let retry = header(&r, "Retry-After").map(str::to_owned);
             (r.status().as_u16(), retry)
         }

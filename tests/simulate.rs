@@ -267,6 +267,26 @@ fn requests_beyond_the_reordering_window_are_counted_late() {
     assert_eq!(report.span_ms, Some((T0 + 120_000, T0 + 200_000)));
 }
 
+/// `csv` replayed through `config` by the real script and by the model.
+fn through_both_engines(config: &Config, csv: &str) -> Vec<Report> {
+    let engines: [Box<dyn Engine>; 2] = [
+        Box::new(RedisEngine::start().expect("redis-server starts")),
+        Box::new(ModelEngine::new()),
+    ];
+    (engines.into_iter())
+        .map(|mut engine| {
+            simulate(
+                config,
+                csv.as_bytes(),
+                &Options::default(),
+                engine.as_mut(),
+                &mut (),
+            )
+            .unwrap()
+        })
+        .collect()
+}
+
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_edge-limiter"))
 }
@@ -465,19 +485,7 @@ fn count_status_and_penalties_by_hand() {
     for (t, path, status) in lines {
         csv.push_str(&format!("{},203.0.113.1,POST,{path},{status}\n", T0 + t));
     }
-    let engines: [Box<dyn Engine>; 2] = [
-        Box::new(RedisEngine::start().expect("redis-server starts")),
-        Box::new(ModelEngine::new()),
-    ];
-    for mut engine in engines {
-        let report = simulate(
-            &config,
-            csv.as_bytes(),
-            &Options::default(),
-            engine.as_mut(),
-            &mut (),
-        )
-        .unwrap();
+    for report in through_both_engines(&config, &csv) {
         let figures: Vec<_> = report
             .rules
             .iter()
@@ -519,19 +527,7 @@ fn waits_by_hand() {
     for t in [0, 0, 0, 0, 0, 1200] {
         csv.push_str(&format!("{},203.0.113.2,GET,/\n", T0 + t));
     }
-    let engines: [Box<dyn Engine>; 2] = [
-        Box::new(RedisEngine::start().expect("redis-server starts")),
-        Box::new(ModelEngine::new()),
-    ];
-    for mut engine in engines {
-        let report = simulate(
-            &config,
-            csv.as_bytes(),
-            &Options::default(),
-            engine.as_mut(),
-            &mut (),
-        )
-        .unwrap();
+    for report in through_both_engines(&config, &csv) {
         let figures: Vec<_> = (report.rules.iter())
             .map(|r| {
                 let c = |n| r.counts[n];

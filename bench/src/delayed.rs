@@ -11,6 +11,7 @@ use futures_util::future::join_all;
 
 use crate::{
     cpu,
+    in_flight::get,
     stack::{Origin, Worker},
 };
 
@@ -84,7 +85,7 @@ pub async fn measure(
         .count();
     let delayed_cpu_ms = pair_cpu_ms - admitted_cpu_ms;
     let crowded = format!("/timed/paced/crowd-{key}");
-    let sent = (0..CROWD).map(|_| get(http, &worker.url, &crowded, "203.0.113.98"));
+    let sent = (0..CROWD).map(|_| get(http, &worker.url, &crowded, "203.0.113.98", 0));
     let statuses = join_all(sent)
         .await
         .into_iter()
@@ -124,7 +125,7 @@ async fn batch(
         let mut took = Vec::new();
         for ip in ips.iter().skip(first).step_by(LANES) {
             let started = Instant::now();
-            let sent = (0..at_once).map(|_| get(http, &worker.url, path, ip));
+            let sent = (0..at_once).map(|_| get(http, &worker.url, path, ip, 0));
             for status in join_all(sent).await {
                 status?;
             }
@@ -152,17 +153,6 @@ fn early(arrivals: &[f64], interval: f64) -> usize {
         tat = tat.max(*t) + interval;
     }
     early
-}
-
-async fn get(http: &reqwest::Client, url: &str, path: &str, ip: &str) -> Result<u16, String> {
-    let r = (http.get(format!("{url}{path}")))
-        .header("CF-Connecting-IP", ip)
-        .send()
-        .await
-        .map_err(|e| format!("part 9: {e}"))?;
-    let status = r.status().as_u16();
-    r.bytes().await.map_err(|e| format!("part 9: {e}"))?;
-    Ok(status)
 }
 
 #[cfg(test)]

@@ -115,7 +115,7 @@ pub async fn measure(
 
 /// One request from `ip` whose body comes `drip_ms` after its headers,
 /// read to the end; its status.
-async fn get(
+pub async fn get(
     http: &reqwest::Client,
     url: &str,
     path: &str,
