@@ -143,8 +143,24 @@ if general then
     end
   end
 
+  -- A debit, what a response reported past the charge made up front: the
+  -- TAT moves on by its units from now or from where it lies, past the
+  -- burst if it must, so the client is denied until the debt is paid off.
+  -- At most one burst past it, so no run of debts locks a client out for
+  -- longer than two bursts take to pay off. Returns 1 if the TAT moved.
+  if op == 'debit' then
+    function gcra.refund(rule, key)
+      local interval_us = rule.interval_us
+      local ahead_us = ahead_of(key, interval_us)
+      local owed_us = math.min(ahead_us + rule.cost * interval_us, 2 * interval_us * rule.burst)
+      if owed_us <= ahead_us then
+        return 0
+      end
+      gcra.commit(key, owed_us)
+      return 1
+    end
   -- A refund needs only its own step; every other call, the decision's.
-  if op == 'refund' then
+  elseif op == 'refund' then
     -- Gives back what a charge of rule.cost units still holds, the charge
     -- having left the TAT at `mark_us` (the call's clock, microseconds): at
     -- most its cost, and none of what time has paid off since, so that no

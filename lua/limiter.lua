@@ -12,6 +12,7 @@
 --                         decision below decides the rule
 --   ARGV[1] == 'reset'    forget every key in KEYS (below)
 --   ARGV[1] == 'refund'   give back refundable charges (below)
+--   ARGV[1] == 'debit'    charge more than a decision charged (below)
 --   ARGV[1] == 'decide'   the general decision (below)
 --   ARGV[1] == 'group'    several requests of one client under the same
 --                         rules, each decided by the general decision
@@ -106,7 +107,9 @@
 --
 -- The refund call: ARGV[2] the clock as for a decision, then per rule its
 -- arguments, then its refund mark. Replies with one integer per rule: 1 if
--- something was given back.
+-- something was given back. A debit call ('debit') is laid out the same:
+-- each rule is charged its cost more, past its limit if it must be (a
+-- response that cost more than its estimate).
 -- The request is allowed when every enforced rule admits it; then every rule
 -- that admits it is charged. Otherwise none is, and the rules that would
 -- have admitted it are reported as they stand. Either way, a rule with a
@@ -128,7 +131,9 @@ local function read_rule()
   return algorithms[word].read(cost + 0)
 end
 
-if op == 'refund' then
+-- A debit has a refund's layout and reply: each algorithm's refund step
+-- then charges rule.cost more instead (gcra.lua, windowed.lua).
+if op == 'refund' or op == 'debit' then
   local given = {}
   for i = 1, #KEYS do
     local rule = read_rule()

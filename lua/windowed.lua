@@ -107,7 +107,7 @@ end
 -- remaining, reset_after, retry_after (milliseconds; -1: never) and its
 -- 1-based index; then what windowed_commit needs if the whole request is
 -- admitted (nil: nothing to write).
-local function windowed_check(rule, key, cost)
+local function windowed_check(rule, key, cost, owed)
   -- e, t and the previous release's c, each window's two fields, then u,
   -- a, s and the previous release's v (k is where they start).
   local windows, offset, pinned = rule.windows, rule.offset_ms, now_ms
@@ -202,7 +202,9 @@ local function windowed_check(rule, key, cost)
     end
 
     local total = older + newest
-    local fits = total + cost <= limit
+    -- A debt is counted whatever the limit: the client is then denied
+    -- until it has left the windows.
+    local fits = owed or total + cost <= limit
     local retry_after, newest_id = 0, last
     if fits then
       if cost > 0 then
@@ -338,8 +340,20 @@ if general then
     return { algorithm = windowed, cost = cost, offset_ms = offset_ms + 0, windows = { read(3 * n) } }
   end
 
+  -- A debit, what a response reported past the charge made up front:
+  -- counted now in every window, over the limit if it must be, as a
+  -- charge of its units would be. Returns 1 if anything was counted.
+  if op == 'debit' then
+    function windowed.refund(rule, key)
+      local plan = select(7, windowed_check(rule, key, rule.cost, true))
+      if not plan then
+        return 0
+      end
+      windowed_commit(key, plan)
+      return 1
+    end
   -- A refund needs only its own step; every other call, the decision's.
-  if op == 'refund' then
+  elseif op == 'refund' then
     -- Gives back a refundable charge of rule.cost units, made at `mark_ms`
     -- on the key's shifted clock. Each window takes the cost out of the
     -- bucket it was counted in, while that bucket is still counted; a key

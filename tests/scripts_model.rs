@@ -92,6 +92,9 @@ enum Kind {
     /// Gives back the oldest such charge not given back yet (its own rules,
     /// client and cost); nothing when there is none.
     Refund,
+    /// Charges the oldest such charge's cost again, past the limit if it
+    /// must be (a debit: a response that cost more than its estimate).
+    Debit,
     /// Writes the client's override key of the step's first rule: an
     /// override, garbage or nothing, picked by the step's cost.
     Override,
@@ -112,6 +115,7 @@ fn steps(
     let kind = prop_oneof![
         8 => Just(Kind::Decide),
         2 => Just(Kind::Refund),
+        1 => Just(Kind::Debit),
         1 => Just(Kind::Override),
         1 => Just(Kind::Wide),
         3 => Just(Kind::Group),
@@ -344,7 +348,8 @@ fn run_case(
     for (n, s) in steps.iter().enumerate() {
         skew += s.wait_ms;
         let now = now_ms() + skew;
-        if s.kind == Kind::Refund {
+        if matches!(s.kind, Kind::Refund | Kind::Debit) {
+            let debit = s.kind == Kind::Debit;
             if let Some((charged, decided, model_marks)) = pending.pop_front() {
                 let client = format!("client{}", charged.client);
                 let checks = checks_of(&rules, &charged, &client);
@@ -358,9 +363,15 @@ fn run_case(
                 let keys: Vec<String> = (checks.iter())
                     .map(|(c, id)| redis_key(&c.rule.name, id))
                     .collect();
+                // A response reports its cost to rate rules only: an
+                // in-flight slot is never debited.
+                let rated = |i: usize| {
+                    !(debit && matches!(checks[i].0.rule.policy, Policy::Concurrency(_)))
+                };
                 let given = |marks: &[(usize, u64)], real: bool| -> Vec<RefundCharge<'_>> {
                     marks
                         .iter()
+                        .filter(|(i, _)| rated(*i))
                         .map(|(i, mark)| RefundCharge {
                             check: checks[*i].0,
                             id: checks[*i].1.clone(),
@@ -370,16 +381,24 @@ fn run_case(
                         })
                         .collect()
                 };
-                let call = ScriptCall::refund(&given(&decided.refund_marks, true), Some(now));
+                let charges = given(&decided.refund_marks, true);
+                let call = match debit {
+                    true => ScriptCall::debit(&charges, Some(now)),
+                    false => ScriptCall::refund(&charges, Some(now)),
+                };
                 let real = rt
                     .block_on(run(&backend.client, &call, BUDGET))
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                let expected = model.refund(&given(&model_marks, false), now);
+                let expected = match debit {
+                    true => model.debit(&given(&model_marks, false), now),
+                    false => model.refund(&given(&model_marks, false), now),
+                };
                 prop_assert_eq!(
                     real,
                     Reply::Refunded(expected),
-                    "step {} refunds {:?} at {}",
+                    "step {} refunds (debit: {}) {:?} at {}",
                     n,
+                    debit,
                     charged,
                     now
                 );

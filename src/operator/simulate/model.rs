@@ -32,6 +32,9 @@ use crate::{
 /// A client of one rule: the rule's name and the identifier's parts.
 type Client = (String, Vec<String>);
 
+/// A day, microseconds: how long a GCRA charge's figures are kept.
+const DAY_US: u64 = 86_400_000_000;
+
 /// One client's windows, by (duration, precision): admitted cost per
 /// bucket id. Keyed by client first, so a reset drops them in one go.
 type ClientBuckets = HashMap<(u64, u64), BTreeMap<i64, u64>>;
@@ -50,11 +53,11 @@ pub struct Model {
     overrides: HashMap<Client, String>,
     /// Each rule's override for every client, as the caller passes it.
     rule_wide: HashMap<String, String>,
-    /// Per client, each GCRA charge with a refund mark still ahead of now:
-    /// its mark and the interval (us) it was made at, which a refund gives
-    /// back whatever holds since. A mark now past has nothing to give back,
-    /// so it is dropped with the client's next charge.
-    charged_at_us: HashMap<Client, Vec<(u64, u64)>>,
+    /// Per client, each GCRA charge with a refund mark less than a day
+    /// old: its mark, and the interval (us) and burst it was made at, which
+    /// a refund gives back and a debit charges at whatever holds since.
+    /// Older marks are dropped with the client's next charge.
+    charged_at_us: HashMap<Client, Vec<(u64, u64, u64)>>,
     /// In-flight: the last slot number handed out, and each slot held
     /// with when it expires (ms).
     slots: HashMap<Client, (u64, Vec<(u64, u64)>)>,
@@ -458,11 +461,7 @@ impl Model {
                         held.len() < before
                     }
                     Policy::Gcra(g) => {
-                        let charged = self.charged_at_us.get(&client).and_then(|marks| {
-                            marks.iter().find(|(m, _)| m == mark).map(|(_, us)| *us)
-                        });
-                        let interval =
-                            charged.unwrap_or_else(|| emission_us(g.rate(), g.period_ms()));
+                        let (interval, _) = self.charged_under(&client, *mark, g);
                         let now = now_ms * 1000;
                         let Some(tat) = self.tats.get(&client).copied().filter(|t| *t > now) else {
                             return false;
@@ -504,6 +503,62 @@ impl Model {
                 }
             })
             .collect()
+    }
+
+    /// Charges more than decisions charged, at `now_ms`: each charge's
+    /// cost again, past the limit if it must be (a response reporting more
+    /// than its estimate). A GCRA charge's TAT moves on by its units at the
+    /// interval it was made at, from now if the TAT lies behind, to at most
+    /// two bursts ahead; a windowed charge's units count in every window's
+    /// bucket of now. Whether each moved anything.
+    pub fn debit(&mut self, charges: &[RefundCharge<'_>], now_ms: u64) -> Vec<bool> {
+        charges
+            .iter()
+            .map(|charge| {
+                let c = &charge.check;
+                let client: Client = (
+                    c.rule.name.clone(),
+                    charge.id.iter().map(|p| p.to_string()).collect(),
+                );
+                match &c.rule.policy {
+                    Policy::Gcra(g) => {
+                        let (interval, burst) = self.charged_under(&client, charge.mark, g);
+                        let now = now_ms * 1000;
+                        let tat = self.tats.get(&client).copied().unwrap_or(0).max(now);
+                        let owed = (tat + c.cost * interval).min(now + 2 * interval * burst);
+                        if owed <= tat {
+                            return false;
+                        }
+                        self.tats.insert(client, owed);
+                        true
+                    }
+                    Policy::Windowed(ws) => {
+                        let longest = ws.iter().map(|w| w.duration_ms()).max().unwrap_or(1);
+                        let key = documented_key(&client.0, &client.1);
+                        let shifted = (now_ms + edge_offset(&key, longest)) as i64;
+                        let adds = (ws.iter())
+                            .map(|w| {
+                                let id = shifted.div_euclid(w.precision_ms() as i64);
+                                ((w.duration_ms(), w.precision_ms()), id, c.cost)
+                            })
+                            .collect();
+                        self.apply(Some(StateWrite::Buckets(adds)), client);
+                        c.cost > 0
+                    }
+                    Policy::Concurrency(_) => false,
+                }
+            })
+            .collect()
+    }
+
+    /// The interval (us) and burst a client's GCRA charge marked `mark`
+    /// was made at; `g`'s own where the mark is not known.
+    fn charged_under(&self, client: &Client, mark: u64, g: &Gcra) -> (u64, u64) {
+        let marks = self.charged_at_us.get(client).into_iter().flatten();
+        (marks.filter(|(m, _, _)| *m == mark))
+            .map(|(_, interval, burst)| (*interval, *burst))
+            .next()
+            .unwrap_or((emission_us(g.rate(), g.period_ms()), g.burst()))
     }
 
     /// `checks` at `now_ms`, each with its client and what is in force
@@ -616,8 +671,8 @@ impl Model {
                         .charged_at_us
                         .entry(req.clients[i].clone())
                         .or_default();
-                    marks.retain(|(m, _)| *m > req.now_ms * 1000);
-                    marks.push((*tat, emission_us(g.rate(), g.period_ms())));
+                    marks.retain(|(m, _, _)| *m + DAY_US > req.now_ms * 1000);
+                    marks.push((*tat, emission_us(g.rate(), g.period_ms()), g.burst()));
                 }
                 Some(*tat)
             }

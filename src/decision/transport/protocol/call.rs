@@ -248,6 +248,8 @@ pub struct Refund {
     pub now_ms: Option<u64>,
     /// Each rule's key, figures and charged cost, with its refund mark.
     pub rules: Vec<(RuleArgs, u64)>,
+    /// Whether each rule is charged its cost more instead ([`Entry::Debit`]).
+    pub debit: bool,
 }
 
 impl ScriptCall {
@@ -367,6 +369,17 @@ impl ScriptCall {
 
     /// Gives back `charges`, each at the figures it was charged under.
     pub fn refund(charges: &[RefundCharge<'_>], now_ms: Option<u64>) -> ScriptCall {
+        ScriptCall::settling(charges, now_ms, false)
+    }
+
+    /// Charges each of `charges`'s units more, past the limit if it must
+    /// be, at the figures its decision charged under: what a response
+    /// reported past the estimate charged up front.
+    pub fn debit(charges: &[RefundCharge<'_>], now_ms: Option<u64>) -> ScriptCall {
+        ScriptCall::settling(charges, now_ms, true)
+    }
+
+    fn settling(charges: &[RefundCharge<'_>], now_ms: Option<u64>, debit: bool) -> ScriptCall {
         let rules = charges
             .iter()
             .map(|c| {
@@ -377,7 +390,11 @@ impl ScriptCall {
                 (args, c.mark)
             })
             .collect();
-        ScriptCall::Refund(Refund { now_ms, rules })
+        ScriptCall::Refund(Refund {
+            now_ms,
+            rules,
+            debit,
+        })
     }
 
     /// The one-rule path, where it decides the same as the general one: a
@@ -476,6 +493,7 @@ impl ScriptCall {
             ScriptCall::Decide(_) => Entry::Decide,
             ScriptCall::Group(_) => Entry::Group,
             ScriptCall::Reset(_) => Entry::Reset,
+            ScriptCall::Refund(r) if r.debit => Entry::Debit,
             ScriptCall::Refund(_) => Entry::Refund,
         }
     }
@@ -665,11 +683,16 @@ impl Group {
 }
 
 impl Refund {
-    /// `refund`, the clock (empty for Redis's), then each rule's arguments
-    /// as a decision has them, then its mark.
+    /// `refund` (or `debit`), the clock (empty for Redis's), then each
+    /// rule's arguments as a decision has them, then its mark.
     fn args(&self) -> Vec<String> {
         let clock = self.now_ms.map(|n| n.to_string()).unwrap_or_default();
-        let mut args = vec![Entry::REFUND.to_owned(), clock];
+        let entry = if self.debit {
+            Entry::DEBIT
+        } else {
+            Entry::REFUND
+        };
+        let mut args = vec![entry.to_owned(), clock];
         for (rule, mark) in &self.rules {
             rule.push_general(&mut args);
             push_numbers(&mut args, &[*mark]);

@@ -38,17 +38,21 @@ pub enum Entry {
     Reset,
     /// Gives refundable charges back.
     Refund,
+    /// Charges more than decisions charged, laid out as a refund: what
+    /// responses reported past their estimates.
+    Debit,
 }
 
 impl Entry {
     /// Every entry point.
-    pub const ALL: [Entry; 6] = [
+    pub const ALL: [Entry; 7] = [
         Entry::OneGcra,
         Entry::OneWindowed,
         Entry::Decide,
         Entry::Group,
         Entry::Reset,
         Entry::Refund,
+        Entry::Debit,
     ];
 
     /// A GCRA rule's word, first in its arguments: alone, its call's
@@ -65,6 +69,8 @@ impl Entry {
     pub const RESET: &'static str = "reset";
     /// `ARGV[1]` of a refund.
     pub const REFUND: &'static str = "refund";
+    /// `ARGV[1]` of a debit.
+    pub const DEBIT: &'static str = "debit";
 
     /// The operation name `ARGV[1]` holds for this entry.
     pub fn operation(self) -> &'static str {
@@ -75,6 +81,7 @@ impl Entry {
             Entry::Group => Entry::GROUP,
             Entry::Reset => Entry::RESET,
             Entry::Refund => Entry::REFUND,
+            Entry::Debit => Entry::DEBIT,
         }
     }
 }
