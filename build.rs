@@ -1,7 +1,7 @@
 //! Joins the Lua files into the scripts the worker sends (the limiter's,
 //! and the stats script), and embeds each with its SHA1 so `EVALSHA` needs
-//! no hashing at run time. Comments and
-//! indentation are left out of what is embedded (the files in `lua/` are the
+//! no hashing at run time. Comments, indentation and the blanks between
+//! tokens are left out of what is embedded (the files in `lua/` are the
 //! readable form); every line stays where it was, so a Redis error names the
 //! same line number as the file.
 
@@ -88,15 +88,42 @@ fn without_comments(lua: &str) -> String {
         } else {
             let line_start = out.is_empty() || out.ends_with('\n');
             match c {
-                '\n' => new_line(&mut out),
-                ' ' | '\t' | '\r' if line_start => {}
-                _ => out.push(c),
+                ' ' | '\t' if !line_start => {
+                    // A run of blanks inside a line: one space, only where
+                    // the tokens on each side would otherwise run together.
+                    let run = rest.len() - rest.trim_start_matches([' ', '\t']).len();
+                    let next = rest[run..].chars().next().unwrap_or('\n');
+                    if joins(out.chars().last().unwrap_or('\n'), next) {
+                        out.push(' ');
+                    }
+                    run
+                }
+                '\n' => {
+                    new_line(&mut out);
+                    1
+                }
+                ' ' | '\t' | '\r' => 1,
+                _ => {
+                    out.push(c);
+                    c.len_utf8()
+                }
             }
-            c.len_utf8()
         };
         rest = &rest[len..];
     }
     out
+}
+
+/// Whether `before` and `after`, with nothing between them, would read as
+/// one token where a blank kept them two: two word characters (`local x`,
+/// `1 and`), `- -` (a comment), and a dot beside a dot or a digit (`1 ..`).
+fn joins(before: char, after: char) -> bool {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let dotted = |a: char, b: char| a == '.' && (b == '.' || b.is_ascii_digit());
+    (word(before) && word(after))
+        || (before == '-' && after == '-')
+        || dotted(before, after)
+        || dotted(after, before)
 }
 
 /// Ends the line `out` is on, dropping the blanks it ends with.

@@ -226,18 +226,6 @@ async fn delays_are_counted(stack: &Stack, urls: &[String], admitted: u64) {
     );
 }
 
-/// The first TOML block under `heading` in docs/rules.md.
-fn documented_rule(heading: &str) -> String {
-    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/rules.md"))
-        .expect("docs/rules.md is readable");
-    let section = page.split(heading).nth(1).expect("the heading is there");
-    let block = section
-        .split("```toml\n")
-        .nth(1)
-        .expect("a TOML block follows");
-    block.split("```").next().unwrap().to_owned()
-}
-
 /// The sample rule in the project's wrangler.toml, which `scripts/stack`
 /// runs beside the one a page adds.
 fn sample_rule() -> String {
@@ -256,7 +244,7 @@ fn sample_rule() -> String {
 /// refused at once with `Retry-After: 2`.
 #[tokio::test]
 async fn the_documented_example_answers_as_the_page_says() {
-    let rules = sample_rule() + &documented_rule("## A short wait instead of 429");
+    let rules = sample_rule() + &support::documented_rule("## A short wait instead of 429");
     let stack = Stack::start(&rules);
     let path = "/timed/v1/chat";
     let sent = (0..6).map(|_| {

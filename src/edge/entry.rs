@@ -177,20 +177,34 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
             }
             let response = forward(&req, &url, isolate.origin.as_deref()).await?;
             let status = response.status();
+            let reported = reported_costs(&isolate.config, &response);
             let (response, body_end) = match releases {
                 true => watched(response, &headers, &req.signal())?,
                 false => (with_headers(response, &headers)?, None),
             };
             if let Some(sender) = origin_status.take() {
-                sender.send(status, body_end);
+                sender.send((status, body_end, reported));
             }
             (response, status)
         }
     };
     if let Some(sender) = origin_status {
-        sender.send(status, None);
+        sender.send((status, None, vec![]));
     }
     Ok(response)
+}
+
+/// The values of every `cost_header` the rules name, as the origin's
+/// `response` holds them (`None`: absent).
+fn reported_costs(config: &Config, response: &web_sys::Response) -> Vec<(String, Option<String>)> {
+    let mut reported: Vec<(String, Option<String>)> = vec![];
+    for name in config.rules.iter().filter_map(|r| r.cost_header.as_ref()) {
+        if !reported.iter().any(|(n, _)| n == name) {
+            let value = response.headers().get(name).ok().flatten();
+            reported.push((name.clone(), value));
+        }
+    }
+    reported
 }
 
 /// What a request leaves to do after its decision.
@@ -246,10 +260,11 @@ fn background(isolate: &Rc<Isolate>, ctx: &Rc<Context>, work: Background) -> Opt
             Some(_) => status.await,
             None => None,
         };
-        if let (Some(refund), Some((status, _))) = (&refund, &answered) {
+        if let (Some(refund), Some((status, _, reported))) = (&refund, &answered) {
             let now_ms = js_sys::Date::now() as u64;
-            log(limiter.refund(refund, *status, now_ms).await);
-            isolate.count(|s| s.refunded(config, refund, *status, calls.take(), now_ms));
+            log(limiter.refund(refund, (*status, reported), now_ms).await);
+            isolate
+                .count(|s| s.refunded(config, refund, (*status, reported), calls.take(), now_ms));
         }
         if let (Some(stats), Some(recorder)) = (stats, &isolate.stats) {
             log(write::flush(&isolate.client, config, recorder, stats).await);
@@ -258,7 +273,7 @@ fn background(isolate: &Rc<Isolate>, ctx: &Rc<Context>, work: Background) -> Opt
         // waits for it.
         if let Some(refund) = refund.as_ref().filter(|_| releases) {
             // The body's end, its client gone, or no response at all.
-            if let Some((_, Some(body_end))) = answered {
+            if let Some((_, Some(body_end), _)) = answered {
                 let _ = JsFuture::from(body_end).await;
             }
             let now_ms = js_sys::Date::now() as u64;
@@ -282,13 +297,14 @@ struct StatusSlot {
     waiting: Option<Waker>,
 }
 
-/// The origin's status, and the promise that settles when the response's
-/// body has ended (delivered, or its client gone), where it is watched.
-type Answered = (u16, Option<js_sys::Promise>);
+/// The origin's status, the promise that settles when the response's
+/// body has ended (delivered, or its client gone) where it is watched, and
+/// the costs its headers reported.
+type Answered = (u16, Option<js_sys::Promise>, Vec<(String, Option<String>)>);
 
 impl StatusSender {
-    fn send(self, status: u16, body_end: Option<js_sys::Promise>) {
-        self.0.borrow_mut().sent = Some(Some((status, body_end)));
+    fn send(self, answered: Answered) {
+        self.0.borrow_mut().sent = Some(Some(answered));
     }
 }
 

@@ -298,6 +298,10 @@ impl TryFrom<RawRule> for Rule {
             ));
         }
         let penalty_ms = raw.penalty.as_ref().map(penalty).transpose()?;
+        let cost_header = raw
+            .cost_header
+            .map(|h| cost_header(h, &policy, &count_status));
+        let cost_header = cost_header.transpose()?;
         let mode = raw.mode.unwrap_or(Mode::Enforce);
         let lease = lease(
             raw.lease,
@@ -306,6 +310,9 @@ impl TryFrom<RawRule> for Rule {
             mode,
             &count_status,
         )?;
+        if lease.is_some() && cost_header.is_some() {
+            return Err(invalid("lease", "a `cost_header` rule settles each request's charge in Redis after its response, which a lease's units, spent in the isolate, cannot; remove `lease` or `cost_header`"));
+        }
         let except_ips = raw
             .except_ips
             .iter()
@@ -328,6 +335,7 @@ impl TryFrom<RawRule> for Rule {
             deny_body,
             count_status,
             penalty_ms,
+            cost_header,
             lease,
             overrides: raw.overrides.unwrap_or(false),
             except_ips,
@@ -404,6 +412,28 @@ fn lease(
     }
     let for_ms = lease_for.map(|d| duration("lease_for", d)).transpose()?;
     Ok(Some(Lease::new(policy, units, for_ms)?))
+}
+
+/// The response header a rule's cost is settled from, where the charge
+/// up front can be settled exactly.
+fn cost_header(name: String, policy: &Policy, count_status: &[u16]) -> Result<String, FieldError> {
+    let [name] = header_names("cost_header", &[name])?
+        .try_into()
+        .expect("one name, one name");
+    let algorithm = policy.algorithm();
+    let why = if algorithm.released() {
+        Some("an in-flight limit counts requests, not their cost: its slot is given back whole")
+    } else if algorithm.max_delay_ms() > 0 {
+        Some("a delaying rule reserved an instant for the estimate, which a settlement afterwards cannot move; remove `on_limit` or `cost_header`")
+    } else if !count_status.is_empty() {
+        Some("a `count_status` rule already settles its charge by the response's status; remove one of them")
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(invalid("cost_header", why)),
+        None => Ok(name),
+    }
 }
 
 fn penalty(written: &RawDuration) -> Result<u64, FieldError> {
@@ -995,6 +1025,44 @@ mod tests {
             e.contains("field `on_limit`: a windowed rule cannot delay exactly"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_cost_header_is_a_header_name_on_a_rule_that_can_settle_exactly() {
+        let rule = |extra: Value| {
+            let mut r = json!({"name": "c", "key": ["ip"], "algorithm": "gcra", "rate": 5,
+                "period": "1s", "cost_header": "X-Cost"});
+            r.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            one_rule(r)
+        };
+        let c = rule(json!({})).unwrap();
+        assert_eq!(c.rules[0].cost_header.as_deref(), Some("x-cost"));
+        let windowed = json!({"algorithm": "windowed", "windows": [["1m", 10, "1s"]], "rate": null, "period": null});
+        assert!(rule(windowed).is_ok());
+        for (extra, says) in [
+            (
+                json!({"cost_header": "X Cost"}),
+                "field `cost_header`: `X Cost` is not a header name",
+            ),
+            (
+                json!({"count_status": [401]}),
+                "field `cost_header`: a `count_status` rule",
+            ),
+            (
+                json!({"on_limit": "delay"}),
+                "field `cost_header`: a delaying rule",
+            ),
+            (json!({"lease": 1}), "field `lease`: a `cost_header` rule"),
+            (
+                json!({"algorithm": "concurrency", "limit": 2, "rate": null, "period": null}),
+                "field `cost_header`: an in-flight limit",
+            ),
+        ] {
+            let e = rule(extra.clone()).unwrap_err().to_string();
+            assert!(e.contains(says), "{extra}: {e}");
+        }
     }
 
     #[test]

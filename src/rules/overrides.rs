@@ -36,7 +36,7 @@ impl Override {
     pub fn to_text(&self) -> String {
         match self {
             Override::Block => BLOCK_TEXT.to_owned(),
-            Override::Figures(p) => format!("{VERSION} {}", p.algorithm().override_text()),
+            Override::Figures(p) => format!("{VERSION} {}", p.described().override_text()),
         }
     }
 

@@ -63,6 +63,10 @@ pub struct Rule {
     /// Once the rule denies a client, it keeps denying that client this
     /// long, milliseconds, whatever the rate would allow meanwhile.
     pub penalty_ms: Option<u64>,
+    /// A response header (lower-case name) in which the origin reports
+    /// what the request cost: the rule's `cost` is charged up front as the
+    /// estimate, and the difference settled after the response.
+    pub cost_header: Option<String>,
     /// Units the rule may lease to an isolate ahead of its requests, and
     /// for how long; `None`: every request is decided in Redis.
     pub lease: Option<Lease>,
@@ -266,6 +270,7 @@ impl Rule {
             deny_body: None,
             count_status: vec![],
             penalty_ms: None,
+            cost_header: None,
             lease: None,
             overrides: false,
             except_ips: vec![],

@@ -186,3 +186,16 @@ pub fn carried(exchanges: &[Exchange]) -> Vec<Sent> {
     }
     all
 }
+
+/// The first TOML block under `heading` in docs/rules.md: a page's
+/// example, run as written.
+pub fn documented_rule(heading: &str) -> String {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/rules.md"))
+        .expect("docs/rules.md is readable");
+    let section = page.split(heading).nth(1).expect("the heading is there");
+    let block = section
+        .split("```toml\n")
+        .nth(1)
+        .expect("a TOML block follows");
+    block.split("```").next().unwrap().to_owned()
+}

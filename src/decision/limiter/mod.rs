@@ -551,7 +551,7 @@ mod tests {
         tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap()
-            .block_on(limiter.refund(&pending, 200, 0));
+            .block_on(limiter.refund(&pending, (200, &[]), 0));
         let sent = last(&store).args;
         assert_eq!(sent[..4], ["refund", "", "gcra", "1"]);
         assert_eq!(sent[4], "6000000", "{sent:?}");
@@ -596,7 +596,9 @@ mod tests {
         assert_eq!(last(&store).args[2], "r");
         let refund = out.refund.expect("a refund for after the response");
         // A status the rule counts: the charge stays, no call at all.
-        assert!(rt.block_on(limiter.refund(&refund, 401, 0)).is_empty());
+        assert!(rt
+            .block_on(limiter.refund(&refund, (401, &[]), 0))
+            .is_empty());
         assert_eq!(store.calls.get(), 1);
         // Any other: one call giving the charge back by its mark.
         let store = fake(Ok(json!([1])));
@@ -609,7 +611,9 @@ mod tests {
             in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: false,
         };
-        assert!(rt.block_on(limiter.refund(&refund, 200, 0)).is_empty());
+        assert!(rt
+            .block_on(limiter.refund(&refund, (200, &[]), 0))
+            .is_empty());
         let sent = last(&store);
         assert_eq!(
             (sent.args.as_slice(), sent.keys.as_slice()),
@@ -634,7 +638,7 @@ mod tests {
             pinned: true,
             ..limiter
         };
-        rt.block_on(pinned.refund(&refund, 200, 1_795_169_161_000));
+        rt.block_on(pinned.refund(&refund, (200, &[]), 1_795_169_161_000));
         assert_eq!(last(&store).args[..2], ["refund", "1795169161000"]);
         // A fault after the response is only logged, and the charge stays.
         let store = fake(Err(RestError::Timeout { budget_ms: 1000 }));
@@ -647,7 +651,7 @@ mod tests {
             in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: false,
         };
-        let events = rt.block_on(limiter.refund(&refund, 200, 0));
+        let events = rt.block_on(limiter.refund(&refund, (200, &[]), 0));
         assert_eq!(events.len(), 1);
         assert_eq!(
             (events[0].action, events[0].status),

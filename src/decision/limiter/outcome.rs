@@ -141,19 +141,55 @@ impl RefundRule {
 }
 
 impl PendingRefund {
-    /// The charges to give back after an answer of `status`: those of rules
-    /// that do not count it, ready for [`ScriptCall::refund`]; rules
-    /// `config` lacks are left out.
+    /// The charges to give back after an answer of `status`: those of
+    /// `count_status` rules that do not count it, ready for
+    /// [`ScriptCall::refund`]; rules `config` lacks are left out.
     pub fn uncounted<'a>(&'a self, config: &'a Config, status: u16) -> Vec<RefundCharge<'a>> {
         self.rules
             .iter()
             .filter_map(|r| {
                 let rule = config.rule(r.rule)?;
-                let counted =
-                    rule.count_status.contains(&status) || rule.policy.algorithm().released();
-                (!counted).then(|| r.charge(rule))
+                let uncounted =
+                    !rule.count_status.is_empty() && !rule.count_status.contains(&status);
+                uncounted.then(|| r.charge(rule))
             })
             .collect()
+    }
+
+    /// What the response's `reported` costs settle (each `cost_header`
+    /// rule's header value, by header name): the charges to give back and
+    /// to charge again, each of the units between the estimate and the
+    /// cost reported, and the rules whose value was no cost (with what it
+    /// was), whose estimates stand.
+    pub fn settled<'a>(
+        &'a self,
+        config: &'a Config,
+        reported: &[(String, Option<String>)],
+    ) -> Settlement<'a> {
+        let mut settlement = Settlement::default();
+        for r in &self.rules {
+            let Some(rule) = config.rule(r.rule) else {
+                continue;
+            };
+            let Some(header) = &rule.cost_header else {
+                continue;
+            };
+            let value = (reported.iter().find(|(name, _)| name == header))
+                .and_then(|(_, value)| value.as_deref());
+            let Some(cost) = value.and_then(|v| reported_cost(v, rule.policy.capacity())) else {
+                settlement.ignored.push((rule, value.map(str::to_owned)));
+                continue;
+            };
+            let mut charge = r.charge(rule);
+            let estimate = charge.check.cost;
+            charge.check.cost = cost.abs_diff(estimate);
+            match cost.cmp(&estimate) {
+                std::cmp::Ordering::Less => settlement.back.push(charge),
+                std::cmp::Ordering::Greater => settlement.more.push(charge),
+                std::cmp::Ordering::Equal => {}
+            }
+        }
+        settlement
     }
 
     /// The slots to give back once the response has ended: those of
@@ -174,6 +210,26 @@ impl PendingRefund {
     pub fn releases(&self, config: &Config) -> bool {
         !self.releasing(config).is_empty()
     }
+}
+
+/// What a response's reported costs settle: see [`PendingRefund::settled`].
+#[derive(Debug, Default)]
+pub struct Settlement<'a> {
+    /// Charges to give back, each of the units the estimate exceeded the cost by.
+    pub back: Vec<RefundCharge<'a>>,
+    /// Charges to charge again, each of the units the cost exceeded the estimate by.
+    pub more: Vec<RefundCharge<'a>>,
+    /// Rules whose header held no cost, with what it held (`None`: absent).
+    pub ignored: Vec<(&'a Rule, Option<String>)>,
+}
+
+/// A cost as a response reports it: a whole number in plain digits, from
+/// 0 to the most one request of the rule may cost; anything else is none.
+pub fn reported_cost(value: &str, capacity: u64) -> Option<u64> {
+    let digits = value.trim();
+    let plain =
+        !digits.is_empty() && digits.len() <= 19 && digits.bytes().all(|b| b.is_ascii_digit());
+    digits.parse().ok().filter(|n| plain && *n <= capacity)
 }
 
 impl RefundRule {

@@ -64,6 +64,10 @@ pub struct Passed {
 #[derive(Debug, Default)]
 pub struct LogGate {
     held: HashMap<LogGroup, HeldBack>,
+    /// Per rule, the minute its last [`Action::CostIgnored`] line was
+    /// written in, and how many such events it has held back since: a
+    /// list, as there are no more of them than rules with a `cost_header`.
+    minutely: Vec<(String, u64, u64)>,
     /// Each group's last line, oldest first: what falls due is found at
     /// the front, so a request never walks every group a flood left.
     lines_at: VecDeque<(u64, LogGroup)>,
@@ -82,7 +86,28 @@ impl LogGate {
             lines: self.due(now_ms),
             held_until_ms: None,
         };
-        for event in events {
+        for mut event in events {
+            if event.action == Action::CostIgnored {
+                // An origin's header is wrong for every response at once:
+                // a line a minute per rule says so.
+                let minute = now_ms / 60_000;
+                let i = match self.minutely.iter().position(|(r, _, _)| *r == event.rule) {
+                    Some(i) => i,
+                    None => {
+                        self.minutely.push((event.rule.clone(), u64::MAX, 0));
+                        self.minutely.len() - 1
+                    }
+                };
+                let (_, at, held) = &mut self.minutely[i];
+                if *at == minute {
+                    *held += 1;
+                } else {
+                    event.repeated = (*held > 0).then_some(*held);
+                    (*at, *held) = (minute, 0);
+                    passed.lines.push(event);
+                }
+                continue;
+            }
             if !repeats(event.action) {
                 passed.lines.push(event);
                 continue;

@@ -40,6 +40,11 @@ pub enum Action {
     /// Reading the rule-wide overrides after a response failed: the
     /// isolate keeps its copy and reads again a second later at the soonest.
     OverrideReadFailed,
+    /// A response's `cost_header` held no cost (absent, negative,
+    /// fractional, past the rule's largest cost, or no number): the
+    /// estimate charged up front stands (`error` holds what it held).
+    /// Written once per rule a minute.
+    CostIgnored,
     /// Writing the isolate's stats failed: it sends the write again when
     /// the next is due (`rule` is empty, `key` names the isolate's stats
     /// key).

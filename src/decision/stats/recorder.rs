@@ -298,18 +298,20 @@ impl Recorder {
         }
     }
 
-    /// Counts the `calls` giving back `pending`'s charges after an answer
-    /// of `status` took, at `now_ms`.
+    /// Counts the `calls` settling `pending`'s charges after an answer of
+    /// `status` whose headers `reported` costs took, at `now_ms`.
     pub fn refunded(
         &mut self,
         config: &Config,
         pending: &PendingRefund,
-        status: u16,
+        (status, reported): (u16, &[(String, Option<String>)]),
         calls: u64,
         now_ms: u64,
     ) {
         let charges = pending.uncounted(config, status);
-        let rules = charges.iter().map(|c| index_of(config, c.check.rule));
+        let settled = pending.settled(config, reported);
+        let rules = (charges.iter().chain(&settled.back).chain(&settled.more))
+            .map(|c| index_of(config, c.check.rule));
         self.after(rules, calls, now_ms);
     }
 

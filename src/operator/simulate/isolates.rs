@@ -378,7 +378,9 @@ impl<'c> Replay<'c> {
         if let (Some(refund), Some(status)) = (&handled.refund, record.status) {
             let far = FarScript::new(self, i);
             let now = self.clock.now_ms();
-            self.limiter(i, &far).refund(refund, status, now).await;
+            self.limiter(i, &far)
+                .refund(refund, (status, &[]), now)
+                .await;
         }
     }
 

@@ -46,11 +46,6 @@ pub trait Algorithm {
     /// named `rule.i`.
     fn items(&self) -> usize;
 
-    /// Its figures as an override's text after the version
-    /// (`gcra <rate> <period_ms> <burst> <interval_us>`), which
-    /// `lua/limiter.lua` reads.
-    fn override_text(&self) -> String;
-
     /// Why a rule of it takes no lease, where it takes none.
     fn no_lease(&self) -> Option<&'static str> {
         None
@@ -105,6 +100,10 @@ pub trait Described {
     /// A lease as `edge-limiter check` reports it, with the `largest` the
     /// figures allow.
     fn describe_lease(&self, units: u64, for_ms: u64, largest: u64) -> String;
+    /// Its figures as an override's text after the version
+    /// (`gcra <rate> <period_ms> <burst> <interval_us>`), which
+    /// `lua/limiter.lua` reads.
+    fn override_text(&self) -> String;
 }
 
 /// Upper bound for every duration: 366 days of milliseconds.

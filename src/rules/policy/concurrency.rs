@@ -125,10 +125,6 @@ impl Algorithm for Concurrency {
         1
     }
 
-    fn override_text(&self) -> String {
-        format!("concurrency {}", self.limit())
-    }
-
     fn no_lease(&self) -> Option<&'static str> {
         Some(
             "an in-flight limit takes no lease: a slot is held until its response ends, \
@@ -176,5 +172,9 @@ impl Described for Concurrency {
 
     fn describe_lease(&self, _units: u64, _for_ms: u64, _largest: u64) -> String {
         String::new()
+    }
+
+    fn override_text(&self) -> String {
+        format!("concurrency {}", self.limit())
     }
 }

@@ -200,18 +200,6 @@ impl Algorithm for Gcra {
         1
     }
 
-    /// The script applies the interval and burst; the rate and period are
-    /// for people, and must give that same interval.
-    fn override_text(&self) -> String {
-        format!(
-            "gcra {} {} {} {}",
-            self.rate(),
-            self.period_ms(),
-            self.burst(),
-            self.interval_us()
-        )
-    }
-
     /// A lease's units count as arriving at its end, so its length takes
     /// from the burst what refills meanwhile; and the request before it
     /// takes one interval.
@@ -271,6 +259,18 @@ impl Described for Gcra {
     fn describe_lease(&self, units: u64, for_ms: u64, largest: u64) -> String {
         format!(
             ", lease {units} units for {for_ms}ms (the burst allows up to {largest} for that long)"
+        )
+    }
+
+    /// The script applies the interval and burst; the rate and period are
+    /// for people, and must give that same interval.
+    fn override_text(&self) -> String {
+        format!(
+            "gcra {} {} {} {}",
+            self.rate(),
+            self.period_ms(),
+            self.burst(),
+            self.interval_us()
         )
     }
 }

@@ -254,16 +254,6 @@ impl Algorithm for Windows {
         self.len()
     }
 
-    /// Each limit names its window's duration, so that a rule redeployed
-    /// with other durations finds its override none, not set on other
-    /// windows.
-    fn override_text(&self) -> String {
-        let limits: Vec<String> = (self.iter())
-            .map(|w| format!("{}:{}", w.duration_ms(), w.limit()))
-            .collect();
-        format!("windows {}", limits.join(" "))
-    }
-
     /// A lease's units count in the request's buckets, so any window
     /// takes them: one `share`th of the smallest limit after a request.
     fn lease_largest(&self, _for_ms: u64, share: u64) -> u64 {
@@ -318,5 +308,15 @@ impl Described for Windows {
         format!(
             ", lease {units} units for {for_ms}ms or to the bucket's end if sooner (the limits allow up to {largest})"
         )
+    }
+
+    /// Each limit names its window's duration, so that a rule redeployed
+    /// with other durations finds its override none, not set on other
+    /// windows.
+    fn override_text(&self) -> String {
+        let limits: Vec<String> = (self.iter())
+            .map(|w| format!("{}:{}", w.duration_ms(), w.limit()))
+            .collect();
+        format!("windows {}", limits.join(" "))
     }
 }

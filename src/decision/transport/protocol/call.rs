@@ -408,7 +408,8 @@ impl ScriptCall {
             return None;
         };
         let rule = check.rule;
-        let plain = rule.count_status.is_empty() && rule.penalty_ms.is_none();
+        let plain =
+            rule.count_status.is_empty() && rule.cost_header.is_none() && rule.penalty_ms.is_none();
         let entry = algorithms::of(&rule.policy).one_rule_entry()?;
         plain.then(|| {
             let rule_args = rule_args.clone();
@@ -564,8 +565,9 @@ impl General {
     ) -> General {
         let rules: Vec<(RuleArgs, CallMode)> = (checks.iter().zip(args))
             .map(|((c, _), args)| {
-                let refundable =
-                    !c.rule.count_status.is_empty() || c.rule.policy.algorithm().released();
+                let refundable = !c.rule.count_status.is_empty()
+                    || c.rule.cost_header.is_some()
+                    || c.rule.policy.algorithm().released();
                 (args, CallMode::of(c.rule.mode, refundable))
             })
             .collect();
