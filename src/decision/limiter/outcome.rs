@@ -429,3 +429,33 @@ pub(super) fn failed<'c>(
     };
     Handled::new(outcome, events)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::reported_cost;
+
+    #[test]
+    fn a_reported_cost_is_a_whole_number_within_the_rule() {
+        for (value, read) in [
+            ("10", Some(10)),
+            (" 7 ", Some(7)),
+            ("0", Some(0)),
+            ("100", Some(100)),
+        ] {
+            assert_eq!(reported_cost(value, 100), read, "{value}");
+        }
+        for value in [
+            "",
+            "-1",
+            "+3",
+            "2.5",
+            "1e3",
+            "101",
+            "99999999999999999999",
+            "ten",
+            "0x10",
+        ] {
+            assert_eq!(reported_cost(value, 100), None, "{value}");
+        }
+    }
+}

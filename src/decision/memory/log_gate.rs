@@ -203,6 +203,19 @@ mod tests {
     }
 
     #[test]
+    fn a_cost_header_that_holds_no_cost_is_written_once_per_rule_a_minute() {
+        let mut g = LogGate::new();
+        let ignored = |rule: &str| Event::new(Action::CostIgnored, rule);
+        let at = 60_000 * 7;
+        let first = g.pass(vec![ignored("a"), ignored("a"), ignored("b")], at);
+        assert_eq!(first.lines.len(), 2, "one for a, one for b");
+        assert!(g.pass(vec![ignored("a")], at + 59_000).lines.is_empty());
+        let next = g.pass(vec![ignored("a")], at + 60_000).lines;
+        assert_eq!(next.len(), 1);
+        assert_eq!(next[0].repeated, Some(2), "it stands for the two held back");
+    }
+
+    #[test]
     fn a_flood_writes_a_line_a_second_and_every_denial_is_counted() {
         let mut g = LogGate::new();
         let mut lines = Vec::new();
