@@ -7,42 +7,17 @@
 
 mod support;
 
-use edge_limiter::{
-    decision::{
-        outcomes::verdict::Retry,
-        transport::keys::redis_key,
-        transport::protocol::{run, Check, RefundCharge, Reply, ScriptCall},
-    },
-    rules::rule::Rule,
-};
+use edge_limiter::{decision::outcomes::verdict::Retry, rules::rule::Rule};
 use serde_json::json;
-use support::{rules, Backend, BUDGET};
+use support::{rules, Backend};
 
 /// A pinned clock.
 const T0: u64 = 1_795_168_800_000;
 
 /// Charges `cost` units more to `rule`'s client `id`, its decision's mark
 /// `mark`; whether anything moved.
-async fn debit(
-    b: &Backend,
-    rule: &Rule,
-    id: &str,
-    (cost, mark): (u64, u64),
-    now: Option<u64>,
-) -> bool {
-    let key = redis_key(&rule.name, &[id]);
-    let charge = RefundCharge {
-        check: Check { rule, cost },
-        id: vec![id],
-        key: &key,
-        mark,
-        under: "",
-    };
-    let call = ScriptCall::debit(&[charge], now);
-    match run(&b.client, &call, BUDGET).await.expect("a debit") {
-        Reply::Refunded(moved) => moved == [true],
-        other => panic!("{other:?}"),
-    }
+async fn debit(b: &Backend, rule: &Rule, id: &str, charge: (u64, u64), now: Option<u64>) -> bool {
+    b.settle((rule, id), charge, now, true).await
 }
 
 fn rule(policy: serde_json::Value) -> Rule {

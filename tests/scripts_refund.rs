@@ -54,19 +54,7 @@ async fn refund_of(
     (cost, mark): (u64, u64),
     now_ms: Option<u64>,
 ) -> bool {
-    let key = redis_key(&rule.name, &[id]);
-    let charge = RefundCharge {
-        check: Check { rule, cost },
-        id: vec![id],
-        key: &key,
-        mark,
-        under: "",
-    };
-    let call = ScriptCall::refund(&[charge], now_ms);
-    match run(&b.client, &call, BUDGET).await.expect("a refund") {
-        Reply::Refunded(given) => given == [true],
-        other => panic!("{other:?}"),
-    }
+    b.settle((rule, id), (cost, mark), now_ms, false).await
 }
 
 /// Units left for `id` at `now_ms`, by a peek.

@@ -10,7 +10,8 @@ use std::time::Duration;
 use edge_limiter::{
     decision::{
         outcomes::verdict::Decision,
-        transport::protocol::{run, Check, Reply, ScriptCall},
+        transport::keys::redis_key,
+        transport::protocol::{run, Check, RefundCharge, Reply, ScriptCall},
         transport::redis_rest::RestClient,
     },
     rules::{config::Config, rule::Rule},
@@ -87,6 +88,37 @@ impl Backend {
         match d.refund_marks[..] {
             [(0, mark)] => mark,
             _ => panic!("one mark: {d:?}"),
+        }
+    }
+
+    /// Gives back (or, `debit`, charges again) `cost` units of the charge
+    /// `mark` stands for, made under `rule` for the client `id`, at
+    /// `now_ms`: whether the call moved anything.
+    pub async fn settle(
+        &self,
+        (rule, id): (&Rule, &str),
+        (cost, mark): (u64, u64),
+        now_ms: Option<u64>,
+        debit: bool,
+    ) -> bool {
+        let key = redis_key(&rule.name, &[id]);
+        let charge = RefundCharge {
+            check: Check { rule, cost },
+            id: vec![id],
+            key: &key,
+            mark,
+            under: "",
+        };
+        let call = match debit {
+            true => ScriptCall::debit(&[charge], now_ms),
+            false => ScriptCall::refund(&[charge], now_ms),
+        };
+        match run(&self.client, &call, BUDGET)
+            .await
+            .expect("a settlement")
+        {
+            Reply::Refunded(moved) => moved == [true],
+            other => panic!("{other:?}"),
         }
     }
 
