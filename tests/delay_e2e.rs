@@ -39,7 +39,10 @@ const INTERVAL_MS: f64 = 250.0;
 
 /// How far the origin's clock may see an arrival off its reserved instant,
 /// ms: the reply's trip to the worker, the timer's lateness, the forward.
-const TRANSIT_SLACK_MS: f64 = 60.0;
+/// A late arrival makes the next one look early by as much: under CI's
+/// load both ran to 50 ms. Well under every interval here, so that a turn
+/// skipped or a wait left out still shows.
+const TRANSIT_SLACK_MS: f64 = 100.0;
 
 /// Whether `arrivals` (ms, sorted) conform to one unit per `interval` with
 /// `burst` at once, within `slack`: GCRA's virtual scheduling, written
@@ -141,16 +144,16 @@ async fn a_burst_reaches_the_origin_paced_across_two_instances() {
     );
 }
 
-/// Thirty requests at once from one client into one isolate, decided
+/// Ten requests at once from one client into one isolate, decided
 /// together in one call (docs/concurrency.md): each waits its own turn,
-/// one per 50 ms, by the origin's clock.
+/// one per 300 ms, by the origin's clock, up to 2 s.
 #[tokio::test]
 async fn a_crowd_in_one_isolate_waits_its_turns() {
     let rules = "[[vars.LIMITER.rules]]\nname = \"crowd\"\nkey = [\"ip\"]\nalgorithm = \"gcra\"\n\
-                 rate = 1\nperiod = 50\nburst = 1\non_limit = \"delay\"\nmax_delay = \"1s\"\n";
+                 rate = 1\nperiod = 300\nburst = 1\non_limit = \"delay\"\nmax_delay = \"2s\"\n";
     let stack = Stack::start(rules);
     let path = "/timed/crowd";
-    let sent = (0..30).map(|_| {
+    let sent = (0..10).map(|_| {
         let url = format!("{}{path}", stack.worker.url);
         async move {
             let r = get(url, "198.51.100.40", None).await;
@@ -159,13 +162,11 @@ async fn a_crowd_in_one_isolate_waits_its_turns() {
     });
     let answered = join_all(sent).await;
     let ok = answered.iter().filter(|s| **s == 200).count();
-    assert!((21..=25).contains(&ok), "{answered:?}");
+    // At once, then at 300 ms, 600 ms ... 1800 ms.
+    assert!((7..=8).contains(&ok), "{answered:?}");
     let seen = arrivals(&stack, path).await;
     assert_eq!(seen.len(), ok);
-    // The slack is the spread of the requests' own trips (a call's leader
-    // and its waiters are answered at different moments): well under one
-    // interval, so that a turn skipped still shows.
-    conforms(&seen, 50.0, 1.0, 25.0).unwrap();
+    conforms(&seen, 300.0, 1.0, TRANSIT_SLACK_MS).unwrap();
 }
 
 /// What the isolates wrote of rule `paced` today: its delayed requests and
