@@ -33,7 +33,7 @@
 --                                 `algorithm`, these steps
 --   decide(rule, key, cost)       the six reply fields and the write an
 --                                 admission makes (nil: none); cost 0 peeks;
---                                 for a denial the rule's delay covers, the
+--                                 for a denial that waiting would cure, the
 --                                 wait (us) after which it would conform
 --   commit(key, write)            that write
 --   refund(rule, key, mark)       1 if a charge was given back
@@ -265,7 +265,8 @@ if #overrides > 0 then
 end
 
 -- Per rule, from the last decision: its six reply fields, named, what
--- its admission writes, and the wait its delay covers (us, nil: none).
+-- its admission writes, and the wait that would cure its denial (us,
+-- nil: none).
 local outcomes, writes, waits = {}, {}, {}
 
 -- Decides every rule at the costs `cost_of` into outcomes[i] and
@@ -321,6 +322,15 @@ local function delays(i)
   return waits[i] and waits[i] <= (rules[i].delay_us or 0)
 end
 
+-- The shift step of `rule`'s algorithm, built on first use; nil for an
+-- algorithm that cannot count a request later.
+local function shift_of(rule)
+  if not rule.algorithm.shift then
+    rule.algorithm.build('shift')
+  end
+  return rule.algorithm.shift
+end
+
 -- How long a denied request waits before it is forwarded (us): the
 -- longest wait of the enforced denials a rule's own delay covers; 0 when
 -- it cannot wait, because no delay covers a denial, an enforced rule
@@ -343,11 +353,8 @@ local function delay()
     if enforced and outcomes[i].allowed == 0 and not (waits[i] and waits[i] <= later) then
       return 0
     end
-    if not rule.algorithm.shift then
-      rule.algorithm.build('shift')
-      if not rule.algorithm.shift then
-        return 0
-      end
+    if not shift_of(rule) then
+      return 0
     end
   end
   return later
@@ -370,10 +377,7 @@ for request, cost_of in ipairs(costs) do
   if not denied then
     for i, rule in ipairs(rules) do
       if (waits[i] and (waits[i] <= later or delays(i))) or (later > 0 and outcomes[i].allowed == 1) then
-        if not rule.algorithm.shift then
-          rule.algorithm.build('shift')
-        end
-        writes[i] = rule.algorithm.shift(rule, outcomes[i], cost_of[i], later, waits[i]) or writes[i]
+        writes[i] = shift_of(rule)(rule, outcomes[i], cost_of[i], later, waits[i]) or writes[i]
       end
     end
   end

@@ -177,12 +177,13 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
             }
             let response = forward(&req, &url, isolate.origin.as_deref()).await?;
             let status = response.status();
-            let reported = reported_costs(&isolate.config, &response);
             let (response, body_end) = match releases {
                 true => watched(response, &headers, &req.signal())?,
                 false => (with_headers(response, &headers)?, None),
             };
             if let Some(sender) = origin_status.take() {
+                // Read only for a request with work after it.
+                let reported = reported_costs(&isolate.config, &response);
                 sender.send((status, body_end, reported));
             }
             (response, status)
