@@ -104,6 +104,7 @@ fn rule(name: &str, shadow: bool, figures: [u64; 6]) -> RuleReport {
         name: name.into(),
         shadow,
         counts,
+        without_duration: 0,
     }
 }
 
@@ -546,6 +547,94 @@ fn waits_by_hand() {
             "{}",
             report.engine
         );
+    }
+}
+
+/// An in-flight limit of 2, its slots back when each log line's duration
+/// has passed (at once where it gives none), worked out by hand.
+#[test]
+fn slots_by_hand() {
+    let config = Config::from_json(&json!({"rules": [
+        {"name": "slots", "key": ["ip"], "algorithm": "concurrency", "limit": 2}
+    ]}))
+    .unwrap();
+    let a = "203.0.113.4";
+    let lines = [
+        (0, a, "100"),              // admitted: 1 held, until 100
+        (10, a, "100"),             // admitted: 2 held, until 110
+        (20, a, "50"),              // denied: 2 held
+        (20, "198.51.100.7", "10"), // another client: admitted
+        (100, a, "30"),             // the first is back: admitted, until 130
+        (105, a, ""),               // denied: 2 held (no duration)
+        (110, a, ""),               // the second is back: admitted, and back at once
+        (110, a, "5"),              // admitted: 2 held, until 115
+        (112, a, "0.2"),            // denied: 2 held (130, 115)
+        (115, a, "1"),              // admitted: the one until 115 is back
+    ];
+    let mut csv = String::from("time,ip,method,path,duration_ms\n");
+    for (t, ip, duration) in lines {
+        csv.push_str(&format!("{},{ip},GET,/,{duration}\n", T0 + t));
+    }
+    for report in through_both_engines(&config, &csv) {
+        let r = &report.rules[0];
+        let figures = (r.counts[RuleCount::Admitted], r.counts[RuleCount::Denied]);
+        assert_eq!(figures, (7, 3), "{}", report.engine);
+        assert_eq!(r.without_duration, 2, "{}", report.engine);
+        let text = report.render_text("access.csv");
+        assert!(
+            text.contains("rule `slots`: 2 requests had no duration in the log"),
+            "{text}"
+        );
+    }
+}
+
+/// `--isolates --latency`: in-flight slots given back a round trip after
+/// each response ends, through three isolates, never let the origin hold
+/// more than the limit, by the independent check of each client's stays.
+#[test]
+fn isolates_never_hold_more_slots_than_the_limit() {
+    let dir = temp_dir("slots");
+    let config = dir.join("wrangler.toml");
+    std::fs::write(
+        &config,
+        r#"
+[[vars.LIMITER.rules]]
+name = "slots"
+key = ["ip"]
+algorithm = "concurrency"
+limit = 3
+hold_for = "2s"
+"#,
+    )
+    .unwrap();
+    // Two clients, 40 requests a second each for 10 s, each response
+    // taking 20 to 480 ms: some 4 in flight on average, more at times.
+    let mut log = String::from("time,ip,method,path,duration_ms\n");
+    for i in 0..800u64 {
+        let ip = ["198.51.100.1", "198.51.100.2"][(i % 2) as usize];
+        let duration = 20 + (i * 7919) % 461;
+        log.push_str(&format!("{},{ip},GET,/,{duration}\n", T0 + i * 25 / 2));
+    }
+    let path = dir.join("access.csv");
+    std::fs::write(&path, log).unwrap();
+    for latency in ["0", "30"] {
+        let out = bin()
+            .arg("simulate")
+            .arg(&config)
+            .arg("--log")
+            .arg(&path)
+            .args(["--isolates", "3", "--latency", latency, "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let isolates = &report["isolates"];
+        assert_eq!(isolates["requests"], json!(800), "{isolates}");
+        assert_eq!(isolates["over_limit"], json!(0), "{isolates}");
+        assert_eq!(isolates["errors"], json!(0), "{isolates}");
+        let denied = report["rules"]["slots"]["denied"].as_u64().unwrap();
+        assert!(denied > 50 && denied < 700, "{report}");
+        assert!(report["rules"]["slots"].get("without_duration").is_none());
     }
 }
 

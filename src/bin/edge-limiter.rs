@@ -342,16 +342,6 @@ refusing or out of reach, a log line --strict stops at).";
 
     fn simulate(args: SimulateArgs) -> Result<(), Failure> {
         let config = load_config(&args.config, args.env.as_deref())?;
-        // A log line says when a request came, not when its response
-        // ended, which is when an in-flight slot comes back.
-        if let Some(r) = (config.rules.iter()).find(|r| r.policy.algorithm().released()) {
-            return Err(format!(
-                "rule `{}`: simulate does not replay in-flight limits (algorithm \"concurrency\") yet: \
-                 take the rule out of the configuration to replay the others",
-                r.name
-            )
-            .into());
-        }
         let shown = args.log.display().to_string();
         let file = File::open(&args.log).map_err(|e| format!("{shown}: {e}"))?;
         let size = file.metadata().map(|m| m.len()).unwrap_or(0);

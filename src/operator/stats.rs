@@ -172,6 +172,7 @@ pub fn report(config: &Config, span: Span, recorded: &Recorded) -> Report {
             name: name.clone(),
             shadow,
             counts,
+            ..RuleReport::default()
         });
         series.push(points);
     }

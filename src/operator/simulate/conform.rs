@@ -38,6 +38,32 @@ pub fn over_limit(policy: &Policy, offset_ms: u64, charged: &[(u64, u64)]) -> u6
     over(&charges, offset_ms)
 }
 
+/// How many of one client's stays at the origin under an in-flight limit
+/// (each from and to, ms, and its slots; in any order) began with more
+/// than `limit` slots held, counting their own; a slot is free from its
+/// stay's end on.
+pub fn over_in_flight(limit: u64, stays: &[(u64, u64, u64)]) -> u64 {
+    let mut stays = stays.to_vec();
+    stays.sort_unstable();
+    // Ends of the stays under way, earliest first.
+    let mut ending: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u64)>> =
+        Default::default();
+    let (mut held, mut over) = (0u64, 0u64);
+    for (from, to, slots) in stays {
+        while let Some(&std::cmp::Reverse((end, n))) = ending.peek() {
+            if end > from {
+                break;
+            }
+            held -= n;
+            ending.pop();
+        }
+        held += slots;
+        over += u64::from(held > limit);
+        ending.push(std::cmp::Reverse((to, slots)));
+    }
+    over
+}
+
 /// How many of `charges` (in the order they happened) went over, for one
 /// client whose window edges are shifted by `offset_ms`.
 ///
@@ -61,7 +87,7 @@ pub fn over(charges: &[Charge<'_>], offset_ms: u64) -> u64 {
             Policy::Windowed(ws) => (0..ws.len())
                 .map(|w| over_window(&allowed, w, offset_ms))
                 .sum(),
-            // Not a rate: `simulate` refuses such rules before a replay.
+            // Not a rate: [`over_in_flight`] checks its stays instead.
             Policy::Concurrency(_) => 0,
         }
 }

@@ -43,6 +43,7 @@ use crate::{
     rules::{
         config::Config,
         overrides::Override,
+        policy::Policy,
         rule::{Rule, RuleId},
     },
 };
@@ -150,6 +151,11 @@ pub struct IsolatesReport {
 /// its cost.
 type Charged = (u64, u64, u64);
 
+/// A request's stay at the origin under an in-flight rule: from its
+/// forwarding to when its slots came free (its response's end, or the
+/// slots' expiry if sooner), ms, and how many it held.
+type Stay = (u64, u64, u64);
+
 /// When a group's call ran at Redis (order, ms), and how many of the
 /// requests it decided are still to read it.
 type GroupRun = ((u64, u64), usize);
@@ -172,6 +178,9 @@ struct Replay<'c> {
     order: Cell<u64>,
     /// What each rule charged each client.
     charged: RefCell<HashMap<(RuleId, String), Vec<Charged>>>,
+    /// What each in-flight rule's clients had at the origin: each
+    /// admitted request's stay there, ms, and its slots.
+    held: RefCell<HashMap<(RuleId, String), Vec<Stay>>>,
     report: RefCell<IsolatesReport>,
 }
 
@@ -209,6 +218,7 @@ impl<'c> IsolatesReplay<'c> {
             latency_ms,
             order: Cell::new(0),
             charged: RefCell::new(HashMap::new()),
+            held: RefCell::new(HashMap::new()),
             report: RefCell::new(IsolatesReport {
                 isolates,
                 latency_ms,
@@ -263,6 +273,18 @@ impl<'c> IsolatesReplay<'c> {
                 Some(Override::Block) => charged.len() as u64,
                 None => conform::over_limit(&rule.policy, offset, &charged),
             };
+        }
+        for ((rule_id, key), stays) in self.replay.held.borrow().iter() {
+            let Some(rule) = self.replay.config.rule(*rule_id) else {
+                continue;
+            };
+            let limit = match (self.in_force(rule, key), &rule.policy) {
+                (Some(Override::Figures(Policy::Concurrency(c))), _) => c.limit(),
+                (None, Policy::Concurrency(c)) => c.limit(),
+                // Blocked: no slot may be held.
+                _ => 0,
+            };
+            report.over_limit += conform::over_in_flight(limit, stays);
         }
         report
     }
@@ -343,6 +365,9 @@ impl<'c> Replay<'c> {
         let now = self.clock.now_ms();
         let handled = self.limiter(i, &far).handle(&record.request, now).await;
         let ran = self.ran(i, &far, &handled);
+        let forwarded_ms = self.clock.now_ms();
+        // Its response ends the log's duration after it reached the origin.
+        let ended_ms = forwarded_ms + record.duration_ms.unwrap_or(0);
         let admitted = match &handled.outcome {
             Outcome::Forward(Forward::Admitted(decided)) => {
                 // At Redis when a call decided it, else here and now:
@@ -352,6 +377,11 @@ impl<'c> Replay<'c> {
                     (self.next(), now)
                 });
                 self.charge(&record, &decided.decision.rules, at);
+                self.stay(
+                    &record,
+                    &decided.decision.rules,
+                    (at.1, forwarded_ms, ended_ms),
+                );
                 true
             }
             Outcome::Forward(_) => true,
@@ -382,6 +412,46 @@ impl<'c> Replay<'c> {
                 .refund(refund, (status, &[]), now)
                 .await;
         }
+        if let Some(refund) = (handled.refund.as_ref()).filter(|r| r.releases(self.config)) {
+            self.clock
+                .sleep(ended_ms.saturating_sub(self.clock.now_ms()))
+                .await;
+            let far = FarScript::new(self, i);
+            let now = self.clock.now_ms();
+            self.limiter(i, &far).release(refund, now).await;
+        }
+    }
+
+    /// Notes the stay at the origin of an admitted request under each
+    /// in-flight rule that took slots for it: decided at Redis at
+    /// `decided_ms`, there from `forwarded_ms` until its response ended at
+    /// `ended_ms`, or its slots expired if sooner.
+    fn stay(
+        &self,
+        record: &Record,
+        states: &[RuleState],
+        (decided_ms, forwarded_ms, ended_ms): (u64, u64, u64),
+    ) {
+        let Ok(selection) = select(self.config, &record.request) else {
+            return;
+        };
+        let methods = record.request.methods();
+        let mut held = self.held.borrow_mut();
+        for ((rule_id, rule, id), state) in selection.rules.iter().zip(states) {
+            let Policy::Concurrency(c) = &rule.policy else {
+                continue;
+            };
+            let slots = rule.cost.for_methods(methods);
+            if !state.admitted() || slots == 0 {
+                continue;
+            }
+            let parts: Vec<&str> = id.iter().map(|p| p.as_ref()).collect();
+            let until = ended_ms.min(decided_ms + c.hold_ms());
+            (held
+                .entry((*rule_id, redis_key(&rule.name, &parts)))
+                .or_default())
+            .push((forwarded_ms, until, slots));
+        }
     }
 
     /// Notes what an admitted request charged each rule that admitted it,
@@ -395,7 +465,9 @@ impl<'c> Replay<'c> {
         let mut charged = self.charged.borrow_mut();
         for ((rule_id, rule, id), state) in selection.rules.iter().zip(states) {
             let cost = rule.cost.for_methods(methods);
-            if !state.admitted() || cost == 0 || !rule.count_status.is_empty() {
+            // In-flight slots are checked by their stays instead.
+            let rate = !rule.policy.algorithm().released();
+            if !state.admitted() || cost == 0 || !rule.count_status.is_empty() || !rate {
                 continue;
             }
             let parts: Vec<&str> = id.iter().map(|p| p.as_ref()).collect();

@@ -41,6 +41,16 @@ impl Format {
         }
     }
 
+    /// Where a line of the format says how long its response took, if it
+    /// can.
+    pub fn durations(self) -> Option<&'static str> {
+        match self {
+            Format::Csv => Some("a duration_ms column"),
+            Format::Clf => None,
+            Format::Logpush => Some("EdgeEndTimestamp"),
+        }
+    }
+
     /// The format a log's first line looks like, if any.
     pub fn guess(first_line: &str) -> Option<Format> {
         let line = first_line.trim_start_matches('\u{feff}').trim();
@@ -68,7 +78,13 @@ pub struct Record {
     /// The origin's status code, when the log has it. Kept for rules that
     /// count responses by status (`count_status`).
     pub status: Option<u16>,
+    /// How long its response took to end, ms, when the log tells: when an
+    /// in-flight limit's slot comes back.
+    pub duration_ms: Option<u64>,
 }
+
+/// What a line gives: arrival (epoch ms), request, status and duration (ms).
+type Line = (u64, RequestMeta, Option<u16>, Option<u64>);
 
 /// A line that could not be read, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -147,6 +163,7 @@ struct Columns {
     path: Option<usize>,
     host: Option<usize>,
     status: Option<usize>,
+    duration_ms: Option<usize>,
     /// `header:NAME` columns, names lower-cased.
     headers: Vec<(String, usize)>,
     /// `cookie:NAME` columns.
@@ -176,6 +193,7 @@ fn columns_of(row: &csv::StringRecord) -> Result<Columns, LogError> {
             "path" => c.path = Some(i),
             "host" => c.host = Some(i),
             "status" => c.status = Some(i),
+            "duration_ms" => c.duration_ms = Some(i),
             _ => {
                 if let Some(h) = lower.strip_prefix("header:") {
                     c.headers.push((h.to_owned(), i));
@@ -204,7 +222,7 @@ fn columns_of(row: &csv::StringRecord) -> Result<Columns, LogError> {
     } else {
         Err(LogError::Columns(format!(
             "missing column(s) {}; the header row must name time, ip, method and path \
-             (and may name host, status, header:NAME, cookie:NAME)",
+             (and may name host, status, duration_ms, header:NAME, cookie:NAME)",
             missing.join(", ")
         )))
     }
@@ -295,7 +313,7 @@ fn is_method(m: &str) -> bool {
 
 /// One CLF line: `ip ident user [time] "METHOD target PROTO" status bytes`,
 /// optionally followed by `"referer" "user agent"` (Combined).
-fn parse_clf(line: &str, host: Option<&str>) -> Result<(u64, RequestMeta, Option<u16>), String> {
+fn parse_clf(line: &str, host: Option<&str>) -> Result<Line, String> {
     let (ip, rest) = line
         .split_once(' ')
         .ok_or("no client address followed by a space")?;
@@ -340,7 +358,7 @@ fn parse_clf(line: &str, host: Option<&str>) -> Result<(u64, RequestMeta, Option
         cookies: vec![],
     }
     .build();
-    Ok((time_ms, meta, status))
+    Ok((time_ms, meta, status, None))
 }
 
 /// The text up to the closing `"` (a `\"` inside is a quote, as nginx and
@@ -384,6 +402,7 @@ enum Stamp {
 #[serde(rename_all = "PascalCase")]
 struct Logpush {
     edge_start_timestamp: Option<Stamp>,
+    edge_end_timestamp: Option<Stamp>,
     #[serde(rename = "ClientIP")]
     client_ip: Option<String>,
     client_request_method: Option<String>,
@@ -400,19 +419,27 @@ struct Logpush {
     cookies: HashMap<String, String>,
 }
 
-fn parse_logpush(line: &str) -> Result<(u64, RequestMeta, Option<u16>), String> {
-    let l: Logpush = serde_json::from_str(line).map_err(|e| format!("not Logpush JSON: {e}"))?;
-    let time_ms = match l.edge_start_timestamp {
-        Some(Stamp::Number(n)) => match n.as_u64() {
+/// A Logpush timestamp as epoch milliseconds, if it reads as one.
+fn stamp_ms(stamp: Stamp) -> Option<u64> {
+    match stamp {
+        Stamp::Number(n) => match n.as_u64() {
             Some(whole) => Some(clock::epoch_int_ms(whole)),
             None => n.as_f64().and_then(clock::epoch_any_ms),
         },
-        Some(Stamp::Text(t)) => {
+        Stamp::Text(t) => {
             clock::rfc3339_ms(&t).or_else(|| t.parse::<f64>().ok().and_then(clock::epoch_any_ms))
         }
-        None => return Err("no EdgeStartTimestamp".into()),
     }
-    .ok_or("unreadable EdgeStartTimestamp")?;
+}
+
+fn parse_logpush(line: &str) -> Result<Line, String> {
+    let l: Logpush = serde_json::from_str(line).map_err(|e| format!("not Logpush JSON: {e}"))?;
+    let time_ms = stamp_ms(l.edge_start_timestamp.ok_or("no EdgeStartTimestamp")?)
+        .ok_or("unreadable EdgeStartTimestamp")?;
+    // The edge's last byte to the client: when a slot would come back.
+    let duration_ms = (l.edge_end_timestamp)
+        .and_then(stamp_ms)
+        .and_then(|end| end.checked_sub(time_ms));
     let method = l
         .client_request_method
         .filter(|m| is_method(m))
@@ -436,7 +463,7 @@ fn parse_logpush(line: &str) -> Result<(u64, RequestMeta, Option<u16>), String> 
         cookies,
     }
     .build();
-    Ok((time_ms, meta, l.edge_response_status))
+    Ok((time_ms, meta, l.edge_response_status, duration_ms))
 }
 
 /// The fields of one CSV record: split on commas when it has no quotes
@@ -456,11 +483,7 @@ fn csv_fields(text: &str) -> Result<csv::StringRecord, String> {
     }
 }
 
-fn parse_csv_row(
-    c: &Columns,
-    text: &str,
-    default_host: &str,
-) -> Result<(u64, RequestMeta, Option<u16>), String> {
+fn parse_csv_row(c: &Columns, text: &str, default_host: &str) -> Result<Line, String> {
     let row = csv_fields(text)?;
     let row = &row;
     let field = |at: Option<usize>| at.and_then(|i| row.get(i)).map(str::trim);
@@ -483,6 +506,12 @@ fn parse_csv_row(
                 .filter(|s| (100..=999).contains(s))
                 .ok_or_else(|| format!("status {s:?} is no HTTP status code"))?,
         ),
+    };
+    let duration_ms = match field(c.duration_ms) {
+        None | Some("") | Some("-") => None,
+        Some(d) => {
+            Some(duration_of(d).ok_or_else(|| format!("duration_ms {d:?} is no number of ms"))?)
+        }
     };
     let headers = c
         .headers
@@ -515,7 +544,19 @@ fn parse_csv_row(
         cookies,
     }
     .build();
-    Ok((time_ms, meta, status))
+    Ok((time_ms, meta, status, duration_ms))
+}
+
+/// A duration in ms, whole or with a fraction (rounded up: a slot is held
+/// at least that long), as logs write them.
+fn duration_of(text: &str) -> Option<u64> {
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let digits = |t: &str| t.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty() || !digits(whole) || !digits(fraction) {
+        return None;
+    }
+    let whole: u64 = whole.parse().ok()?;
+    whole.checked_add(u64::from(fraction.bytes().any(|b| b != b'0')))
 }
 
 /// The log's input with its first non-blank line put back in front.
@@ -658,11 +699,12 @@ impl<R: BufRead> LogReader<R> {
             };
             return Some(
                 parsed
-                    .map(|(time_ms, request, status)| Record {
+                    .map(|(time_ms, request, status, duration_ms)| Record {
                         line,
                         time_ms,
                         request,
                         status,
+                        duration_ms,
                     })
                     .map_err(|reason| LineError {
                         line,
@@ -903,6 +945,47 @@ mod tests {
             errors[1].reason.starts_with("not Logpush JSON"),
             "{}",
             errors[1].reason
+        );
+    }
+
+    #[test]
+    fn durations_from_logpush_end_stamps_and_a_csv_column() {
+        let logpush = concat!(
+            r#"{"EdgeStartTimestamp":1795168800250000000,"EdgeEndTimestamp":1795168800480500000,"ClientIP":"203.0.113.9","ClientRequestMethod":"GET","ClientRequestURI":"/"}"#,
+            "\n",
+            r#"{"EdgeStartTimestamp":"2026-11-20T10:00:01Z","EdgeEndTimestamp":"2026-11-20T10:00:03Z","ClientIP":"203.0.113.9","ClientRequestMethod":"GET","ClientRequestURI":"/"}"#,
+            "\n",
+            // Ended before it began, or never: no duration.
+            r#"{"EdgeStartTimestamp":1795168802,"EdgeEndTimestamp":1795168801,"ClientIP":"203.0.113.9","ClientRequestMethod":"GET","ClientRequestURI":"/"}"#,
+            "\n",
+            r#"{"EdgeStartTimestamp":1795168802,"ClientIP":"203.0.113.9","ClientRequestMethod":"GET","ClientRequestURI":"/"}"#,
+            "\n",
+        );
+        let (_, records) = read_all(logpush, None);
+        let durations: Vec<Option<u64>> = (records.iter())
+            .map(|r| r.as_ref().unwrap().duration_ms)
+            .collect();
+        assert_eq!(durations, [Some(230), Some(2000), None, None]);
+        assert_eq!(Format::Clf.durations(), None);
+        let csv = "time,ip,method,path,Duration_ms\n1,a,GET,/,12\n2,a,GET,/,0.25\n3,a,GET,/,7.000\n4,a,GET,/,\n5,a,GET,/,-3\n6,a,GET,/,1e3\n";
+        let (_, records) = read_all(csv, None);
+        let read: Vec<Result<Option<u64>, &str>> = (records.iter())
+            .map(|r| {
+                r.as_ref()
+                    .map(|r| r.duration_ms)
+                    .map_err(|e| e.reason.as_str())
+            })
+            .collect();
+        assert_eq!(
+            read,
+            [
+                Ok(Some(12)),
+                Ok(Some(1)),
+                Ok(Some(7)),
+                Ok(None),
+                Err("duration_ms \"-3\" is no number of ms"),
+                Err("duration_ms \"1e3\" is no number of ms"),
+            ]
         );
     }
 

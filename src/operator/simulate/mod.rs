@@ -18,7 +18,10 @@ pub mod report;
 mod resp;
 mod timeline;
 
-use std::{collections::VecDeque, io::BufRead};
+use std::{
+    collections::{BTreeMap, VecDeque},
+    io::BufRead,
+};
 
 use crate::{
     decision::{
@@ -164,6 +167,8 @@ pub fn simulate<R: BufRead + Send>(
             engine,
             batch: Vec::with_capacity(BATCH),
             in_flight: None,
+            releases: Releases::default(),
+            unsettled_release: None,
         };
         for (chunk, bytes) in receive {
             for item in chunk {
@@ -223,6 +228,11 @@ struct Pipeline<'a> {
     engine: &'a mut dyn Engine,
     batch: Vec<Picked<'a>>,
     in_flight: Option<SentBatch<'a>>,
+    /// In-flight slots taken, to give back when their responses end.
+    releases: Releases,
+    /// The earliest a request sent or batched, its decision not yet
+    /// counted, may give its slots back (epoch ms).
+    unsettled_release: Option<u64>,
 }
 
 impl<'a> Pipeline<'a> {
@@ -233,6 +243,20 @@ impl<'a> Pipeline<'a> {
         tally: &mut Tally,
         observer: &mut dyn Observer,
     ) -> Result<(), SimError> {
+        // Slots whose responses ended by now are free for this request: the
+        // batches before it are counted first, so that every slot due is known.
+        let now = picked.record.time_ms;
+        let due = self
+            .unsettled_release
+            .into_iter()
+            .chain(self.releases.first_ms());
+        if due.min().is_some_and(|at| at <= now) {
+            self.settle(tally, observer)?;
+            self.releases.give_back(self.config, self.engine, now)?;
+        }
+        if let Some(at) = picked.pending.release_at {
+            self.unsettled_release = Some(self.unsettled_release.map_or(at, |u| u.min(at)));
+        }
         // A request with a charge to give back after its response ends its
         // batch: the refund must land before its client's next request.
         let refunds = picked.refunds;
@@ -254,25 +278,97 @@ impl<'a> Pipeline<'a> {
         // A batch with refunds after responses is finished (its refunds
         // made) before the next is sent; any other overlaps the next.
         if self.in_flight.as_ref().is_some_and(|b| b.refunds) {
-            if let Some(before) = self.in_flight.take() {
-                finish_batch(self.config, before, self.engine, tally, observer)?;
-            }
+            self.finish_in_flight(tally, observer)?;
         }
         let sent = send_batch(records, self.engine)?;
-        match self.in_flight.replace(sent) {
-            Some(before) => finish_batch(self.config, before, self.engine, tally, observer),
-            None => Ok(()),
-        }
+        let before = self.in_flight.replace(sent);
+        self.finish_batch(before, tally, observer)
+    }
+
+    /// Counts `batch`, once its decisions are back.
+    fn finish_batch(
+        &mut self,
+        batch: Option<SentBatch<'a>>,
+        tally: &mut Tally,
+        observer: &mut dyn Observer,
+    ) -> Result<(), SimError> {
+        let Some(batch) = batch else {
+            return Ok(());
+        };
+        let Pipeline {
+            config,
+            engine,
+            releases,
+            ..
+        } = self;
+        finish_batch(config, batch, *engine, (tally, observer), releases)
+    }
+
+    /// Counts the batch in flight, if any.
+    fn finish_in_flight(
+        &mut self,
+        tally: &mut Tally,
+        observer: &mut dyn Observer,
+    ) -> Result<(), SimError> {
+        let batch = self.in_flight.take();
+        self.finish_batch(batch, tally, observer)
     }
 
     /// Sends what is left and counts every batch still in flight.
-    fn finish(mut self, tally: &mut Tally, observer: &mut dyn Observer) -> Result<(), SimError> {
+    fn settle(&mut self, tally: &mut Tally, observer: &mut dyn Observer) -> Result<(), SimError> {
         let last = std::mem::take(&mut self.batch);
-        self.flush(last, tally, observer)?;
-        match self.in_flight.take() {
-            Some(batch) => finish_batch(self.config, batch, self.engine, tally, observer),
-            None => Ok(()),
+        if !last.is_empty() {
+            self.flush(last, tally, observer)?;
         }
+        self.finish_in_flight(tally, observer)?;
+        self.unsettled_release = None;
+        Ok(())
+    }
+
+    /// Counts what is left; slots still held at the log's end stay so.
+    fn finish(mut self, tally: &mut Tally, observer: &mut dyn Observer) -> Result<(), SimError> {
+        self.settle(tally, observer)
+    }
+}
+
+/// In-flight slots taken, each request's to give back when its response
+/// ended.
+#[derive(Default)]
+struct Releases {
+    /// By when (epoch ms) and the order they were taken in.
+    due: BTreeMap<(u64, u64), PendingRefund>,
+    taken: u64,
+}
+
+impl Releases {
+    fn push(&mut self, at_ms: u64, pending: PendingRefund) {
+        self.taken += 1;
+        self.due.insert((at_ms, self.taken), pending);
+    }
+
+    /// When the first is due.
+    fn first_ms(&self) -> Option<u64> {
+        self.due.first_key_value().map(|((at, _), _)| *at)
+    }
+
+    /// Gives back, in order and each at its time, the slots due by `now_ms`.
+    fn give_back(
+        &mut self,
+        config: &Config,
+        engine: &mut dyn Engine,
+        now_ms: u64,
+    ) -> Result<(), SimError> {
+        while let Some(entry) = self.due.first_entry() {
+            if entry.key().0 > now_ms {
+                break;
+            }
+            let ((at_ms, _), pending) = entry.remove_entry();
+            let slots = pending.releasing(config);
+            if !slots.is_empty() {
+                engine.refund(&slots, at_ms)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -344,11 +440,17 @@ struct Pending {
     shadow_refused: Vec<usize>,
     /// The rules in its call (indices), with the client's identifier under each.
     rules: Vec<(usize, String)>,
-    /// For a request whose origin answered a status one of its
-    /// `count_status` rules does not count: the status, and every rule of
-    /// its call (call order) with the client's identifier parts and the
-    /// cost, to give those charges back by the decision's refund marks.
-    refund: Option<(u16, CallRules)>,
+    /// For a request with charges that may come back after its response:
+    /// every rule of its call (call order) with the client's identifier
+    /// parts and the cost, to give them back by the decision's refund marks.
+    call: Option<CallRules>,
+    /// The status its origin answered, when one of its `count_status`
+    /// rules does not count it.
+    uncounted: Option<u16>,
+    /// For a request under an in-flight limit: when its response ended
+    /// (epoch ms), its arrival plus the log's duration, or its arrival where
+    /// the log gives none.
+    release_at: Option<u64>,
 }
 
 impl Pending {
@@ -366,27 +468,36 @@ impl Pending {
                     refused: Some(*rule),
                     shadow_refused: vec![],
                     rules: vec![],
-                    refund: None,
+                    call: None,
+                    uncounted: None,
+                    release_at: None,
                 }
             }
             Ok(s) => s,
         };
-        let refund = record.status.filter(|_| refunds).map(|status| {
+        let uncounted = record.status.filter(|_| refunds);
+        let releases = (s.rules.iter()).any(|(_, rule, _)| rule.policy.algorithm().released());
+        let call = (uncounted.is_some() || releases).then(|| {
             let methods = record.request.methods();
             let rules = s.rules.iter().map(|(rule_id, rule, id)| {
                 let parts: Vec<&str> = id.iter().map(String::as_str).collect();
                 let client = (id.clone(), redis_key(&rule.name, &parts));
                 (*rule_id, client, rule.cost.for_methods(methods))
             });
-            (status, rules.collect())
+            rules.collect()
         });
+        let ended = record
+            .time_ms
+            .saturating_add(record.duration_ms.unwrap_or(0));
         Pending {
             refused: None,
             shadow_refused: s.shadow_ambiguous.iter().map(|(id, _, _)| id.0).collect(),
             rules: (s.rules.iter())
                 .map(|(rule, _, id)| (rule.0, id.join(" | ")))
                 .collect(),
-            refund,
+            call,
+            uncounted,
+            release_at: releases.then_some(ended),
         }
     }
 }
@@ -416,7 +527,7 @@ fn send_batch<'c>(
         .collect();
     engine.send(&jobs)?;
     drop(jobs);
-    let refunds = picked.iter().any(|p| p.pending.refund.is_some());
+    let refunds = picked.iter().any(|p| p.pending.uncounted.is_some());
     Ok(SentBatch { picked, refunds })
 }
 
@@ -425,8 +536,8 @@ fn finish_batch(
     config: &Config,
     batch: SentBatch<'_>,
     engine: &mut dyn Engine,
-    tally: &mut Tally,
-    observer: &mut dyn Observer,
+    (tally, observer): (&mut Tally, &mut dyn Observer),
+    releases: &mut Releases,
 ) -> Result<(), SimError> {
     let mut decisions = engine.receive()?.into_iter();
     for Picked {
@@ -455,10 +566,14 @@ fn finish_batch(
         };
         tally.decided(record.time_ms, &fate.rules, &decision);
         observer.verdict(record, Replayed::Decided(&decision));
-        // A forwarded request whose origin answered a status a rule does not
-        // count gets that rule's charge back now, before the client's next
-        // request.
-        let Some((status, rules)) = fate.refund.as_ref().filter(|_| decision.admitted()) else {
+        if fate.release_at.is_some() && record.duration_ms.is_none() {
+            for (rule, _) in &fate.rules {
+                if config.rules[*rule].policy.algorithm().released() {
+                    tally.without_duration(*rule);
+                }
+            }
+        }
+        let Some(rules) = fate.call.as_ref().filter(|_| decision.admitted()) else {
             continue;
         };
         let pending = PendingRefund {
@@ -471,9 +586,17 @@ fn finish_batch(
                 })
                 .collect(),
         };
-        let refunds = pending.uncounted(config, *status);
-        if !refunds.is_empty() {
-            engine.refund(&refunds, record.time_ms)?;
+        // A forwarded request whose origin answered a status a rule does not
+        // count gets that rule's charge back now, before the client's next
+        // request.
+        if let Some(status) = fate.uncounted {
+            let refunds = pending.uncounted(config, status);
+            if !refunds.is_empty() {
+                engine.refund(&refunds, record.time_ms)?;
+            }
+        }
+        if let Some(at_ms) = fate.release_at {
+            releases.push(at_ms, pending);
         }
     }
     Ok(())

@@ -35,6 +35,9 @@ pub struct RuleReport {
     pub shadow: bool,
     /// Its figures.
     pub counts: RuleCounts,
+    /// An in-flight limit's requests whose log line gave no duration: their
+    /// slots came back at once.
+    pub without_duration: u64,
 }
 
 /// A client among the most denied.
@@ -262,6 +265,11 @@ impl Tally {
         let r = &mut self.report.rules[rule].counts;
         r[RuleCount::Matched] += 1;
         r[RuleCount::Refused] += 1;
+    }
+
+    /// A request under in-flight rule `rule` whose log line gave no duration.
+    pub fn without_duration(&mut self, rule: usize) {
+        self.report.rules[rule].without_duration += 1;
     }
 
     /// A decided request: `rules` are the indices of the rules in the call,
@@ -558,10 +566,18 @@ impl Report {
         format!("\nClients most denied:\n\n{}", table(header, &rows))
     }
 
-    /// The text report's last words: requests logged out of order, and
-    /// lines that could not be read.
+    /// The text report's last words: requests whose slots were guessed,
+    /// requests logged out of order, and lines that could not be read.
     fn unread_text(&self) -> String {
         let mut out = String::new();
+        for r in self.rules.iter().filter(|r| r.without_duration > 0) {
+            out.push_str(&format!(
+                "\nrule `{}`: {} requests had no duration in the log (CSV gives it in a duration_ms \
+                 column, Logpush as EdgeEndTimestamp, CLF nowhere); their in-flight slots came \
+                 back at once, so the worker may deny more of them than this replay did\n",
+                r.name, r.without_duration
+            ));
+        }
         if self.late > 0 {
             out.push_str(&format!(
                 "\n{} requests were logged more than {} s out of order; each was decided at the \
@@ -667,6 +683,9 @@ impl Report {
                 );
                 for c in figures {
                     rule.insert(c.name().into(), json!(r.counts[*c]));
+                }
+                if r.without_duration > 0 {
+                    rule.insert("without_duration".into(), json!(r.without_duration));
                 }
                 (r.name.clone(), Value::Object(rule))
             })
