@@ -3,8 +3,6 @@
 //! their JSON forms ([`super::fields`]), and the figures as each algorithm
 //! reads them ([`Policy::read`]).
 
-use std::collections::BTreeMap;
-
 use serde_json::{Map, Value};
 
 use super::{
@@ -70,7 +68,8 @@ impl RawConfig {
 #[derive(Debug, Clone)]
 pub(super) enum RawCost {
     Units(u64),
-    PerMethod(BTreeMap<String, u64>),
+    /// In the order of their names, as the JSON object keeps them.
+    PerMethod(Vec<(String, u64)>),
 }
 
 /// One `[[vars.LIMITER.rules]]` entry as written, before any check.
@@ -153,7 +152,7 @@ impl FromJson for RawCost {
             v.as_object()?
                 .iter()
                 .map(|(method, units)| Some((method.clone(), units.as_u64()?)))
-                .collect::<Option<BTreeMap<String, u64>>>()
+                .collect::<Option<Vec<(String, u64)>>>()
         };
         v.as_u64()
             .map(RawCost::Units)
