@@ -7,13 +7,19 @@
 -- Portable Lua only, as common.lua says; numbers are decimal integer text.
 --
 -- KEYS[1]   the writing isolate's key: the number of its last write added
--- KEYS[2..] one hash per day (UTC) and rule, or the day's figures over every
+-- KEYS[2]   the counters: every figure ever added, per rule (a field named
+--           after it) and over every request ('*'), and when the last
+--           write landed ('.written', ms on Redis's clock)
+-- KEYS[3..] one hash per day (UTC) and rule, or the day's figures over every
 --           request, all under the hash tag {#stats}: one slot, so the call
 --           works on Redis Cluster (src/decision/stats/stored.rs names them)
 -- ARGV[1]   how many clients to keep per rule and minute
 -- ARGV[2]   this write's number in its isolate's sequence
 -- ARGV[3]   how long the isolate's key lives, ms
--- ARGV[4..] per day key, in KEYS order: when it expires (ms since the epoch),
+-- ARGV[4]   how long the counters live after the last write, ms
+-- ARGV[5]   n, then n x (field, figures): what this write adds to the
+--           counters, its minutes' figures summed
+-- then      per day key, in KEYS order: when it expires (ms since the epoch),
 --           n, and n x (field, value):
 --             '<minute of the day>'   figures, decimal integers separated
 --                                     by spaces: added figure by figure
@@ -80,8 +86,19 @@ local function add_clients(old, new)
   return table.concat(out, ' ')
 end
 
-local at, written = 4, 0
-for i = 2, #KEYS do
+-- Counters only grow, and only here, a write once: what Prometheus's
+-- rate() needs, whichever isolates wrote and whenever.
+local n_counters = tonumber(ARGV[5])
+for i = 0, n_counters - 1 do
+  local field = ARGV[6 + 2 * i]
+  redis.call('HSET', KEYS[2], field, add_figures(redis.call('HGET', KEYS[2], field), ARGV[7 + 2 * i]))
+end
+local time = redis.call('TIME')
+redis.call('HSET', KEYS[2], '.written', string.format('%d', tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)))
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+
+local at, written = 6 + 2 * n_counters, 0
+for i = 3, #KEYS do
   local key, expires, n = KEYS[i], ARGV[at], tonumber(ARGV[at + 1])
   at = at + 2
   for _ = 1, n do

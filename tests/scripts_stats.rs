@@ -14,11 +14,12 @@ use edge_limiter::{
         counts::{RuleCount, RuleCounts, TotalCount, RULE_COUNTS},
         recorder::{Minute, Recorder, StatsWrite},
         stored::{
-            day_key, read_rule_day, read_totals_day, write_call, writer_key, DAY_MINUTES, DAY_MS,
-            STATS, WRITER_KEEP_MS,
+            day_key, read_rule_day, read_totals_day, write_call, writer_key, COUNTERS_KEY,
+            DAY_MINUTES, DAY_MS, STATS, WRITER_KEEP_MS,
         },
         write::flush,
     },
+    operator::metrics::read_counters,
     rules::{config::Config, stats::StatsSettings},
 };
 use serde_json::json;
@@ -246,6 +247,46 @@ async fn a_write_sent_again_is_added_once() {
         (WRITER_KEEP_MS as i64 - 2_000..=WRITER_KEEP_MS as i64).contains(&left),
         "{left}"
     );
+}
+
+/// The counters `/metrics` reads: every write's figures added once (a
+/// replay adds nothing), across isolates and days, with when the last
+/// write landed on Redis's clock; they live `stats_keep` after it.
+#[tokio::test]
+async fn counters_grow_once_per_write_whoever_writes() {
+    let b = Backend::start();
+    let c = config();
+    let day = today();
+    let client = &b.client;
+    let send = |writer, seq, minutes: Vec<Minute>| {
+        let write = StatsWrite {
+            writer,
+            seq,
+            minutes,
+        };
+        let (keys, args) = write_call(&c, 3_600_000, &write);
+        async move { client.run_script(&STATS, &keys, &args, BUDGET).await }
+    };
+    let rules = ["api".to_owned(), "login".to_owned()];
+    let before = now_ms();
+    let nothing = read_counters(client, &rules).await.unwrap();
+    assert_eq!(nothing.written_ms, None);
+    assert_eq!(nothing.rules[1].1, RuleCounts::default());
+    let yesterday = denials(day * DAY_MINUTES - 1, &[("k", 2)]);
+    let today = denials(day * DAY_MINUTES + 1, &[("k", 3), ("j", 1)]);
+    send(1, 1, vec![yesterday, today.clone()]).await.unwrap();
+    send(1, 1, vec![today.clone()]).await.unwrap();
+    send(2, 1, vec![today]).await.unwrap();
+    let read = read_counters(client, &rules).await.unwrap();
+    assert_eq!(read.totals[TotalCount::Requests], 10);
+    assert_eq!(read.totals[TotalCount::Denied], 10);
+    assert_eq!(read.rules[1].1[RuleCount::Denied], 10);
+    assert_eq!(read.rules[0].1, RuleCounts::default());
+    let written = read.written_ms.unwrap();
+    assert!((before..=now_ms()).contains(&written), "{written}");
+    let pttl = b.client.command(&["PTTL", COUNTERS_KEY]).await.unwrap();
+    let left = pttl.as_i64().unwrap();
+    assert!((3_598_000..=3_600_000).contains(&left), "{left}");
 }
 
 /// What a rule's day takes in Redis when every minute of it is written,

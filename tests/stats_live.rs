@@ -14,7 +14,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use edge_limiter_local::{fault_proxy::Fault, testenv::free_port};
+use edge_limiter_local::{
+    fault_proxy::Fault,
+    testenv::{free_port, ProcessGroup},
+};
 use serde_json::{json, Value};
 use support::{worker::Stack, TOKEN};
 
@@ -208,12 +211,11 @@ async fn the_live_page_shows_known_traffic_then_new_traffic_without_a_reload() {
 
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let mut server = edge_limiter(&stack, &["stats", "--serve", &addr])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    // Stopped however the test ends, so that it holds no pipe of cargo's.
+    let mut serve = edge_limiter(&stack, &["stats", "--serve", &addr]);
+    let mut server = ProcessGroup::spawn(serve.stdout(Stdio::piped())).unwrap();
     let mut said = String::new();
-    BufReader::new(server.stdout.take().unwrap())
+    BufReader::new(server.child.stdout.take().unwrap())
         .read_line(&mut said)
         .unwrap();
     assert_eq!(
@@ -260,7 +262,7 @@ async fn the_live_page_shows_known_traffic_then_new_traffic_without_a_reload() {
     let html = browser.eval("document.documentElement.outerHTML");
     let html = html.as_str().unwrap();
     assert!(!html.contains(TOKEN), "the page holds the token");
-    for path in ["/", "/redraw.js", "/live"] {
+    for path in ["/", "/redraw.js", "/live", "/metrics"] {
         let answer = raw(
             &addr,
             &format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n"),
@@ -286,6 +288,4 @@ async fn the_live_page_shows_known_traffic_then_new_traffic_without_a_reload() {
         &format!("GET /live HTTP/1.1\r\nHost: evil.example:{port}\r\n\r\n"),
     );
     assert!(rebound.starts_with("HTTP/1.1 421"), "{rebound}");
-    let _ = server.kill();
-    let _ = server.wait();
 }

@@ -28,7 +28,7 @@ mod cli {
             plot,
         },
         operator::validate::{check_wrangler_toml, describe},
-        operator::{inspect, limits, stats},
+        operator::{inspect, limits, metrics, stats},
         rules::{config::Config, overrides::Override, policy::MAX_DURATION_MS},
     };
     use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -91,6 +91,10 @@ mod cli {
             conflicts_with_all = ["until", "plot", "json"]
         )]
         serve: Option<String>,
+        /// Instead, print the counters Prometheus scrapes from --serve's /metrics
+        /// (every figure since the isolates began writing; --since and --until do not apply).
+        #[arg(long, value_enum, value_name = "FORMAT", conflicts_with_all = ["serve", "plot", "json"])]
+        format: Option<StatsFormat>,
         #[command(flatten)]
         from: Deployment,
     }
@@ -216,6 +220,11 @@ mod cli {
         /// {"rule": "api", "client": ["key-1"], "rate": 100} (no "client": every client).
         #[arg(long, value_name = "FILE")]
         overrides: Option<PathBuf>,
+    }
+
+    #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+    enum StatsFormat {
+        Openmetrics,
     }
 
     #[derive(Clone, Copy, ValueEnum)]
@@ -472,6 +481,13 @@ refusing or out of reach, a log line --strict stops at).";
             ));
         }
         let (client, runtime) = connect()?;
+        if args.format == Some(StatsFormat::Openmetrics) {
+            let counters = runtime.block_on(metrics::read_counters(&client, &rules))?;
+            let flavor = metrics::Flavor::OpenMetrics;
+            let text = metrics::exposition(&counters, now_ms, flavor);
+            std::io::stdout().lock().write_all(text.as_bytes())?;
+            return Ok(());
+        }
         if let Some(addr) = &args.serve {
             let listener =
                 std::net::TcpListener::bind(addr).map_err(|e| format!("--serve {addr}: {e}"))?;

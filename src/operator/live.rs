@@ -1,7 +1,8 @@
 //! `edge-limiter stats --serve`: a page that redraws itself every few
 //! seconds with what the isolates recorded over the last hour (the same
 //! report and plot as `stats`), the overrides and blocks in force, and the
-//! rules failing open. Read only: it answers `GET` alone, nothing it serves
+//! rules failing open; and `/metrics`, the counters for Prometheus
+//! ([`super::metrics`]). Read only: it answers `GET` alone, nothing it serves
 //! carries the REST token or URL (the token stays in this process), and on
 //! a loopback address it answers only requests addressed to that address,
 //! so that a web page elsewhere cannot read it through a rebound DNS name.
@@ -14,6 +15,7 @@ use std::{
 
 use super::{
     limits,
+    metrics::{exposition, read_counters, Flavor},
     simulate::{
         clock::format_ms,
         plot::{escape, svg, table_html},
@@ -131,6 +133,13 @@ impl<'a> Live<'a> {
                 Ok(html) => (200, "text/html; charset=utf-8", html),
                 Err(e) => (502, "text/plain", format!("{e}\n")),
             },
+            "/metrics" => {
+                let flavor = Flavor::accepted(header(head, "accept").unwrap_or_default());
+                match runtime.block_on(read_counters(self.client, &self.rules)) {
+                    Ok(c) => (200, flavor.content_type(), exposition(&c, now_ms(), flavor)),
+                    Err(e) => (502, "text/plain", format!("{e}\n")),
+                }
+            }
             _ => (404, "text/plain", "not found\n".into()),
         }
     }
@@ -248,12 +257,7 @@ fn host_allowed(head: &str, bound: SocketAddr) -> bool {
     if !bound.ip().is_loopback() {
         return true;
     }
-    let host = head.lines().skip(1).find_map(|l| {
-        let (name, value) = l.split_once(':')?;
-        name.trim()
-            .eq_ignore_ascii_case("host")
-            .then(|| value.trim().to_ascii_lowercase())
-    });
+    let host = header(head, "host").map(str::to_ascii_lowercase);
     let port = bound.port();
     host.is_some_and(|h| {
         [
@@ -262,6 +266,14 @@ fn host_allowed(head: &str, bound: SocketAddr) -> bool {
             format!("[::1]:{port}"),
         ]
         .contains(&h)
+    })
+}
+
+/// The value of the request head's header `name`, if it has one.
+fn header<'h>(head: &'h str, name: &str) -> Option<&'h str> {
+    head.lines().skip(1).find_map(|l| {
+        let (n, value) = l.split_once(':')?;
+        n.trim().eq_ignore_ascii_case(name).then(|| value.trim())
     })
 }
 

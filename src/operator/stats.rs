@@ -200,6 +200,7 @@ pub fn report(config: &Config, span: Span, recorded: &Recorded) -> Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::operator::simulate::clock::format_ms;
     use serde_json::json;
 
     fn config() -> Config {
@@ -276,5 +277,13 @@ mod tests {
         assert!(text.contains("| 192.0.2.9 | api  |      3 |\n"), "{text}");
         assert_eq!(r.to_json()["rules"]["look"]["shadow_would_deny"], 1);
         assert_eq!(r.to_json()["busiest_minute"]["requests"], 9);
+        let minutes = &r.to_json()["rules"]["api"]["minutes"];
+        assert_eq!(minutes.as_array().map(Vec::len), Some(1), "{minutes}");
+        assert_eq!(minutes[0]["start"], format_ms(11 * MINUTE_MS));
+        assert_eq!(
+            (&minutes[0]["admitted"], &minutes[0]["denied"]),
+            (&json!(6), &json!(3))
+        );
+        assert_eq!(r.to_json()["rules"]["look"]["minutes"][0]["denied"], 1);
     }
 }

@@ -222,12 +222,16 @@ pub fn carried(exchanges: &[Exchange]) -> Vec<Sent> {
 /// The first TOML block under `heading` in docs/rules.md: a page's
 /// example, run as written.
 pub fn documented_rule(heading: &str) -> String {
-    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/rules.md"))
-        .expect("docs/rules.md is readable");
-    let section = page.split(heading).nth(1).expect("the heading is there");
-    let block = section
-        .split("```toml\n")
-        .nth(1)
-        .expect("a TOML block follows");
+    documented("docs/rules.md", heading, ("toml", 1))
+}
+
+/// The `nth` (from 1) ```LANG block after `heading` in `page` (a path
+/// from the repository's root): what a user would paste from it.
+pub fn documented(page: &str, heading: &str, (lang, nth): (&str, usize)) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(page);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{page}: {e}"));
+    let section = (text.split(heading).nth(1)).unwrap_or_else(|| panic!("{heading} in {page}"));
+    let block = (section.split(&format!("```{lang}\n")).nth(nth))
+        .unwrap_or_else(|| panic!("a {lang} block after {heading} in {page}"));
     block.split("```").next().unwrap().to_owned()
 }

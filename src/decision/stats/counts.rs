@@ -105,10 +105,16 @@ pub enum TotalCount {
     /// Script calls the limiter made (a request's call, refunds, lease
     /// refreshes, override reads), each once however many rules it served.
     Calls,
+    /// Stats writes that failed (each sent again), as the isolates reported
+    /// them with a later write.
+    WriteFailures,
+    /// Minutes of figures the isolates dropped unwritten, as they reported
+    /// them with a later write.
+    DroppedMinutes,
 }
 
 /// How many [`TotalCount`]s there are.
-pub const TOTAL_COUNTS: usize = 8;
+pub const TOTAL_COUNTS: usize = 10;
 
 impl TotalCount {
     /// Every figure, in stored order.
@@ -121,6 +127,8 @@ impl TotalCount {
         TotalCount::Bypassed,
         TotalCount::Unavailable,
         TotalCount::Calls,
+        TotalCount::WriteFailures,
+        TotalCount::DroppedMinutes,
     ];
 
     /// Its name in JSON.
@@ -134,6 +142,8 @@ impl TotalCount {
             TotalCount::Bypassed => "bypassed",
             TotalCount::Unavailable => "unavailable",
             TotalCount::Calls => "calls",
+            TotalCount::WriteFailures => "write_failures",
+            TotalCount::DroppedMinutes => "dropped_minutes",
         }
     }
 }

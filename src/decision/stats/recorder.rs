@@ -100,6 +100,10 @@ pub struct Recorder {
     /// Minutes dropped: unwritten, to keep within [`MAX_MINUTES`], or in a
     /// write given up after [`REPLAY_FOR_MS`] (which Redis may hold).
     lost: u64,
+    /// Failed writes and dropped minutes not yet reported: they go with
+    /// the next new write, in its newest minute's figures (a write sent
+    /// again goes unchanged).
+    unreported: (u64, u64),
     /// When the next write is due; `None` until a first request is counted.
     next_ms: Option<u64>,
     /// When the write in flight started.
@@ -129,6 +133,7 @@ impl Recorder {
             pending: None,
             minutes: Vec::new(),
             lost: 0,
+            unreported: (0, 0),
             next_ms: None,
             writing_since: None,
             sent: 0,
@@ -151,13 +156,15 @@ impl Recorder {
             if now_ms.saturating_sub(since) < WRITE_LOST_MS {
                 return None;
             }
+            // Lost in flight: a failure too.
             self.writing_since = None;
+            self.unreported.0 += 1;
         }
         if let Some((given_up, _)) = self
             .pending
             .take_if(|(_, since)| now_ms.saturating_sub(*since) >= REPLAY_FOR_MS)
         {
-            self.lost += given_up.minutes.len() as u64;
+            self.drop_minutes(given_up.minutes.len() as u64);
         }
         if self.pending.is_none() && self.minutes.is_empty() {
             return None;
@@ -172,10 +179,16 @@ impl Recorder {
         if self.pending.is_none() {
             let seq = self.sent + 1;
             self.sent = seq;
+            let mut minutes = self.take();
+            if let Some(newest) = minutes.last_mut() {
+                let (failures, dropped) = std::mem::take(&mut self.unreported);
+                newest.totals[TotalCount::WriteFailures] += failures;
+                newest.totals[TotalCount::DroppedMinutes] += dropped;
+            }
             let write = StatsWrite {
                 writer: self.writer,
                 seq,
-                minutes: self.take(),
+                minutes,
             };
             self.pending = Some((write, now_ms));
         }
@@ -188,7 +201,15 @@ impl Recorder {
         self.writing_since = None;
         if added {
             self.pending = None;
+        } else {
+            self.unreported.0 += 1;
         }
+    }
+
+    /// `n` minutes dropped unwritten.
+    fn drop_minutes(&mut self, n: u64) {
+        self.lost += n;
+        self.unreported.1 += n;
     }
 
     /// The minute holding `now_ms`, made if need be; `None` when it would
@@ -202,7 +223,7 @@ impl Recorder {
         let at = if self.minutes.len() < MAX_MINUTES {
             at
         } else {
-            self.lost += 1;
+            self.drop_minutes(1);
             if at == 0 {
                 return None;
             }
@@ -520,8 +541,9 @@ mod tests {
         assert_eq!(m.minute, 0);
         assert_eq!(
             TotalCount::ALL.map(|t| m.totals[t]),
-            // requests, admitted, denied, refused, unmatched, bypassed, unavailable, calls
-            [8, 3, 2, 1, 0, 1, 1, 6]
+            // requests, admitted, denied, refused, unmatched, bypassed, unavailable, calls,
+            // write failures, dropped minutes
+            [8, 3, 2, 1, 0, 1, 1, 6, 0, 0]
         );
         assert_eq!(
             figures(m, 0),
@@ -639,6 +661,8 @@ mod tests {
         let second = rec.due(1_000 + 3 * every).expect("then the next");
         assert_eq!(second.seq, 2);
         assert_eq!(second.minutes[0].totals[TotalCount::Requests], 1);
+        // The failure goes with the next new write, its replay unchanged.
+        assert_eq!(second.minutes[0].totals[TotalCount::WriteFailures], 1);
         // A write that never ends is given up after a minute, and sent
         // again as it was.
         send(
@@ -654,6 +678,11 @@ mod tests {
         rec.written(true);
         let third = rec.due(1_000 + 4 * every + WRITE_LOST_MS).expect("due");
         assert_eq!(third.seq, 3);
+        assert_eq!(
+            third.minutes[0].totals[TotalCount::WriteFailures],
+            1,
+            "a write lost in flight failed too"
+        );
     }
 
     /// A write whose outcome stays unknown is given up before the stats
@@ -680,6 +709,9 @@ mod tests {
         assert_eq!(next.minutes.len(), 1);
         assert_eq!(next.minutes[0].minute, last_replay / MINUTE_MS);
         assert_eq!(rec.lost(), first.minutes.len() as u64);
+        let reported = &next.minutes[0].totals;
+        assert_eq!(reported[TotalCount::WriteFailures], 2);
+        assert_eq!(reported[TotalCount::DroppedMinutes], rec.lost());
     }
 
     /// Minutes fall where their requests did, in order; past the bound

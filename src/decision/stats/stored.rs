@@ -4,7 +4,7 @@
 //! same from the script's side.
 
 use super::{
-    counts::{RuleCounts, TotalCounts, RULE_COUNTS, TOTAL_COUNTS},
+    counts::{add, RuleCounts, TotalCounts, RULE_COUNTS, TOTAL_COUNTS},
     recorder::{StatsWrite, MINUTE_MS, REPLAY_FOR_MS, WRITE_LOST_MS},
     top::{TopDenied, KEPT},
 };
@@ -39,6 +39,19 @@ pub fn day_key(day: u64, rule: Option<&str>) -> String {
 pub fn writer_key(writer: u64) -> String {
     format!("el:{{#stats}}:w:{writer}")
 }
+
+/// The key of the counters: every figure the isolates ever wrote, per rule
+/// (a field named after it) and over every request ([`ALL_REQUESTS`]), and
+/// when the last write landed ([`WRITTEN`]); they live `stats_keep` after
+/// the last write.
+pub const COUNTERS_KEY: &str = "el:{#stats}:counters";
+
+/// The counters' field of the figures over every request: no rule's name.
+pub const ALL_REQUESTS: &str = "*";
+
+/// The counters' field of when the last write landed, ms on Redis's clock:
+/// no rule's name.
+pub const WRITTEN: &str = ".written";
 
 /// How long a writer's key lives after its last write: an isolate sends a
 /// write whose reply was lost again at its next write, seconds to minutes
@@ -125,7 +138,14 @@ pub fn write_call(config: &Config, keep_ms: u64, write: &StatsWrite) -> (Vec<Str
         };
         writes[at].2.push((field, value));
     };
+    // What the write adds to the counters: its minutes' figures summed.
+    let mut totals = TotalCounts::default();
+    let mut rules = vec![RuleCounts::default(); config.rules.len()];
     for m in &write.minutes {
+        add(&mut totals.0, &m.totals.0);
+        for (sum, counts) in rules.iter_mut().zip(&m.rules) {
+            add(&mut sum.0, &counts.0);
+        }
         let day = m.minute / DAY_MINUTES;
         let (figures, clients) = fields(m.minute);
         if m.totals != TotalCounts::default() {
@@ -147,13 +167,29 @@ pub fn write_call(config: &Config, keep_ms: u64, write: &StatsWrite) -> (Vec<Str
             }
         }
     }
-    let mut keys = Vec::with_capacity(writes.len() + 1);
+    let mut counters = vec![];
+    if totals != TotalCounts::default() {
+        counters.push((ALL_REQUESTS, figures_text(&totals.0)));
+    }
+    for (rule, sum) in config.rules.iter().zip(&rules) {
+        if *sum != RuleCounts::default() {
+            counters.push((&rule.name, figures_text(&sum.0)));
+        }
+    }
+    let mut keys = Vec::with_capacity(writes.len() + 2);
     keys.push(writer_key(write.writer));
+    keys.push(COUNTERS_KEY.to_owned());
     let mut args = vec![
         KEPT.to_string(),
         write.seq.to_string(),
         WRITER_KEEP_MS.to_string(),
+        keep_ms.to_string(),
+        counters.len().to_string(),
     ];
+    for (field, figures) in counters {
+        args.push(field.to_owned());
+        args.push(figures);
+    }
     for (key, expires, fields) in writes {
         keys.push(key);
         args.push(expires.to_string());
@@ -247,6 +283,7 @@ mod tests {
             keys,
             [
                 "el:{#stats}:w:12",
+                COUNTERS_KEY,
                 "el:{#stats}:3",
                 "el:{#stats}:3:a",
                 "el:{#stats}:4",
@@ -258,6 +295,16 @@ mod tests {
             "10",
             "5",
             "86400000",
+            "3600000",
+            // The counters: the two minutes summed, over every request
+            // and per rule.
+            "3",
+            "*",
+            "3",
+            "a",
+            "2 0 1",
+            "b",
+            "1",
             &day_end(3),
             "1",
             "1439",

@@ -114,10 +114,11 @@ mod tests {
         assert_eq!(events[0].action, Action::StatsWriteFailed);
         assert_eq!(events[0].key.as_deref(), Some("el:{#stats}:w:9"));
         assert!(events[0].error.as_deref().unwrap().contains("refused"));
-        // Its number and how long the isolate's key lives, then the day's
-        // key: one field, minute 0's.
+        // Its number, how long the isolate's key and the counters live,
+        // the counters, then the day's key: one field, minute 0's.
         let sent = store.0.borrow();
-        assert_eq!(sent[0][1..3], ["1", "86400000"]);
-        assert_eq!(sent[0][4..7], ["1", "0", "4"]);
+        assert_eq!(sent[0][1..4], ["1", "86400000", "604800000"]);
+        assert_eq!(sent[0][4..7], ["1", "*", "4"]);
+        assert_eq!(sent[0][8..11], ["1", "0", "4"]);
     }
 }

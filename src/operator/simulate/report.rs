@@ -672,10 +672,8 @@ impl Report {
             ],
             Kind::Recorded => &RuleCount::ALL,
         };
-        let rules: serde_json::Map<String, Value> = self
-            .rules
-            .iter()
-            .map(|r| {
+        let rules: serde_json::Map<String, Value> = (self.rules.iter().zip(0..))
+            .map(|(r, i)| {
                 let mut rule = serde_json::Map::new();
                 rule.insert(
                     "mode".into(),
@@ -686,6 +684,21 @@ impl Report {
                 }
                 if r.without_duration > 0 {
                     rule.insert("without_duration".into(), json!(r.without_duration));
+                }
+                // What the plot draws, a point a minute.
+                if self.kind == Kind::Recorded {
+                    let minutes = self.series.get(i).map(|points| {
+                        let point = |p: &Point| {
+                            json!({
+                                "start": format_ms(p.start_s * 1000),
+                                "admitted": p.admitted,
+                                "denied": p.denied,
+                                "denied_by_other_rules": p.denied_by_others,
+                            })
+                        };
+                        points.iter().map(point).collect::<Vec<_>>()
+                    });
+                    rule.insert("minutes".into(), json!(minutes.unwrap_or_default()));
                 }
                 (r.name.clone(), Value::Object(rule))
             })
