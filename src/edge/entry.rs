@@ -24,6 +24,7 @@ use crate::{
         stats::{
             calls::Counted,
             recorder::{Recorder, StatsWrite},
+            timer::WriteTimer,
             write,
         },
         transport::batch::{Batched, Batches, Runtime},
@@ -59,6 +60,8 @@ struct Isolate {
     memory: IsolateMemory,
     /// What it counted and has not written yet, when stats are on.
     stats: Option<RefCell<Recorder>>,
+    /// The timers it set to write them with no later request.
+    stats_timer: RefCell<WriteTimer>,
     /// Its log lines, held back where a flood repeats them.
     log_gate: RefCell<LogGate>,
     /// When the last timer it set for held-back lines fires (0: none yet).
@@ -98,6 +101,7 @@ fn isolate(env: &Env) -> std::result::Result<Rc<Isolate>, String> {
         headers_read: config.headers_read(),
         log_gate: RefCell::new(LogGate::new()),
         log_flush_at: Cell::new(0),
+        stats_timer: RefCell::new(WriteTimer::default()),
         config,
         origin: origin(env)?,
         calls: Batches::new(client.clone()),
@@ -162,6 +166,13 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
     // Before the origin is asked, so that nothing it does, and no
     // cancelled request, can skip the work or leave its flags set.
     let mut origin_status = background(&isolate, &ctx, work);
+    if let Some(recorder) = &isolate.stats {
+        let due = recorder.borrow().next_due_ms();
+        if let Some(wake_ms) = isolate.stats_timer.borrow_mut().plan(now_ms, due) {
+            let runtime = OnRequest(ctx.clone());
+            ctx.wait_until(timed_write(isolate.clone(), runtime, wake_ms));
+        }
+    }
     let (response, status) = match responses::render(&outcome, &isolate.config) {
         Response::Answer {
             status,
@@ -283,6 +294,35 @@ fn background(isolate: &Rc<Isolate>, ctx: &Rc<Context>, work: Background) -> Opt
         }
     });
     Some(sender)
+}
+
+/// The isolate's own stats write, woken at `wake_ms` in a request's
+/// `waitUntil`: what is due then, or, for the last timer set, whatever is
+/// left, so that an isolate gone quiet does not hold its counts.
+async fn timed_write(isolate: Rc<Isolate>, runtime: OnRequest, wake_ms: u64) {
+    JsPause.until(wake_ms, None).await;
+    let Some(recorder) = &isolate.stats else {
+        return;
+    };
+    let last = isolate.stats_timer.borrow().woke(wake_ms);
+    // The last timer writes all that is left: a write sent again after a
+    // failure carries only what it did, and what was counted since goes next.
+    for _ in 0..2 {
+        let now_ms = js_sys::Date::now() as u64;
+        let write = match last {
+            true => recorder.borrow_mut().due_early(now_ms),
+            false => recorder.borrow_mut().due(now_ms),
+        };
+        let Some(write) = write else {
+            return;
+        };
+        let events = write::flush(&isolate.client, &isolate.config, recorder, write).await;
+        let failed = !events.is_empty();
+        isolate.log(&runtime, events);
+        if failed || !last {
+            return;
+        }
+    }
 }
 
 /// Where the status of a request's response goes, once known. Dropped

@@ -7,5 +7,6 @@ pub mod calls;
 pub mod counts;
 pub mod recorder;
 pub mod stored;
+pub mod timer;
 pub mod top;
 pub mod write;

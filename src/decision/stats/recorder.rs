@@ -195,6 +195,20 @@ impl Recorder {
         self.pending.as_ref().map(|(write, _)| write.clone())
     }
 
+    /// When the next write is due (ms), if something waits to be written
+    /// and a request has asked: for the isolate's own timer.
+    pub fn next_due_ms(&self) -> Option<u64> {
+        let waiting = self.pending.is_some() || !self.minutes.is_empty();
+        self.next_ms.filter(|_| waiting)
+    }
+
+    /// [`Recorder::due`] as if due now: the isolate's last timer, after
+    /// which no timer may come, writes what is left rather than hold it.
+    pub fn due_early(&mut self, now_ms: u64) -> Option<StatsWrite> {
+        self.next_ms = Some(self.next_ms.map_or(now_ms, |n| n.min(now_ms)));
+        self.due(now_ms)
+    }
+
     /// The write [`Recorder::due`] gave has ended: `added` when Redis
     /// answered that it holds it; otherwise it goes again as it was.
     pub fn written(&mut self, added: bool) {
@@ -683,6 +697,32 @@ mod tests {
             1,
             "a write lost in flight failed too"
         );
+    }
+
+    /// What the isolate's own timer needs: when the next write is due while
+    /// something waits, and the last timer's write, due or not.
+    #[test]
+    fn a_timer_learns_when_to_write_and_the_last_one_writes_early() {
+        let c = config();
+        let every = StatsSettings::default().every_ms;
+        let mut rec = Recorder::new(&c, StatsSettings::default(), 7);
+        let cache = RefCell::new(BlockCache::new(60_000));
+        assert_eq!(rec.next_due_ms(), None);
+        send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 1_000);
+        assert!(rec.due(1_000).is_none());
+        assert_eq!(rec.next_due_ms(), Some(1_000 + every));
+        let early = rec.due_early(2_000).expect("written early");
+        assert_eq!(early.minutes[0].totals[TotalCount::Requests], 1);
+        rec.written(true);
+        assert_eq!(rec.next_due_ms(), None, "nothing waits");
+        send(&mut rec, &c, &cache, "/", &[reply(ADMIT)], 3_000);
+        assert_eq!(
+            rec.next_due_ms(),
+            Some(2_000 + every),
+            "counted from the write"
+        );
+        assert!(rec.due_early(3_000).is_some());
+        assert!(rec.due_early(3_001).is_none(), "one write at a time");
     }
 
     /// A write whose outcome stays unknown is given up before the stats
