@@ -230,6 +230,31 @@ async fn a_clients_override_and_block_reach_that_client_alone() {
         listed.contains("el:{stopped}:api:o: blocked, until cleared"),
         "{listed}"
     );
+    // Listed from the index `limit` keeps, with no SCAN: an entry goes
+    // once its override has expired.
+    limit(w, &["set", "api", "brief", "--block", "--for", "1s"]);
+    assert!(limit(w, &["list", "api"]).contains("el:{brief}:api:o: blocked"));
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(!limit(w, &["list", "api"]).contains("brief"));
+    let b = &stack.backend;
+    let index = "el:{#overrides}:api";
+    assert_eq!(
+        b.redis(&["ZRANGE", index, "0", "-1"]).trim(),
+        "el:{stopped}:api:o"
+    );
+    // A block until cleared keeps the index as long.
+    assert_eq!(b.redis(&["PTTL", index]).trim(), "-1");
+    // One an earlier release wrote, outside the index: `--scan` finds it
+    // and puts it there.
+    b.redis(&["SET", "el:{old}:api:o", "v1 block"]);
+    assert!(!limit(w, &["list", "api"]).contains("{old}"));
+    assert!(limit(w, &["list", "api", "--scan"]).contains("el:{old}:api:o: blocked"));
+    assert!(limit(w, &["list", "api"]).contains("el:{old}:api:o: blocked"));
+    // Cleared: out of the index too; the last entry gone, so is the index.
+    for client in ["stopped", "old"] {
+        assert!(limit(w, &["clear", "api", client]).contains("removed"));
+    }
+    assert_eq!(b.redis(&["EXISTS", index]).trim(), "0");
 }
 
 /// A blocked client is told so, and nothing it gets says it has quota

@@ -208,8 +208,10 @@ async fn the_live_page_shows_known_traffic_then_new_traffic_without_a_reload() {
 
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    // Stopped however the test ends, so that it holds no pipe of cargo's.
+    // Stopped however the test ends, so that it holds no pipe of cargo's;
+    // its calls go through the proxy too, which notes them.
     let mut serve = edge_limiter(&stack, &["stats", "--serve", &addr]);
+    serve.env("UPSTASH_REDIS_REST_URL", proxy.url());
     let mut server = ProcessGroup::spawn(serve.stdout(Stdio::piped())).unwrap();
     let mut said = String::new();
     BufReader::new(server.child.stdout.take().unwrap())
@@ -285,4 +287,30 @@ async fn the_live_page_shows_known_traffic_then_new_traffic_without_a_reload() {
         &format!("GET /live HTTP/1.1\r\nHost: evil.example:{port}\r\n\r\n"),
     );
     assert!(rebound.starts_with("HTTP/1.1 421"), "{rebound}");
+
+    // Reads sized to what is shown: the page's minutes by HMGET, one for
+    // the request-wide figures and one per rule, no HGETALL of a day and no
+    // SCAN; and one read serves every page for 5 s.
+    drop(browser);
+    tokio::time::sleep(Duration::from_millis(5_100)).await;
+    let before = proxy.exchanges().len();
+    let live = format!("GET /live HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    assert!(raw(&addr, &live).starts_with("HTTP/1.1 200 OK"));
+    let read = proxy.exchanges().len();
+    assert!(raw(&addr, &live).starts_with("HTTP/1.1 200 OK"));
+    assert_eq!(proxy.exchanges().len(), read, "the second page read anew");
+    let names: Vec<String> = support::carried(&proxy.exchanges()[before..read])
+        .iter()
+        .filter_map(|s| s.command.get(0)?.as_str().map(str::to_ascii_uppercase))
+        .collect();
+    let hmget = names.iter().filter(|n| *n == "HMGET").count();
+    // Twice as many when the hour shown began the day before.
+    let since_midnight = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        % 86_400;
+    let days = if since_midnight < 3_600 { [1, 2] } else { [1, 1] };
+    assert!(days.iter().any(|d| hmget == 2 * d), "{names:?}");
+    assert!(!names.iter().any(|n| n == "HGETALL" || n == "SCAN"), "{names:?}");
 }

@@ -113,7 +113,7 @@ mod cli {
         Clear(LimitArgs),
         /// Every override of the rule in force, with what it replaced and when it ends.
         #[command(after_help = EXIT_STATUS)]
-        List(LimitArgs),
+        List(LimitListArgs),
     }
 
     #[derive(clap::Args)]
@@ -125,6 +125,17 @@ mod cli {
         values: Vec<String>,
         #[command(flatten)]
         from: Deployment,
+    }
+
+    #[derive(clap::Args)]
+    struct LimitListArgs {
+        #[command(flatten)]
+        target: LimitArgs,
+        /// Find the clients' overrides with SCAN (the whole keyspace) rather than
+        /// the index `limit set` keeps, and add them to it: once, for overrides
+        /// written by a release before the index.
+        #[arg(long)]
+        scan: bool,
     }
 
     /// Where the rules and the Redis settings are read, and how answers print.
@@ -597,7 +608,8 @@ refusing or out of reach, a log line --strict stops at).";
     fn limit_command(command: LimitCommand) -> Result<(), Failure> {
         let args = match &command {
             LimitCommand::Set(set) => &set.target,
-            LimitCommand::Get(a) | LimitCommand::Clear(a) | LimitCommand::List(a) => a,
+            LimitCommand::Get(a) | LimitCommand::Clear(a) => a,
+            LimitCommand::List(list) => &list.target,
         };
         let config = args.from.rules()?;
         let rule = inspect::find_rule(&config, &args.rule)?;
@@ -631,7 +643,9 @@ refusing or out of reach, a log line --strict stops at).";
                 std::io::stdout().lock().write_all(text.as_bytes())?;
                 return Ok(());
             }
-            (LimitCommand::List(_), _) => runtime.block_on(limits::list(&client, rule))?,
+            (LimitCommand::List(list), _) => {
+                runtime.block_on(limits::list(&client, rule, list.scan))?
+            }
             _ => runtime
                 .block_on(limits::get(&client, rule, &values))?
                 .into_iter()

@@ -11,7 +11,9 @@ use super::{
 use crate::{
     decision::{
         outcomes::verdict::seconds_up,
-        transport::keys::{client_overrides_pattern, override_key, redis_key, rule_wide_key},
+        transport::keys::{
+            client_overrides_pattern, override_key, overrides_index_key, redis_key, rule_wide_key,
+        },
         transport::redis_rest::{RestClient, RestError},
     },
     rules::{config::Config, overrides::Override, policy::Policy, rule::Rule},
@@ -104,12 +106,51 @@ pub async fn set(
         command.extend(["PX", ms.as_str()]);
     }
     client.command(&command).await?;
+    if !values.is_empty() {
+        let expires = for_ms.map(|ms| now_ms().saturating_add(ms));
+        index(client, rule, &[(key.as_str(), expires)]).await?;
+    }
     Ok(Stored {
         key,
         read: Some(what.clone()),
         text,
         expires_in_ms: for_ms,
     })
+}
+
+/// Milliseconds since the epoch, by this machine's clock.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Notes `keys` (each with when it expires, ms since the epoch; `None` for
+/// never) in `rule`'s overrides index, which then lives as long as its
+/// longest-lived entry.
+async fn index(
+    client: &RestClient,
+    rule: &Rule,
+    keys: &[(&str, Option<u64>)],
+) -> Result<(), InspectError> {
+    let at = overrides_index_key(&rule.name);
+    let scores: Vec<String> = (keys.iter())
+        .map(|(_, e)| e.map_or("+inf".to_owned(), |ms| ms.to_string()))
+        .collect();
+    let mut command = vec!["ZADD", at.as_str()];
+    for ((key, _), score) in keys.iter().zip(&scores) {
+        command.extend([score.as_str(), key]);
+    }
+    client.command(&command).await?;
+    let last = client
+        .command(&["ZRANGE", &at, "-1", "-1", "WITHSCORES"])
+        .await?;
+    match last.get(1).and_then(Value::as_str).map(str::parse::<u64>) {
+        Some(Ok(ms)) => client.command(&["PEXPIREAT", &at, &ms.to_string()]).await?,
+        // An entry that never expires: so does the index, until it is cleared.
+        _ => client.command(&["PERSIST", &at]).await?,
+    };
+    Ok(())
 }
 
 /// `rule`'s override for `values` (every client for none), if any.
@@ -155,17 +196,66 @@ pub async fn clear(
 ) -> Result<bool, InspectError> {
     taking(rule)?;
     let key = key_for(rule, values)?;
-    Ok(client.command(&["DEL", &key]).await?.as_u64() == Some(1))
+    let removed = client.command(&["DEL", &key]).await?.as_u64() == Some(1);
+    if !values.is_empty() {
+        let at = overrides_index_key(&rule.name);
+        client.command(&["ZREM", &at, &key]).await?;
+    }
+    Ok(removed)
 }
 
 /// Every override of `rule` in force: the rule-wide one first, then each
-/// client's (found with `SCAN`, so a large database takes a while).
-pub async fn list(client: &RestClient, rule: &Rule) -> Result<Vec<Stored>, InspectError> {
+/// client's, from the index `limit set` keeps (its expired entries dropped
+/// first), or, with `scan`, found with `SCAN` (a large database takes a
+/// while) and put in the index: overrides written by a release before the
+/// index are found that way once.
+pub async fn list(
+    client: &RestClient,
+    rule: &Rule,
+    scan: bool,
+) -> Result<Vec<Stored>, InspectError> {
     taking(rule)?;
     let mut found = Vec::new();
     if let Some(wide) = read(client, rule, rule_wide_key(&rule.name)).await? {
         found.push(wide);
     }
+    if scan {
+        let scanned = scan_clients(client, rule).await?;
+        let now = now_ms();
+        let entries: Vec<(&str, Option<u64>)> = (scanned.iter())
+            .map(|s| (s.key.as_str(), s.expires_in_ms.map(|ms| now + ms)))
+            .collect();
+        if !entries.is_empty() {
+            index(client, rule, &entries).await?;
+        }
+        found.extend(scanned);
+        return Ok(found);
+    }
+    let at = overrides_index_key(&rule.name);
+    client
+        .command(&["ZREMRANGEBYSCORE", &at, "-inf", &format!("({}", now_ms())])
+        .await?;
+    let keys = client.command(&["ZRANGE", &at, "0", "-1"]).await?;
+    for key in keys
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        match read(client, rule, key.to_owned()).await? {
+            Some(stored) => found.push(stored),
+            // Gone sooner than noted (deleted by hand, or evicted).
+            None => {
+                client.command(&["ZREM", &at, key]).await?;
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Every client's override of `rule`, found with `SCAN`.
+async fn scan_clients(client: &RestClient, rule: &Rule) -> Result<Vec<Stored>, InspectError> {
+    let mut found = Vec::new();
     let pattern = client_overrides_pattern(&rule.name);
     let mut cursor = "0".to_owned();
     loop {

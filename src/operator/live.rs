@@ -31,8 +31,8 @@ use crate::{
 /// How often the page redraws itself, ms.
 pub const REDRAW_MS: u64 = 5_000;
 
-/// How long the overrides listed stay before they are read again: listing
-/// them scans the database, as `limit list` does.
+/// How long the overrides listed stay before they are read again: each
+/// costs two commands, as in `limit list`.
 const OVERRIDES_FOR: Duration = Duration::from_secs(30);
 
 /// The longest request head read.
@@ -56,6 +56,9 @@ pub struct Live<'a> {
     pub window_ms: u64,
     /// The overrides in force as last listed, and when.
     overrides: Option<(Instant, String)>,
+    /// The figures as last read, and when: one read serves every page
+    /// open for [`REDRAW_MS`].
+    shown: Option<(Instant, String)>,
 }
 
 /// An answer: status, content type, body.
@@ -75,6 +78,7 @@ impl<'a> Live<'a> {
             client,
             window_ms,
             overrides: None,
+            shown: None,
         }
     }
 
@@ -146,6 +150,11 @@ impl<'a> Live<'a> {
 
     /// The figures, as the HTML the page puts in its frame.
     async fn figures(&mut self) -> Result<String, String> {
+        if let Some((at, html)) = &self.shown {
+            if at.elapsed() < Duration::from_millis(REDRAW_MS) {
+                return Ok(html.clone());
+            }
+        }
         let now_ms = now_ms();
         let span = Span {
             since_ms: now_ms.saturating_sub(self.window_ms),
@@ -156,7 +165,9 @@ impl<'a> Live<'a> {
             .map_err(|e| e.to_string())?;
         let report = report(self.config, span, &recorded);
         let overrides = self.overrides().await?;
-        fragment(&report, &overrides)
+        let html = fragment(&report, &overrides)?;
+        self.shown = Some((Instant::now(), html.clone()));
+        Ok(html)
     }
 
     /// The overrides and blocks in force, as a list; read again once
@@ -170,7 +181,7 @@ impl<'a> Live<'a> {
         let mut lines = Vec::new();
         let taking = self.config.rules.iter().filter(|r| r.overrides);
         for rule in taking.filter(|r| self.rules.contains(&r.name)) {
-            for stored in limits::list(self.client, rule)
+            for stored in limits::list(self.client, rule, false)
                 .await
                 .map_err(|e| e.to_string())?
             {

@@ -3,14 +3,12 @@
 //! `simulate` prints ([`Report`], rendered by the same code), so that what a
 //! policy would have done and what it did read alike.
 
-use serde_json::Value;
-
 use crate::{
     decision::{
         stats::{
             counts::{add, RuleCount, RuleCounts, TotalCount, TotalCounts},
             recorder::MINUTE_MS,
-            stored::{day_key, read_rule_day, read_totals_day, DAY_MS},
+            stored::{day_key, fields, read_rule_day, read_totals_day, DAY_MINUTES, DAY_MS},
             top::{TopDenied, KEPT},
         },
         transport::redis_rest::{RestClient, RestError},
@@ -58,15 +56,24 @@ pub struct Recorded {
     pub rules: Vec<(String, Vec<RuleMinute>)>,
 }
 
-/// A hash's fields and values from `HGETALL`'s reply.
-fn pairs(reply: &Value) -> Result<Vec<(String, String)>, RestError> {
-    let words = reply.as_array().ok_or_else(|| {
-        RestError::Malformed("HGETALL answered something other than a list".into())
-    })?;
-    let text: Vec<&str> = words.iter().filter_map(Value::as_str).collect();
-    Ok(text
-        .chunks_exact(2)
-        .map(|p| (p[0].to_owned(), p[1].to_owned()))
+/// The `fields` of the hash at `key` that hold something, with their
+/// values, in one `HMGET`: only what a span shows is read, not the day.
+async fn hmget(
+    client: &RestClient,
+    key: &str,
+    fields: &[String],
+) -> Result<Vec<(String, String)>, RestError> {
+    if fields.is_empty() {
+        return Ok(vec![]);
+    }
+    let mut command = vec!["HMGET", key];
+    command.extend(fields.iter().map(String::as_str));
+    let reply = client.command(&command).await?;
+    let values = reply
+        .as_array()
+        .ok_or_else(|| RestError::Malformed("HMGET answered something other than a list".into()))?;
+    Ok((fields.iter().zip(values))
+        .filter_map(|(f, v)| Some((f.clone(), v.as_str()?.to_owned())))
         .collect())
 }
 
@@ -81,8 +88,8 @@ pub fn selected(config: &Config, names: &[String]) -> Result<Vec<String>, Inspec
         .collect()
 }
 
-/// Reads what the isolates recorded over `span` for `rules`: one
-/// `HGETALL` per day, and per rule and day.
+/// Reads what the isolates recorded over `span` for `rules`: one `HMGET`
+/// of the span's minutes per day, and per rule and day.
 pub async fn read(
     client: &RestClient,
     rules: &[String],
@@ -94,8 +101,11 @@ pub async fn read(
         rules: rules.iter().map(|r| (r.clone(), Vec::new())).collect(),
     };
     for day in span.days() {
+        let minutes = (day * DAY_MINUTES..(day + 1) * DAY_MINUTES).filter(|m| wanted.contains(m));
+        let (figures, clients): (Vec<String>, Vec<String>) = minutes.map(fields).unzip();
+        let both: Vec<String> = figures.iter().chain(&clients).cloned().collect();
         let key = day_key(day, None);
-        let totals = pairs(&client.command(&["HGETALL", &key]).await?)?;
+        let totals = hmget(client, &key, &figures).await?;
         recorded.totals.extend(
             read_totals_day(day, &totals)
                 .into_iter()
@@ -103,7 +113,7 @@ pub async fn read(
         );
         for (rule, minutes) in &mut recorded.rules {
             let key = day_key(day, Some(rule));
-            let fields = pairs(&client.command(&["HGETALL", &key]).await?)?;
+            let fields = hmget(client, &key, &both).await?;
             minutes.extend(
                 read_rule_day(day, &fields)
                     .into_iter()

@@ -98,6 +98,15 @@ pub fn rule_wide_key(rule: &str) -> String {
     format!("el:rule:{rule}:o")
 }
 
+/// The index of `rule`'s clients' overrides that `limit` keeps: a sorted
+/// set of their keys, each scored by when it expires (ms since the epoch;
+/// `+inf` for never), so that listing them reads no other key and drops
+/// the expired. Under a hash tag of its own, which no client's identifier
+/// can be (a hashed one is `#` and 40 hex digits).
+pub fn overrides_index_key(rule: &str) -> String {
+    format!("el:{{#overrides}}:{rule}")
+}
+
 /// A `SCAN` pattern matching every client's [`override_key`] on `rule`.
 pub fn client_overrides_pattern(rule: &str) -> String {
     format!("el:{{*}}:{rule}:o")
