@@ -310,7 +310,14 @@ async fn the_live_page_shows_known_traffic_then_new_traffic_without_a_reload() {
         .unwrap()
         .as_secs()
         % 86_400;
-    let days = if since_midnight < 3_600 { [1, 2] } else { [1, 1] };
+    let days = if since_midnight < 3_600 {
+        [1, 2]
+    } else {
+        [1, 1]
+    };
     assert!(days.iter().any(|d| hmget == 2 * d), "{names:?}");
-    assert!(!names.iter().any(|n| n == "HGETALL" || n == "SCAN"), "{names:?}");
+    assert!(
+        !names.iter().any(|n| n == "HGETALL" || n == "SCAN"),
+        "{names:?}"
+    );
 }
