@@ -88,13 +88,14 @@ fn the_svg_is_well_formed_with_both_lines_per_rule() {
             })
             .collect::<Vec<usize>>()
     };
-    // One line per rule in each colour (and one legend swatch each), each
-    // line a point per second of the two-minute log.
+    // One line per panel in each colour (and one legend swatch each): the
+    // panel of every request, then one per rule; each line a point per
+    // second of the two-minute log.
     let (admitted, denied) = (lines(ADMITTED), lines(DENIED));
-    assert_eq!(admitted.len(), 4, "{admitted:?}");
-    assert_eq!(denied.len(), 4, "{denied:?}");
+    assert_eq!(admitted.len(), 6, "{admitted:?}");
+    assert_eq!(denied.len(), 6, "{denied:?}");
     assert!(
-        admitted.iter().filter(|n| **n >= 120).count() == 2,
+        admitted.iter().filter(|n| **n >= 120).count() == 3,
         "{admitted:?}"
     );
     let texts: Vec<&str> = doc

@@ -410,7 +410,7 @@ refusing or out of reach, a log line --strict stops at).";
         let isolates = heard.isolates.map(IsolatesReplay::finish);
         let report = report?;
         if let Some(path) = &args.plot {
-            write_plot(path, &report, &shown)?;
+            write_plot(path, &report, &shown, None)?;
         }
         let mut out = std::io::stdout().lock();
         let text = if args.json {
@@ -443,14 +443,16 @@ refusing or out of reach, a log line --strict stops at).";
         path: &Path,
         report: &simulate::report::Report,
         source: &str,
+        counting_at: Option<u64>,
     ) -> Result<(), Failure> {
         let is_html = path
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("html") || e.eq_ignore_ascii_case("htm"));
+        let look = plot::Look::file(counting_at);
         let page = if is_html {
-            plot::html(report, source)?
+            plot::html(report, source, look)?
         } else {
-            plot::svg(report)?
+            plot::svg(report, look)?
         };
         std::fs::write(path, page).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(())
@@ -521,7 +523,7 @@ refusing or out of reach, a log line --strict stops at).";
         let report = stats::report(&config, span, &recorded);
         let source = format!("stats in {}", client.url().trim_end_matches('/'));
         if let Some(path) = &args.plot {
-            write_plot(path, &report, &source)?;
+            write_plot(path, &report, &source, Some(now_ms))?;
         }
         let text = match args.from.json {
             true => format!("{}\n", report.to_json()),

@@ -18,13 +18,16 @@ use super::{
     metrics::{exposition, read_counters, Flavor},
     simulate::{
         clock::format_ms,
-        plot::{escape, svg, table_html},
+        plot::{escape, svg, table_html, Look},
         report::Report,
     },
     stats::{read, report, Span},
 };
 use crate::{
-    decision::{stats::counts::RuleCount, transport::redis_rest::RestClient},
+    decision::{
+        stats::{counts::RuleCount, recorder::MINUTE_MS},
+        transport::redis_rest::RestClient,
+    },
     rules::config::Config,
 };
 
@@ -57,8 +60,17 @@ pub struct Live<'a> {
     /// The overrides in force as last listed, and when.
     overrides: Option<(Instant, String)>,
     /// The figures as last read, and when: one read serves every page
-    /// open for [`REDRAW_MS`].
-    shown: Option<(Instant, String)>,
+    /// open for [`REDRAW_MS`], each drawn at its own width.
+    shown: Option<(Instant, Shown)>,
+}
+
+/// What one read found: the report, the overrides as HTML, and when the
+/// isolates last wrote (ms, Redis's clock).
+#[derive(Clone)]
+struct Shown {
+    report: Report,
+    overrides: String,
+    written_ms: Option<u64>,
 }
 
 /// An answer: status, content type, body.
@@ -126,7 +138,8 @@ impl<'a> Live<'a> {
         if method != "GET" {
             return (405, "text/plain", "read only: GET alone\n".into());
         }
-        match target {
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
+        match path {
             "/" => (
                 200,
                 "text/html; charset=utf-8",
@@ -134,7 +147,10 @@ impl<'a> Live<'a> {
             ),
             "/redraw.js" => (200, "text/javascript; charset=utf-8", SCRIPT.into()),
             "/live" => match runtime.block_on(self.figures()) {
-                Ok(html) => (200, "text/html; charset=utf-8", html),
+                Ok(shown) => match fragment(&shown, self.config, page_width(query)) {
+                    Ok(html) => (200, "text/html; charset=utf-8", html),
+                    Err(e) => (500, "text/plain", format!("{e}\n")),
+                },
                 Err(e) => (502, "text/plain", format!("{e}\n")),
             },
             "/metrics" => {
@@ -148,11 +164,11 @@ impl<'a> Live<'a> {
         }
     }
 
-    /// The figures, as the HTML the page puts in its frame.
-    async fn figures(&mut self) -> Result<String, String> {
-        if let Some((at, html)) = &self.shown {
+    /// The figures, read at most once per [`REDRAW_MS`].
+    async fn figures(&mut self) -> Result<Shown, String> {
+        if let Some((at, shown)) = &self.shown {
             if at.elapsed() < Duration::from_millis(REDRAW_MS) {
-                return Ok(html.clone());
+                return Ok(shown.clone());
             }
         }
         let now_ms = now_ms();
@@ -163,11 +179,14 @@ impl<'a> Live<'a> {
         let recorded = read(self.client, &self.rules, span)
             .await
             .map_err(|e| e.to_string())?;
-        let report = report(self.config, span, &recorded);
-        let overrides = self.overrides().await?;
-        let html = fragment(&report, &overrides)?;
-        self.shown = Some((Instant::now(), html.clone()));
-        Ok(html)
+        let written = read_counters(self.client, &[]).await;
+        let shown = Shown {
+            report: report(self.config, span, &recorded),
+            overrides: self.overrides().await?,
+            written_ms: written.map_err(|e| e.to_string())?.written_ms,
+        };
+        self.shown = Some((Instant::now(), shown.clone()));
+        Ok(shown)
     }
 
     /// The overrides and blocks in force, as a list; read again once
@@ -197,14 +216,46 @@ impl<'a> Live<'a> {
     }
 }
 
-/// The frame's HTML: the summary, the rules failing, the plot and the
-/// tables, and `overrides`.
-fn fragment(report: &Report, overrides: &str) -> Result<String, String> {
+/// The width to draw the plot at for a page that asked with `w=N` in
+/// `query`, within what stays readable.
+fn page_width(query: &str) -> u32 {
+    let asked = query
+        .split('&')
+        .find_map(|p| p.strip_prefix("w=")?.parse().ok());
+    asked.unwrap_or(1000).clamp(360, 1600)
+}
+
+/// How old the newest figures are, as a line for the page: a warning when
+/// no isolate has written for more than twice `stats_every`.
+fn age_line(written_ms: Option<u64>, every_ms: Option<u64>, now_ms: u64) -> String {
+    let Some(written) = written_ms else {
+        return "<p class=\"stale\">No isolate has written figures yet.</p>\n".to_owned();
+    };
+    let age_s = now_ms.saturating_sub(written) / 1000;
+    match every_ms {
+        Some(every) if now_ms.saturating_sub(written) > 2 * every => format!(
+            "<p class=\"stale\">No isolate has written for {age_s} s, more than twice \
+             stats_every ({} s): no traffic since, or stats writes failing.</p>\n",
+            every / 1000
+        ),
+        _ => format!("<p class=\"age\">The newest figures were written {age_s} s ago.</p>\n"),
+    }
+}
+
+/// The frame's HTML for a page `width` pixels wide: how old the figures
+/// are, the summary stating the span once, the rules failing, the plot and
+/// the tables, and the overrides.
+fn fragment(shown: &Shown, config: &Config, width: u32) -> Result<String, String> {
+    let report = &shown.report;
+    let now_ms = now_ms();
+    let every_ms = config.stats.map(|s| s.every_ms);
+    let mut out = age_line(shown.written_ms, every_ms, now_ms);
+    // The figures are per minute: the span shown starts with its first.
     let (since, until) = report.span_ms.unwrap_or_default();
-    let mut out = format!(
+    out.push_str(&format!(
         "<p class=\"summary\">From {} to {}: {} requests, admitted {}, denied (429) {}, refused (400) {}, \
          no rule matched {}, forwarded undecided (fail open) {}, unavailable (503) {}.</p>\n",
-        format_ms(since),
+        format_ms(since - since % MINUTE_MS),
         format_ms(until),
         report.requests,
         report.admitted,
@@ -213,7 +264,7 @@ fn fragment(report: &Report, overrides: &str) -> Result<String, String> {
         report.unmatched,
         report.bypassed,
         report.unavailable
-    );
+    ));
     let failing: Vec<String> = report
         .rules
         .iter()
@@ -233,7 +284,12 @@ fn fragment(report: &Report, overrides: &str) -> Result<String, String> {
             failing.join("\n")
         ));
     }
-    out.push_str(&format!("<figure>\n{}\n</figure>\n", svg(report)?));
+    let look = Look {
+        width,
+        titled: false,
+        now_ms: Some(now_ms),
+    };
+    out.push_str(&format!("<figure>\n{}\n</figure>\n", svg(report, look)?));
     let (header, rows) = report.rule_rows();
     out.push_str(&format!(
         "<h2>Per rule</h2>\n{}",
@@ -256,7 +312,8 @@ fn fragment(report: &Report, overrides: &str) -> Result<String, String> {
         out.push_str(&table_html(&["client", "rule", "denied"], &rows));
     }
     out.push_str(&format!(
-        "<h2>Overrides and blocks in force</h2>\n{overrides}"
+        "<h2>Overrides and blocks in force</h2>\n{}",
+        shown.overrides
     ));
     Ok(out)
 }

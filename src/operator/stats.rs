@@ -16,7 +16,7 @@ use crate::{
     operator::{
         inspect::{find_rule, InspectError},
         simulate::report::{
-            most_denied, BucketReport, ClientReport, Kind, Point, Report, RuleReport,
+            most_denied, BucketReport, ClientReport, Kind, Point, Report, RuleReport, TotalPoint,
         },
     },
     rules::{config::Config, rule::Mode},
@@ -132,8 +132,17 @@ pub async fn read(
 pub fn report(config: &Config, span: Span, recorded: &Recorded) -> Report {
     let mut totals = TotalCounts::default();
     let mut busiest: Option<BucketReport> = None;
+    let mut totals_series = Vec::new();
     for (minute, t) in &recorded.totals {
         add(&mut totals.0, &t.0);
+        totals_series.push(TotalPoint {
+            start_s: minute * MINUTE_MS / 1000,
+            admitted: t[TotalCount::Admitted],
+            denied: t[TotalCount::Denied],
+            refused: t[TotalCount::Refused],
+            bypassed: t[TotalCount::Bypassed],
+            unavailable: t[TotalCount::Unavailable],
+        });
         // The earliest of equally busy minutes.
         if busiest.is_none_or(|b| t[TotalCount::Requests] > b.requests) {
             busiest = Some(BucketReport {
@@ -203,6 +212,7 @@ pub fn report(config: &Config, span: Span, recorded: &Recorded) -> Report {
         bucket_ms: MINUTE_MS,
         busiest,
         series,
+        totals_series,
         ..Report::default()
     }
 }

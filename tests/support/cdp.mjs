@@ -5,6 +5,8 @@
 //   {"navigate": URL}   loads URL and answers once it has loaded
 //   {"eval": EXPR}      evaluates EXPR in the page (promises awaited)
 //   {"screenshot": PATH} writes the page as it looks to PATH (PNG)
+//   {"viewport": [W, H]} shows the page at W x H CSS pixels (a phone's
+//                        when W < 600) until told otherwise
 //
 // Usage: node cdp.mjs DEBUGGING_PORT
 import fs from "node:fs";
@@ -54,6 +56,10 @@ for await (const line of readline.createInterface({ input: process.stdin })) {
       const loaded = event("Page.loadEventFired");
       await send("Page.navigate", { url: command.navigate });
       await loaded;
+      console.log(JSON.stringify({ ok: true }));
+    } else if (command.viewport) {
+      const [width, height] = command.viewport;
+      await send("Emulation.setDeviceMetricsOverride", { width, height, deviceScaleFactor: 1, mobile: width < 600 });
       console.log(JSON.stringify({ ok: true }));
     } else if (command.screenshot) {
       const shot = await send("Page.captureScreenshot", { format: "png", captureBeyondViewport: true });

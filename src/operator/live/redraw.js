@@ -5,11 +5,13 @@ const every = Number(status.dataset.redrawMs) || 5000;
 
 async function redraw() {
   try {
-    const answer = await fetch("/live", { cache: "no-store" });
+    // The plot is drawn at the page's width, so that a phone's reads.
+    const width = Math.round(document.getElementById("live").clientWidth || window.innerWidth);
+    const answer = await fetch("/live?w=" + width, { cache: "no-store" });
     const text = await answer.text();
     if (answer.ok) {
       document.getElementById("live").innerHTML = text;
-      status.textContent = "updated " + new Date().toLocaleTimeString() + ", every " + every / 1000 + " s";
+      status.textContent = "read again every " + every / 1000 + " s; how old the figures are is below";
     } else {
       status.textContent = "the figures could not be read: " + text;
     }

@@ -93,6 +93,23 @@ pub struct Point {
     pub denied_by_others: u64,
 }
 
+/// Every request in one bucket of time: what the totals panel draws.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TotalPoint {
+    /// The bucket's start, seconds since the epoch.
+    pub start_s: u64,
+    /// Requests forwarded.
+    pub admitted: u64,
+    /// Requests answered 429.
+    pub denied: u64,
+    /// Requests answered 400.
+    pub refused: u64,
+    /// Requests forwarded undecided, Redis unavailable (recorded only).
+    pub bypassed: u64,
+    /// Requests answered 503, Redis unavailable (recorded only).
+    pub unavailable: u64,
+}
+
 /// How one request counts on its rule's panel.
 struct PanelCount {
     admitted: bool,
@@ -150,6 +167,8 @@ pub struct Report {
     pub late: u64,
     /// Per rule, one point per bucket that had requests under it.
     pub series: Vec<Vec<Point>>,
+    /// Over every request, one point per bucket that had requests.
+    pub totals_series: Vec<TotalPoint>,
 }
 
 /// Counts requests as they are decided, in time order.
@@ -214,14 +233,27 @@ impl Tally {
             };
         }
         self.second.requests += 1;
+        let second = time_ms / 1000;
+        if r.totals_series.last().is_none_or(|p| p.start_s != second) {
+            r.totals_series.push(TotalPoint {
+                start_s: second,
+                ..TotalPoint::default()
+            });
+        }
+        let Some(point) = r.totals_series.last_mut() else {
+            return;
+        };
         if admitted {
             r.admitted += 1;
             self.second.admitted += 1;
+            point.admitted += 1;
         } else if denied {
             r.denied += 1;
             self.second.denied += 1;
+            point.denied += 1;
         } else {
             r.refused += 1;
+            point.refused += 1;
         }
         // The earliest of equally busy seconds; the busiest so far grows with itself.
         if r.busiest.is_none_or(|b| self.second.requests > b.requests) {
