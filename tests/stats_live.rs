@@ -136,17 +136,6 @@ impl Drop for Browser {
     }
 }
 
-/// `edge-limiter ARGS` beside the worker, straight to the REST endpoint.
-fn edge_limiter(stack: &Stack, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_edge-limiter"));
-    command
-        .args(args)
-        .current_dir(&stack.worker.dir)
-        .env("UPSTASH_REDIS_REST_URL", stack.backend.endpoint.url())
-        .env("UPSTASH_REDIS_REST_TOKEN", TOKEN);
-    command
-}
-
 /// Sends `n` requests of `client`; their statuses.
 async fn send(stack: &Stack, client: &str, n: usize) -> Vec<u16> {
     let http = support::http();
@@ -170,7 +159,7 @@ async fn written(stack: &Stack, sent: u64) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let out = edge_limiter(stack, &["stats", "--json"]).output().unwrap();
+        let out = stack.edge_limiter(&["stats", "--json"]).output().unwrap();
         let report: Value = serde_json::from_slice(&out.stdout).unwrap();
         if report["requests"] == sent {
             return;
@@ -201,7 +190,8 @@ async fn the_live_page_shows_known_traffic_then_new_traffic_without_a_reload() {
     proxy.set(Fault::Pass);
     let mut sent = 8;
     written(&stack, sent).await;
-    let blocked = edge_limiter(&stack, &["limit", "set", "limited", "leaked-7", "--block"])
+    let blocked = stack
+        .edge_limiter(&["limit", "set", "limited", "leaked-7", "--block"])
         .output()
         .unwrap();
     assert!(blocked.status.success(), "{blocked:?}");
@@ -210,7 +200,7 @@ async fn the_live_page_shows_known_traffic_then_new_traffic_without_a_reload() {
     let addr = format!("127.0.0.1:{port}");
     // Stopped however the test ends, so that it holds no pipe of cargo's;
     // its calls go through the proxy too, which notes them.
-    let mut serve = edge_limiter(&stack, &["stats", "--serve", &addr]);
+    let mut serve = stack.edge_limiter(&["stats", "--serve", &addr]);
     serve.env("UPSTASH_REDIS_REST_URL", proxy.url());
     let mut server = ProcessGroup::spawn(serve.stdout(Stdio::piped())).unwrap();
     let mut said = String::new();

@@ -16,7 +16,7 @@ use std::{
 
 use edge_limiter_local::testenv::{free_port, ProcessGroup};
 use serde_json::Value;
-use support::{worker::Stack, TOKEN};
+use support::worker::Stack;
 
 const RULES: &str = r#"
 [vars.LIMITER]
@@ -42,17 +42,6 @@ burst = 1
 mode = "shadow"
 "#;
 
-/// `edge-limiter ARGS` beside the worker, straight to the REST endpoint.
-fn edge_limiter(stack: &Stack, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_edge-limiter"));
-    command
-        .args(args)
-        .current_dir(&stack.worker.dir)
-        .env("UPSTASH_REDIS_REST_URL", stack.backend.endpoint.url())
-        .env("UPSTASH_REDIS_REST_TOKEN", TOKEN);
-    command
-}
-
 /// Sends `n` requests of `client` to `path`; their statuses.
 async fn send(stack: &Stack, path: &str, client: &str, n: usize) -> Vec<u16> {
     let http = support::http();
@@ -74,7 +63,7 @@ async fn written(stack: &Stack, sent: u64) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let out = edge_limiter(stack, &["stats", "--json"]).output().unwrap();
+        let out = stack.edge_limiter(&["stats", "--json"]).output().unwrap();
         let report: Value = serde_json::from_slice(&out.stdout).unwrap();
         if report["requests"] == sent {
             return report;
@@ -175,7 +164,7 @@ async fn prometheus_counts_what_stats_reports() {
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     // Stopped however the test ends, so that it holds no pipe of cargo's.
-    let mut serve = edge_limiter(&stack, &["stats", "--serve", &addr]);
+    let mut serve = stack.edge_limiter(&["stats", "--serve", &addr]);
     let mut server = ProcessGroup::spawn(serve.stdout(Stdio::piped())).unwrap();
     let mut said = String::new();
     BufReader::new(server.child.stdout.take().unwrap())
@@ -246,7 +235,8 @@ async fn prometheus_counts_what_stats_reports() {
     promtool_takes(&dir, "rules", &readme(2));
 
     // One print of the same counters, in OpenMetrics text.
-    let out = edge_limiter(&stack, &["stats", "--format", "openmetrics"])
+    let out = stack
+        .edge_limiter(&["stats", "--format", "openmetrics"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");

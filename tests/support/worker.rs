@@ -242,6 +242,18 @@ pub struct Stack {
 }
 
 impl Stack {
+    /// `edge-limiter ARGS` beside the worker (its wrangler.toml), straight
+    /// to the REST endpoint.
+    pub fn edge_limiter(&self, args: &[&str]) -> std::process::Command {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_edge-limiter"));
+        command
+            .args(args)
+            .current_dir(&self.worker.dir)
+            .env("UPSTASH_REDIS_REST_URL", self.backend.endpoint.url())
+            .env("UPSTASH_REDIS_REST_TOKEN", super::TOKEN);
+        command
+    }
+
     /// A worker with these rules (`[[vars.LIMITER.rules]]` tables, and any
     /// other `[vars.LIMITER]` settings) in front of the demo origin, on a
     /// fresh Redis.
