@@ -13,7 +13,7 @@
 -- KEYS[3..] one hash per day (UTC) and rule, or the day's figures over every
 --           request, all under the hash tag {#stats}: one slot, so the call
 --           works on Redis Cluster (src/decision/stats/stored.rs names them)
--- ARGV[1]   how many clients to keep per rule and minute
+-- ARGV[1]   how many names to keep per summary
 -- ARGV[2]   this write's number in its isolate's sequence
 -- ARGV[3]   how long the isolate's key lives, ms
 -- ARGV[4]   how long the counters live after the last write, ms
@@ -23,9 +23,11 @@
 --           n, and n x (field, value):
 --             '<minute of the day>'   figures, decimal integers separated
 --                                     by spaces: added figure by figure
---             '<minute of the day>c'  clients, 'client count' pairs
---                                     separated by spaces: added client by
---                                     client, the ARGV[1] most counted kept
+--             '<minute of the day>c'  the clients most denied, and with
+--             '<minute of the day>g'  'g' the countries, with 'a' the
+--             '<minute of the day>a'  networks (ASNs): summaries that
+--                                     add_top adds, the ARGV[1] most
+--                                     counted kept
 --
 -- Reply: the number of fields written; 0 for a write already added.
 --
@@ -59,30 +61,60 @@ local function add_figures(old, new)
   return table.concat(sum, ' ')
 end
 
--- `old` and `new` clients added, the `kept` most counted first (ties by
--- name, so that every isolate's writes read alike). A client is one word:
--- an identifier as a key shows it, or its hash.
-local function add_clients(old, new)
-  local count, order = {}, {}
-  for _, text in ipairs({ old or '', new }) do
-    for client, n in string.gmatch(text, '(%S+) (%d+)') do
-      if not count[client] then
-        order[#order + 1] = client
-        count[client] = 0
+-- A summary of the names a rule denied most in a minute (clients,
+-- countries, networks): '+floor', then 'name count over' triples, most
+-- counted first. Each name's true number is within `over` below `count`;
+-- a name not listed had at most `floor`. (Older releases wrote 'name
+-- count' pairs: read as exact.)
+local function read_top(text)
+  local floor, entries = string.match(text or '', '^%+(%d+)(.*)$')
+  local out = { floor = tonumber(floor) or 0, count = {}, over = {} }
+  if floor then
+    for name, n, over in string.gmatch(entries, '(%S+) (%d+) (%d+)') do
+      out.count[name], out.over[name] = tonumber(n), tonumber(over)
+    end
+  else
+    for name, n in string.gmatch(text or '', '(%S+) (%d+)') do
+      out.count[name], out.over[name] = tonumber(n), 0
+    end
+  end
+  return out
+end
+
+-- `old` and `new` summaries added, the `kept` most counted kept (ties by
+-- name, so that every isolate's writes read alike). A name missing from
+-- one side had at most that side's floor there: it is added to its count
+-- and to its error. Dropping a name raises the floor to its count.
+local function add_top(old, new)
+  local a, b = read_top(old), read_top(new)
+  local count, over, order = {}, {}, {}
+  for _, pair in ipairs({ { a, b }, { b, a } }) do
+    local side, other = pair[1], pair[2]
+    for name, n in pairs(side.count) do
+      if not count[name] then
+        order[#order + 1] = name
+        local theirs = other.count[name]
+        count[name] = n + (theirs or other.floor)
+        over[name] = side.over[name] + (theirs and other.over[name] or other.floor)
       end
-      count[client] = count[client] + tonumber(n)
     end
   end
-  table.sort(order, function(a, b)
-    if count[a] ~= count[b] then
-      return count[a] > count[b]
+  table.sort(order, function(x, y)
+    if count[x] ~= count[y] then
+      return count[x] > count[y]
     end
-    return a < b
+    return x < y
   end)
+  local floor = a.floor + b.floor
   local out = {}
-  for i = 1, math.min(#order, kept) do
-    out[i] = order[i] .. ' ' .. string.format('%d', count[order[i]])
+  for i, name in ipairs(order) do
+    if i <= kept then
+      out[#out + 1] = name .. ' ' .. string.format('%d %d', count[name], over[name])
+    else
+      floor = math.max(floor, count[name])
+    end
   end
+  table.insert(out, 1, string.format('+%d', floor))
   return table.concat(out, ' ')
 end
 
@@ -105,8 +137,8 @@ for i = 3, #KEYS do
     local field, value = ARGV[at], ARGV[at + 1]
     at = at + 2
     local old = redis.call('HGET', key, field)
-    if string.sub(field, -1) == 'c' then
-      value = add_clients(old, value)
+    if string.find(field, '%a$') then
+      value = add_top(old, value)
     else
       value = add_figures(old, value)
     end

@@ -104,7 +104,7 @@ fn rule(name: &str, shadow: bool, figures: [u64; 6]) -> RuleReport {
         name: name.into(),
         shadow,
         counts,
-        without_duration: 0,
+        ..RuleReport::default()
     }
 }
 
@@ -136,6 +136,7 @@ fn check_hand_computed(report: &Report) {
         rule: rule.into(),
         client: client.into(),
         denied,
+        over: 0,
         requests: Some(requests),
     };
     assert_eq!(

@@ -11,7 +11,7 @@ use edge_limiter::decision::stats::{
     counts::{RuleCount, TotalCount},
     stored::{day_key, read_rule_day, read_totals_day, DAY_MS, STATS},
     timer::WAKE_WITHIN_MS,
-    top::TopDenied,
+    top::{Denials, TopDenied},
 };
 use edge_limiter::decision::transport::protocol::LIMITER;
 use edge_limiter_local::fault_proxy::Fault;
@@ -71,8 +71,15 @@ fn today() -> u64 {
     now.as_millis() as u64 / DAY_MS
 }
 
-/// Today's request-wide figures and `rule`'s, summed over the minutes.
-fn kept(b: &Backend, rule: &str) -> (Vec<u64>, Vec<u64>, Vec<(String, u64)>) {
+/// A summary's names and counts, most first.
+fn names(top: &TopDenied) -> Vec<(String, u64)> {
+    let top = top.top(10).into_iter();
+    top.map(|e| (e.name.clone(), e.count)).collect()
+}
+
+/// Today's request-wide figures and `rule`'s, summed over the minutes, and
+/// whom it denied and from where.
+fn kept(b: &Backend, rule: &str) -> (Vec<u64>, Vec<u64>, Denials) {
     let day = today();
     let mut totals = vec![0; TotalCount::ALL.len()];
     for (_, t) in read_totals_day(day, &pairs(b, &day_key(day, None))) {
@@ -80,13 +87,12 @@ fn kept(b: &Backend, rule: &str) -> (Vec<u64>, Vec<u64>, Vec<(String, u64)>) {
     }
     let mut rules = vec![0; RuleCount::ALL.len()];
     // The traffic may straddle a minute.
-    let mut clients = TopDenied::default();
+    let mut denials = Denials::default();
     for (_, r, top) in read_rule_day(day, &pairs(b, &day_key(day, Some(rule)))) {
         rules.iter_mut().zip(r.0).for_each(|(a, b)| *a += b);
-        clients.merge(&top);
+        denials.merge(&top);
     }
-    let clients = clients.top(10).into_iter().map(|(c, n)| (c.to_owned(), n));
-    (totals, rules, clients.collect())
+    (totals, rules, denials)
 }
 
 #[tokio::test]
@@ -118,7 +124,7 @@ async fn a_worker_writes_what_it_did_after_stats_every() {
             stack.worker.log()
         );
     }
-    let (totals, rule, clients) = kept(b, "per-ip");
+    let (totals, rule, denials) = kept(b, "per-ip");
     let denied = sent - 3;
     let mut want = vec![0; TotalCount::ALL.len()];
     want[TotalCount::Requests as usize] = sent;
@@ -134,7 +140,11 @@ async fn a_worker_writes_what_it_did_after_stats_every() {
     want[RuleCount::Denied as usize] = denied;
     want[RuleCount::Calls as usize] = 4;
     assert_eq!(rule, want);
-    assert_eq!(clients, [("203.0.113.10".to_owned(), denied)]);
+    assert_eq!(names(&denials.clients), [("203.0.113.10".into(), denied)]);
+    // Where wrangler dev places every request (miniflare's stand-in for
+    // `request.cf`, with CLOUDFLARE_CF_FETCH_ENABLED=false).
+    assert_eq!(names(&denials.countries), [("US".into(), denied)]);
+    assert_eq!(names(&denials.networks), [("395747".into(), denied)]);
     assert_eq!(stack.origin.hits().await["total"], Value::from(3));
 
     // `edge-limiter stats` beside the worker's wrangler.toml and .dev.vars

@@ -217,10 +217,13 @@ async fn the_live_page_shows_known_traffic_then_new_traffic_without_a_reload() {
     browser.ask(json!({ "navigate": format!("http://{addr}/") }));
     let first = browser.figures_once(|t| t.contains("Clients most denied"));
     for shown in [
-        // The summary, the failing rule, the most denied client, the block.
+        // The summary, the failing rule, the most denied client and where
+        // from, the block.
         &format!("{sent} requests, admitted"),
         "limited: Redis could not decide; 2 requests forwarded undecided (fail open)",
         "c1\tlimited\t2",
+        "limited\tcountry US\t2",
+        "limited\tnetwork AS395747\t2",
         "el:{leaked-7}:limited:o: blocked, until cleared",
     ] {
         assert!(

@@ -213,6 +213,16 @@ async fn prometheus_counts_what_stats_reports() {
     assert_eq!(report["rules"]["watched"]["shadow_would_deny"], 2);
     let age = prometheus.value("edge_limiter_stats_age_seconds").await;
     assert!(age.is_some_and(|a| (0.0..60.0).contains(&a)), "{age:?}");
+    // Where the denials came from, as `stats --json` has it: wrangler
+    // dev's stand-in for `request.cf` places every request alike.
+    let from = &report["rules"]["limited"]["denied_from"];
+    assert_eq!(from["countries"]["top"][0]["country"], "US", "{from}");
+    assert_eq!(from["networks"]["top"][0]["asn"], "395747", "{from}");
+    for (what, key, place) in [("country", "country", "US"), ("network", "asn", "395747")] {
+        let gauge =
+            format!("edge_limiter_rule_denied_by_{what}{{rule=\"limited\",{key}=\"{place}\"}}");
+        assert_eq!(prometheus.value(&gauge).await, Some(2.0), "{gauge}");
+    }
 
     // The documented alerts load and evaluate without error.
     let rules: Value = (support::http().get(format!("{}/api/v1/rules", prometheus.url)))

@@ -495,7 +495,7 @@ refusing or out of reach, a log line --strict stops at).";
         }
         let (client, runtime) = connect()?;
         if args.format == Some(StatsFormat::Openmetrics) {
-            let counters = runtime.block_on(metrics::read_counters(&client, &rules))?;
+            let counters = runtime.block_on(metrics::scrape(&client, &rules, now_ms))?;
             let flavor = metrics::Flavor::OpenMetrics;
             let text = metrics::exposition(&counters, now_ms, flavor);
             std::io::stdout().lock().write_all(text.as_bytes())?;

@@ -19,7 +19,7 @@ use crate::{
         memory::in_flight::InFlight,
         memory::log_gate::LogGate,
         memory::IsolateMemory,
-        outcomes::events::Event,
+        outcomes::events::{Action, Event},
         runtime::{Bell, Pause, Paused, Signal},
         stats::{
             calls::Counted,
@@ -135,14 +135,22 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
         meta.body_cut = meta.body.is_none();
     }
     if isolate.config.needs_cf(&meta) {
-        meta.cf = cf_facts(&req);
+        meta.cf = cf_facts(&req, &CfField::ALL);
     }
     let now_ms = js_sys::Date::now() as u64;
     let ctx = Rc::new(ctx);
     let batched = isolate.calls.for_request(OnRequest(ctx.clone()));
     let calls = Counted::new(&batched);
     let handled = isolate.limiter(&calls).handle(&meta, now_ms).await;
-    isolate.count(|s| s.request(&isolate.config, &handled, calls.take(), now_ms));
+    // Where a denial came from, for the stats: read off `request.cf` only
+    // then, unless a rule's key read it already.
+    let denied = handled.events.iter().any(|e| e.action == Action::Deny);
+    let from = match isolate.stats.is_some() && denied && meta.cf.is_empty() {
+        true => cf_facts(&req, &[CfField::Country, CfField::Asn]),
+        false => vec![],
+    };
+    let from = if from.is_empty() { &meta.cf } else { &from };
+    isolate.count(|s| s.request(&isolate.config, &handled, from, calls.take(), now_ms));
     let Handled {
         outcome,
         events,
@@ -495,8 +503,8 @@ fn write_lines(events: Vec<Event>) {
     }
 }
 
-/// The facts of `request.cf` a rule can key on, where the runtime gives them.
-fn cf_facts(req: &web_sys::Request) -> Vec<(CfField, String)> {
+/// The `fields` of `request.cf`, where the runtime gives them.
+fn cf_facts(req: &web_sys::Request, fields: &[CfField]) -> Vec<(CfField, String)> {
     let get = |object: &JsValue, name: &str| {
         js_sys::Reflect::get(object, &JsValue::from_str(name))
             .ok()
@@ -505,9 +513,9 @@ fn cf_facts(req: &web_sys::Request) -> Vec<(CfField, String)> {
     let Some(cf) = get(req, "cf") else {
         return vec![];
     };
-    CfField::ALL
-        .into_iter()
-        .filter_map(|field| {
+    fields
+        .iter()
+        .filter_map(|&field| {
             let value = match field {
                 CfField::Ja4 => get(&cf, "botManagement").and_then(|b| get(&b, "ja4")),
                 _ => get(&cf, field.name()),

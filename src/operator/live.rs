@@ -15,11 +15,11 @@ use std::{
 
 use super::{
     limits,
-    metrics::{exposition, read_counters, Flavor},
+    metrics::{exposition, read_counters, scrape, Flavor},
     simulate::{
         clock::format_ms,
         plot::{escape, svg, table_html, Look},
-        report::Report,
+        report::{shown_count, Report, PLACES_TITLE},
     },
     stats::{read, report, Span},
 };
@@ -155,7 +155,7 @@ impl<'a> Live<'a> {
             },
             "/metrics" => {
                 let flavor = Flavor::accepted(header(head, "accept").unwrap_or_default());
-                match runtime.block_on(read_counters(self.client, &self.rules)) {
+                match runtime.block_on(scrape(self.client, &self.rules, now_ms())) {
                     Ok(c) => (200, flavor.content_type(), exposition(&c, now_ms(), flavor)),
                     Err(e) => (502, "text/plain", format!("{e}\n")),
                 }
@@ -307,9 +307,26 @@ fn fragment(shown: &Shown, config: &Config, width: u32) -> Result<String, String
         let rows: Vec<Vec<String>> = report
             .top_denied
             .iter()
-            .map(|c| vec![c.client.clone(), c.rule.clone(), c.denied.to_string()])
+            .map(|c| {
+                vec![
+                    c.client.clone(),
+                    c.rule.clone(),
+                    shown_count(c.denied, c.over),
+                ]
+            })
             .collect();
         out.push_str(&table_html(&["client", "rule", "denied"], &rows));
+    }
+    let (header, rows) = report.places_rows();
+    if !rows.is_empty() {
+        out.push_str(&format!(
+            "<h2>{}</h2>\n{}",
+            escape(PLACES_TITLE),
+            table_html(&header, &rows)
+        ));
+    }
+    if let Some(note) = report.approximate_note() {
+        out.push_str(&format!("<p class=\"note\">{}</p>\n", escape(&note)));
     }
     out.push_str(&format!(
         "<h2>Overrides and blocks in force</h2>\n{}",

@@ -14,11 +14,16 @@ use crate::{
     decision::{
         stats::{
             counts::{RuleCount, RuleCounts, TotalCount, TotalCounts, RULE_COUNTS, TOTAL_COUNTS},
-            stored::{read_figures, ALL_REQUESTS, COUNTERS_KEY, WRITTEN},
+            recorder::MINUTE_MS,
+            stored::{
+                day_key, field, read_figures, read_rule_day, ALL_REQUESTS, COUNTERS_KEY,
+                DAY_MINUTES, WRITTEN,
+            },
+            top::{Denials, TopDenied, KEPT},
         },
         transport::redis_rest::{RestClient, RestError},
     },
-    operator::inspect::InspectError,
+    operator::{inspect::InspectError, stats::hmget},
 };
 
 /// The counters of some rules, as read.
@@ -30,6 +35,43 @@ pub struct Counters {
     pub rules: Vec<(String, RuleCounts)>,
     /// When the last write landed, ms on Redis's clock; `None` before any.
     pub written_ms: Option<u64>,
+    /// Per rule asked for: where its denials came from over the last
+    /// [`PLACES_MINUTES`] (empty when not read).
+    pub places: Vec<(String, Denials)>,
+}
+
+/// The minutes the places gauges cover: the read's own, as far as it was
+/// written, and those before it.
+pub const PLACES_MINUTES: u64 = 5;
+
+/// Everything `/metrics` serves, read at `now_ms`: the counters in one
+/// `HMGET`, and per rule one more (two across midnight) of the places its
+/// last [`PLACES_MINUTES`] denied from.
+pub async fn scrape(
+    client: &RestClient,
+    rules: &[String],
+    now_ms: u64,
+) -> Result<Counters, InspectError> {
+    let mut counters = read_counters(client, rules).await?;
+    let next = now_ms / MINUTE_MS + 1;
+    let minutes = next.saturating_sub(PLACES_MINUTES)..next;
+    for rule in rules {
+        let mut denials = Denials::default();
+        let days = minutes.start / DAY_MINUTES..=minutes.end.saturating_sub(1) / DAY_MINUTES;
+        for day in days {
+            let fields: Vec<String> = (minutes.clone())
+                .filter(|m| m / DAY_MINUTES == day)
+                .flat_map(|m| [field(m, Some('g')), field(m, Some('a'))])
+                .collect();
+            let read = hmget(client, &day_key(day, Some(rule)), &fields).await?;
+            for (_, _, d) in read_rule_day(day, &read) {
+                denials.merge(&d);
+            }
+        }
+        denials.trim(KEPT);
+        counters.places.push((rule.clone(), denials));
+    }
+    Ok(counters)
 }
 
 /// Reads the counters of `rules` in one `HMGET`.
@@ -47,6 +89,7 @@ pub async fn read_counters(
     Ok(Counters {
         totals: TotalCounts(read_figures::<TOTAL_COUNTS>(text(0))),
         written_ms: text(1).parse().ok(),
+        places: vec![],
         rules: (rules.iter().enumerate())
             .map(|(i, name)| {
                 let figures = read_figures::<RULE_COUNTS>(text(i + 2));
@@ -196,6 +239,7 @@ pub fn exposition(counters: &Counters, now_ms: u64, flavor: Flavor) -> String {
             (String::new(), format!("{}.{:03}", ms / 1000, ms % 1000))
         })
         .collect();
+    places(&mut out, flavor, &counters.places);
     let help = "Seconds since the last stats write landed in Redis.";
     let gauge = ("edge_limiter_stats_age_seconds", "gauge", help);
     family(&mut out, flavor, gauge, &age);
@@ -205,9 +249,41 @@ pub fn exposition(counters: &Counters, now_ms: u64, flavor: Flavor) -> String {
     out
 }
 
+/// The places gauges: per rule, the ten countries and networks it denied
+/// most over the last [`PLACES_MINUTES`], and how far each may be above
+/// its true number where the count is approximate.
+fn places(out: &mut String, flavor: Flavor, rules: &[(String, Denials)]) {
+    let country: fn(&Denials) -> &TopDenied = |d| &d.countries;
+    let network: fn(&Denials) -> &TopDenied = |d| &d.networks;
+    for (what, key, of) in [("country", "country", country), ("network", "asn", network)] {
+        let mut counts = vec![];
+        let mut over = vec![];
+        for (rule, d) in rules {
+            for e in of(d).top(KEPT) {
+                let labels = format!("{{rule=\"{}\",{key}=\"{}\"}}", label(rule), label(&e.name));
+                counts.push((labels.clone(), e.count.to_string()));
+                if e.over > 0 {
+                    over.push((labels, e.over.to_string()));
+                }
+            }
+        }
+        let name = format!("edge_limiter_rule_denied_by_{what}");
+        let help = format!(
+            "Denials over the last {PLACES_MINUTES} minutes (this one so far) from the ten {what}s the rule \
+             denied most (request.cf; \"-\": none given). An upper bound where approximate."
+        );
+        family(out, flavor, (&name, "gauge", &help), &counts);
+        let name = format!("{name}_over");
+        let help =
+            format!("How far {what} counts shown as approximate may be above the true number.");
+        family(out, flavor, (&name, "gauge", &help), &over);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decision::stats::top::Counted;
 
     fn counters() -> Counters {
         let mut totals = TotalCounts::default();
@@ -216,10 +292,21 @@ mod tests {
         let mut api = RuleCounts::default();
         api[RuleCount::Admitted] = 7;
         api[RuleCount::DelayedMs] = 1500;
+        let mut places = Denials::default();
+        places.countries.add("NL", 4);
+        places.networks = TopDenied::from_parts(
+            vec![Counted {
+                name: "64496".into(),
+                count: 9,
+                over: 2,
+            }],
+            2,
+        );
         Counters {
             totals,
             rules: vec![("api".into(), api), ("login".into(), RuleCounts::default())],
             written_ms: Some(10_000),
+            places: vec![("api".into(), places)],
         }
     }
 
@@ -238,12 +325,17 @@ mod tests {
             "edge_limiter_rule_denied_by_other_rules_total{rule=\"api\"} 0\n",
             "# TYPE edge_limiter_stats_age_seconds gauge\n",
             "edge_limiter_stats_age_seconds 2.345\n",
+            "# TYPE edge_limiter_rule_denied_by_country gauge\n",
+            "edge_limiter_rule_denied_by_country{rule=\"api\",country=\"NL\"} 4\n",
+            "edge_limiter_rule_denied_by_network{rule=\"api\",asn=\"64496\"} 9\n",
+            "edge_limiter_rule_denied_by_network_over{rule=\"api\",asn=\"64496\"} 2\n",
         ] {
             assert!(text.contains(line), "{line:?} in\n{text}");
         }
         assert!(!text.contains("# EOF"));
         let families = text.matches("# TYPE ").count();
-        assert_eq!(families, TOTAL_COUNTS + RULE_COUNTS + 1);
+        assert_eq!(families, TOTAL_COUNTS + RULE_COUNTS + 5);
+        assert!(!text.contains("by_country_over{"), "NL's count is exact");
     }
 
     #[test]

@@ -8,8 +8,10 @@ use crate::{
         stats::{
             counts::{add, RuleCount, RuleCounts, TotalCount, TotalCounts},
             recorder::MINUTE_MS,
-            stored::{day_key, fields, read_rule_day, read_totals_day, DAY_MINUTES, DAY_MS},
-            top::{TopDenied, KEPT},
+            stored::{
+                day_key, field, read_rule_day, read_totals_day, rule_fields, DAY_MINUTES, DAY_MS,
+            },
+            top::{Denials, KEPT},
         },
         transport::redis_rest::{RestClient, RestError},
     },
@@ -45,7 +47,7 @@ impl Span {
 }
 
 /// One minute of one rule, as recorded.
-pub type RuleMinute = (u64, RuleCounts, TopDenied);
+pub type RuleMinute = (u64, RuleCounts, Denials);
 
 /// What the isolates recorded over a span, minute by minute.
 #[derive(Debug, Clone, Default)]
@@ -58,7 +60,7 @@ pub struct Recorded {
 
 /// The `fields` of the hash at `key` that hold something, with their
 /// values, in one `HMGET`: only what a span shows is read, not the day.
-async fn hmget(
+pub(crate) async fn hmget(
     client: &RestClient,
     key: &str,
     fields: &[String],
@@ -102,8 +104,9 @@ pub async fn read(
     };
     for day in span.days() {
         let minutes = (day * DAY_MINUTES..(day + 1) * DAY_MINUTES).filter(|m| wanted.contains(m));
-        let (figures, clients): (Vec<String>, Vec<String>) = minutes.map(fields).unzip();
-        let both: Vec<String> = figures.iter().chain(&clients).cloned().collect();
+        let minutes: Vec<u64> = minutes.collect();
+        let figures: Vec<String> = minutes.iter().map(|m| field(*m, None)).collect();
+        let every: Vec<String> = minutes.iter().flat_map(|m| rule_fields(*m)).collect();
         let key = day_key(day, None);
         let totals = hmget(client, &key, &figures).await?;
         recorded.totals.extend(
@@ -113,7 +116,7 @@ pub async fn read(
         );
         for (rule, minutes) in &mut recorded.rules {
             let key = day_key(day, Some(rule));
-            let fields = hmget(client, &key, &both).await?;
+            let fields = hmget(client, &key, &every).await?;
             minutes.extend(
                 read_rule_day(day, &fields)
                     .into_iter()
@@ -163,11 +166,11 @@ pub fn report(config: &Config, span: Span, recorded: &Recorded) -> Report {
             .find(|r| r.name == *name)
             .is_some_and(|r| r.mode == Mode::Shadow);
         let mut counts = RuleCounts::default();
-        let mut clients = TopDenied::default();
+        let mut denials = Denials::default();
         let mut points = Vec::new();
         for (minute, c, top) in minutes {
             add(&mut counts.0, &c.0);
-            clients.merge(top);
+            denials.merge(top);
             points.push(Point {
                 start_s: minute * MINUTE_MS / 1000,
                 admitted: c[RuleCount::Admitted],
@@ -177,20 +180,20 @@ pub fn report(config: &Config, span: Span, recorded: &Recorded) -> Report {
             });
         }
         top_denied.extend(
-            clients
-                .top(KEPT)
-                .into_iter()
-                .map(|(client, denied)| ClientReport {
-                    rule: name.clone(),
-                    client: client.to_owned(),
-                    denied,
-                    requests: None,
-                }),
+            (denials.clients.top(KEPT).into_iter()).map(|e| ClientReport {
+                rule: name.clone(),
+                client: e.name.clone(),
+                denied: e.count,
+                over: e.over,
+                requests: None,
+            }),
         );
+        denials.trim(KEPT);
         rules.push(RuleReport {
             name: name.clone(),
             shadow,
             counts,
+            denials,
             ..RuleReport::default()
         });
         series.push(points);
@@ -220,7 +223,10 @@ pub fn report(config: &Config, span: Span, recorded: &Recorded) -> Report {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operator::simulate::clock::format_ms;
+    use crate::{
+        decision::stats::top::{Counted, TopDenied},
+        operator::simulate::clock::format_ms,
+    };
     use serde_json::json;
 
     fn config() -> Config {
@@ -257,8 +263,20 @@ mod tests {
         api[RuleCount::Matched] = 9;
         api[RuleCount::Admitted] = 6;
         api[RuleCount::Denied] = 3;
-        let mut top = TopDenied::default();
-        top.add("192.0.2.9", 3);
+        let mut top = Denials::default();
+        top.clients.add("192.0.2.9", 3);
+        top.countries.add("NL", 3);
+        // An earlier minute whose summary Redis cut to what it keeps: a
+        // client left out of it had at most one denial there.
+        let seven = Counted {
+            name: "192.0.2.7".into(),
+            count: 2,
+            over: 0,
+        };
+        let cut = Denials {
+            clients: TopDenied::from_parts(vec![seven], 1),
+            ..Denials::default()
+        };
         let mut look = RuleCounts::default();
         look[RuleCount::Matched] = 2;
         look[RuleCount::Admitted] = 2;
@@ -266,8 +284,11 @@ mod tests {
         let recorded = Recorded {
             totals: vec![(10, quiet), (11, busy)],
             rules: vec![
-                ("api".into(), vec![(11, api, top)]),
-                ("look".into(), vec![(10, look, TopDenied::default())]),
+                (
+                    "api".into(),
+                    vec![(10, RuleCounts::default(), cut), (11, api, top)],
+                ),
+                ("look".into(), vec![(10, look, Denials::default())]),
             ],
         };
         let span = Span {
@@ -276,16 +297,26 @@ mod tests {
         };
         let r = report(&c, span, &recorded);
         assert_eq!((r.requests, r.admitted, r.denied), (11, 8, 3));
-        assert_eq!(r.rules[0].counts, api);
+        assert_eq!(r.rules[0].counts.0[..3], api.0[..3]);
         assert!(r.rules[1].shadow);
         assert_eq!(
             r.top_denied,
-            [ClientReport {
-                rule: "api".into(),
-                client: "192.0.2.9".into(),
-                denied: 3,
-                requests: None
-            }]
+            [
+                ClientReport {
+                    rule: "api".into(),
+                    client: "192.0.2.9".into(),
+                    denied: 4,
+                    over: 1,
+                    requests: None
+                },
+                ClientReport {
+                    rule: "api".into(),
+                    client: "192.0.2.7".into(),
+                    denied: 2,
+                    over: 0,
+                    requests: None
+                }
+            ]
         );
         assert_eq!(r.busiest.unwrap().start_ms, 11 * MINUTE_MS);
         assert_eq!(r.series[1][0].denied, 1, "a shadow rule's would-deny");
@@ -294,14 +325,27 @@ mod tests {
             text.contains("Busiest minute: 1970-01-01T00:11:00"),
             "{text}"
         );
-        assert!(text.contains("| 192.0.2.9 | api  |      3 |\n"), "{text}");
+        assert!(text.contains("| 192.0.2.9 | api  | 3-4    |\n"), "{text}");
+        assert!(text.contains("| api  | country NL |      3 |\n"), "{text}");
+        assert!(
+            text.contains("a client not listed under `api` at most 1."),
+            "{text}"
+        );
+        let json = r.to_json();
+        assert_eq!(json["top_denied"][0]["denied_at_least"], 3);
+        let from = &json["rules"]["api"]["denied_from"];
+        assert_eq!(
+            from["countries"]["top"][0],
+            json!({"country": "NL", "denied": 3})
+        );
+        assert_eq!(from["clients_unlisted_at_most"], 1);
         assert_eq!(r.to_json()["rules"]["look"]["shadow_would_deny"], 1);
         assert_eq!(r.to_json()["busiest_minute"]["requests"], 9);
         let minutes = &r.to_json()["rules"]["api"]["minutes"];
-        assert_eq!(minutes.as_array().map(Vec::len), Some(1), "{minutes}");
-        assert_eq!(minutes[0]["start"], format_ms(11 * MINUTE_MS));
+        assert_eq!(minutes.as_array().map(Vec::len), Some(2), "{minutes}");
+        assert_eq!(minutes[1]["start"], format_ms(11 * MINUTE_MS));
         assert_eq!(
-            (&minutes[0]["admitted"], &minutes[0]["denied"]),
+            (&minutes[1]["admitted"], &minutes[1]["denied"]),
             (&json!(6), &json!(3))
         );
         assert_eq!(r.to_json()["rules"]["look"]["minutes"][0]["denied"], 1);

@@ -5,7 +5,7 @@
 
 use super::{
     counts::{RuleCount, RuleCounts, RuleFate, TotalCount, TotalCounts},
-    top::{TopDenied, KEPT},
+    top::{Denials, KEPT, UNPLACED},
 };
 use crate::{
     decision::{
@@ -15,6 +15,7 @@ use crate::{
     },
     rules::{
         config::Config,
+        request::CfField,
         rule::{Mode, Rule, RuleId},
         stats::{StatsClients, StatsSettings},
     },
@@ -37,8 +38,9 @@ pub struct Minute {
     pub totals: TotalCounts,
     /// Per rule, in configuration order.
     pub rules: Vec<RuleCounts>,
-    /// Per rule, in configuration order: the clients it denied most.
-    pub denied: Vec<TopDenied>,
+    /// Per rule, in configuration order: whom it denied most, and from
+    /// where.
+    pub denied: Vec<Denials>,
 }
 
 impl Minute {
@@ -48,7 +50,7 @@ impl Minute {
             minute,
             totals: TotalCounts::default(),
             rules: vec![RuleCounts::default(); rules],
-            denied: (0..rules).map(|_| TopDenied::default()).collect(),
+            denied: vec![Denials::default(); rules],
         }
     }
 
@@ -253,10 +255,22 @@ impl Recorder {
         self.minutes.get_mut(at)
     }
 
-    /// Counts one request at `now_ms`: what the limiter made of it, and
-    /// the script calls deciding it took (none: from a lease, the block
-    /// cache, or no call at all).
-    pub fn request(&mut self, config: &Config, handled: &Handled<'_>, calls: u64, now_ms: u64) {
+    /// Counts one request at `now_ms`: what the limiter made of it, the
+    /// script calls deciding it took (none: from a lease, the block cache,
+    /// or no call at all), and where it came from (`request.cf`'s country
+    /// and network, where the platform gave them).
+    pub fn request(
+        &mut self,
+        config: &Config,
+        handled: &Handled<'_>,
+        from: &[(CfField, String)],
+        calls: u64,
+        now_ms: u64,
+    ) {
+        let place = |field| {
+            let fact = from.iter().find(|(f, _)| *f == field);
+            fact.map_or(UNPLACED, |(_, v)| v.as_str())
+        };
         let hash = self.settings.clients == StatsClients::Hash;
         let Some(m) = self.minute(now_ms) else {
             return;
@@ -301,7 +315,10 @@ impl Recorder {
                             true => hashed_client(client),
                             false => client.to_owned(),
                         };
-                        m.denied[rule].add(&shown, 1);
+                        let denials = &mut m.denied[rule];
+                        denials.clients.add(&shown, 1);
+                        denials.countries.add(place(CfField::Country), 1);
+                        denials.networks.add(place(CfField::Asn), 1);
                     }
                     continue;
                 }
@@ -412,7 +429,7 @@ mod tests {
             memory::rule_wide::RuleWide,
             outcomes::verdict::{Decision, RuleState, Verdict},
             runtime::TokioPause,
-            stats::{calls::Counted, counts::RULE_COUNTS},
+            stats::{calls::Counted, counts::RULE_COUNTS, top::TopDenied},
             transport::protocol::ScriptRunner,
             transport::redis_rest::{RestError, Script},
         },
@@ -461,8 +478,8 @@ mod tests {
 
     const ADMIT: &str = "[1, 5, 4, 200, 0, 1]";
 
-    /// Sends `path` from 192.0.2.1 at `now_ms` through a limiter on
-    /// `replies`, recording what came of it.
+    /// Sends `path` from 192.0.2.1 (in the Netherlands, on network 64496)
+    /// at `now_ms` through a limiter on `replies`, recording what came of it.
     fn send(
         recorder: &mut Recorder,
         config: &Config,
@@ -491,7 +508,11 @@ mod tests {
             .build()
             .unwrap()
             .block_on(limiter.handle(&req, now_ms));
-        recorder.request(config, &handled, counted.take(), now_ms);
+        let from = [
+            (CfField::Country, "NL".to_owned()),
+            (CfField::Asn, "64496".to_owned()),
+        ];
+        recorder.request(config, &handled, &from, counted.take(), now_ms);
     }
 
     fn hashed() -> StatsSettings {
@@ -591,8 +612,17 @@ mod tests {
             ])
         );
         assert_eq!(figures(m, 3), only(&[(Matched, 1), (Refused, 1)]));
-        assert_eq!(m.denied[1].top(10), [("192.0.2.1", 2)]);
-        assert!(m.denied[0].is_empty() && m.denied[2].is_empty());
+        let names = |t: &TopDenied| -> Vec<(String, u64)> {
+            t.top(10)
+                .iter()
+                .map(|e| (e.name.clone(), e.count))
+                .collect()
+        };
+        let login = &m.denied[1];
+        assert_eq!(names(&login.clients), [("192.0.2.1".into(), 2)]);
+        assert_eq!(names(&login.countries), [("NL".into(), 2)]);
+        assert_eq!(names(&login.networks), [("64496".into(), 2)]);
+        assert!(m.denied[0] == Denials::default() && m.denied[2] == Denials::default());
         assert!(rec.take().is_empty(), "taken");
     }
 
@@ -621,14 +651,14 @@ mod tests {
             reread: vec![],
             shared: None,
         };
-        rec.request(&c, &handled, 0, 10);
-        rec.request(&c, &handled, 1, 20);
+        rec.request(&c, &handled, &[], 0, 10);
+        rec.request(&c, &handled, &[], 1, 20);
         let shared = Some(SharedCall {
             call: 1,
             place: 0,
             sent: false,
         });
-        rec.request(&c, &Handled { shared, ..handled }, 0, 30);
+        rec.request(&c, &Handled { shared, ..handled }, &[], 0, 30);
         let m = &rec.take()[0];
         assert_eq!(m.rules[0][RuleCount::Leased], 1);
         assert_eq!(m.rules[0][RuleCount::Admitted], 3);
@@ -643,7 +673,7 @@ mod tests {
         let deny = "[1, 5, 4, 200, 0, 1, 0, 1, 0, 60000, 60000, 1, 0]";
         send(&mut rec, &c, &cache, "/login", &[reply(deny)], 0);
         let m = &rec.take()[0];
-        let shown = m.denied[1].top(1)[0].0.to_owned();
+        let shown = m.denied[1].clients.top(1)[0].name.clone();
         assert_eq!(shown, hashed_client("192.0.2.1"));
         assert!(!shown.contains("192.0.2.1"));
     }

@@ -6,7 +6,7 @@
 use super::{
     counts::{add, RuleCounts, TotalCounts, RULE_COUNTS, TOTAL_COUNTS},
     recorder::{StatsWrite, MINUTE_MS, REPLAY_FOR_MS, WRITE_LOST_MS},
-    top::{TopDenied, KEPT},
+    top::{Counted, Denials, TopDenied, KEPT},
 };
 use crate::{decision::transport::redis_rest::Script, rules::config::Config};
 
@@ -63,11 +63,22 @@ pub const WRITER_KEEP_MS: u64 = 2 * REPLAY_FOR_MS;
 // up to WRITE_LOST_MS, still reaches a key that remembers the write.
 const _: () = assert!(WRITER_KEEP_MS >= REPLAY_FOR_MS + WRITE_LOST_MS);
 
-/// A minute's field in its day's key (figures), and the field of the
-/// rule's clients most denied in it.
-pub fn fields(minute: u64) -> (String, String) {
+/// A minute's field in its day's key: its figures for none, else the
+/// summary of a rule's denials stored under `letter` ([`Denials::each`]).
+pub fn field(minute: u64, letter: Option<char>) -> String {
     let of_day = minute % DAY_MINUTES;
-    (of_day.to_string(), format!("{of_day}c"))
+    match letter {
+        None => of_day.to_string(),
+        Some(letter) => format!("{of_day}{letter}"),
+    }
+}
+
+/// Every field a minute of a rule can have in its day's key.
+pub fn rule_fields(minute: u64) -> impl Iterator<Item = String> {
+    let summaries = Denials::default().each().map(|(letter, _)| Some(letter));
+    std::iter::once(None)
+        .chain(summaries)
+        .map(move |letter| field(minute, letter))
 }
 
 /// Figures as stored: decimal integers separated by spaces, without the
@@ -95,27 +106,34 @@ pub fn read_figures<const N: usize>(text: &str) -> [u64; N] {
     out
 }
 
-/// Clients as stored: `client count` pairs separated by spaces, the most
-/// denied first.
-pub fn clients_text(top: &TopDenied) -> String {
-    let words: Vec<String> = top
-        .top(KEPT)
-        .into_iter()
-        .map(|(client, n)| format!("{client} {n}"))
-        .collect();
+/// A summary as stored: `+` and its floor, then `name count over` for
+/// the [`KEPT`] most counted, most first, all separated by spaces. (Before
+/// errors were kept, `name count` pairs: read as exact.)
+pub fn top_text(top: &TopDenied) -> String {
+    let mut kept = top.clone();
+    kept.trim(KEPT);
+    let mut words = vec![format!("+{}", kept.floor())];
+    for e in kept.top(KEPT) {
+        words.push(format!("{} {} {}", e.name, e.count, e.over));
+    }
     words.join(" ")
 }
 
-/// Clients read back.
-pub fn read_clients(text: &str) -> TopDenied {
-    let mut top = TopDenied::default();
-    let words: Vec<&str> = text.split(' ').collect();
-    for pair in words.chunks_exact(2) {
-        if let Ok(n) = pair[1].parse() {
-            top.add(pair[0], n);
-        }
-    }
-    top
+/// A summary read back; words it cannot read are skipped.
+pub fn read_top(text: &str) -> TopDenied {
+    let mut words = text.split(' ').peekable();
+    let floor = words.next_if(|w| w.starts_with('+'));
+    let width = if floor.is_some() { 3 } else { 2 };
+    let floor = floor.and_then(|w| w[1..].parse().ok()).unwrap_or(0);
+    let words: Vec<&str> = words.collect();
+    let entries = words.chunks_exact(width).filter_map(|e| {
+        Some(Counted {
+            name: e[0].to_owned(),
+            count: e[1].parse().ok()?,
+            over: e.get(2).map_or(Some(0), |w| w.parse().ok())?,
+        })
+    });
+    TopDenied::from_parts(entries.collect(), floor)
 }
 
 /// One key's share of a write: the key, when it expires, its fields and
@@ -147,7 +165,7 @@ pub fn write_call(config: &Config, keep_ms: u64, write: &StatsWrite) -> (Vec<Str
             add(&mut sum.0, &counts.0);
         }
         let day = m.minute / DAY_MINUTES;
-        let (figures, clients) = fields(m.minute);
+        let figures = field(m.minute, None);
         if m.totals != TotalCounts::default() {
             put(
                 day_key(day, None),
@@ -161,9 +179,11 @@ pub fn write_call(config: &Config, keep_ms: u64, write: &StatsWrite) -> (Vec<Str
                 let key = day_key(day, Some(&rule.name));
                 put(key, day, figures.clone(), figures_text(&counts.0));
             }
-            if !denied.is_empty() {
-                let key = day_key(day, Some(&rule.name));
-                put(key, day, clients.clone(), clients_text(denied));
+            for (letter, top) in denied.each() {
+                if !top.is_empty() {
+                    let key = day_key(day, Some(&rule.name));
+                    put(key, day, field(m.minute, Some(letter)), top_text(top));
+                }
             }
         }
     }
@@ -203,14 +223,12 @@ pub fn write_call(config: &Config, keep_ms: u64, write: &StatsWrite) -> (Vec<Str
 }
 
 /// What a day's key of one rule holds, read back: per minute (since the
-/// epoch) its figures and clients, in no particular order.
-pub fn read_rule_day(day: u64, pairs: &[(String, String)]) -> Vec<(u64, RuleCounts, TopDenied)> {
-    let mut out: Vec<(u64, RuleCounts, TopDenied)> = Vec::new();
+/// epoch) its figures and denials, in no particular order.
+pub fn read_rule_day(day: u64, pairs: &[(String, String)]) -> Vec<(u64, RuleCounts, Denials)> {
+    let mut out: Vec<(u64, RuleCounts, Denials)> = Vec::new();
     for (field, value) in pairs {
-        let (of_day, clients) = match field.strip_suffix('c') {
-            Some(of_day) => (of_day, true),
-            None => (field.as_str(), false),
-        };
+        let letter = field.chars().last().filter(char::is_ascii_alphabetic);
+        let of_day = &field[..field.len() - letter.map_or(0, char::len_utf8)];
         let Some(minute) = of_day.parse::<u64>().ok().filter(|m| *m < DAY_MINUTES) else {
             continue;
         };
@@ -218,13 +236,17 @@ pub fn read_rule_day(day: u64, pairs: &[(String, String)]) -> Vec<(u64, RuleCoun
         let at = match out.iter().position(|(m, _, _)| *m == minute) {
             Some(at) => at,
             None => {
-                out.push((minute, RuleCounts::default(), TopDenied::default()));
+                out.push((minute, RuleCounts::default(), Denials::default()));
                 out.len() - 1
             }
         };
-        match clients {
-            true => out[at].2 = read_clients(value),
-            false => out[at].1 = RuleCounts(read_figures::<RULE_COUNTS>(value)),
+        match letter {
+            None => out[at].1 = RuleCounts(read_figures::<RULE_COUNTS>(value)),
+            Some(letter) => {
+                if let Some(top) = out[at].2.of(letter) {
+                    *top = read_top(value);
+                }
+            }
         }
     }
     out
@@ -268,7 +290,8 @@ mod tests {
         late.totals[TotalCount::Requests] = 2;
         late.rules[0][RuleCount::Matched] = 2;
         late.rules[0][RuleCount::Denied] = 1;
-        late.denied[0].add("192.0.2.1", 1);
+        late.denied[0].clients.add("192.0.2.1", 1);
+        late.denied[0].countries.add("NL", 1);
         let mut early = Minute::new(4 * DAY_MINUTES, 2);
         early.totals[TotalCount::Requests] = 1;
         early.rules[1][RuleCount::Matched] = 1;
@@ -310,11 +333,13 @@ mod tests {
             "1439",
             "2",
             &day_end(3),
-            "2",
+            "3",
             "1439",
             "2 0 1",
             "1439c",
-            "192.0.2.1 1",
+            "+0 192.0.2.1 1 0",
+            "1439g",
+            "+0 NL 1 0",
             &day_end(4),
             "1",
             "0",
@@ -335,7 +360,9 @@ mod tests {
     fn what_is_written_reads_back() {
         let pairs: Vec<(String, String)> = [
             ("5", "3 1 2"),
+            // As an older release wrote them: exact.
             ("5c", "k1 2 k2 1"),
+            ("5a", "+3 64496 9 2"),
             ("7", "1 1 0 0 0 0 0 0 0 0 0 9"),
             ("x", "1"),
             ("1440", "1"),
@@ -348,7 +375,14 @@ mod tests {
         assert_eq!(read.len(), 2, "unreadable fields are skipped");
         assert_eq!(read[0].0, 2 * DAY_MINUTES + 5);
         assert_eq!(read[0].1 .0[..4], [3, 1, 2, 0], "missing figures are 0");
-        assert_eq!(read[0].2.top(KEPT), [("k1", 2), ("k2", 1)]);
+        let shown = |t: &TopDenied| -> Vec<(String, u64, u64)> {
+            let top = t.top(KEPT).into_iter();
+            top.map(|e| (e.name.clone(), e.count, e.over)).collect()
+        };
+        let clients = shown(&read[0].2.clients);
+        assert_eq!(clients, [("k1".into(), 2, 0), ("k2".into(), 1, 0)]);
+        assert_eq!(shown(&read[0].2.networks), [("64496".into(), 9, 2)]);
+        assert_eq!(read[0].2.networks.floor(), 3);
         assert_eq!(read[1].1[RuleCount::Calls], 0, "extra figures are ignored");
         let totals = read_totals_day(0, &[("0".into(), "4 4".into())]);
         assert_eq!(totals[0].1[TotalCount::Admitted], 4);

@@ -14,7 +14,10 @@ use super::{
 use crate::{
     decision::{
         outcomes::verdict::Decision,
-        stats::counts::{Fate, RuleCount, RuleCounts, RuleFate},
+        stats::{
+            counts::{Fate, RuleCount, RuleCounts, RuleFate},
+            top::{Counted, Denials, TopDenied, KEPT, TRACKED, UNPLACED},
+        },
     },
     rules::{config::Config, rule::Mode},
 };
@@ -38,6 +41,9 @@ pub struct RuleReport {
     /// An in-flight limit's requests whose log line gave no duration: their
     /// slots came back at once.
     pub without_duration: u64,
+    /// Whom it denied and from where, as the isolates recorded it (empty in
+    /// a replay): bounded summaries, with their errors.
+    pub denials: Denials,
 }
 
 /// A client among the most denied.
@@ -48,8 +54,10 @@ pub struct ClientReport {
     /// Its identifier under that rule: in a replay its parts joined by
     /// ` | `, in what the isolates recorded as the rule's key shows it.
     pub client: String,
-    /// Requests of it that this rule denied.
+    /// Requests of it that this rule denied, or more (see `over`).
     pub denied: u64,
+    /// How far `denied` may be above the true number: 0 when exact.
+    pub over: u64,
     /// All its requests under this rule, where they were counted (the
     /// isolates count denials only).
     pub requests: Option<u64>,
@@ -352,6 +360,7 @@ impl Tally {
                 rule: self.report.rules[rule].name.clone(),
                 client,
                 denied,
+                over: 0,
                 requests: Some(requests),
             })
             .collect();
@@ -371,6 +380,48 @@ pub fn most_denied(mut clients: Vec<ClientReport>) -> Vec<ClientReport> {
     });
     clients.truncate(TOP_CLIENTS);
     clients
+}
+
+/// The heading of where denials came from.
+pub const PLACES_TITLE: &str = "Where denials came from (request.cf; `-`: the platform gave none)";
+
+/// A count as shown: exact, or the range its true number lies in.
+pub fn shown_count(count: u64, over: u64) -> String {
+    match over {
+        0 => count.to_string(),
+        _ => format!("{}-{count}", count - over),
+    }
+}
+
+/// A country as `request.cf` names it, or a network as `AS` and its number.
+pub fn place_name(what: &str, name: &str) -> String {
+    match (what, name) {
+        ("network", n) if n != UNPLACED => format!("AS{n}"),
+        _ => name.to_owned(),
+    }
+}
+
+/// A rule's places for [`Report::to_json`]: the ten countries and networks
+/// it denied most, each count with its lower bound where it is approximate,
+/// and the most a place not listed was denied.
+fn places_json(d: &Denials) -> Value {
+    let list = |what: &str, top: &TopDenied| {
+        let listed: Vec<Value> = (top.top(KEPT).into_iter())
+            .map(|e: &Counted| {
+                let mut place = json!({what: e.name, "denied": e.count});
+                if e.over > 0 {
+                    place["denied_at_least"] = json!(e.count - e.over);
+                }
+                place
+            })
+            .collect();
+        json!({"top": listed, "unlisted_at_most": top.floor()})
+    };
+    json!({
+        "countries": list("country", &d.countries),
+        "networks": list("asn", &d.networks),
+        "clients_unlisted_at_most": d.clients.floor(),
+    })
 }
 
 /// Text from a log made safe for a terminal: control characters (a
@@ -524,6 +575,7 @@ impl Report {
             ));
         }
         out.push_str(&self.top_denied_text());
+        out.push_str(&self.places_text());
         if let Some(b) = self.busiest {
             out.push_str(&format!(
                 "\nBusiest {}: {}, {} requests: {} admitted, {} denied\n",
@@ -584,7 +636,11 @@ impl Report {
             .iter()
             .zip(0..)
             .map(|(c, i)| {
-                let mut row = vec![c.client.clone(), c.rule.clone(), c.denied.to_string()];
+                let mut row = vec![
+                    c.client.clone(),
+                    c.rule.clone(),
+                    shown_count(c.denied, c.over),
+                ];
                 if let Some(requests) = &requests {
                     row.push(requests[i].to_string());
                 }
@@ -596,6 +652,75 @@ impl Report {
             None => &["client", "rule", "denied"],
         };
         format!("\nClients most denied:\n\n{}", table(header, &rows))
+    }
+
+    /// Where each rule's denials came from, as table rows: its ten
+    /// countries and ten networks most denied.
+    pub fn places_rows(&self) -> ([&'static str; 3], Vec<Vec<String>>) {
+        let mut rows = Vec::new();
+        for r in &self.rules {
+            for (what, top) in [
+                ("country", &r.denials.countries),
+                ("network", &r.denials.networks),
+            ] {
+                for e in top.top(KEPT) {
+                    let place = format!("{what} {}", place_name(what, &e.name));
+                    rows.push(vec![r.name.clone(), place, shown_count(e.count, e.over)]);
+                }
+            }
+        }
+        (["rule", "from", "denied"], rows)
+    }
+
+    /// The text report's table of where denials came from, and what the
+    /// approximate counts mean, when the isolates recorded any.
+    fn places_text(&self) -> String {
+        let (header, rows) = self.places_rows();
+        let mut out = String::new();
+        if !rows.is_empty() {
+            out.push_str(&format!("\n{PLACES_TITLE}:\n\n"));
+            out.push_str(&table(&header, &rows));
+        }
+        if let Some(note) = self.approximate_note() {
+            out.push_str(&format!("\n{note}\n"));
+        }
+        out
+    }
+
+    /// What the approximate counts mean, when any shown is.
+    pub fn approximate_note(&self) -> Option<String> {
+        let clients = self.top_denied.iter().any(|c| c.over > 0);
+        let floors: Vec<String> = (self.rules.iter())
+            .flat_map(|r| {
+                let d = &r.denials;
+                [
+                    ("client", &d.clients),
+                    ("country", &d.countries),
+                    ("network", &d.networks),
+                ]
+                .into_iter()
+                .filter(|(_, t)| t.floor() > 0)
+                .map(|(what, t)| {
+                    format!(
+                        "a {what} not listed under `{}` at most {}",
+                        r.name,
+                        t.floor()
+                    )
+                })
+            })
+            .collect();
+        if !clients && floors.is_empty() {
+            return None;
+        }
+        let mut note = format!(
+            "Approximate: each isolate follows {TRACKED} names per rule and minute and Redis keeps \
+             {KEPT}, so a count shown as a range lies somewhere in it"
+        );
+        if !floors.is_empty() {
+            note.push_str(&format!("; denied {}", floors.join(", ")));
+        }
+        note.push('.');
+        Some(note)
     }
 
     /// The text report's last words: requests whose slots were guessed,
@@ -639,6 +764,9 @@ impl Report {
             .iter()
             .map(|c| {
                 let mut client = json!({"client": c.client, "rule": c.rule, "denied": c.denied});
+                if c.over > 0 {
+                    client["denied_at_least"] = json!(c.denied - c.over);
+                }
                 if let Some(requests) = c.requests {
                     client["requests"] = json!(requests);
                 }
@@ -716,6 +844,9 @@ impl Report {
                 }
                 if r.without_duration > 0 {
                     rule.insert("without_duration".into(), json!(r.without_duration));
+                }
+                if self.kind == Kind::Recorded {
+                    rule.insert("denied_from".into(), places_json(&r.denials));
                 }
                 // What the plot draws, a point a minute.
                 if self.kind == Kind::Recorded {
