@@ -29,7 +29,11 @@ mod cli {
         },
         operator::validate::{check_wrangler_toml, describe},
         operator::{inspect, limits, metrics, stats},
-        rules::{config::Config, overrides::Override, policy::MAX_DURATION_MS},
+        rules::{
+            config::{Config, STATS_SECRET},
+            overrides::Override,
+            policy::MAX_DURATION_MS,
+        },
     };
     use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -153,9 +157,18 @@ mod cli {
     }
 
     impl Deployment {
-        /// The configuration's rules, as `--config` and `--env` name them.
+        /// The configuration's rules, as `--config` and `--env` name them,
+        /// keyed by `STATS_SECRET` (from the environment or `.dev.vars`) where
+        /// `stats_clients = "hmac"` asks for it: every key then reads as the
+        /// worker's.
         fn rules(&self) -> Result<Config, Failure> {
-            load_config(&self.config, self.env.as_deref())
+            let config = load_config(&self.config, self.env.as_deref())?;
+            let dev_vars = std::fs::read_to_string(".dev.vars").ok();
+            let secret =
+                inspect::setting(|k| std::env::var(k).ok(), dev_vars.as_deref(), STATS_SECRET);
+            config
+                .keyed_by(secret.as_deref())
+                .map_err(|e| Failure::from(e.to_string()))
         }
     }
 
@@ -361,7 +374,7 @@ refusing or out of reach, a log line --strict stops at).";
     }
 
     fn simulate(args: SimulateArgs) -> Result<(), Failure> {
-        let config = load_config(&args.config, args.env.as_deref())?;
+        let config = load_config(&args.config, args.env.as_deref())?.readable_keys();
         let shown = args.log.display().to_string();
         let file = File::open(&args.log).map_err(|e| format!("{shown}: {e}"))?;
         let size = file.metadata().map(|m| m.len()).unwrap_or(0);
@@ -478,7 +491,8 @@ refusing or out of reach, a log line --strict stops at).";
     }
 
     fn stats_command(args: StatsArgs) -> Result<(), Failure> {
-        let config = args.from.rules()?;
+        // The stats show clients as the keys do: no secret is needed to read them.
+        let config = load_config(&args.from.config, args.from.env.as_deref())?;
         let rules = stats::selected(&config, &args.rules)?;
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

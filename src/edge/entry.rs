@@ -36,7 +36,7 @@ use crate::{
     },
     rules::{
         body::MAX_BODY_BYTES,
-        config::{parse_origin, Config},
+        config::{parse_origin, Config, STATS_SECRET},
         request::{CfField, RequestMeta},
     },
 };
@@ -578,7 +578,15 @@ fn load_config(env: &Env) -> std::result::Result<Config, String> {
         .and_then(|t| t.as_string())
         .ok_or_else(missing)?;
     let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-    Config::from_json(&value).map_err(|e| e.to_string())
+    let config = Config::from_json(&value).map_err(|e| e.to_string())?;
+    // Read only when asked for: a secret is a binding like any other.
+    let secret = match config.needs_secret() {
+        true => env.secret(STATS_SECRET).ok().map(|s| s.to_string()),
+        false => None,
+    };
+    config
+        .keyed_by(secret.as_deref())
+        .map_err(|e| e.to_string())
 }
 
 fn origin(env: &Env) -> std::result::Result<Option<String>, String> {

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use crate::{
     decision::{
         outcomes::verdict::{OverrideRead, OverrideSource, Retry, RuleState, Verdict},
-        transport::keys::{penalty_key, redis_key, rule_wide_key},
+        transport::keys::{penalty_key, rule_key, rule_wide_key},
         transport::protocol::{
             read_rule_wide, run, Check, Reply, ScriptCall, ScriptError, WideRead,
         },
@@ -113,20 +113,22 @@ pub fn settings(
     env: impl Fn(&str) -> Option<String>,
     dev_vars: Option<&str>,
 ) -> Result<(String, String), InspectError> {
-    let file = dev_vars.map(parse_dev_vars).unwrap_or_default();
-    let get = |var: &'static str| {
-        env(var)
-            .filter(|v| !v.is_empty())
-            .or_else(|| {
-                file.iter()
-                    .rev()
-                    .find(|(k, _)| k == var)
-                    .map(|(_, v)| v.clone())
-            })
-            .filter(|v| !v.is_empty())
-            .ok_or(InspectError::Missing(var))
-    };
+    let get = |var: &'static str| setting(&env, dev_vars, var).ok_or(InspectError::Missing(var));
     Ok((get(URL_VAR)?, get(TOKEN_VAR)?))
+}
+
+/// The setting `var`: from `env` (the environment), or else from the text
+/// of `.dev.vars`, as wrangler does; `None` where neither gives it.
+pub fn setting(
+    env: impl Fn(&str) -> Option<String>,
+    dev_vars: Option<&str>,
+    var: &str,
+) -> Option<String> {
+    let file = dev_vars.map(parse_dev_vars).unwrap_or_default();
+    env(var).filter(|v| !v.is_empty()).or_else(|| {
+        let found = file.into_iter().rev().find(|(k, _)| k == var);
+        found.map(|(_, v)| v).filter(|v| !v.is_empty())
+    })
 }
 
 /// The rule named `name` in `config`.
@@ -403,7 +405,7 @@ pub async fn inspect(
             reset_after_ms: s.reset_after_ms,
         })
         .collect();
-    let key = redis_key(&rule.name, &parts);
+    let key = rule_key(rule, &parts);
     // A running penalty is its key's expiry, on Redis's clock as the worker reads it.
     let penalty_ms = match rule.penalty_ms {
         Some(_) => client

@@ -12,7 +12,7 @@ use crate::{
     decision::{
         outcomes::verdict::seconds_up,
         transport::keys::{
-            client_overrides_pattern, override_key, overrides_index_key, redis_key, rule_wide_key,
+            client_overrides_pattern, override_key, overrides_index_key, rule_key, rule_wide_key,
         },
         transport::redis_rest::{RestClient, RestError},
     },
@@ -27,7 +27,7 @@ pub fn key_for(rule: &Rule, values: &[&str]) -> Result<String, InspectError> {
     }
     let id = identifier(rule, values)?;
     let parts: Vec<&str> = id.iter().map(String::as_str).collect();
-    Ok(override_key(&redis_key(&rule.name, &parts)))
+    Ok(override_key(&rule_key(rule, &parts)))
 }
 
 /// Refuses a rule that does not take overrides: it would never read one.

@@ -47,6 +47,7 @@ pub fn describe(config: &Config) -> Vec<String> {
         let clients = match s.clients {
             StatsClients::Key => "as their key shows them",
             StatsClients::Hash => "as their hash",
+            StatsClients::Hmac => "as their HMAC under the secret STATS_SECRET",
         };
         format!(
             "stats: written every {}ms per isolate, kept {}ms after each day, clients {clients}",

@@ -7,6 +7,7 @@ use serde_json::Value;
 use super::{
     canon,
     cidr::Cidr,
+    client_form::{ClientForm, HmacKey},
     fields::{duration, invalid, FieldError, FromJson, RawDuration},
     lease::Lease,
     pattern::PathPattern,
@@ -50,6 +51,13 @@ pub enum ConfigError {
         /// What is wrong with it.
         problem: String,
     },
+    /// A secret the configuration needs is missing or too weak.
+    Secret {
+        /// The secret's name, e.g. `STATS_SECRET`.
+        name: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// A field of one rule is wrong.
     Rule {
         /// The rule's name, or `#N` (1-based) when it has none yet.
@@ -68,6 +76,7 @@ impl std::fmt::Display for ConfigError {
             ConfigError::Field { field, problem } => {
                 write!(f, "LIMITER configuration, field `{field}`: {problem}")
             }
+            ConfigError::Secret { name, problem } => write!(f, "secret `{name}`: {problem}"),
             ConfigError::Rule {
                 rule,
                 field,
@@ -143,6 +152,16 @@ impl Config {
             field: e.field,
             problem: e.problem,
         })?;
+        // Until `keyed_by` gives the secret, an HMAC form keys by none:
+        // `needs_secret` tells the worker to refuse to run so.
+        let form = match stats.map(|s| s.clients) {
+            Some(StatsClients::Hash) => ClientForm::Hashed,
+            Some(StatsClients::Hmac) => ClientForm::Keyed(HmacKey::new(b"")),
+            _ => ClientForm::Readable,
+        };
+        for rule in &mut rules {
+            rule.form = form.clone();
+        }
         Ok(Config {
             rules,
             x_ratelimit_headers: raw.x_ratelimit_headers.unwrap_or(true),
@@ -206,7 +225,57 @@ fn stats(raw: &RawConfig) -> Result<Option<StatsSettings>, FieldError> {
     }))
 }
 
+/// The secret `stats_clients = "hmac"` keys clients by.
+pub const STATS_SECRET: &str = "STATS_SECRET";
+
+/// The shortest [`STATS_SECRET`], bytes: 128 bits of hex at least, so that
+/// no one finds it by trying.
+pub const MIN_SECRET_BYTES: usize = 32;
+
 impl Config {
+    /// Whether `stats_clients = "hmac"` asks for [`STATS_SECRET`].
+    pub fn needs_secret(&self) -> bool {
+        self.stats.is_some_and(|s| s.clients == StatsClients::Hmac)
+    }
+
+    /// The configuration with its clients keyed by `secret`, as
+    /// `stats_clients = "hmac"` asks; any other setting ignores it.
+    pub fn keyed_by(mut self, secret: Option<&str>) -> Result<Config, ConfigError> {
+        if !self.needs_secret() {
+            return Ok(self);
+        }
+        let problem = |problem: String| ConfigError::Secret {
+            name: STATS_SECRET,
+            problem,
+        };
+        let secret = secret.ok_or_else(|| {
+            problem(format!(
+                "`stats_clients = \"hmac\"` needs it: `wrangler secret put {STATS_SECRET}` \
+                 (.dev.vars locally); docs/stats.md"
+            ))
+        })?;
+        if secret.len() < MIN_SECRET_BYTES {
+            return Err(problem(format!(
+                "is {} bytes, under {MIN_SECRET_BYTES}: `openssl rand -hex 32`",
+                secret.len()
+            )));
+        }
+        let form = ClientForm::Keyed(HmacKey::new(secret.as_bytes()));
+        for rule in &mut self.rules {
+            rule.form = form.clone();
+        }
+        Ok(self)
+    }
+
+    /// The configuration with clients named readably in every key: for a
+    /// replay, whose keys live in a Redis of its own and need no secret.
+    pub fn readable_keys(mut self) -> Config {
+        for rule in &mut self.rules {
+            rule.form = ClientForm::Readable;
+        }
+        self
+    }
+
     /// The rule `id` names, if it is one of this configuration's.
     pub fn rule(&self, id: RuleId) -> Option<&Rule> {
         self.rules.get(id.0)
@@ -344,6 +413,7 @@ impl TryFrom<RawRule> for Rule {
             lease,
             overrides: raw.overrides.unwrap_or(false),
             except_ips,
+            form: ClientForm::Readable,
         })
     }
 }

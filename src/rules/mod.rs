@@ -5,6 +5,7 @@
 pub mod body;
 pub mod canon;
 pub mod cidr;
+pub mod client_form;
 pub mod config;
 pub mod fields;
 pub mod json;

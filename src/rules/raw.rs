@@ -142,7 +142,8 @@ impl FromJson for FailMode {
 
 impl FromJson for StatsClients {
     fn from_json(v: &Value) -> Result<StatsClients, String> {
-        named(v, &["key", "hash"]).map(|i| [StatsClients::Key, StatsClients::Hash][i])
+        let forms = [StatsClients::Key, StatsClients::Hash, StatsClients::Hmac];
+        named(v, &["key", "hash", "hmac"]).map(|i| forms[i])
     }
 }
 

@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use super::{
     body, canon,
     cidr::Cidr,
+    client_form::ClientForm,
     fields::FieldError,
     json,
     lease::Lease,
@@ -76,6 +77,8 @@ pub struct Rule {
     pub overrides: bool,
     /// Clients (`CF-Connecting-IP`) in these blocks are not subject to the rule.
     pub except_ips: Vec<Cidr>,
+    /// How its keys show a client's identifier (`stats_clients`).
+    pub form: ClientForm,
 }
 
 /// A piece of the request that identifies the client.
@@ -274,6 +277,7 @@ impl Rule {
             lease: None,
             overrides: false,
             except_ips: vec![],
+            form: ClientForm::Readable,
         }
     }
 }

@@ -15,14 +15,19 @@ pub const EVERY_RANGE_MS: (u64, u64) = (1_000, 3_600_000);
 /// The shortest and longest `stats_keep`, ms: an hour to 366 days.
 pub const KEEP_RANGE_MS: (u64, u64) = (3_600_000, 366 * 86_400_000);
 
-/// How the clients most denied are kept.
+/// How the clients most denied are kept, and so how every key of the
+/// limiter names them: the form the stats show is the keys' own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatsClients {
     /// As the rule's key shows their identifier (`203.0.113.9`, or `#` and
     /// a SHA1 for one it cannot keep plain).
     Key,
-    /// As the SHA1 of their identifier, so that no address is stored.
+    /// As the SHA1 of their identifier, so that no address is stored
+    /// readable (though an IPv4 address is found by hashing them all).
     Hash,
+    /// As the HMAC-SHA1 of their identifier under `STATS_SECRET`: found
+    /// again only with the secret.
+    Hmac,
 }
 
 /// Stats, when `stats = true`.

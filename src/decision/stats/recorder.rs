@@ -11,13 +11,13 @@ use crate::{
     decision::{
         limiter::{Decided, Forward, Handled, LeaseRefresh, Outcome, PendingRefund},
         outcomes::events::Action,
-        transport::keys::{client_in, hashed_client},
+        transport::keys::client_in,
     },
     rules::{
         config::Config,
         request::CfField,
         rule::{Mode, Rule, RuleId},
-        stats::{StatsClients, StatsSettings},
+        stats::StatsSettings,
     },
 };
 
@@ -271,7 +271,6 @@ impl Recorder {
             let fact = from.iter().find(|(f, _)| *f == field);
             fact.map_or(UNPLACED, |(_, v)| v.as_str())
         };
-        let hash = self.settings.clients == StatsClients::Hash;
         let Some(m) = self.minute(now_ms) else {
             return;
         };
@@ -310,13 +309,11 @@ impl Recorder {
                 (Action::Deny, _) => {
                     let rule = named(config, &e.rule);
                     let client = e.key.as_deref().and_then(client_in);
+                    // The key names the client as the stats show it
+                    // (`stats_clients`).
                     if let (Some(rule), Some(client)) = (rule, client) {
-                        let shown = match hash {
-                            true => hashed_client(client),
-                            false => client.to_owned(),
-                        };
                         let denials = &mut m.denied[rule];
-                        denials.clients.add(&shown, 1);
+                        denials.clients.add(client, 1);
                         denials.countries.add(place(CfField::Country), 1);
                         denials.networks.add(place(CfField::Asn), 1);
                     }
@@ -430,6 +427,7 @@ mod tests {
             outcomes::verdict::{Decision, RuleState, Verdict},
             runtime::TokioPause,
             stats::{calls::Counted, counts::RULE_COUNTS, top::TopDenied},
+            transport::keys::rule_key,
             transport::protocol::ScriptRunner,
             transport::redis_rest::{RestError, Script},
         },
@@ -463,7 +461,11 @@ mod tests {
     }
 
     fn config() -> Config {
-        Config::from_json(&json!({"rules": [
+        Config::from_json(&config_json()).unwrap()
+    }
+
+    fn config_json() -> Value {
+        json!({"rules": [
             {"name": "ip", "key": ["ip"], "algorithm": "gcra", "rate": 5, "period": "1s",
              "fail": "open"},
             {"name": "login", "key": ["ip"], "algorithm": "gcra", "rate": 1, "period": "1m",
@@ -472,8 +474,7 @@ mod tests {
              "path_prefix": "/search", "mode": "shadow"},
             {"name": "k", "key": ["query:k"], "algorithm": "gcra", "rate": 1, "period": "1m",
              "path_prefix": "/k"}
-        ]}))
-        .unwrap()
+        ]})
     }
 
     const ADMIT: &str = "[1, 5, 4, 200, 0, 1]";
@@ -513,13 +514,6 @@ mod tests {
             (CfField::Asn, "64496".to_owned()),
         ];
         recorder.request(config, &handled, &from, counted.take(), now_ms);
-    }
-
-    fn hashed() -> StatsSettings {
-        StatsSettings {
-            clients: StatsClients::Hash,
-            ..StatsSettings::default()
-        }
     }
 
     fn reply(text: &str) -> Result<Value, RestError> {
@@ -665,17 +659,32 @@ mod tests {
         assert_eq!(m.rules[0][RuleCount::Calls], 1);
     }
 
+    /// Under `stats_clients = "hash"` or `"hmac"`, a client is kept as
+    /// its keys name it, and no address is kept readable.
     #[test]
-    fn clients_can_be_kept_as_their_hash() {
-        let c = config();
-        let mut rec = Recorder::new(&c, hashed(), 1);
-        let cache = RefCell::new(BlockCache::new(60_000));
-        let deny = "[1, 5, 4, 200, 0, 1, 0, 1, 0, 60000, 60000, 1, 0]";
-        send(&mut rec, &c, &cache, "/login", &[reply(deny)], 0);
-        let m = &rec.take()[0];
-        let shown = m.denied[1].clients.top(1)[0].name.clone();
-        assert_eq!(shown, hashed_client("192.0.2.1"));
-        assert!(!shown.contains("192.0.2.1"));
+    fn clients_are_kept_as_their_keys_name_them() {
+        for (clients, prefix) in [("hash", '#'), ("hmac", '~')] {
+            let mut json = config_json();
+            json["stats"] = json!(true);
+            json["stats_clients"] = json!(clients);
+            let secret = "0123456789abcdef0123456789abcdef";
+            let c = Config::from_json(&json)
+                .unwrap()
+                .keyed_by(Some(secret))
+                .unwrap();
+            let mut rec = Recorder::new(&c, c.stats.unwrap(), 1);
+            let cache = RefCell::new(BlockCache::new(60_000));
+            let deny = "[1, 5, 4, 200, 0, 1, 0, 1, 0, 60000, 60000, 1, 0]";
+            send(&mut rec, &c, &cache, "/login", &[reply(deny)], 0);
+            let m = &rec.take()[0];
+            let shown = m.denied[1].clients.top(1)[0].name.clone();
+            let key = rule_key(&c.rules[1], &["192.0.2.1"]);
+            assert_eq!(Some(shown.as_str()), client_in(&key), "{clients}");
+            assert!(
+                shown.starts_with(prefix) && !shown.contains("192.0.2"),
+                "{shown}"
+            );
+        }
     }
 
     /// A write is due `stats_every` after the first request, then after

@@ -4,6 +4,11 @@
 
 use sha1_smol::Sha1;
 
+use crate::rules::{
+    client_form::{length_prefixed, ClientForm},
+    rule::Rule,
+};
+
 /// Longest identifier kept readable in the key; longer ones are hashed, so a
 /// client cannot make Redis store arbitrarily long keys.
 pub const MAX_PLAIN_ID: usize = 64;
@@ -36,13 +41,51 @@ pub fn redis_key(rule: &str, parts: &[&str]) -> String {
 /// The hashed form of an identifier: `#` and the SHA1 of its parts, each
 /// length-prefixed.
 fn hashed<S: AsRef<str>>(parts: &[S]) -> String {
-    let mut h = Sha1::new();
-    for p in parts {
-        let p = p.as_ref();
-        h.update(&(p.len() as u64).to_be_bytes());
-        h.update(p.as_bytes());
+    format!("#{}", length_prefixed(Sha1::new(), parts).digest())
+}
+
+/// The prefix of an identifier in [`ClientForm::Keyed`] form: not a plain
+/// character, so no plain identifier can be one.
+pub const KEYED_PREFIX: char = '~';
+
+/// The state key of the client with identifier `parts` on `rule`, in the
+/// form its configuration names clients in.
+pub fn rule_key(rule: &Rule, parts: &[&str]) -> String {
+    state_key(&rule.form, &rule.name, parts)
+}
+
+/// The state key of the client with identifier `parts` on `rule`, in `form`.
+pub fn state_key(form: &ClientForm, rule: &str, parts: &[&str]) -> String {
+    let id = match form {
+        ClientForm::Readable => return redis_key(rule, parts),
+        ClientForm::Hashed => hashed(parts),
+        ClientForm::Keyed(key) => format!("{KEYED_PREFIX}{}", key.mac(parts)),
+        ClientForm::Shown => parts.join(""),
+    };
+    format!("el:{{{id}}}:{rule}")
+}
+
+/// Whether `shown` is an identifier as a key in `form` shows it: for
+/// [`ClientForm::Shown`], which puts it in a key as it is.
+pub fn shown_form(form: &ClientForm, shown: &str) -> bool {
+    let digest = |prefix: char| {
+        shown.strip_prefix(prefix).is_some_and(|hex| {
+            hex.len() == 40 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        })
+    };
+    match form {
+        ClientForm::Readable => {
+            digest('#')
+                || (!shown.is_empty()
+                    && shown.len() <= MAX_PLAIN_ID + shown.matches('|').count()
+                    && shown
+                        .split('|')
+                        .all(|p| !p.is_empty() && p.bytes().all(is_plain)))
+        }
+        ClientForm::Hashed => digest('#'),
+        ClientForm::Keyed(_) => digest(KEYED_PREFIX),
+        ClientForm::Shown => false,
     }
-    format!("#{}", h.digest())
 }
 
 /// The client's identifier as a state key `el:{<identifier>}:<rule>`
@@ -115,6 +158,42 @@ pub fn client_overrides_pattern(rule: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rules::client_form::HmacKey;
+
+    #[test]
+    fn each_form_keys_a_client_as_the_stats_show_it() {
+        let keyed = ClientForm::Keyed(HmacKey::new(b"a secret of sixteen+"));
+        let other = ClientForm::Keyed(HmacKey::new(b"another secret, 16+"));
+        let ip = ["192.0.2.1"];
+        assert_eq!(
+            state_key(&ClientForm::Readable, "r", &ip),
+            "el:{192.0.2.1}:r"
+        );
+        let hashed = state_key(&ClientForm::Hashed, "r", &ip);
+        assert_eq!(hashed, format!("el:{{{}}}:r", hashed_client("192.0.2.1")));
+        let mac = state_key(&keyed, "r", &ip);
+        assert!(
+            !mac.contains("192.0.2.1") && mac.starts_with("el:{~"),
+            "{mac}"
+        );
+        assert_ne!(mac, state_key(&other, "r", &ip), "the secret decides it");
+        assert_ne!(
+            mac,
+            state_key(&keyed, "r", &["192.0.2.1", ""]),
+            "parts count"
+        );
+        for form in [ClientForm::Readable, ClientForm::Hashed, keyed.clone()] {
+            let key = state_key(&form, "r", &ip);
+            let shown = client_in(&key).unwrap();
+            assert!(shown_form(&form, shown), "{form:?}: {shown}");
+            assert_eq!(state_key(&ClientForm::Shown, "r", &[shown]), key);
+        }
+        for wrong in ["", "a}b", "a b", "#12", "~zz", "{x"] {
+            assert!(!shown_form(&ClientForm::Readable, wrong), "{wrong:?}");
+            assert!(!shown_form(&keyed, wrong), "{wrong:?}");
+        }
+        assert!(!shown_form(&keyed, "192.0.2.1"), "a hmac form only");
+    }
 
     #[test]
     fn plain_identifiers_stay_readable() {

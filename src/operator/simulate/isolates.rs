@@ -36,7 +36,7 @@ use crate::{
         memory::IsolateMemory,
         outcomes::verdict::RuleState,
         runtime::{Bell, Pause, Paused, Signal},
-        transport::keys::{redis_key, window_offset},
+        transport::keys::{rule_key, window_offset},
         transport::protocol::ScriptRunner,
         transport::redis_rest::{RestError, Script},
     },
@@ -295,7 +295,7 @@ impl<'c> IsolatesReplay<'c> {
         let of = |o: &&Planned| match &o.client {
             Some(id) => {
                 let parts: Vec<&str> = id.iter().map(String::as_str).collect();
-                redis_key(&rule.name, &parts) == key
+                rule_key(rule, &parts) == key
             }
             None => false,
         };
@@ -447,10 +447,11 @@ impl<'c> Replay<'c> {
             }
             let parts: Vec<&str> = id.iter().map(|p| p.as_ref()).collect();
             let until = ended_ms.min(decided_ms + c.hold_ms());
-            (held
-                .entry((*rule_id, redis_key(&rule.name, &parts)))
-                .or_default())
-            .push((forwarded_ms, until, slots));
+            (held.entry((*rule_id, rule_key(rule, &parts))).or_default()).push((
+                forwarded_ms,
+                until,
+                slots,
+            ));
         }
     }
 
@@ -471,7 +472,7 @@ impl<'c> Replay<'c> {
                 continue;
             }
             let parts: Vec<&str> = id.iter().map(|p| p.as_ref()).collect();
-            let key = redis_key(&rule.name, &parts);
+            let key = rule_key(rule, &parts);
             charged
                 .entry((*rule_id, key))
                 .or_default()

@@ -27,7 +27,7 @@ use crate::{
     decision::{
         limiter::{select, PendingRefund, RefundRule, Selection},
         outcomes::verdict::Decision,
-        transport::keys::redis_key,
+        transport::keys::rule_key,
     },
     rules::{config::Config, rule::RuleId},
 };
@@ -481,7 +481,7 @@ impl Pending {
             let methods = record.request.methods();
             let rules = s.rules.iter().map(|(rule_id, rule, id)| {
                 let parts: Vec<&str> = id.iter().map(String::as_str).collect();
-                let client = (id.clone(), redis_key(&rule.name, &parts));
+                let client = (id.clone(), rule_key(rule, &parts));
                 (*rule_id, client, rule.cost.for_methods(methods))
             });
             rules.collect()

@@ -3,7 +3,7 @@
 
 use super::{algorithms, script::Entry};
 use crate::{
-    decision::transport::keys::{override_key, penalty_key, redis_key, window_offset},
+    decision::transport::keys::{override_key, penalty_key, rule_key, window_offset},
     rules::{
         overrides::Override,
         policy::Policy,
@@ -87,7 +87,7 @@ pub struct RuleArgs {
 
 impl RuleArgs {
     fn new(rule: &Rule, cost: u64, id: &[&str]) -> RuleArgs {
-        RuleArgs::keyed(rule, cost, redis_key(&rule.name, id))
+        RuleArgs::keyed(rule, cost, rule_key(rule, id))
     }
 
     /// A rule's arguments at a `key` made before.
@@ -478,7 +478,7 @@ impl ScriptCall {
     pub fn reset(rules: &[(&Rule, Vec<&str>)]) -> ScriptCall {
         let mut keys = Vec::with_capacity(rules.len());
         for (rule, id) in rules {
-            let key = redis_key(&rule.name, id);
+            let key = rule_key(rule, id);
             if rule.penalty_ms.is_some() {
                 keys.push(penalty_key(&key));
             }
