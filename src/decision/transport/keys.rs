@@ -96,17 +96,6 @@ pub fn client_in(key: &str) -> Option<&str> {
     tagged.split_once('}').map(|(id, _)| id)
 }
 
-/// An identifier as a key shows it, hashed as [`redis_key`] hashes one
-/// it cannot keep plain: the same client gets the same hash whichever
-/// form its key holds, and no address is kept readable.
-pub fn hashed_client(shown: &str) -> String {
-    if shown.starts_with('#') {
-        return shown.to_owned();
-    }
-    // A plain identifier's parts hold no `|`: the join splits back exactly.
-    hashed(&shown.split('|').collect::<Vec<_>>())
-}
-
 fn is_plain(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'@' | b'/' | b'-')
 }
@@ -170,7 +159,7 @@ mod tests {
             "el:{192.0.2.1}:r"
         );
         let hashed = state_key(&ClientForm::Hashed, "r", &ip);
-        assert_eq!(hashed, format!("el:{{{}}}:r", hashed_client("192.0.2.1")));
+        assert_eq!(hashed, format!("el:{{{}}}:r", super::hashed(&ip)));
         let mac = state_key(&keyed, "r", &ip);
         assert!(
             !mac.contains("192.0.2.1") && mac.starts_with("el:{~"),
@@ -250,16 +239,20 @@ mod tests {
         let long = redis_key("api", &[&"x".repeat(65)]);
         let shown = client_in(&long).unwrap();
         assert!(shown.starts_with('#') && shown.len() == 41, "{shown}");
-        assert_eq!(hashed_client(shown), shown, "a hashed one stays as it is");
-        // The hash of a plain one is what its key would hold if it were hashed.
+        let always = state_key(&ClientForm::Hashed, "api", &[&"x".repeat(65)]);
+        assert_eq!(
+            always, long,
+            "the hash is the same whichever form hashed it"
+        );
+        // A plain one's hash, under stats_clients = "hash".
         let mut h = Sha1::new();
         for p in ["2001:db8::1", "key-1"] {
             h.update(&(p.len() as u64).to_be_bytes());
             h.update(p.as_bytes());
         }
         assert_eq!(
-            hashed_client("2001:db8::1|key-1"),
-            format!("#{}", h.digest())
+            state_key(&ClientForm::Hashed, "api", &["2001:db8::1", "key-1"]),
+            format!("el:{{#{}}}:api", h.digest())
         );
         assert_eq!(client_in("el:rule:api:o"), None);
     }
