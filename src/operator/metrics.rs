@@ -19,7 +19,7 @@ use crate::{
                 day_key, field, read_figures, read_rule_day, ALL_REQUESTS, COUNTERS_KEY,
                 DAY_MINUTES, WRITTEN,
             },
-            top::{Denials, TopDenied, KEPT},
+            top::{Denials, KEPT, PLACES},
         },
         transport::redis_rest::{RestClient, RestError},
     },
@@ -253,13 +253,13 @@ pub fn exposition(counters: &Counters, now_ms: u64, flavor: Flavor) -> String {
 /// most over the last [`PLACES_MINUTES`], and how far each may be above
 /// its true number where the count is approximate.
 fn places(out: &mut String, flavor: Flavor, rules: &[(String, Denials)]) {
-    let country: fn(&Denials) -> &TopDenied = |d| &d.countries;
-    let network: fn(&Denials) -> &TopDenied = |d| &d.networks;
-    for (what, key, of) in [("country", "country", country), ("network", "asn", network)] {
+    for (at, what) in PLACES.into_iter().enumerate() {
+        // A network's label is its number, as Prometheus users know it.
+        let key = if what == "network" { "asn" } else { what };
         let mut counts = vec![];
         let mut over = vec![];
         for (rule, d) in rules {
-            for e in of(d).top(KEPT) {
+            for e in d.places()[at].1.top(KEPT) {
                 let labels = format!("{{rule=\"{}\",{key}=\"{}\"}}", label(rule), label(&e.name));
                 counts.push((labels.clone(), e.count.to_string()));
                 if e.over > 0 {
@@ -283,7 +283,7 @@ fn places(out: &mut String, flavor: Flavor, rules: &[(String, Denials)]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::stats::top::Counted;
+    use crate::decision::stats::top::{Counted, TopDenied};
 
     fn counters() -> Counters {
         let mut totals = TotalCounts::default();

@@ -151,6 +151,9 @@ pub struct Denials {
     pub networks: TopDenied,
 }
 
+/// What the reports call a denial's places, in [`Denials::places`]' order.
+pub const PLACES: [&str; 2] = ["country", "network"];
+
 /// The country or network of a denial the platform placed nowhere: no
 /// `request.cf` (a local run on bare workerd), or no such field in it.
 pub const UNPLACED: &str = "-";
@@ -163,6 +166,11 @@ impl Denials {
             ('g', &self.countries),
             ('a', &self.networks),
         ]
+    }
+
+    /// The places, each with the word the reports name it by ([`PLACES`]).
+    pub fn places(&self) -> [(&'static str, &TopDenied); 2] {
+        [(PLACES[0], &self.countries), (PLACES[1], &self.networks)]
     }
 
     /// The summary stored under `letter`, if any is.

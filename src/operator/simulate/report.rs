@@ -659,10 +659,7 @@ impl Report {
     pub fn places_rows(&self) -> ([&'static str; 3], Vec<Vec<String>>) {
         let mut rows = Vec::new();
         for r in &self.rules {
-            for (what, top) in [
-                ("country", &r.denials.countries),
-                ("network", &r.denials.networks),
-            ] {
+            for (what, top) in r.denials.places() {
                 for e in top.top(KEPT) {
                     let place = format!("{what} {}", place_name(what, &e.name));
                     rows.push(vec![r.name.clone(), place, shown_count(e.count, e.over)]);
@@ -693,20 +690,16 @@ impl Report {
         let floors: Vec<String> = (self.rules.iter())
             .flat_map(|r| {
                 let d = &r.denials;
-                [
-                    ("client", &d.clients),
-                    ("country", &d.countries),
-                    ("network", &d.networks),
-                ]
-                .into_iter()
-                .filter(|(_, t)| t.floor() > 0)
-                .map(|(what, t)| {
-                    format!(
-                        "a {what} not listed under `{}` at most {}",
-                        r.name,
-                        t.floor()
-                    )
-                })
+                std::iter::once(("client", &d.clients))
+                    .chain(d.places())
+                    .filter(|(_, t)| t.floor() > 0)
+                    .map(|(what, t)| {
+                        format!(
+                            "a {what} not listed under `{}` at most {}",
+                            r.name,
+                            t.floor()
+                        )
+                    })
             })
             .collect();
         if !clients && floors.is_empty() {
