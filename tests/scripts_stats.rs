@@ -79,7 +79,7 @@ async fn write(
         seq: 1,
         minutes,
     };
-    let events = flush(&b.client, c, &recorder, first).await;
+    let events = flush(&b.client, c, &recorder, first.into()).await;
     assert!(events.is_empty(), "{events:?}");
 }
 

@@ -95,6 +95,23 @@ fn kept(b: &Backend, rule: &str) -> (Vec<u64>, Vec<u64>, Denials) {
     (totals, rules, denials)
 }
 
+/// Waits until Redis holds `sent` requests counted today.
+async fn wait_for_requests(stack: &Stack, sent: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (totals, _, _) = kept(&stack.backend, "per-ip");
+        if totals[TotalCount::Requests as usize] == sent {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kept {totals:?} of {sent}; log:\n{}",
+            stack.worker.log()
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_worker_writes_what_it_did_after_stats_every() {
     let stack = Stack::start(&with_stats(PER_IP));
@@ -110,20 +127,8 @@ async fn a_worker_writes_what_it_did_after_stats_every() {
     }
     // The worker's own timer writes everything at `stats_every`, with no
     // request after.
-    let deadline = Instant::now() + Duration::from_secs(30);
     let sent = 5;
-    loop {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let (totals, _, _) = kept(b, "per-ip");
-        if totals[TotalCount::Requests as usize] == sent {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "kept {totals:?} of {sent}; log:\n{}",
-            stack.worker.log()
-        );
-    }
+    wait_for_requests(&stack, sent).await;
     let (totals, rule, denials) = kept(b, "per-ip");
     let denied = sent - 3;
     let mut want = vec![0; TotalCount::ALL.len()];
@@ -172,6 +177,119 @@ async fn a_worker_writes_what_it_did_after_stats_every() {
     assert!(text.contains(&row), "{text}");
     assert!(text.contains("| 203.0.113.10 | per-ip |"), "{text}");
     assert!(std::fs::read_to_string(plot).unwrap().starts_with("<svg"));
+}
+
+/// Every key in `b` and everything each holds, as text.
+fn everything_kept(b: &Backend) -> String {
+    let mut all = String::new();
+    for key in b.redis(&["KEYS", "*"]).lines() {
+        let read: &[&str] = match b.redis(&["TYPE", key]).as_str() {
+            "string" => &["GET"],
+            "hash" => &["HGETALL"],
+            "zset" => &["ZRANGE", "0", "-1", "WITHSCORES"],
+            "set" => &["SMEMBERS"],
+            "list" => &["LRANGE", "0", "-1"],
+            other => panic!("{key} is a {other}"),
+        };
+        let mut args = vec![read[0], key];
+        args.extend(&read[1..]);
+        all += &format!("{key}\n{}\n", b.redis(&args));
+    }
+    all
+}
+
+/// HMAC-SHA1 of `parts` each after its length as 8 bytes big-endian, the
+/// limiter's keyed form, worked out by `openssl` rather than the crate.
+fn openssl_hmac(secret: &str, parts: &[&str]) -> String {
+    use std::io::Write;
+    let mut message = Vec::new();
+    for p in parts {
+        message.extend((p.len() as u64).to_be_bytes());
+        message.extend(p.as_bytes());
+    }
+    let mut child = std::process::Command::new("openssl")
+        .args(["dgst", "-sha1", "-hmac", secret])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("openssl runs");
+    child.stdin.take().unwrap().write_all(&message).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.split_whitespace().last().unwrap().to_owned()
+}
+
+/// Under `stats_clients = "hmac"` the stats and every key name a client by
+/// its HMAC under the secret, so Redis holds no address; an operator reaches
+/// the client by that form with no secret; and a worker without the secret
+/// refuses to run and says which one it needs.
+#[tokio::test]
+async fn hmac_clients_leave_no_address_in_redis_and_are_reached_as_shown() {
+    let secret = "an-example-secret-of-forty-bytes-0123456";
+    let ip = "203.0.113.44";
+    let rules =
+        with_stats(PER_IP).replace("stats = true", "stats = true\nstats_clients = \"hmac\"");
+    let stack = Stack::builder(&rules)
+        .dev_vars(&format!("STATS_SECRET={secret}\n"))
+        .start();
+    let url = format!("{}/page", stack.worker.url);
+    assert_eq!(send(&url, ip, 5).await, [200, 200, 200, 429, 429]);
+    wait_for_requests(&stack, 5).await;
+    let shown = format!("~{}", openssl_hmac(secret, &[ip]));
+    let (_, _, denials) = kept(&stack.backend, "per-ip");
+    assert_eq!(names(&denials.clients), [(shown.clone(), 2)]);
+    let kept = everything_kept(&stack.backend);
+    assert!(kept.contains(&format!("el:{{{shown}}}:per-ip")), "{kept}");
+    assert!(!kept.contains(ip), "Redis holds the address:\n{kept}");
+
+    // Elsewhere, with the configuration but no secret: the values cannot
+    // name the client, the shown form can.
+    let elsewhere = edge_limiter_local::testenv::Scratch::new("no-secret");
+    let config = stack.worker.dir.join("wrangler.toml");
+    let run = |args: &[&str]| {
+        let out = stack
+            .edge_limiter(args)
+            .args(["--config", config.to_str().unwrap()])
+            .current_dir(&*elsewhere)
+            .output()
+            .unwrap();
+        let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
+        (out.status.code(), text(out.stdout), text(out.stderr))
+    };
+    let (status, _, why) = run(&["inspect", "per-ip", ip]);
+    assert_eq!(status, Some(1));
+    assert!(why.contains("STATS_SECRET"), "{why}");
+    let (status, standing, why) = run(&["inspect", "per-ip", "--client", &shown]);
+    assert_eq!(status, Some(0), "{why}");
+    assert!(
+        standing.contains(&format!("(key el:{{{shown}}}:per-ip)")),
+        "{standing}"
+    );
+    assert!(standing.contains("0 of 3 left"), "{standing}");
+    let (status, _, why) = run(&["inspect", "per-ip", "--client", "203.0.113.44"]);
+    assert_eq!(status, Some(1));
+    assert!(why.contains("stats_clients = \"hmac\""), "{why}");
+    let (status, removed, why) = run(&["reset", "per-ip", "--client", &shown]);
+    assert_eq!(status, Some(0), "{why}");
+    assert!(removed.contains("removed"), "{removed}");
+    let (_, standing, _) = run(&["inspect", "per-ip", "--client", &shown]);
+    assert!(standing.contains("3 of 3 left"), "{standing}");
+
+    let without = Stack::start(&rules);
+    let r = support::http()
+        .get(&without.worker.url)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 500);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !without.worker.log().contains("STATS_SECRET") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = without.worker.log();
+    let why = "secret `STATS_SECRET`: `stats_clients = \"hmac\"` needs it";
+    assert!(log.contains(why), "{log}");
+    assert_eq!(without.origin.hits().await["total"], 0);
 }
 
 /// An isolate whose write is due an hour on, and that hears no request

@@ -319,10 +319,14 @@ async fn the_live_page_shows_known_traffic_then_new_traffic_without_a_reload() {
     let read = proxy.exchanges().len();
     assert!(raw(&addr, &live).starts_with("HTTP/1.1 200 OK"));
     assert_eq!(proxy.exchanges().len(), read, "the second page read anew");
-    let names: Vec<String> = support::carried(&proxy.exchanges()[before..read])
-        .iter()
-        .filter_map(|s| s.command.get(0)?.as_str().map(str::to_ascii_uppercase))
-        .collect();
+    // The names of the commands the proxy carried from exchange `from` on.
+    let commands = |from: usize| -> Vec<String> {
+        support::carried(&proxy.exchanges()[from..])
+            .iter()
+            .filter_map(|s| s.command.get(0)?.as_str().map(str::to_ascii_uppercase))
+            .collect()
+    };
+    let names = commands(before);
     let hmget = names.iter().filter(|n| *n == "HMGET").count();
     // Twice as many when the hour shown began the day before.
     let since_midnight = std::time::SystemTime::now()
@@ -340,4 +344,12 @@ async fn the_live_page_shows_known_traffic_then_new_traffic_without_a_reload() {
         !names.iter().any(|n| n == "HGETALL" || n == "SCAN"),
         "{names:?}"
     );
+    // A scrape: the counters, and the rule's places over 5 minutes (which
+    // may touch the day before).
+    let before = proxy.exchanges().len();
+    let metrics = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    assert!(raw(&addr, &metrics).starts_with("HTTP/1.1 200 OK"));
+    let names = commands(before);
+    let places_days = if since_midnight < 300 { 2 } else { 1 };
+    assert_eq!(names, vec!["HMGET"; 1 + places_days], "a scrape");
 }

@@ -2,7 +2,8 @@
 //!
 //! - `check [wrangler.toml]` validates every environment's rules;
 //! - `simulate [wrangler.toml] --log FILE` replays a request log through them;
-//! - `inspect RULE VALUE...` shows where one client stands on one rule;
+//! - `inspect RULE VALUE...` (or `--client SHOWN`) shows where one client
+//!   stands on one rule;
 //! - `reset RULE VALUE...` forgets that client's state on that rule;
 //! - `limit set|get|clear|list RULE [VALUE...]` changes a rule's figures;
 //! - `stats [RULE...]` reports what the deployment's isolates recorded.
@@ -128,7 +129,33 @@ mod cli {
         #[arg(value_name = "VALUE")]
         values: Vec<String>,
         #[command(flatten)]
+        whom: Shown,
+        #[command(flatten)]
         from: Deployment,
+    }
+
+    #[derive(clap::Args)]
+    struct Shown {
+        /// Name the client as `stats` and its page show it (`#…` or `~…` where
+        /// the stats keep clients hashed), in place of its key parts.
+        #[arg(long = "client", value_name = "SHOWN", conflicts_with = "values")]
+        shown: Option<String>,
+    }
+
+    impl Shown {
+        /// The rule to act through, and the values naming the client: `rule`
+        /// and `values` as given, or the rule naming clients by their shown
+        /// form and that form.
+        fn apply<'v>(
+            &'v self,
+            rule: &edge_limiter::rules::rule::Rule,
+            values: &'v [String],
+        ) -> Result<(edge_limiter::rules::rule::Rule, Vec<&'v str>), Failure> {
+            Ok(match &self.shown {
+                Some(shown) => (inspect::as_shown(rule, shown)?, vec![shown.as_str()]),
+                None => (rule.clone(), values.iter().map(String::as_str).collect()),
+            })
+        }
     }
 
     #[derive(clap::Args)]
@@ -169,6 +196,15 @@ mod cli {
             config
                 .keyed_by(secret.as_deref())
                 .map_err(|e| Failure::from(e.to_string()))
+        }
+
+        /// The rules for acting on the client `whom` names: one named as
+        /// shown needs no secret to reach its key.
+        fn rules_naming(&self, whom: &Shown) -> Result<Config, Failure> {
+            match whom.shown {
+                Some(_) => load_config(&self.config, self.env.as_deref()),
+                None => self.rules(),
+            }
         }
     }
 
@@ -269,8 +305,10 @@ mod cli {
         /// The rule's name.
         rule: String,
         /// The client's key parts in the rule's order, as the client sends them (e.g. its IP).
-        #[arg(required = true, value_name = "VALUE")]
+        #[arg(required_unless_present = "shown", value_name = "VALUE")]
         values: Vec<String>,
+        #[command(flatten)]
+        whom: Shown,
         #[command(flatten)]
         from: Deployment,
     }
@@ -627,9 +665,11 @@ refusing or out of reach, a log line --strict stops at).";
             LimitCommand::Get(a) | LimitCommand::Clear(a) => a,
             LimitCommand::List(list) => &list.target,
         };
-        let config = args.from.rules()?;
-        let rule = inspect::find_rule(&config, &args.rule)?;
-        let values: Vec<&str> = args.values.iter().map(String::as_str).collect();
+        let config = args.from.rules_naming(&args.whom)?;
+        let (rule, values) = args
+            .whom
+            .apply(inspect::find_rule(&config, &args.rule)?, &args.values)?;
+        let rule = &rule;
         // Wrong figures or values fail before any setting is needed.
         limits::key_for(rule, &values)?;
         let what = match &command {
@@ -747,9 +787,11 @@ refusing or out of reach, a log line --strict stops at).";
     }
 
     fn client_command(args: ClientArgs, reset: bool) -> Result<(), Failure> {
-        let config = args.from.rules()?;
-        let rule = inspect::find_rule(&config, &args.rule)?;
-        let values: Vec<&str> = args.values.iter().map(String::as_str).collect();
+        let config = args.from.rules_naming(&args.whom)?;
+        let (rule, values) = args
+            .whom
+            .apply(inspect::find_rule(&config, &args.rule)?, &args.values)?;
+        let rule = &rule;
         // Wrong values fail before any setting is needed.
         inspect::identifier(rule, &values)?;
         let (client, runtime) = connect()?;

@@ -235,7 +235,7 @@ struct Background {
     refresh: Option<LeaseRefresh>,
     reread: Vec<String>,
     /// The isolate's stats write, when one is due.
-    stats: Option<StatsWrite>,
+    stats: Option<Rc<StatsWrite>>,
 }
 
 /// Starts the work a request leaves to do in `waitUntil`, never delaying
@@ -577,7 +577,9 @@ fn load_config(env: &Env) -> std::result::Result<Config, String> {
         .ok()
         .and_then(|t| t.as_string())
         .ok_or_else(missing)?;
-    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    // JSON.stringify's own text always reads: naming serde_json's error
+    // would put its messages, and std::io's, in the wasm for nothing.
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|_| missing())?;
     let config = Config::from_json(&value).map_err(|e| e.to_string())?;
     // Read only when asked for: a secret is a binding like any other.
     let secret = match config.needs_secret() {

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use crate::{
     decision::{
         outcomes::verdict::{OverrideRead, OverrideSource, Retry, RuleState, Verdict},
-        transport::keys::{penalty_key, rule_key, rule_wide_key},
+        transport::keys::{penalty_key, rule_key, rule_wide_key, shown_form},
         transport::protocol::{
             read_rule_wide, run, Check, Reply, ScriptCall, ScriptError, WideRead,
         },
@@ -17,6 +17,7 @@ use crate::{
     },
     rules::{
         canon,
+        client_form::ClientForm,
         config::Config,
         overrides::{Override, BLOCK_TEXT},
         request::RequestMeta,
@@ -150,11 +151,45 @@ pub fn identifier(rule: &Rule, values: &[&str]) -> Result<Vec<String>, InspectEr
         rule: rule.name.clone(),
         problem,
     };
+    if rule.form == ClientForm::Shown {
+        return match values {
+            [shown] => Ok(vec![(*shown).to_owned()]),
+            _ => Err(problem("name the client once, as `stats` shows it".into())),
+        };
+    }
     let request = request_with_key(rule, values).map_err(|e| problem(e.to_string()))?;
     let id = rule
         .identifier(&request)
         .map_err(|a| problem(format!("`{}` is given twice with different values", a.part)))?;
     Ok(id.into_iter().map(|p| p.into_owned()).collect())
+}
+
+/// `rule` with its clients named as its keys, and so `stats` and its page,
+/// show them: `shown` is then the one value [`identifier`] takes. Refused
+/// where no key of the rule's `stats_clients` form could show it.
+pub fn as_shown(rule: &Rule, shown: &str) -> Result<Rule, InspectError> {
+    let plain_parts = shown.split('|').count();
+    let fits = match rule.form {
+        ClientForm::Readable if !shown.starts_with('#') => plain_parts == rule.key.len(),
+        _ => true,
+    };
+    if !fits || !shown_form(&rule.form, shown) {
+        let form = match rule.form {
+            ClientForm::Hashed => "`#` and 40 hex digits (stats_clients = \"hash\")",
+            ClientForm::Keyed(_) => "`~` and 40 hex digits (stats_clients = \"hmac\")",
+            _ => "the key's parts joined by `|`, or `#` and 40 hex digits",
+        };
+        return Err(InspectError::Values {
+            rule: rule.name.clone(),
+            problem: format!(
+                "`{shown}` is not a client as this rule's stats show one: {form}; copy it from `stats` or its page"
+            ),
+        });
+    }
+    Ok(Rule {
+        form: ClientForm::Shown,
+        ..rule.clone()
+    })
 }
 
 /// A request carrying `values` as this rule's key parts, in order, each
@@ -552,6 +587,35 @@ pub async fn reset(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_named_as_shown_reaches_its_key_and_nothing_else() {
+        let config = |clients: &str| {
+            let config = Config::from_json(&serde_json::json!({
+                "stats": true, "stats_clients": clients,
+                "rules": [{"name": "r", "algorithm": "gcra", "rate": 1, "period": "1s",
+                           "key": ["ip", "header:x-api-key"]}]
+            }));
+            config.unwrap().keyed_by(Some(&"s".repeat(32))).unwrap()
+        };
+        let keyed = config("hmac");
+        let rule = &keyed.rules[0];
+        let id = identifier(rule, &["192.0.2.1", "k-1"]).unwrap();
+        let key = rule_key(rule, &id.iter().map(String::as_str).collect::<Vec<_>>());
+        let shown = crate::decision::transport::keys::client_in(&key).unwrap();
+        let named = as_shown(rule, shown).unwrap();
+        let again = identifier(&named, &[shown]).unwrap();
+        assert_eq!(rule_key(&named, &[&again[0]]), key);
+        assert!(identifier(&named, &[shown, shown]).is_err());
+        for wrong in ["192.0.2.1|k-1", "#0123456789abcdef0123456789abcdef01234567"] {
+            assert!(as_shown(rule, wrong).is_err(), "{wrong}");
+        }
+        let readable = config("key");
+        let rule = &readable.rules[0];
+        assert!(as_shown(rule, "192.0.2.1|k-1").is_ok());
+        assert!(as_shown(rule, "192.0.2.1").is_err(), "one part of two");
+        assert!(as_shown(rule, "a}b|c").is_err());
+    }
 
     #[test]
     fn key_values_give_the_identifier_the_worker_derives() {

@@ -251,7 +251,7 @@ impl Config {
         let secret = secret.ok_or_else(|| {
             problem(format!(
                 "`stats_clients = \"hmac\"` needs it: `wrangler secret put {STATS_SECRET}` \
-                 (.dev.vars locally); docs/stats.md"
+                 (.dev.vars locally)"
             ))
         })?;
         if secret.len() < MIN_SECRET_BYTES {

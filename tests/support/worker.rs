@@ -47,17 +47,24 @@ pub struct Worker {
 impl Worker {
     /// Starts a worker in front of `origin`, limited through `rest_url`.
     pub fn start(rules_toml: &str, rest_url: &str, origin: &Origin) -> Worker {
-        Worker::start_with_token(rules_toml, rest_url, TOKEN, origin)
+        Worker::start_with(rules_toml, rest_url, TOKEN, "", origin)
     }
 
-    /// Like [`Worker::start`], with the REST token the worker sends.
-    pub fn start_with_token(
+    /// Like [`Worker::start`], with the REST token the worker sends and more
+    /// `.dev.vars` lines (`NAME=value\n` each).
+    pub fn start_with(
         rules_toml: &str,
         rest_url: &str,
         token: &str,
+        dev_vars: &str,
         origin: &Origin,
     ) -> Worker {
         let dir = project(rules_toml, rest_url, token, origin);
+        if !dev_vars.is_empty() {
+            let path = dir.join(".dev.vars");
+            let written = std::fs::read_to_string(&path).unwrap();
+            std::fs::write(path, written + dev_vars).unwrap();
+        }
         let port = free_port();
         let log = std::fs::File::create(dir.join("wrangler.log")).unwrap();
         // "log" and not "info": the worker's console.log lines are what the
@@ -279,6 +286,7 @@ impl Stack {
         StackBuilder {
             rules: rules_toml.to_owned(),
             token: TOKEN.to_owned(),
+            dev_vars: String::new(),
             proxy: false,
             durable: false,
             instances: 1,
@@ -290,6 +298,7 @@ impl Stack {
 pub struct StackBuilder {
     rules: String,
     token: String,
+    dev_vars: String,
     proxy: bool,
     durable: bool,
     instances: usize,
@@ -299,6 +308,13 @@ impl StackBuilder {
     /// The workers send this REST token rather than the endpoint's.
     pub fn token(mut self, token: &str) -> StackBuilder {
         self.token = token.to_owned();
+        self
+    }
+
+    /// These lines (`NAME=value\n` each) in the workers' `.dev.vars` too: a
+    /// secret such as `STATS_SECRET`.
+    pub fn dev_vars(mut self, lines: &str) -> StackBuilder {
+        self.dev_vars.push_str(lines);
         self
     }
 
@@ -337,7 +353,9 @@ impl StackBuilder {
         let mut workers = std::thread::scope(|s| {
             let started: Vec<_> = (0..self.instances)
                 .map(|_| {
-                    s.spawn(|| Worker::start_with_token(&self.rules, &rest, &self.token, &origin))
+                    s.spawn(|| {
+                        Worker::start_with(&self.rules, &rest, &self.token, &self.dev_vars, &origin)
+                    })
                 })
                 .collect();
             started

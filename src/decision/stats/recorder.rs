@@ -3,6 +3,8 @@
 //! all derived from what [`Limiter::handle`](crate::decision::limiter::Limiter::handle)
 //! returned and how many calls it made.
 
+use std::rc::Rc;
+
 use super::{
     counts::{RuleCount, RuleCounts, RuleFate, TotalCount, TotalCounts},
     top::{Denials, KEPT, UNPLACED},
@@ -50,7 +52,9 @@ impl Minute {
             minute,
             totals: TotalCounts::default(),
             rules: vec![RuleCounts::default(); rules],
-            denied: vec![Denials::default(); rules],
+            // Not `vec![..; rules]`: that clones, and a clone of a
+            // summary costs the wasm for nothing else.
+            denied: (0..rules).map(|_| Denials::default()).collect(),
         }
     }
 
@@ -96,7 +100,8 @@ pub struct Recorder {
     /// The write begun and not yet known added, with when it was first
     /// sent: sent again, unchanged, until it is (within [`REPLAY_FOR_MS`]);
     /// what was counted since waits behind it.
-    pending: Option<(StatsWrite, u64)>,
+    // Shared with the call in flight: a write is sent again unchanged.
+    pending: Option<(Rc<StatsWrite>, u64)>,
     /// Oldest first; not in `pending`.
     minutes: Vec<Minute>,
     /// Minutes dropped: unwritten, to keep within [`MAX_MINUTES`], or in a
@@ -153,7 +158,7 @@ impl Recorder {
     /// unknown (failed, or lost in flight), unchanged, if there is one and
     /// it was first sent less than [`REPLAY_FOR_MS`] ago; otherwise the
     /// unwritten minutes, taken out, as the next write.
-    pub fn due(&mut self, now_ms: u64) -> Option<StatsWrite> {
+    pub fn due(&mut self, now_ms: u64) -> Option<Rc<StatsWrite>> {
         if let Some(since) = self.writing_since {
             if now_ms.saturating_sub(since) < WRITE_LOST_MS {
                 return None;
@@ -192,9 +197,9 @@ impl Recorder {
                 seq,
                 minutes,
             };
-            self.pending = Some((write, now_ms));
+            self.pending = Some((Rc::new(write), now_ms));
         }
-        self.pending.as_ref().map(|(write, _)| write.clone())
+        self.pending.as_ref().map(|(write, _)| Rc::clone(write))
     }
 
     /// When the next write is due (ms), if something waits to be written
@@ -206,7 +211,7 @@ impl Recorder {
 
     /// [`Recorder::due`] as if due now: the isolate's last timer, after
     /// which no timer may come, writes what is left rather than hold it.
-    pub fn due_early(&mut self, now_ms: u64) -> Option<StatsWrite> {
+    pub fn due_early(&mut self, now_ms: u64) -> Option<Rc<StatsWrite>> {
         self.next_ms = Some(self.next_ms.map_or(now_ms, |n| n.min(now_ms)));
         self.due(now_ms)
     }

@@ -3,7 +3,7 @@
 //! write, to send again as it was: the script adds a write once, so one
 //! that Redis took before its reply was lost does not count twice.
 
-use std::cell::RefCell;
+use std::{cell::RefCell, rc::Rc};
 
 use serde_json::Value;
 
@@ -26,7 +26,7 @@ pub async fn flush(
     store: &impl ScriptRunner,
     config: &Config,
     recorder: &RefCell<Recorder>,
-    write: StatsWrite,
+    write: Rc<StatsWrite>,
 ) -> Vec<Event> {
     let keep_ms = recorder.borrow().settings().keep_ms;
     let (keys, args) = write_call(config, keep_ms, &write);
@@ -109,7 +109,7 @@ mod tests {
             seq: 1,
             minutes: vec![first],
         };
-        let events = rt.block_on(flush(&store, &c, &recorder, write));
+        let events = rt.block_on(flush(&store, &c, &recorder, Rc::new(write)));
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].action, Action::StatsWriteFailed);
         assert_eq!(events[0].key.as_deref(), Some("el:{#stats}:w:9"));

@@ -25,23 +25,7 @@ pub const MAX_PLAIN_ID: usize = 64;
 /// `}` inside a part, so the two forms cannot collide, and rule names (no
 /// `}`) cannot reach into the tag.
 pub fn redis_key(rule: &str, parts: &[&str]) -> String {
-    let plain_len: usize = parts.iter().map(|p| p.len() + 1).sum();
-    // An empty tag `{}` would not be a hash tag at all, so empty is hashed too.
-    let plain = plain_len > parts.len()
-        && plain_len <= MAX_PLAIN_ID + parts.len()
-        && parts.iter().all(|p| p.bytes().all(is_plain));
-    let id = if plain {
-        parts.join("|")
-    } else {
-        hashed(parts)
-    };
-    format!("el:{{{id}}}:{rule}")
-}
-
-/// The hashed form of an identifier: `#` and the SHA1 of its parts, each
-/// length-prefixed.
-fn hashed<S: AsRef<str>>(parts: &[S]) -> String {
-    format!("#{}", length_prefixed(Sha1::new(), parts).digest())
+    state_key(&ClientForm::Readable, rule, parts)
 }
 
 /// The prefix of an identifier in [`ClientForm::Keyed`] form: not a plain
@@ -56,13 +40,24 @@ pub fn rule_key(rule: &Rule, parts: &[&str]) -> String {
 
 /// The state key of the client with identifier `parts` on `rule`, in `form`.
 pub fn state_key(form: &ClientForm, rule: &str, parts: &[&str]) -> String {
-    let id = match form {
-        ClientForm::Readable => return redis_key(rule, parts),
-        ClientForm::Hashed => hashed(parts),
-        ClientForm::Keyed(key) => format!("{KEYED_PREFIX}{}", key.mac(parts)),
-        ClientForm::Shown => parts.join(""),
+    let plain_len: usize = parts.iter().map(|p| p.len() + 1).sum();
+    // An empty tag `{}` would not be a hash tag at all, so empty is hashed too.
+    let plain = plain_len > parts.len()
+        && plain_len <= MAX_PLAIN_ID + parts.len()
+        && parts.iter().all(|p| p.bytes().all(is_plain));
+    let digest = match form {
+        ClientForm::Readable if plain => None,
+        ClientForm::Readable | ClientForm::Hashed => {
+            Some(('#', length_prefixed(Sha1::new(), parts).digest()))
+        }
+        ClientForm::Keyed(key) => Some((KEYED_PREFIX, key.mac(parts))),
+        // Its one part, as `shown_form` checked it.
+        ClientForm::Shown => None,
     };
-    format!("el:{{{id}}}:{rule}")
+    match digest {
+        Some((prefix, digest)) => format!("el:{{{prefix}{digest}}}:{rule}"),
+        None => format!("el:{{{}}}:{rule}", parts.join("|")),
+    }
 }
 
 /// Whether `shown` is an identifier as a key in `form` shows it: for
@@ -159,7 +154,10 @@ mod tests {
             "el:{192.0.2.1}:r"
         );
         let hashed = state_key(&ClientForm::Hashed, "r", &ip);
-        assert_eq!(hashed, format!("el:{{{}}}:r", super::hashed(&ip)));
+        let mut h = Sha1::new();
+        h.update(&9u64.to_be_bytes());
+        h.update(b"192.0.2.1");
+        assert_eq!(hashed, format!("el:{{#{}}}:r", h.digest()));
         let mac = state_key(&keyed, "r", &ip);
         assert!(
             !mac.contains("192.0.2.1") && mac.starts_with("el:{~"),
