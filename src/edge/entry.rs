@@ -37,6 +37,7 @@ use crate::{
     rules::{
         body::MAX_BODY_BYTES,
         config::{parse_origin, Config, STATS_SECRET},
+        regions::{self, Region},
         request::{CfField, RequestMeta},
     },
 };
@@ -69,23 +70,83 @@ struct Isolate {
 }
 
 thread_local! {
-    static ISOLATE: RefCell<Option<Rc<Isolate>>> = const { RefCell::new(None) };
+    /// The isolate's state per region, by its place in `regions` (the
+    /// home's first), each made on its first request. An isolate in
+    /// production serves one place, so one region besides the home's.
+    static ISOLATES: RefCell<Vec<Option<Rc<Isolate>>>> = const { RefCell::new(Vec::new()) };
 }
 
-fn isolate(env: &Env) -> std::result::Result<Rc<Isolate>, String> {
-    if let Some(ready) = ISOLATE.with(|s| s.borrow().clone()) {
+/// The isolate's state for the region `req` goes to.
+fn isolate(
+    env: &Env,
+    req: &web_sys::Request,
+    url: &Url,
+) -> std::result::Result<Rc<Isolate>, String> {
+    // The home's state first, whose configuration routes the request, then
+    // the region's it routes to: one call making them, so that the wasm
+    // holds the configuration's reader once.
+    let mut at = 0;
+    loop {
+        let state = made(env, at)?;
+        let to = match at {
+            0 => region_of(&state.config.regions, req, url),
+            _ => at,
+        };
+        if to == at {
+            return Ok(state);
+        }
+        at = to;
+    }
+}
+
+/// The region of `regions` that decides `req`: the one a local run names
+/// in its header, else the one its place in `request.cf` goes to.
+fn region_of(regions: &[Region], req: &web_sys::Request, url: &Url) -> usize {
+    if regions.len() < 2 {
+        return 0;
+    }
+    let pinned = url.host_str().is_some_and(regions::pinnable);
+    let named = pinned
+        .then(|| req.headers().get(regions::PIN_HEADER).ok().flatten())
+        .flatten()
+        .and_then(|name| regions::named(regions, &name));
+    named.unwrap_or_else(|| {
+        let cf = cf_facts(req, &[CfField::Colo, CfField::Continent]);
+        let place = |field| {
+            cf.iter()
+                .find(|(f, _)| *f == field)
+                .map(|(_, v)| v.as_str())
+        };
+        regions::route(regions, place(CfField::Colo), place(CfField::Continent))
+    })
+}
+
+/// Region `at`'s state (0: the home, or the one Redis), made on first use
+/// with its calls going to that region's Redis.
+fn made(env: &Env, at: usize) -> std::result::Result<Rc<Isolate>, String> {
+    if let Some(ready) = ISOLATES.with(|all| all.borrow().get(at).cloned().flatten()) {
         return Ok(ready);
     }
     microtasks::put_back();
-    let (Ok(url), Ok(token)) = (
-        env.secret("UPSTASH_REDIS_REST_URL"),
-        env.secret("UPSTASH_REDIS_REST_TOKEN"),
-    ) else {
-        return Err("set UPSTASH_REDIS_REST_URL and UPSTASH_REDIS_REST_TOKEN (wrangler secret put, or .dev.vars locally)".into());
-    };
+    // Read per region rather than cloned: a clone of the rules costs the
+    // wasm kilobytes, a second reading microseconds once per isolate.
     let config = load_config(env)?;
-    let client =
-        RestClient::new(&url.to_string(), &token.to_string()).map_err(|e| e.to_string())?;
+    let secrets = |at: usize| {
+        let (url, token) = regions::secrets(&config.regions, at);
+        match (env.secret(&url), env.secret(&token)) {
+            (Ok(u), Ok(t)) => Ok((u.to_string(), t.to_string())),
+            _ => Err(format!(
+                "set {url} and {token} (wrangler secret put, or .dev.vars locally)"
+            )),
+        }
+    };
+    // Every region's at the first request: a missing one fails the
+    // deployment, not only the requests of one place.
+    for other in 1..config.regions.len() {
+        secrets(other)?;
+    }
+    let (url, token) = secrets(at)?;
+    let client = RestClient::new(&url, &token).map_err(|e| e.to_string())?;
     let ready = Rc::new(Isolate {
         stats: config
             .stats
@@ -107,7 +168,13 @@ fn isolate(env: &Env) -> std::result::Result<Rc<Isolate>, String> {
         calls: Batches::new(client.clone()),
         client,
     });
-    ISOLATE.with(|s| *s.borrow_mut() = Some(ready.clone()));
+    ISOLATES.with(|all| {
+        let mut all = all.borrow_mut();
+        if all.len() <= at {
+            all.resize(at + 1, None);
+        }
+        all[at] = Some(ready.clone());
+    });
     Ok(ready)
 }
 
@@ -117,7 +184,8 @@ fn isolate(env: &Env) -> std::result::Result<Rc<Isolate>, String> {
 // a limiter that only needs a few fields pays for on every call.
 #[event(fetch)]
 async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys::Response> {
-    let isolate = match isolate(&env) {
+    let url = Url::parse(&req.url())?;
+    let isolate = match isolate(&env, &req, &url) {
         Ok(s) => s,
         Err(message) => {
             console_error!("edge-limiter: {message}");
@@ -128,7 +196,6 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
             return respond(500, PROBLEM_JSON, &body, &[]);
         }
     };
-    let url = Url::parse(&req.url())?;
     let mut meta = request_meta(&req, &url, &isolate.headers_read);
     if isolate.config.needs_body(&meta) {
         meta.body = body_prefix(&req).await;

@@ -25,10 +25,7 @@ use crate::{
     },
 };
 
-/// The environment variable holding the REST URL.
-pub const URL_VAR: &str = "UPSTASH_REDIS_REST_URL";
-/// The environment variable holding the REST token.
-pub const TOKEN_VAR: &str = "UPSTASH_REDIS_REST_TOKEN";
+pub use crate::rules::regions::{TOKEN_VAR, URL_VAR};
 
 /// How long one inspect or reset call may take.
 const BUDGET: Duration = Duration::from_secs(10);

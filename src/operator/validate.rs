@@ -7,6 +7,7 @@ use crate::rules::{
     config::{parse_origin, Config, ConfigError},
     lease::Lease,
     policy::Policy,
+    regions::{self, Region},
     rule::{FailMode, Mode},
     stats::StatsClients,
 };
@@ -85,7 +86,31 @@ pub fn describe(config: &Config) -> Vec<String> {
             line
         })
         .chain(stats)
+        .chain((0..config.regions.len()).map(|at| region_line(&config.regions, at)))
         .collect()
+}
+
+/// Region `at` as the report says it: where its requests come from, and
+/// the secrets its Redis is reached by.
+fn region_line(regions: &[Region], at: usize) -> String {
+    let r = &regions[at];
+    let (url, token) = regions::secrets(regions, at);
+    let places: Vec<&str> = r
+        .colos
+        .iter()
+        .chain(&r.continents)
+        .map(String::as_str)
+        .collect();
+    let from = match (r.home, places.is_empty()) {
+        (true, true) => "every place no other region lists".to_owned(),
+        (true, false) => format!("{} and every place no other region lists", places.join(" ")),
+        (false, _) => places.join(" "),
+    };
+    let home = if r.home { " (home)" } else { "" };
+    format!(
+        "region {}{home}: requests from {from}, Redis at secrets {url} and {token}",
+        r.name
+    )
 }
 
 /// A lease as the report says it, with the largest the figures allow.
@@ -183,6 +208,31 @@ name = "y"
         assert_eq!(
             e.to_string(),
             "LIMITER configuration, field `stats_every`: must be longer than zero"
+        );
+    }
+
+    #[test]
+    fn regions_are_described_with_their_secrets_and_their_errors_named() {
+        let rule = "[[vars.LIMITER.rules]]\nname = \"a\"\nkey = [\"ip\"]\nalgorithm = \"gcra\"\nrate = 5\nperiod = \"1s\"\n";
+        let regions = |list: &str| format!("[vars.LIMITER]\nregions = [{list}]\n{rule}");
+        let good = regions(
+            "{ name = \"eu\", continents = [\"EU\", \"AF\"], colos = [\"DME\"] }, { name = \"us\", home = true }",
+        );
+        let verdicts = check_wrangler_toml(&good).unwrap();
+        let lines = describe(verdicts[0].1.as_ref().unwrap());
+        assert_eq!(
+            lines[1..],
+            [
+                "region us (home): requests from every place no other region lists, Redis at secrets UPSTASH_REDIS_REST_URL and UPSTASH_REDIS_REST_TOKEN",
+                "region eu: requests from DME EU AF, Redis at secrets UPSTASH_REDIS_REST_URL_EU and UPSTASH_REDIS_REST_TOKEN_EU",
+            ]
+        );
+        let bad =
+            regions("{ name = \"us\", home = true }, { name = \"eu\", contnents = [\"EU\"] }");
+        let e = check_wrangler_toml(&bad).unwrap()[0].1.clone().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "LIMITER configuration, field `regions[1].contnents`: is not a region's field; a region has `name`, `home`, `continents` and `colos`"
         );
     }
 

@@ -13,6 +13,7 @@ use super::{
     pattern::PathPattern,
     policy::{Policy, MAX_DURATION_MS},
     raw::{RawConfig, RawCost, RawRule},
+    regions::{self, Region},
     request::{self, CfField, RequestMeta},
     rule::{Cost, DenyBody, FailMode, KeyPart, Mode, Rule, RuleId, DEFAULT_BUDGET_MS},
     stats::{self, StatsClients, StatsSettings},
@@ -32,6 +33,8 @@ pub struct Config {
     /// Whether and how isolates write stats of what they did; `None`
     /// unless `stats = true`.
     pub stats: Option<StatsSettings>,
+    /// The Redis regions, the home first; none for one Redis, today's.
+    pub regions: Vec<Region>,
 }
 
 /// `cache_hold` when none is given: a reset reaches every isolate within a
@@ -90,6 +93,15 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+impl From<FieldError> for ConfigError {
+    fn from(e: FieldError) -> ConfigError {
+        ConfigError::Field {
+            field: e.field,
+            problem: e.problem,
+        }
+    }
+}
+
 /// Checks `ORIGIN_URL`, where allowed requests go instead of the request's
 /// own URL (scheme, host and port; the path and query are kept). It is unset
 /// in production, where the route's origin is the request's own URL.
@@ -120,10 +132,7 @@ impl Config {
                 "expected a table `[vars.LIMITER]` with `rules`".into(),
             ));
         };
-        let raw = RawConfig::read(table).map_err(|e| ConfigError::Field {
-            field: e.field,
-            problem: e.problem,
-        })?;
+        let raw = RawConfig::read(table)?;
         if raw.rules.is_empty() {
             return Err(ConfigError::Field {
                 field: "rules".into(),
@@ -142,16 +151,9 @@ impl Config {
             None => DEFAULT_CACHE_HOLD_MS,
             Some(hold) => RawDuration::from_json(hold)
                 .map_err(|why| invalid("cache_hold", why))
-                .and_then(|w| duration("cache_hold", &w))
-                .map_err(|e| ConfigError::Field {
-                    field: e.field,
-                    problem: e.problem,
-                })?,
+                .and_then(|w| duration("cache_hold", &w))?,
         };
-        let stats = stats(&raw).map_err(|e| ConfigError::Field {
-            field: e.field,
-            problem: e.problem,
-        })?;
+        let stats = stats(&raw)?;
         // Until `keyed_by` gives the secret, an HMAC form keys by none:
         // `needs_secret` tells the worker to refuse to run so.
         let form = match stats.map(|s| s.clients) {
@@ -162,11 +164,13 @@ impl Config {
         for rule in &mut rules {
             rule.form = form.clone();
         }
+        let regions = regions::read(raw.regions.as_ref())?;
         Ok(Config {
             rules,
             x_ratelimit_headers: raw.x_ratelimit_headers.unwrap_or(true),
             cache_hold_ms,
             stats,
+            regions,
         })
     }
 }

@@ -14,6 +14,7 @@ pub mod overrides;
 pub mod pattern;
 pub mod policy;
 mod raw;
+pub mod regions;
 pub mod request;
 pub mod rule;
 pub mod stats;

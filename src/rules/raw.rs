@@ -21,14 +21,16 @@ pub(super) struct RawConfig {
     pub(super) stats_every: Option<RawDuration>,
     pub(super) stats_keep: Option<RawDuration>,
     pub(super) stats_clients: Option<StatsClients>,
+    pub(super) regions: Option<Value>,
 }
 
 impl RawConfig {
     /// Reads the table's own fields (each rule is read by [`RawRule::read`]);
     /// the error names the field.
     pub(super) fn read(table: &Map<String, Value>) -> Result<RawConfig, FieldError> {
-        const FIELDS: [&str; 7] = [
+        const FIELDS: [&str; 8] = [
             "rules",
+            "regions",
             "x_ratelimit_headers",
             "cache_hold",
             "stats",
@@ -60,6 +62,7 @@ impl RawConfig {
             stats_every: one(table, "stats_every")?,
             stats_keep: one(table, "stats_keep")?,
             stats_clients: one(table, "stats_clients")?,
+            regions: table.get("regions").cloned(),
         })
     }
 }

@@ -246,6 +246,9 @@ pub struct Stack {
     /// ([`StackBuilder::through_fault_proxy`]).
     pub proxy: Option<FaultProxy>,
     pub backend: Backend,
+    /// Each region's own backend besides the home's, by name
+    /// ([`StackBuilder::region`]).
+    pub regions: Vec<(String, Backend)>,
 }
 
 impl Stack {
@@ -287,6 +290,7 @@ impl Stack {
             rules: rules_toml.to_owned(),
             token: TOKEN.to_owned(),
             dev_vars: String::new(),
+            regions: vec![],
             proxy: false,
             durable: false,
             instances: 1,
@@ -299,6 +303,7 @@ pub struct StackBuilder {
     rules: String,
     token: String,
     dev_vars: String,
+    regions: Vec<String>,
     proxy: bool,
     durable: bool,
     instances: usize,
@@ -315,6 +320,14 @@ impl StackBuilder {
     /// secret such as `STATS_SECRET`.
     pub fn dev_vars(mut self, lines: &str) -> StackBuilder {
         self.dev_vars.push_str(lines);
+        self
+    }
+
+    /// A region's own Redis and REST endpoint beside the home's
+    /// ([`Stack::regions`]), named to the workers by the secrets suffixed
+    /// with `name` (`UPSTASH_REDIS_REST_URL_EU`).
+    pub fn region(mut self, name: &str) -> StackBuilder {
+        self.regions.push(name.to_owned());
         self
     }
 
@@ -350,11 +363,23 @@ impl StackBuilder {
             .as_ref()
             .map_or_else(|| backend.endpoint.url(), FaultProxy::url);
         let origin = Origin::start();
+        let mut dev_vars = self.dev_vars.clone();
+        let regions: Vec<(String, Backend)> = (self.regions.iter())
+            .map(|name| {
+                let b = Backend::start();
+                let suffix = name.to_ascii_uppercase();
+                dev_vars += &format!(
+                    "UPSTASH_REDIS_REST_URL_{suffix}={}\nUPSTASH_REDIS_REST_TOKEN_{suffix}={TOKEN}\n",
+                    b.endpoint.url()
+                );
+                (name.clone(), b)
+            })
+            .collect();
         let mut workers = std::thread::scope(|s| {
             let started: Vec<_> = (0..self.instances)
                 .map(|_| {
                     s.spawn(|| {
-                        Worker::start_with(&self.rules, &rest, &self.token, &self.dev_vars, &origin)
+                        Worker::start_with(&self.rules, &rest, &self.token, &dev_vars, &origin)
                     })
                 })
                 .collect();
@@ -370,6 +395,7 @@ impl StackBuilder {
             origin,
             proxy,
             backend,
+            regions,
         }
     }
 }

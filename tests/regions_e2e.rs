@@ -1,0 +1,95 @@
+//! Regions end to end: the built worker in `wrangler dev` with a second
+//! region's Redis beside the home's decides each request in the region its
+//! place goes to (`request.cf`, or the header only a local run honours),
+//! and refuses to run when a region's secrets are missing.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod support;
+
+use support::{worker::Stack, Backend};
+
+/// docs/deploying.md's regions, where wrangler dev places every request in
+/// DFW, North America (miniflare's stand-in for `request.cf`): `eu` takes
+/// that continent too here, so that a request naming no region goes to it
+/// by its place.
+fn regions() -> String {
+    let documented = support::documented("docs/deploying.md", "## Regions", ("toml", 1));
+    let (page, here) = (r#"["EU", "AF"]"#, r#"["EU", "AF", "NA"]"#);
+    assert!(documented.contains(page), "{documented}");
+    documented.replace(page, here) + PER_IP
+}
+
+const PER_IP: &str = r#"
+[[vars.LIMITER.rules]]
+name = "per-ip"
+key = ["ip"]
+algorithm = "gcra"
+rate = 1
+period = "1m"
+burst = 2
+"#;
+
+/// Statuses of `n` requests from `ip`, one after the other, each naming
+/// region `pin` when given.
+async fn send(url: &str, ip: &str, pin: Option<&str>, n: usize) -> Vec<u16> {
+    let client = support::http();
+    let mut statuses = vec![];
+    for _ in 0..n {
+        let mut r = client.get(url).header("CF-Connecting-IP", ip);
+        if let Some(region) = pin {
+            r = r.header("X-Edge-Limiter-Region", region);
+        }
+        statuses.push(
+            r.send()
+                .await
+                .expect("the worker answers")
+                .status()
+                .as_u16(),
+        );
+    }
+    statuses
+}
+
+/// Whether `b`'s Redis holds `ip`'s state on the rule.
+fn holds(b: &Backend, ip: &str) -> bool {
+    b.redis(&["EXISTS", &format!("el:{{{ip}}}:per-ip")]) == "1"
+}
+
+#[tokio::test]
+async fn each_request_is_decided_in_its_regions_redis() {
+    let stack = Stack::builder(&regions()).region("eu").start();
+    let (home, eu) = (&stack.backend, &stack.regions[0].1);
+    let url = format!("{}/page", stack.worker.url);
+    // By its place: North America goes to `eu` here.
+    assert_eq!(send(&url, "203.0.113.1", None, 3).await, [200, 200, 429]);
+    assert!(holds(eu, "203.0.113.1") && !holds(home, "203.0.113.1"));
+    // Named to the home: its own budget there, as a rule without
+    // `regions` keeps one per region.
+    let pinned = send(&url, "203.0.113.1", Some("us"), 3).await;
+    assert_eq!(pinned, [200, 200, 429]);
+    assert!(holds(home, "203.0.113.1"));
+    // Named to `eu` again, which the cached denial answers; a region no
+    // configuration names is ignored, and the place decides.
+    assert_eq!(send(&url, "203.0.113.1", Some("eu"), 1).await, [429]);
+    assert_eq!(send(&url, "203.0.113.2", Some("ap"), 1).await, [200]);
+    assert!(holds(eu, "203.0.113.2") && !holds(home, "203.0.113.2"));
+    assert_eq!(stack.origin.hits().await["total"], 5);
+}
+
+#[tokio::test]
+async fn a_region_without_its_secrets_stops_the_worker_and_names_them() {
+    let stack = Stack::start(&regions());
+    let r = support::http().get(&stack.worker.url).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 500);
+    let want = "set UPSTASH_REDIS_REST_URL_EU and UPSTASH_REDIS_REST_TOKEN_EU";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !stack.worker.log().contains(want) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            stack.worker.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(stack.origin.hits().await["total"], 0);
+}
