@@ -74,6 +74,27 @@ async fn each_request_is_decided_in_its_regions_redis() {
     assert_eq!(send(&url, "203.0.113.2", Some("ap"), 1).await, [200]);
     assert!(holds(eu, "203.0.113.2") && !holds(home, "203.0.113.2"));
     assert_eq!(stack.origin.hits().await["total"], 5);
+
+    // The operator reaches a region's Redis by its secrets in .dev.vars.
+    let inspect = |region: &[&str]| {
+        let out = (stack.edge_limiter(&["inspect", "per-ip", "203.0.113.2"]))
+            .args(region)
+            .output()
+            .unwrap();
+        let text = String::from_utf8(out.stdout).unwrap() + &String::from_utf8(out.stderr).unwrap();
+        (out.status.code(), text)
+    };
+    let (status, eu_state) = inspect(&["--region", "eu"]);
+    assert_eq!(status, Some(0), "{eu_state}");
+    assert!(eu_state.contains("1 of 2 left"), "{eu_state}");
+    let (_, home_state) = inspect(&[]);
+    assert!(home_state.contains("2 of 2 left"), "{home_state}");
+    let (status, wrong) = inspect(&["--region", "ap"]);
+    assert_eq!(status, Some(1));
+    assert!(
+        wrong.contains("--region ap: the configuration's regions are: us, eu"),
+        "{wrong}"
+    );
 }
 
 #[tokio::test]

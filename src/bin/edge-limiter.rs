@@ -181,6 +181,10 @@ mod cli {
         /// Print the answer as JSON.
         #[arg(long)]
         json: bool,
+        /// Reach this region's Redis (`regions` in the configuration), by its
+        /// secrets (UPSTASH_REDIS_REST_URL_EU...), rather than the home's.
+        #[arg(long, value_name = "NAME")]
+        region: Option<String>,
     }
 
     impl Deployment {
@@ -545,7 +549,7 @@ refusing or out of reach, a log line --strict stops at).";
                 "--since must come before --until (and before now)".into(),
             ));
         }
-        let (client, runtime) = connect()?;
+        let (client, runtime) = connect(&args.from, &config)?;
         if args.format == Some(StatsFormat::Openmetrics) {
             let counters = runtime.block_on(metrics::scrape(&client, &rules, now_ms))?;
             let flavor = metrics::Flavor::OpenMetrics;
@@ -684,7 +688,7 @@ refusing or out of reach, a log line --strict stops at).";
                 .transpose()?,
             _ => None,
         };
-        let (client, runtime) = connect()?;
+        let (client, runtime) = connect(&args.from, &config)?;
         let found: Vec<limits::Stored> = match (&command, what) {
             (LimitCommand::Set(_), Some(what)) => {
                 vec![runtime.block_on(limits::set(&client, rule, &values, &what, lasting))?]
@@ -774,11 +778,35 @@ refusing or out of reach, a log line --strict stops at).";
         Override::changed(rule, &given).map_err(refuse)
     }
 
-    /// A client for the REST endpoint the environment (or `.dev.vars` here)
-    /// names, and a runtime to run its calls on.
-    fn connect() -> Result<(RestClient, tokio::runtime::Runtime), Failure> {
+    /// A client for the REST endpoint of the region `--region` names in
+    /// `config` (the home's unless given), by the settings the environment
+    /// (or `.dev.vars` here) holds, and a runtime to run its calls on.
+    fn connect(
+        from: &Deployment,
+        config: &Config,
+    ) -> Result<(RestClient, tokio::runtime::Runtime), Failure> {
+        let regions = &config.regions;
+        let at = match &from.region {
+            None => 0,
+            Some(name) => edge_limiter::rules::regions::named(regions, name).ok_or_else(|| {
+                let known: Vec<&str> = regions.iter().map(|r| r.name.as_str()).collect();
+                Failure::from(format!(
+                    "--region {name}: the configuration's regions are: {}",
+                    if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
+                ))
+            })?,
+        };
+        let (url_var, token_var) = edge_limiter::rules::regions::secrets(regions, at);
         let dev_vars = std::fs::read_to_string(".dev.vars").ok();
-        let (url, token) = inspect::settings(|k| std::env::var(k).ok(), dev_vars.as_deref())?;
+        let (url, token) = inspect::settings(
+            |k| std::env::var(k).ok(),
+            dev_vars.as_deref(),
+            (&url_var, &token_var),
+        )?;
         let client = RestClient::new(&url, &token)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -794,7 +822,7 @@ refusing or out of reach, a log line --strict stops at).";
         let rule = &rule;
         // Wrong values fail before any setting is needed.
         inspect::identifier(rule, &values)?;
-        let (client, runtime) = connect()?;
+        let (client, runtime) = connect(&args.from, &config)?;
         let text = if reset {
             let removed = runtime.block_on(inspect::reset(&client, rule, &values))?;
             if args.from.json {

@@ -35,7 +35,7 @@ const BUDGET: Duration = Duration::from_secs(10);
 #[non_exhaustive]
 pub enum InspectError {
     /// A setting is missing: names it, and where it was looked for.
-    Missing(&'static str),
+    Missing(String),
     /// No rule of that name in the configuration.
     UnknownRule {
         /// The name asked for.
@@ -105,14 +105,16 @@ pub fn parse_dev_vars(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The REST URL and token: from `env` (the environment), or else from
-/// the text of `.dev.vars`, as wrangler does.
+/// The REST URL and token the settings `vars` name (the home's are
+/// [`URL_VAR`] and [`TOKEN_VAR`]): from `env` (the environment), or else
+/// from the text of `.dev.vars`, as wrangler does.
 pub fn settings(
     env: impl Fn(&str) -> Option<String>,
     dev_vars: Option<&str>,
+    vars: (&str, &str),
 ) -> Result<(String, String), InspectError> {
-    let get = |var: &'static str| setting(&env, dev_vars, var).ok_or(InspectError::Missing(var));
-    Ok((get(URL_VAR)?, get(TOKEN_VAR)?))
+    let get = |var: &str| setting(&env, dev_vars, var).ok_or(InspectError::Missing(var.to_owned()));
+    Ok((get(vars.0)?, get(vars.1)?))
 }
 
 /// The setting `var`: from `env` (the environment), or else from the text
@@ -585,6 +587,8 @@ pub async fn reset(
 mod tests {
     use super::*;
 
+    const HOME: (&str, &str) = (URL_VAR, TOKEN_VAR);
+
     #[test]
     fn a_client_named_as_shown_reaches_its_key_and_nothing_else() {
         let config = |clients: &str| {
@@ -652,20 +656,23 @@ mod tests {
                     export UPSTASH_REDIS_REST_TOKEN='t=1'\nORIGIN_URL=x\n";
         let none = |_: &str| None;
         assert_eq!(
-            settings(none, Some(text)).unwrap(),
+            settings(none, Some(text), HOME).unwrap(),
             ("http://127.0.0.1:8079".to_owned(), "t=1".to_owned())
         );
         // The environment wins over the file.
         let env = |k: &str| (k == URL_VAR).then(|| "https://x.upstash.io".to_owned());
-        assert_eq!(settings(env, Some(text)).unwrap().0, "https://x.upstash.io");
-        let missing = settings(none, Some("UPSTASH_REDIS_REST_URL=u\n")).unwrap_err();
+        assert_eq!(
+            settings(env, Some(text), HOME).unwrap().0,
+            "https://x.upstash.io"
+        );
+        let missing = settings(none, Some("UPSTASH_REDIS_REST_URL=u\n"), HOME).unwrap_err();
         assert_eq!(
             missing.to_string(),
             "UPSTASH_REDIS_REST_TOKEN is not set: set it in the environment or in .dev.vars in this directory"
         );
         assert!(matches!(
-            settings(none, None),
-            Err(InspectError::Missing(URL_VAR))
+            settings(none, None, HOME),
+            Err(InspectError::Missing(var)) if var == URL_VAR
         ));
     }
 
