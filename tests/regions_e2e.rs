@@ -16,7 +16,8 @@ fn regions() -> String {
     let documented = support::documented("docs/deploying.md", "## Regions", ("toml", 1));
     let (page, here) = (r#"["EU", "AF"]"#, r#"["EU", "AF", "NA"]"#);
     assert!(documented.contains(page), "{documented}");
-    documented.replace(page, here) + PER_IP
+    let with_stats = "[vars.LIMITER]\nstats = true\nstats_every = \"1s\"";
+    (documented.replace(page, here)).replace("[vars.LIMITER]", with_stats) + PER_IP
 }
 
 const PER_IP: &str = r#"
@@ -95,6 +96,30 @@ async fn each_request_is_decided_in_its_regions_redis() {
         wrong.contains("--region ap: the configuration's regions are: us, eu"),
         "{wrong}"
     );
+
+    // Each region's isolates write their stats in their own Redis; `stats`
+    // adds them up: 3 requests at the home, 5 in `eu`.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let out = stack.edge_limiter(&["stats", "--json"]).output().unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if report["requests"] == 8 {
+            assert_eq!(report["denied"], 3, "{report}");
+            assert_eq!(report["rules"]["per-ip"]["admitted"], 5, "{report}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{report}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    let out = (stack.edge_limiter(&["stats", "--json", "--region", "eu"]))
+        .output()
+        .unwrap();
+    let eu_only: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(eu_only["requests"], 5, "{eu_only}");
 }
 
 #[tokio::test]

@@ -569,7 +569,18 @@ refusing or out of reach, a log line --strict stops at).";
             return Ok(());
         }
         let span = stats::Span { since_ms, until_ms };
-        let recorded = runtime.block_on(stats::read(&client, &rules, span))?;
+        let mut recorded = runtime.block_on(stats::read(&client, &rules, span))?;
+        let mut source = format!("stats in {}", client.url().trim_end_matches('/'));
+        // Each region's isolates write in their own Redis: without
+        // --region, the report adds every region's up.
+        if args.from.region.is_none() && config.regions.len() > 1 {
+            for at in 1..config.regions.len() {
+                let regional = client_of(&config, at)?;
+                recorded.add(runtime.block_on(stats::read(&regional, &rules, span))?);
+            }
+            let names: Vec<&str> = config.regions.iter().map(|r| r.name.as_str()).collect();
+            source = format!("stats in the Redis of regions {}", names.join(", "));
+        }
         if config.stats.is_none() {
             eprintln!(
                 "edge-limiter: note: this configuration keeps no stats; `stats = true` in \
@@ -577,7 +588,6 @@ refusing or out of reach, a log line --strict stops at).";
             );
         }
         let report = stats::report(&config, span, &recorded);
-        let source = format!("stats in {}", client.url().trim_end_matches('/'));
         if let Some(path) = &args.plot {
             write_plot(path, &report, &source, Some(now_ms))?;
         }
@@ -779,8 +789,7 @@ refusing or out of reach, a log line --strict stops at).";
     }
 
     /// A client for the REST endpoint of the region `--region` names in
-    /// `config` (the home's unless given), by the settings the environment
-    /// (or `.dev.vars` here) holds, and a runtime to run its calls on.
+    /// `config` (the home's unless given), and a runtime to run its calls on.
     fn connect(
         from: &Deployment,
         config: &Config,
@@ -800,18 +809,23 @@ refusing or out of reach, a log line --strict stops at).";
                 ))
             })?,
         };
-        let (url_var, token_var) = edge_limiter::rules::regions::secrets(regions, at);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        Ok((client_of(config, at)?, runtime))
+    }
+
+    /// A client for region `at`'s REST endpoint (0: the home's), by the
+    /// settings its secrets name in the environment or `.dev.vars` here.
+    fn client_of(config: &Config, at: usize) -> Result<RestClient, Failure> {
+        let (url_var, token_var) = edge_limiter::rules::regions::secrets(&config.regions, at);
         let dev_vars = std::fs::read_to_string(".dev.vars").ok();
         let (url, token) = inspect::settings(
             |k| std::env::var(k).ok(),
             dev_vars.as_deref(),
             (&url_var, &token_var),
         )?;
-        let client = RestClient::new(&url, &token)?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        Ok((client, runtime))
+        Ok(RestClient::new(&url, &token)?)
     }
 
     fn client_command(args: ClientArgs, reset: bool) -> Result<(), Failure> {

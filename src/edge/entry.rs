@@ -645,7 +645,7 @@ fn load_config(env: &Env) -> std::result::Result<Config, String> {
         .and_then(|t| t.as_string())
         .ok_or_else(missing)?;
     // JSON.stringify's own text always reads: naming serde_json's error
-    // would put its messages, and std::io's, in the wasm for nothing.
+    // would put its messages in the wasm for nothing.
     let value: serde_json::Value = serde_json::from_str(&text).map_err(|_| missing())?;
     let config = Config::from_json(&value).map_err(|e| e.to_string())?;
     // Read only when asked for: a secret is a binding like any other.

@@ -24,6 +24,34 @@ use crate::{
     rules::{config::Config, rule::Mode},
 };
 
+impl Recorded {
+    /// Adds what `other` recorded over the same span for the same rules
+    /// (another region's isolates): each minute's figures summed, and its
+    /// denials' summaries merged.
+    pub fn add(&mut self, other: Recorded) {
+        for (minute, t) in other.totals {
+            match self.totals.iter_mut().find(|(m, _)| *m == minute) {
+                Some((_, mine)) => add(&mut mine.0, &t.0),
+                None => self.totals.push((minute, t)),
+            }
+        }
+        self.totals.sort_by_key(|(m, _)| *m);
+        for ((_, mine), (_, theirs)) in self.rules.iter_mut().zip(other.rules) {
+            for (minute, counts, denials) in theirs {
+                match mine.iter_mut().find(|(m, _, _)| *m == minute) {
+                    Some((_, c, d)) => {
+                        add(&mut c.0, &counts.0);
+                        d.merge(&denials);
+                        d.trim(KEPT);
+                    }
+                    None => mine.push((minute, counts, denials)),
+                }
+            }
+            mine.sort_by_key(|(m, _, _)| *m);
+        }
+    }
+}
+
 /// The span asked for: from `since_ms` (inclusive) to `until_ms`
 /// (exclusive), epoch milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,6 +275,45 @@ mod tests {
         let day = DAY_MS / MINUTE_MS;
         assert_eq!(span.minutes(), day - 2..day + 1);
         assert_eq!(span.days(), 0..=1);
+    }
+
+    #[test]
+    fn regions_recorded_add_up_minute_by_minute() {
+        let counts = |n: u64| {
+            let mut t = TotalCounts::default();
+            t[TotalCount::Requests] = n;
+            let mut r = RuleCounts::default();
+            r[RuleCount::Denied] = n;
+            (t, r)
+        };
+        let denied = |client: &str, n: u64| {
+            let mut d = Denials::default();
+            d.clients.add(client, n);
+            d
+        };
+        let recorded = |minutes: &[(u64, u64, &str)]| Recorded {
+            totals: minutes.iter().map(|&(m, n, _)| (m, counts(n).0)).collect(),
+            rules: vec![(
+                "api".into(),
+                minutes
+                    .iter()
+                    .map(|&(m, n, c)| (m, counts(n).1, denied(c, n)))
+                    .collect(),
+            )],
+        };
+        let mut home = recorded(&[(10, 2, "192.0.2.1"), (12, 5, "192.0.2.1")]);
+        home.add(recorded(&[(11, 1, "192.0.2.2"), (12, 3, "192.0.2.2")]));
+        let requests: Vec<(u64, u64)> = (home.totals.iter())
+            .map(|(m, t)| (*m, t[TotalCount::Requests]))
+            .collect();
+        assert_eq!(requests, [(10, 2), (11, 1), (12, 8)]);
+        let (_, minutes) = &home.rules[0];
+        let last = &minutes[2];
+        assert_eq!((last.0, last.1[RuleCount::Denied]), (12, 8));
+        let both: Vec<(&str, u64)> = (last.2.clients.top(KEPT).into_iter())
+            .map(|e| (e.name.as_str(), e.count))
+            .collect();
+        assert_eq!(both, [("192.0.2.1", 5), ("192.0.2.2", 3)]);
     }
 
     #[test]
