@@ -18,7 +18,7 @@ use crate::{
         limiter::{Handled, LeaseRefresh, Limiter, PendingRefund},
         memory::in_flight::InFlight,
         memory::log_gate::LogGate,
-        memory::IsolateMemory,
+        memory::{seeded, IsolateMemory},
         outcomes::events::{Action, Event},
         runtime::{Bell, Pause, Paused, Signal},
         stats::{
@@ -128,6 +128,9 @@ fn made(env: &Env, at: usize) -> std::result::Result<Rc<Isolate>, String> {
         return Ok(ready);
     }
     microtasks::put_back();
+    // Before any map: 104 bits that no client sees, drawn afresh per isolate.
+    let draw = || (js_sys::Math::random() * 2f64.powi(52)) as u64;
+    seeded::seed_with([draw(), draw()]);
     // Read per region rather than cloned: a clone of the rules costs the
     // wasm kilobytes, a second reading microseconds once per isolate.
     let config = load_config(env)?;

@@ -2,7 +2,7 @@
 //! T, the same request is answered locally until T, with no round trip, for
 //! at most the configured hold at a time.
 
-use std::collections::HashMap;
+use super::seeded::SeededMap;
 
 use crate::decision::outcomes::verdict::{Decision, RequestVerdict, Retry, Verdict};
 
@@ -11,7 +11,7 @@ use crate::decision::outcomes::verdict::{Decision, RequestVerdict, Retry, Verdic
 /// being answered from memory.
 #[derive(Debug)]
 pub struct BlockCache {
-    entries: HashMap<String, (u64, u64, Decision)>,
+    entries: SeededMap<String, (u64, u64, Decision)>,
     /// How long a denial is answered from memory before Redis is asked
     /// again, however long it lasts: an `edge-limiter reset` (or a limit
     /// raised by a deploy) then reaches every isolate within this.
@@ -38,7 +38,7 @@ impl BlockCache {
     /// `hold_ms` at a time.
     pub fn new(hold_ms: u64) -> BlockCache {
         BlockCache {
-            entries: HashMap::new(),
+            entries: SeededMap::default(),
             hold_ms,
         }
     }

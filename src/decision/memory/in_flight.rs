@@ -9,10 +9,10 @@
 
 use std::{
     cell::{Cell, RefCell},
-    collections::HashMap,
     rc::Rc,
 };
 
+use super::seeded::SeededMap;
 use crate::decision::{
     outcomes::verdict::Decision,
     runtime::{Bell, Pause, Signal},
@@ -69,7 +69,7 @@ struct Line {
 
 /// Every line of one isolate.
 pub struct InFlight {
-    lines: RefCell<HashMap<String, Line>>,
+    lines: RefCell<SeededMap<String, Line>>,
     /// Holds given, and group calls sent, so far.
     holds: Cell<u64>,
     groups: Cell<u64>,
@@ -90,7 +90,7 @@ impl InFlight {
     /// No call in flight; requests wait with `pause`.
     pub fn new(pause: impl Pause + 'static) -> InFlight {
         InFlight {
-            lines: RefCell::new(HashMap::new()),
+            lines: RefCell::new(SeededMap::default()),
             holds: Cell::new(0),
             groups: Cell::new(0),
             pause: Box::new(pause),

@@ -4,7 +4,7 @@
 //! charged and whose deadline has not passed, so Redis's counts always
 //! cover what was admitted. Pure: the caller passes its clock.
 
-use std::collections::HashMap;
+use super::seeded::SeededMap;
 
 use crate::decision::outcomes::verdict::{OverrideRead, RuleState, Verdict};
 use crate::rules::overrides::BLOCK_TEXT;
@@ -68,7 +68,7 @@ pub const ASK_LAPSE_MS: u64 = 31_000;
 /// Every key's leases in one isolate.
 #[derive(Debug, Default)]
 pub struct Leases {
-    keys: HashMap<String, KeyLeases>,
+    keys: SeededMap<String, KeyLeases>,
     /// How long a call to Redis takes to be answered, smoothed (weight
     /// 1/8): the part of a lease's length gone before it can be spent, as
     /// its deadline counts from the sending.

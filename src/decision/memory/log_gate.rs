@@ -6,7 +6,9 @@
 //! for besides itself (`repeated`). Every event is still counted by the
 //! stats.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use super::seeded::SeededMap;
 
 use crate::decision::outcomes::events::{Action, Event};
 
@@ -63,7 +65,7 @@ pub struct Passed {
 /// The isolate's log lines, held back where they repeat.
 #[derive(Debug, Default)]
 pub struct LogGate {
-    held: HashMap<LogGroup, HeldBack>,
+    held: SeededMap<LogGroup, HeldBack>,
     /// Per rule, the minute its last [`Action::CostIgnored`] line was
     /// written in, and how many such events it has held back since: a
     /// list, as there are no more of them than rules with a `cost_header`.

@@ -9,6 +9,7 @@ pub mod in_flight;
 pub mod leases;
 pub mod log_gate;
 pub mod rule_wide;
+pub mod seeded;
 
 use std::cell::RefCell;
 
