@@ -120,6 +120,17 @@ async fn each_request_is_decided_in_its_regions_redis() {
         .unwrap();
     let eu_only: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(eu_only["requests"], 5, "{eu_only}");
+    // The counters /metrics serves add up the same way.
+    let out = (stack.edge_limiter(&["stats", "--format", "openmetrics"]))
+        .output()
+        .unwrap();
+    let metrics = String::from_utf8(out.stdout).unwrap();
+    for line in [
+        "edge_limiter_requests_total 8",
+        "edge_limiter_rule_denied_total{rule=\"per-ip\"} 3",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}:\n{metrics}");
+    }
 }
 
 #[tokio::test]

@@ -550,8 +550,16 @@ refusing or out of reach, a log line --strict stops at).";
             ));
         }
         let (client, runtime) = connect(&args.from, &config)?;
+        // Each region's isolates write in their own Redis: without
+        // --region, every region's is read and the figures added up.
+        let mut clients = vec![client];
+        if args.from.region.is_none() {
+            for at in 1..config.regions.len() {
+                clients.push(client_of(&config, at)?);
+            }
+        }
         if args.format == Some(StatsFormat::Openmetrics) {
-            let counters = runtime.block_on(metrics::scrape(&client, &rules, now_ms))?;
+            let counters = runtime.block_on(metrics::scrape_all(&clients, &rules, now_ms))?;
             let flavor = metrics::Flavor::OpenMetrics;
             let text = metrics::exposition(&counters, now_ms, flavor);
             std::io::stdout().lock().write_all(text.as_bytes())?;
@@ -564,23 +572,19 @@ refusing or out of reach, a log line --strict stops at).";
             println!("edge-limiter stats: serving http://{shown}/ (read only; Ctrl-C stops)");
             let window_ms = until_ms - since_ms;
             let mut live =
-                edge_limiter::operator::live::Live::new(&config, rules, &client, window_ms);
+                edge_limiter::operator::live::Live::new(&config, rules, &clients, window_ms);
             live.serve(&listener, &runtime)?;
             return Ok(());
         }
         let span = stats::Span { since_ms, until_ms };
-        let mut recorded = runtime.block_on(stats::read(&client, &rules, span))?;
-        let mut source = format!("stats in {}", client.url().trim_end_matches('/'));
-        // Each region's isolates write in their own Redis: without
-        // --region, the report adds every region's up.
-        if args.from.region.is_none() && config.regions.len() > 1 {
-            for at in 1..config.regions.len() {
-                let regional = client_of(&config, at)?;
-                recorded.add(runtime.block_on(stats::read(&regional, &rules, span))?);
+        let recorded = runtime.block_on(stats::read_all(&clients, &rules, span))?;
+        let source = match clients.len() {
+            1 => format!("stats in {}", clients[0].url().trim_end_matches('/')),
+            _ => {
+                let names: Vec<&str> = config.regions.iter().map(|r| r.name.as_str()).collect();
+                format!("stats in the Redis of regions {}", names.join(", "))
             }
-            let names: Vec<&str> = config.regions.iter().map(|r| r.name.as_str()).collect();
-            source = format!("stats in the Redis of regions {}", names.join(", "));
-        }
+        };
         if config.stats.is_none() {
             eprintln!(
                 "edge-limiter: note: this configuration keeps no stats; `stats = true` in \

@@ -15,13 +15,13 @@ use std::{
 
 use super::{
     limits,
-    metrics::{exposition, read_counters, scrape, Flavor},
+    metrics::{exposition, read_counters, scrape_all, Flavor},
     simulate::{
         clock::format_ms,
         plot::{escape, svg, table_html, Look},
         report::{shown_count, Report, PLACES_TITLE},
     },
-    stats::{read, report, Span},
+    stats::{read_all, report, Span},
 };
 use crate::{
     decision::{
@@ -53,8 +53,9 @@ pub struct Live<'a> {
     pub config: &'a Config,
     /// The rules shown, in order.
     pub rules: Vec<String>,
-    /// The deployment's REST endpoint.
-    pub client: &'a RestClient,
+    /// The REST endpoint of each region read (the one Redis, the home's
+    /// first, or the one `--region` names); their figures are added up.
+    pub clients: &'a [RestClient],
     /// How far back the page looks, ms.
     pub window_ms: u64,
     /// The overrides in force as last listed, and when.
@@ -81,13 +82,13 @@ impl<'a> Live<'a> {
     pub fn new(
         config: &'a Config,
         rules: Vec<String>,
-        client: &'a RestClient,
+        clients: &'a [RestClient],
         window_ms: u64,
     ) -> Live<'a> {
         Live {
             config,
             rules,
-            client,
+            clients,
             window_ms,
             overrides: None,
             shown: None,
@@ -155,7 +156,7 @@ impl<'a> Live<'a> {
             },
             "/metrics" => {
                 let flavor = Flavor::accepted(header(head, "accept").unwrap_or_default());
-                match runtime.block_on(scrape(self.client, &self.rules, now_ms())) {
+                match runtime.block_on(scrape_all(self.clients, &self.rules, now_ms())) {
                     Ok(c) => (200, flavor.content_type(), exposition(&c, now_ms(), flavor)),
                     Err(e) => (502, "text/plain", format!("{e}\n")),
                 }
@@ -176,14 +177,19 @@ impl<'a> Live<'a> {
             since_ms: now_ms.saturating_sub(self.window_ms),
             until_ms: now_ms,
         };
-        let recorded = read(self.client, &self.rules, span)
+        let recorded = read_all(self.clients, &self.rules, span)
             .await
             .map_err(|e| e.to_string())?;
-        let written = read_counters(self.client, &[]).await;
+        // The newest write of any region's isolates.
+        let mut written_ms = None;
+        for client in self.clients {
+            let counters = read_counters(client, &[]).await;
+            written_ms = written_ms.max(counters.map_err(|e| e.to_string())?.written_ms);
+        }
         let shown = Shown {
             report: report(self.config, span, &recorded),
             overrides: self.overrides().await?,
-            written_ms: written.map_err(|e| e.to_string())?.written_ms,
+            written_ms,
         };
         self.shown = Some((Instant::now(), shown.clone()));
         Ok(shown)
@@ -200,11 +206,17 @@ impl<'a> Live<'a> {
         let mut lines = Vec::new();
         let taking = self.config.rules.iter().filter(|r| r.overrides);
         for rule in taking.filter(|r| self.rules.contains(&r.name)) {
-            for stored in limits::list(self.client, rule, false)
-                .await
-                .map_err(|e| e.to_string())?
-            {
-                lines.push(format!("<li>{}</li>", escape(&stored.render(&rule.policy))));
+            for (at, client) in self.clients.iter().enumerate() {
+                let listed = limits::list(client, rule, false).await;
+                for stored in listed.map_err(|e| e.to_string())? {
+                    // Each region holds its own: name it where several are read.
+                    let region = match self.config.regions.get(at) {
+                        Some(r) if self.clients.len() > 1 => format!("[{}] ", r.name),
+                        _ => String::new(),
+                    };
+                    let text = region + &stored.render(&rule.policy);
+                    lines.push(format!("<li>{}</li>", escape(&text)));
+                }
             }
         }
         let html = match lines.is_empty() {

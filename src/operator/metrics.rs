@@ -13,7 +13,9 @@ use serde_json::Value;
 use crate::{
     decision::{
         stats::{
-            counts::{RuleCount, RuleCounts, TotalCount, TotalCounts, RULE_COUNTS, TOTAL_COUNTS},
+            counts::{
+                add, RuleCount, RuleCounts, TotalCount, TotalCounts, RULE_COUNTS, TOTAL_COUNTS,
+            },
             recorder::MINUTE_MS,
             stored::{
                 day_key, field, read_figures, read_rule_day, ALL_REQUESTS, COUNTERS_KEY,
@@ -38,6 +40,22 @@ pub struct Counters {
     /// Per rule asked for: where its denials came from over the last
     /// [`PLACES_MINUTES`] (empty when not read).
     pub places: Vec<(String, Denials)>,
+}
+
+impl Counters {
+    /// Adds what `other` read for the same rules (another region's Redis):
+    /// every counter summed, the places merged, and the newest write kept.
+    pub fn add(&mut self, other: Counters) {
+        add(&mut self.totals.0, &other.totals.0);
+        for ((_, mine), (_, theirs)) in self.rules.iter_mut().zip(&other.rules) {
+            add(&mut mine.0, &theirs.0);
+        }
+        for ((_, mine), (_, theirs)) in self.places.iter_mut().zip(&other.places) {
+            mine.merge(theirs);
+            mine.trim(KEPT);
+        }
+        self.written_ms = self.written_ms.max(other.written_ms);
+    }
 }
 
 /// The minutes the places gauges cover: the read's own, as far as it was
@@ -72,6 +90,23 @@ pub async fn scrape(
         counters.places.push((rule.clone(), denials));
     }
     Ok(counters)
+}
+
+/// [`scrape`] of each region's Redis in `clients`, added up.
+pub async fn scrape_all(
+    clients: &[RestClient],
+    rules: &[String],
+    now_ms: u64,
+) -> Result<Counters, InspectError> {
+    let mut all: Option<Counters> = None;
+    for client in clients {
+        let read = scrape(client, rules, now_ms).await?;
+        match &mut all {
+            Some(all) => all.add(read),
+            None => all = Some(read),
+        }
+    }
+    Ok(all.unwrap_or_default())
 }
 
 /// Reads the counters of `rules` in one `HMGET`.

@@ -159,6 +159,23 @@ pub async fn read(
     Ok(recorded)
 }
 
+/// [`read`] of each region's Redis in `clients`, added up.
+pub async fn read_all(
+    clients: &[RestClient],
+    rules: &[String],
+    span: Span,
+) -> Result<Recorded, InspectError> {
+    let mut all: Option<Recorded> = None;
+    for client in clients {
+        let read = read(client, rules, span).await?;
+        match &mut all {
+            Some(all) => all.add(read),
+            None => all = Some(read),
+        }
+    }
+    Ok(all.unwrap_or_default())
+}
+
 /// The report of what was recorded over `span`, under `config`'s rules.
 pub fn report(config: &Config, span: Span, recorded: &Recorded) -> Report {
     let mut totals = TotalCounts::default();
