@@ -25,7 +25,10 @@ use crate::{
         },
         transport::redis_rest::{RestClient, RestError},
     },
-    operator::{inspect::InspectError, stats::hmget},
+    operator::{
+        inspect::InspectError,
+        stats::{added_up, hmget},
+    },
 };
 
 /// The counters of some rules, as read.
@@ -98,15 +101,7 @@ pub async fn scrape_all(
     rules: &[String],
     now_ms: u64,
 ) -> Result<Counters, InspectError> {
-    let mut all: Option<Counters> = None;
-    for client in clients {
-        let read = scrape(client, rules, now_ms).await?;
-        match &mut all {
-            Some(all) => all.add(read),
-            None => all = Some(read),
-        }
-    }
-    Ok(all.unwrap_or_default())
+    added_up(clients, |c| scrape(c, rules, now_ms), Counters::add).await
 }
 
 /// Reads the counters of `rules` in one `HMGET`.

@@ -3,6 +3,8 @@
 //! `simulate` prints ([`Report`], rendered by the same code), so that what a
 //! policy would have done and what it did read alike.
 
+use std::future::Future;
+
 use crate::{
     decision::{
         stats::{
@@ -165,11 +167,21 @@ pub async fn read_all(
     rules: &[String],
     span: Span,
 ) -> Result<Recorded, InspectError> {
-    let mut all: Option<Recorded> = None;
+    added_up(clients, |c| read(c, rules, span), Recorded::add).await
+}
+
+/// What `each` reads from every client in turn, the first as it is and
+/// each after it put in with `add`; the default for no client.
+pub(crate) async fn added_up<'c, T: Default, R: Future<Output = Result<T, InspectError>>>(
+    clients: &'c [RestClient],
+    each: impl Fn(&'c RestClient) -> R,
+    add: fn(&mut T, T),
+) -> Result<T, InspectError> {
+    let mut all: Option<T> = None;
     for client in clients {
-        let read = read(client, rules, span).await?;
+        let read = each(client).await?;
         match &mut all {
-            Some(all) => all.add(read),
+            Some(all) => add(all, read),
             None => all = Some(read),
         }
     }
