@@ -143,18 +143,23 @@ mod cli {
     }
 
     impl Shown {
-        /// The rule to act through, and the values naming the client: `rule`
-        /// and `values` as given, or the rule naming clients by their shown
-        /// form and that form.
-        fn apply<'v>(
+        /// The configuration (`rules_naming` it), its rule `name` to act
+        /// through, and the values naming the client: the rule and `values`
+        /// as given, or the rule naming clients by their shown form and
+        /// that form.
+        fn resolve<'v>(
             &'v self,
-            rule: &edge_limiter::rules::rule::Rule,
+            from: &Deployment,
+            name: &str,
             values: &'v [String],
-        ) -> Result<(edge_limiter::rules::rule::Rule, Vec<&'v str>), Failure> {
-            Ok(match &self.shown {
+        ) -> Result<(Config, edge_limiter::rules::rule::Rule, Vec<&'v str>), Failure> {
+            let config = from.rules_naming(self)?;
+            let rule = inspect::find_rule(&config, name)?;
+            let (rule, values) = match &self.shown {
                 Some(shown) => (inspect::as_shown(rule, shown)?, vec![shown.as_str()]),
                 None => (rule.clone(), values.iter().map(String::as_str).collect()),
-            })
+            };
+            Ok((config, rule, values))
         }
     }
 
@@ -683,10 +688,7 @@ refusing or out of reach, a log line --strict stops at).";
             LimitCommand::Get(a) | LimitCommand::Clear(a) => a,
             LimitCommand::List(list) => &list.target,
         };
-        let config = args.from.rules_naming(&args.whom)?;
-        let (rule, values) = args
-            .whom
-            .apply(inspect::find_rule(&config, &args.rule)?, &args.values)?;
+        let (config, rule, values) = args.whom.resolve(&args.from, &args.rule, &args.values)?;
         let rule = &rule;
         // Wrong figures or values fail before any setting is needed.
         limits::key_for(rule, &values)?;
@@ -833,10 +835,7 @@ refusing or out of reach, a log line --strict stops at).";
     }
 
     fn client_command(args: ClientArgs, reset: bool) -> Result<(), Failure> {
-        let config = args.from.rules_naming(&args.whom)?;
-        let (rule, values) = args
-            .whom
-            .apply(inspect::find_rule(&config, &args.rule)?, &args.values)?;
+        let (config, rule, values) = args.whom.resolve(&args.from, &args.rule, &args.values)?;
         let rule = &rule;
         // Wrong values fail before any setting is needed.
         inspect::identifier(rule, &values)?;
