@@ -177,6 +177,17 @@ fn say(what: &str) {
     eprintln!("[bench] {what}");
 }
 
+/// The head of `bench/RESULTS.md`, above the runs.
+const RESULTS_HEAD: &str = "# Benchmark results\n\nThe latest `scripts/bench` run on the reference machine first, the earlier ones below it; rerun it and commit this file to update. Figures vary about +-20 % from run to run on 2 cores. Why the scripts are written as they are, with their cost inside Redis: [SCRIPTS.md](SCRIPTS.md).\n\n";
+
+/// The results file with `table` as its newest run, above the runs of
+/// `earlier` (the file as it was): a run, whole or of some parts, never
+/// erases the ones before it.
+fn with_earlier(table: &str, earlier: &str) -> String {
+    let runs = earlier.find("\n## ").map_or("", |at| &earlier[at + 1..]);
+    format!("{RESULTS_HEAD}{}\n\n{runs}", table.trim_end())
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let options = match Options::parse(std::env::args().skip(1)) {
@@ -195,10 +206,8 @@ async fn main() -> ExitCode {
             let table = report::render(&results);
             println!("{table}");
             if let Some(out) = &options.out {
-                let text = format!(
-                    "# Benchmark results\n\nThe latest `scripts/bench` run on the reference machine; rerun it and commit this file to update. Figures vary about +-20 % from run to run on 2 cores. Why the scripts are written as they are, with their cost inside Redis: [SCRIPTS.md](SCRIPTS.md).\n\n{table}"
-                );
-                if let Err(e) = std::fs::write(out, text) {
+                let earlier = std::fs::read_to_string(out).unwrap_or_default();
+                if let Err(e) = std::fs::write(out, with_earlier(&table, &earlier)) {
                     eprintln!("bench: cannot write {}: {e}", out.display());
                     return ExitCode::FAILURE;
                 }
@@ -897,6 +906,21 @@ fn busy() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_goes_above_the_earlier_ones_and_erases_none() {
+        let old_head = "# Benchmark results\n\nAn older head.\n\n";
+        let earlier = format!("{old_head}## Run 2\n\nb\n\n## Run 1\n\na\n");
+        let text = with_earlier("## Run 3\n\nc\n", &earlier);
+        assert_eq!(
+            text,
+            format!("{RESULTS_HEAD}## Run 3\n\nc\n\n## Run 2\n\nb\n\n## Run 1\n\na\n")
+        );
+        assert_eq!(
+            with_earlier("## Run 1\n", ""),
+            format!("{RESULTS_HEAD}## Run 1\n\n")
+        );
+    }
 
     fn parse(args: &[&str]) -> Result<Options, String> {
         Options::parse(args.iter().map(|s| s.to_string()))
