@@ -110,13 +110,7 @@ pub fn read_figures<const N: usize>(text: &str) -> [u64; N] {
 /// the [`KEPT`] most counted, most first, all separated by spaces. (Before
 /// errors were kept, `name count` pairs: read as exact.)
 pub fn top_text(top: &TopDenied) -> String {
-    let mut listed = top.top(KEPT + 1);
-    // Kept as `TopDenied::trim` would keep them: the first one left out
-    // raises the floor to its count.
-    let floor = match listed.len() > KEPT {
-        true => top.floor().max(listed.remove(KEPT).count),
-        false => top.floor(),
-    };
+    let (listed, floor) = top.kept(KEPT);
     let mut words = vec![format!("+{floor}")];
     for e in listed {
         words.push(format!("{} {} {}", e.name, e.count, e.over));

@@ -111,6 +111,18 @@ impl TopDenied {
         }
     }
 
+    /// What [`TopDenied::trim`] to `k` would keep, without a copy: the `k`
+    /// most counted, most first, and the floor, raised to the count of the
+    /// most counted one left out.
+    pub fn kept(&self, k: usize) -> (Vec<&Counted>, u64) {
+        let mut listed = self.top(k.saturating_add(1));
+        let floor = match listed.len() > k {
+            true => self.floor.max(listed.remove(k).count),
+            false => self.floor,
+        };
+        (listed, floor)
+    }
+
     /// The `k` most counted, most first.
     pub fn top(&self, k: usize) -> Vec<&Counted> {
         // Insertion into a short list: a library sort would cost the wasm
@@ -237,6 +249,22 @@ mod tests {
         assert!(t.floor() <= 10_300 / TRACKED as u64);
         for e in t.top(TRACKED).iter().filter(|e| e.name != "heavy") {
             assert!(e.count - e.over <= 1 && 1 <= e.count, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn kept_is_what_trim_keeps() {
+        let mut t = TopDenied::default();
+        for (i, n) in [5u64, 1, 9, 3, 9, 2, 7].into_iter().enumerate() {
+            t.add(&format!("c{i}"), n);
+        }
+        for k in [0, 1, 3, 7, 10] {
+            let (listed, floor) = t.kept(k);
+            let listed: Vec<Counted> = listed.into_iter().cloned().collect();
+            let mut trimmed = t.clone();
+            trimmed.trim(k);
+            let want: Vec<Counted> = trimmed.top(k).into_iter().cloned().collect();
+            assert_eq!((listed, floor), (want, trimmed.floor()), "k = {k}");
         }
     }
 
