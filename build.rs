@@ -8,8 +8,9 @@
 use std::{env, fs, path::Path};
 
 /// The order matters: each part uses locals the earlier ones define.
-const PARTS: [&str; 6] = [
+const PARTS: [&str; 7] = [
     "lua/common.lua",
+    "lua/pool.lua",
     "lua/gcra.lua",
     "lua/windowed.lua",
     "lua/concurrency.lua",

@@ -31,7 +31,7 @@ local argv, call, op = ARGV, redis.call, ARGV[1]
 -- (src/decision/transport/protocol/script.rs's Entry owns the names, and a
 -- test there holds these two lines to it).
 local lone = op == 'gcra' or op == 'window'
-local known = lone or op == 'decide' or op == 'group' or op == 'reset' or op == 'refund' or op == 'debit'
+local known = lone or op == 'decide' or op == 'group' or op == 'reset' or op == 'refund' or op == 'debit' or op == 'pool' or op == 'credit'
 if not known then
   return redis.error_reply('edge-limiter: the call names no operation of this script')
 end

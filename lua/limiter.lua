@@ -1,6 +1,6 @@
 -- The entry point: decides every rule that matches one request, all or
--- nothing, in one call. common.lua, gcra.lua, windowed.lua and penalty.lua
--- are joined in front of this file at build time (see build.rs).
+-- nothing, in one call. common.lua, pool.lua, gcra.lua, windowed.lua and
+-- penalty.lua are joined in front of this file at build time (see build.rs).
 --
 -- ARGV[1] names the operation (src/decision/transport/protocol/script.rs's
 -- Entry says the same; `known`, in common.lua, lists the names):
@@ -17,6 +17,9 @@
 --   ARGV[1] == 'group'    several requests of one client under the same
 --                         rules, each decided by the general decision
 --                         after the one before, at the same instant (below)
+--   ARGV[1] == 'pool'     spend from the pools a region holds of rules
+--                         kept across regions (pool.lua)
+--   ARGV[1] == 'credit'   a top-up of those pools from the home (pool.lua)
 --
 -- A rule's arguments, the same in every call that carries rules: its
 -- algorithm's word, its cost, then its figures, which the algorithm reads:

@@ -170,6 +170,7 @@ fn a_hostile_request_costs_a_small_multiple_of_what_it_carries() {
         wide: &wide,
         in_flight: &InFlight::new(TokioPause(|| 0)),
         pinned: false,
+        home: None,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

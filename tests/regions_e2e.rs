@@ -150,3 +150,92 @@ async fn a_region_without_its_secrets_stops_the_worker_and_names_them() {
     }
     assert_eq!(stack.origin.hits().await["total"], 0);
 }
+
+/// docs/deploying.md's regions as they are there, and its shared rule.
+fn shared() -> String {
+    let regions = support::documented("docs/deploying.md", "## Regions", ("toml", 1));
+    let heading = "## One limit across regions";
+    regions + &support::documented("docs/deploying.md", heading, ("toml", 1))
+}
+
+#[tokio::test]
+async fn a_shared_rule_keeps_one_limit_across_regions() {
+    let stack = Stack::builder(&shared()).region("eu").start();
+    let (home, eu) = (&stack.backend, &stack.regions[0].1);
+    let out = stack.edge_limiter(&["check"]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    let heading = "## One limit across regions";
+    let line = support::documented("docs/deploying.md", heading, ("text", 1));
+    assert!(said.contains(line.trim()), "{said}");
+
+    // A burst from both regions at once, a fresh client: the home decides
+    // the first of each region's, and grants pools; no more than the rule
+    // allows reaches the origin, 20 and what refilled meanwhile.
+    let url = format!("{}/page", stack.worker.url);
+    let ip = "203.0.113.7";
+    let started = std::time::Instant::now();
+    let burst = futures_join(&url, ip, 15).await;
+    let took_ms = started.elapsed().as_millis() as u64;
+    let admitted = burst.iter().filter(|s| **s == 200).count() as u64;
+    let refilled = took_ms / 600 + 1;
+    assert!(
+        admitted <= 20 + refilled,
+        "{admitted} admitted in {took_ms} ms: {burst:?}"
+    );
+    assert!(admitted >= 10, "{burst:?}");
+    assert_eq!(stack.origin.hits().await["total"], admitted);
+    // The limit lives at the home; the region holds only its pool.
+    assert_eq!(home.redis(&["EXISTS", &format!("el:{{{ip}}}:api")]), "1");
+    assert_eq!(eu.redis(&["EXISTS", &format!("el:{{{ip}}}:api")]), "0");
+    assert_eq!(eu.redis(&["EXISTS", &format!("el:{{{ip}}}:api:pool")]), "1");
+
+    // A steady client in `eu`, below the rate: its region's Redis decides,
+    // the home only tops the pool up.
+    let ip = "203.0.113.8";
+    let _ = send(&url, ip, Some("eu"), 1).await;
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    let (home_before, eu_before) = (home.script_calls(), eu.script_calls());
+    let mut steady = vec![];
+    for _ in 0..10 {
+        steady.extend(send(&url, ip, Some("eu"), 1).await);
+        tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    }
+    assert!(steady.iter().all(|s| *s == 200), "{steady:?}");
+    let home_calls = home.script_calls() - home_before;
+    let eu_calls = eu.script_calls() - eu_before;
+    eprintln!("burst: {admitted} of 30 admitted in {took_ms} ms; steady: {eu_calls} calls in eu, {home_calls} at the home");
+    assert!(eu_calls >= 10, "{eu_calls} calls in eu");
+    assert!(
+        home_calls <= 6,
+        "{home_calls} calls at the home for 10 requests"
+    );
+}
+
+/// Statuses of `n` requests from `ip` in each region at once.
+async fn futures_join(url: &str, ip: &str, n: usize) -> Vec<u16> {
+    let (us, eu) = tokio::join!(send_all(url, ip, "us", n), send_all(url, ip, "eu", n));
+    us.into_iter().chain(eu).collect()
+}
+
+/// Statuses of `n` requests from `ip` naming `region`, all sent at once.
+async fn send_all(url: &str, ip: &str, region: &str, n: usize) -> Vec<u16> {
+    let client = support::http();
+    let sent = (0..n).map(|_| {
+        let r = client
+            .get(url)
+            .header("CF-Connecting-IP", ip)
+            .header("X-Edge-Limiter-Region", region);
+        async move {
+            r.send()
+                .await
+                .expect("the worker answers")
+                .status()
+                .as_u16()
+        }
+    });
+    let mut statuses = vec![];
+    for handle in sent.map(tokio::spawn).collect::<Vec<_>>() {
+        statuses.push(handle.await.unwrap());
+    }
+    statuses
+}

@@ -146,6 +146,7 @@ async fn the_rule_wide_read_runs_on_a_cluster_and_takes_a_wrong_type_as_none() {
         wide: &wide,
         in_flight: &InFlight::new(TokioPause(|| 0)),
         pinned: false,
+        home: None,
     };
     let names = ["g".to_owned(), "w".to_owned()];
     for name in &names {

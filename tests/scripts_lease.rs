@@ -269,6 +269,7 @@ impl Isolate {
             wide: &self.wide,
             in_flight: &self.in_flight,
             pinned,
+            home: None,
         }
     }
 

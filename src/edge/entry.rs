@@ -15,7 +15,7 @@ use worker::{console_error, console_log, event, worker_sys::web_sys, Context, En
 
 use crate::{
     decision::{
-        limiter::{Handled, LeaseRefresh, Limiter, PendingRefund},
+        limiter::{Handled, LeaseRefresh, Limiter, PendingRefund, PoolWork},
         memory::in_flight::InFlight,
         memory::log_gate::LogGate,
         memory::{seeded, IsolateMemory},
@@ -56,6 +56,9 @@ struct Isolate {
     /// The script calls of its requests, those made at the same moment
     /// carried together.
     calls: Batches<RestClient>,
+    /// The home's Redis, for a region other than the home whose rules
+    /// include shared ones: their far calls and top-ups go there.
+    home: Option<Batches<RestClient>>,
     /// What its requests' limiters decide with: denials, leases, the
     /// rule-wide overrides, the calls in flight.
     memory: IsolateMemory,
@@ -148,8 +151,15 @@ fn made(env: &Env, at: usize) -> std::result::Result<Rc<Isolate>, String> {
     for other in 1..config.regions.len() {
         secrets(other)?;
     }
-    let (url, token) = secrets(at)?;
-    let client = RestClient::new(&url, &token).map_err(|e| e.to_string())?;
+    let connect = |at: usize| {
+        let (url, token) = secrets(at)?;
+        RestClient::new(&url, &token).map_err(|e| e.to_string())
+    };
+    let client = connect(at)?;
+    let home = match at > 0 && config.rules.iter().any(|r| r.shared.is_some()) {
+        true => Some(Batches::new(connect(0)?)),
+        false => None,
+    };
     let ready = Rc::new(Isolate {
         stats: config
             .stats
@@ -169,6 +179,7 @@ fn made(env: &Env, at: usize) -> std::result::Result<Rc<Isolate>, String> {
         config,
         origin: origin(env)?,
         calls: Batches::new(client.clone()),
+        home,
         client,
     });
     ISOLATES.with(|all| {
@@ -211,7 +222,11 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
     let ctx = Rc::new(ctx);
     let batched = isolate.calls.for_request(OnRequest(ctx.clone()));
     let calls = Counted::new(&batched);
-    let handled = isolate.limiter(&calls).handle(&meta, now_ms).await;
+    let home_batched = (isolate.home.as_ref()).map(|h| h.for_request(OnRequest(ctx.clone())));
+    let home_calls = home_batched.as_ref().map(Counted::new);
+    let limiter = isolate.limiter(&calls, home_calls.as_ref());
+    let handled = limiter.handle(&meta, now_ms).await;
+    let far = home_calls.as_ref().map_or(0, Counted::take);
     // Where a denial came from, for the stats: read off `request.cf` only
     // then, unless a rule's key read it already.
     let denied = handled.events.iter().any(|e| e.action == Action::Deny);
@@ -220,13 +235,14 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
         false => vec![],
     };
     let from = if from.is_empty() { &meta.cf } else { &from };
-    isolate.count(|s| s.request(&isolate.config, &handled, from, calls.take(), now_ms));
+    isolate.count(|s| s.request(&isolate.config, &handled, from, calls.take() + far, now_ms));
     let Handled {
         outcome,
         events,
         refund,
         refresh,
         reread,
+        pool,
         ..
     } = handled;
     isolate.log(&OnRequest(ctx.clone()), events);
@@ -236,6 +252,7 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
         refund,
         refresh,
         reread,
+        pool,
         stats: isolate
             .stats
             .as_ref()
@@ -304,6 +321,7 @@ struct Background {
     refund: Option<PendingRefund>,
     refresh: Option<LeaseRefresh>,
     reread: Vec<String>,
+    pool: PoolWork,
     /// The isolate's stats write, when one is due.
     stats: Option<Rc<StatsWrite>>,
 }
@@ -323,9 +341,11 @@ fn background(isolate: &Rc<Isolate>, ctx: &Rc<Context>, work: Background) -> Opt
         refund,
         refresh,
         reread,
+        pool,
         stats,
     } = work;
-    if refund.is_none() && refresh.is_none() && reread.is_empty() && stats.is_none() {
+    let idle = refund.is_none() && refresh.is_none() && reread.is_empty() && pool.is_empty();
+    if idle && stats.is_none() {
         return None;
     }
     let (sender, status) = status_channel();
@@ -335,9 +355,14 @@ fn background(isolate: &Rc<Isolate>, ctx: &Rc<Context>, work: Background) -> Opt
         let batched = isolate.calls.for_request(runtime.clone());
         let log = |events| isolate.log(&runtime, events);
         let calls = Counted::new(&batched);
-        let limiter = isolate.limiter(&calls);
+        let home_batched = (isolate.home.as_ref()).map(|h| h.for_request(runtime.clone()));
+        let home_calls = home_batched.as_ref().map(Counted::new);
+        let limiter = isolate.limiter(&calls, home_calls.as_ref());
         let config = &isolate.config;
         let now_ms = js_sys::Date::now() as u64;
+        if !pool.is_empty() {
+            log(limiter.top_up(&pool, now_ms).await);
+        }
         if let Some(refresh) = &refresh {
             log(limiter.refresh(refresh, now_ms).await);
             isolate.count(|s| s.refreshed(refresh, calls.take(), now_ms));
@@ -459,8 +484,16 @@ type Calls<'a> = Counted<'a, Batched<'a, RestClient, OnRequest>>;
 
 impl Isolate {
     /// A limiter on `store`: the isolate's calls, a request's counted.
-    fn limiter<'a>(&'a self, store: &'a Calls<'a>) -> Limiter<'a, 'a, Calls<'a>> {
-        Limiter::new(&self.config, store, &self.memory, false)
+    fn limiter<'a>(
+        &'a self,
+        store: &'a Calls<'a>,
+        home: Option<&'a Calls<'a>>,
+    ) -> Limiter<'a, 'a, Calls<'a>> {
+        let limiter = Limiter::new(&self.config, store, &self.memory, false);
+        match home {
+            Some(home) => limiter.away_from(home),
+            None => limiter,
+        }
     }
 
     /// Writes the lines the log gate lets through of `events`, and sets a

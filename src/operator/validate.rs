@@ -79,6 +79,12 @@ pub fn describe(config: &Config) -> Vec<String> {
             if let Some(lease) = r.lease {
                 line.push_str(&lease_text(&r.policy, lease));
             }
+            if let Some(pool) = r.shared {
+                line.push_str(&format!(
+                    ", shared across regions (pools of up to {} units for {}ms)",
+                    pool.most, pool.hold_ms
+                ));
+            }
             if !r.except_ips.is_empty() {
                 let list: Vec<String> = r.except_ips.iter().map(ToString::to_string).collect();
                 line.push_str(&format!(", except {}", list.join(" ")));

@@ -16,6 +16,7 @@ use super::{
     regions::{self, Region},
     request::{self, CfField, RequestMeta},
     rule::{Cost, DenyBody, FailMode, KeyPart, Mode, Rule, RuleId, DEFAULT_BUDGET_MS},
+    shared::Pool,
     stats::{self, StatsClients, StatsSettings},
 };
 
@@ -165,6 +166,11 @@ impl Config {
             rule.form = form.clone();
         }
         let regions = regions::read(raw.regions.as_ref())?;
+        if let Some(rule) = rules.iter().find(|r| r.shared.is_some()) {
+            if regions.len() < 2 {
+                return Err(rule_error(&rule.name, "regions", "`\"shared\"` keeps one limit across the configuration's `regions`, which name no region besides the home; add them, or remove `regions` from the rule"));
+            }
+        }
         Ok(Config {
             rules,
             x_ratelimit_headers: raw.x_ratelimit_headers.unwrap_or(true),
@@ -391,6 +397,20 @@ impl TryFrom<RawRule> for Rule {
         if lease.is_some() && cost_header.is_some() {
             return Err(invalid("lease", "a `cost_header` rule settles each request's charge in Redis after its response, which a lease's units, spent in the isolate, cannot; remove `lease` or `cost_header`"));
         }
+        let shared = match raw.regions.as_deref() {
+            None => None,
+            Some("shared") => {
+                let settled = !count_status.is_empty() || cost_header.is_some();
+                Pool::fits(mode, lease.is_some(), settled, penalty_ms.is_some())?;
+                Some(Pool::of(&policy)?)
+            }
+            Some(other) => {
+                return Err(invalid(
+                    "regions",
+                    format!("`{other}` is not a way to keep a rule across regions; the one there is is \"shared\""),
+                ))
+            }
+        };
         let except_ips = raw
             .except_ips
             .iter()
@@ -418,6 +438,7 @@ impl TryFrom<RawRule> for Rule {
             overrides: raw.overrides.unwrap_or(false),
             except_ips,
             form: ClientForm::Readable,
+            shared,
         })
     }
 }

@@ -17,4 +17,5 @@ mod raw;
 pub mod regions;
 pub mod request;
 pub mod rule;
+pub mod shared;
 pub mod stats;

@@ -102,6 +102,7 @@ pub(super) struct RawRule {
     pub(super) overrides: Option<bool>,
     pub(super) except_ips: Vec<String>,
     pub(super) fold: Vec<String>,
+    pub(super) regions: Option<String>,
 }
 
 /// The fields every rule may have, in the order docs/rules.md lists them:
@@ -129,6 +130,7 @@ const FIELDS_AFTER: &[&str] = &[
     "lease_for",
     "overrides",
     "except_ips",
+    "regions",
 ];
 
 impl FromJson for Mode {
@@ -213,6 +215,7 @@ impl RawRule {
             overrides: one(rule, "overrides")?,
             except_ips: list(rule, "except_ips")?.unwrap_or_default(),
             fold: list(rule, "fold")?.unwrap_or_default(),
+            regions: one(rule, "regions")?,
         })
     }
 }

@@ -13,6 +13,7 @@ use super::{
     pattern::PathPattern,
     policy::Policy,
     request::{CfField, RequestMeta, ANY_METHOD},
+    shared::Pool,
 };
 
 /// Time budget for the Redis call when a rule gives none, ms.
@@ -79,6 +80,9 @@ pub struct Rule {
     pub except_ips: Vec<Cidr>,
     /// How its keys show a client's identifier (`stats_clients`).
     pub form: ClientForm,
+    /// With `regions = "shared"`: one limit across every region, each
+    /// region spending a pool of this size that the home granted it.
+    pub shared: Option<Pool>,
 }
 
 /// A piece of the request that identifies the client.
@@ -278,6 +282,7 @@ impl Rule {
             overrides: false,
             except_ips: vec![],
             form: ClientForm::Readable,
+            shared: None,
         }
     }
 }

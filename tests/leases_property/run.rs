@@ -736,6 +736,7 @@ impl Isolates {
             wide: &self.wide[i],
             in_flight: &self.in_flight[i],
             pinned: run.timeline == Timeline::Pinned,
+            home: None,
         }
     }
 }

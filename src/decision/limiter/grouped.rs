@@ -179,6 +179,7 @@ mod tests {
                 wide: &RefCell::new(RuleWide::new()),
                 in_flight: &InFlight::new(TokioPause(now)),
                 pinned: false,
+                home: None,
             };
             let ip = ("cf-connecting-ip".to_owned(), "192.0.2.1".to_owned());
             let req = RequestMeta::new("GET", "example.com", "/", None, [ip]);

@@ -14,6 +14,7 @@ mod cached;
 mod grouped;
 mod leased;
 mod outcome;
+mod pooled;
 mod refunded;
 mod selection;
 mod state;
@@ -21,8 +22,8 @@ mod wide_overrides;
 
 use leased::Leased;
 pub use outcome::{
-    ambiguity, Decided, Forward, Handled, LeaseRefresh, Outcome, PendingRefund, RefundRule,
-    Refusal, UNAVAILABLE_RETRY_S,
+    ambiguity, Decided, Forward, Handled, LeaseRefresh, Outcome, PendingRefund, PoolWork,
+    RefundRule, Refusal, TopUpAsk, UNAVAILABLE_RETRY_S,
 };
 use outcome::{decided, failed, refused};
 use selection::budget_of;
@@ -35,7 +36,10 @@ use crate::decision::{
     outcomes::verdict::Decision,
     transport::protocol::{run, Check, ScriptCall, ScriptError, ScriptRunner},
 };
-use crate::rules::request::RequestMeta;
+use crate::rules::{
+    request::RequestMeta,
+    rule::{Rule, RuleId},
+};
 
 impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     /// Decides `req` at `now_ms` (the isolate's clock: it ages cached
@@ -60,6 +64,49 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             return Handled::new(Outcome::Forward(Forward::Unlimited), events);
         }
         let methods = req.methods();
+        // Away from the home, shared rules first, from the region's pools;
+        // the others then as everywhere, unless the shared ones deny.
+        let shared = |r: &Rule| r.shared.is_some();
+        let (selection, pooled) = match self.home {
+            Some(home) if selection.rules.iter().any(|(_, r, _)| shared(r)) => {
+                let (pooling, rest): (Vec<_>, Vec<_>) =
+                    (selection.rules.into_iter()).partition(|(_, r, _)| shared(r));
+                let ids: Vec<RuleId> = pooling.iter().map(|(id, _, _)| *id).collect();
+                let pooling = Selection {
+                    rules: pooling,
+                    shadow_ambiguous: vec![],
+                };
+                let checks = pooling.checks(methods);
+                let mut handled = self.pooled(home, &checks, &ids, now_ms).await;
+                if rest.is_empty() || !matches!(handled.outcome, Outcome::Forward(_)) {
+                    events.append(&mut handled.events);
+                    handled.events = events;
+                    return handled;
+                }
+                let rest = Selection {
+                    rules: rest,
+                    shadow_ambiguous: vec![],
+                };
+                (rest, Some(handled))
+            }
+            _ => (selection, None),
+        };
+        let handled = self.handle_selected(&selection, methods, events, now_ms);
+        match pooled {
+            Some(pooled) => pooled::joined(pooled, handled.await),
+            None => handled.await,
+        }
+    }
+
+    /// Decides `selection` for a request that may be taken for any of
+    /// `methods`, at `now_ms`, `events` coming first.
+    async fn handle_selected(
+        &self,
+        selection: &Selection<'c, Cow<'_, str>>,
+        methods: &[String],
+        mut events: Vec<Event>,
+        now_ms: u64,
+    ) -> Handled<'c> {
         let checks = selection.checks(methods);
         // The request's call without lease asks, where each rule's key is
         // made once: its line, its leases, the block cache's signature and
@@ -68,14 +115,13 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         let leased = self.observe(&checks, &own.rule_keys(), now_ms);
         let reread = self.reread_due(&checks, now_ms);
         if let Some(leased) = &leased {
-            if let Some(mut handled) = self.served_from_leases(&selection, &checks, leased, now_ms)
-            {
+            if let Some(mut handled) = self.served_from_leases(selection, &checks, leased, now_ms) {
                 handled.events = events;
                 handled.reread = reread;
                 return handled;
             }
         }
-        let handled = self.decide(&selection, &checks, leased.as_ref(), &own, now_ms);
+        let handled = self.decide(selection, &checks, leased.as_ref(), &own, now_ms);
         let mut handled = handled.await;
         events.append(&mut handled.events);
         handled.events = events;
@@ -322,6 +368,7 @@ mod tests {
             wide: &RefCell::new(RuleWide::new()),
             in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: false,
+            home: None,
         };
         tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -374,6 +421,7 @@ mod tests {
             wide: &wide,
             in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: false,
+            home: None,
         };
         refresh_one(&limiter);
         let sent = last(&store);
@@ -407,6 +455,7 @@ mod tests {
             wide: &RefCell::new(RuleWide::new()),
             in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: false,
+            home: None,
         };
         refresh_one(&limiter);
         assert_eq!(store.calls.get(), 1);
@@ -547,6 +596,7 @@ mod tests {
             wide: &RefCell::new(RuleWide::new()),
             in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: false,
+            home: None,
         };
         tokio::runtime::Builder::new_current_thread()
             .build()
@@ -587,6 +637,7 @@ mod tests {
             wide: &RefCell::new(RuleWide::new()),
             in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: false,
+            home: None,
         };
         let out = rt.block_on(limiter.handle(&req("/login"), 0));
         assert!(matches!(
@@ -610,6 +661,7 @@ mod tests {
             wide: &RefCell::new(RuleWide::new()),
             in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: false,
+            home: None,
         };
         assert!(rt
             .block_on(limiter.refund(&refund, (200, &[]), 0))
@@ -636,6 +688,7 @@ mod tests {
         // response's time too, as the charge ran at the request's.
         let pinned = Limiter {
             pinned: true,
+            home: None,
             ..limiter
         };
         rt.block_on(pinned.refund(&refund, (200, &[]), 1_795_169_161_000));
@@ -650,6 +703,7 @@ mod tests {
             wide: &RefCell::new(RuleWide::new()),
             in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: false,
+            home: None,
         };
         let events = rt.block_on(limiter.refund(&refund, (200, &[]), 0));
         assert_eq!(events.len(), 1);
@@ -748,6 +802,7 @@ mod tests {
                 wide: &wide,
                 in_flight: &InFlight::new(TokioPause(|| 0)),
                 pinned: false,
+                home: None,
             };
             assert!(wide.borrow_mut().start_read("hot", 0));
             let events = tokio::runtime::Builder::new_current_thread()
@@ -787,6 +842,7 @@ mod tests {
             wide: &RefCell::new(RuleWide::new()),
             in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: false,
+            home: None,
         };
         tokio::runtime::Builder::new_current_thread()
             .build()

@@ -8,7 +8,7 @@ use crate::decision::{
     outcomes::events::{Action, Event},
     outcomes::verdict::{seconds_up, Decision, OverrideSource},
     transport::keys::{override_key, penalty_key},
-    transport::protocol::{Check, RefundCharge, ScriptCall, ScriptError},
+    transport::protocol::{Check, Credit, RefundCharge, ScriptCall, ScriptError},
 };
 use crate::rules::{
     config::Config,
@@ -72,6 +72,9 @@ pub struct Handled<'c> {
     /// The call that decided this request with others of its client, when
     /// one did (see [`crate::decision::memory::in_flight`]).
     pub shared: Option<SharedCall>,
+    /// Pools of shared rules to top up, and grants to write into them,
+    /// once the response has gone: see [`Limiter::top_up`].
+    pub pool: PoolWork,
 }
 
 impl<'c> Handled<'c> {
@@ -84,6 +87,7 @@ impl<'c> Handled<'c> {
             refresh: None,
             reread: vec![],
             shared: None,
+            pool: PoolWork::default(),
         }
     }
 }
@@ -255,6 +259,37 @@ pub struct LeaseRefresh {
     /// Each rule, with its client's state key (as the request's call made
     /// it) and the units wanted.
     pub rules: Vec<(RuleId, String, u64)>,
+}
+
+/// What a request decided for a region other than the home leaves for
+/// after its response (see `pooled.rs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolWork {
+    /// Top-ups its spend asked for, to ask the home for.
+    pub asks: Vec<TopUpAsk>,
+    /// What the home granted with its far decision, each with its rule, to
+    /// write into the region's pools.
+    pub credits: Vec<(RuleId, Credit)>,
+}
+
+impl PoolWork {
+    /// Whether there is nothing to do.
+    pub fn is_empty(&self) -> bool {
+        self.asks.is_empty() && self.credits.is_empty()
+    }
+}
+
+/// One top-up a spend asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopUpAsk {
+    /// The shared rule.
+    pub rule: RuleId,
+    /// The client's state key under it, at the home.
+    pub key: String,
+    /// Units wanted.
+    pub units: u64,
+    /// When the spend asked, on the region's clock (us).
+    pub asked_us: u64,
 }
 
 /// An enforced rule that cannot identify a request's client, and why: the

@@ -1,7 +1,7 @@
 //! The limiter's state for one request: what it is decided with (the
 //! rules, where the script runs, one isolate's memory, and whose clock
 //! the script reads). Its steps extend it from the files above: `mod.rs`
-//! decides, `grouped.rs` and `leased.rs` add a feature each.
+//! decides, `grouped.rs`, `leased.rs` and `pooled.rs` add a feature each.
 
 use std::cell::RefCell;
 
@@ -32,6 +32,10 @@ pub struct Limiter<'c, 's, S> {
     /// Whether the script runs on `now_ms` rather than Redis's clock
     /// (tests and simulations, whose time is not real).
     pub pinned: bool,
+    /// The home region's Redis, when `store` is another region's: its
+    /// shared rules are spent from that region's pools, and decided at the
+    /// home when a pool cannot cover a request (see `pooled.rs`).
+    pub home: Option<&'s S>,
 }
 
 impl<'c, 's, S> Limiter<'c, 's, S> {
@@ -51,6 +55,16 @@ impl<'c, 's, S> Limiter<'c, 's, S> {
             wide: &memory.wide,
             in_flight: &memory.in_flight,
             pinned,
+            home: None,
+        }
+    }
+
+    /// The same limiter in a region other than the home, whose Redis is
+    /// `home`'s.
+    pub fn away_from(self, home: &'s S) -> Limiter<'c, 's, S> {
+        Limiter {
+            home: Some(home),
+            ..self
         }
     }
 }

@@ -30,6 +30,16 @@ fn repeats(action: Action) -> bool {
     )
 }
 
+/// Whether `action` is written once per rule a minute: what holds for
+/// every request at once (an origin's header that is wrong, a Redis out
+/// of reach), so that a line a minute says it.
+fn minutely(action: Action) -> bool {
+    matches!(
+        action,
+        Action::CostIgnored | Action::RegionUnreachable | Action::HomeUnreachable
+    )
+}
+
 /// Events held back together (see [`group_of`]).
 type LogGroup = (Action, String, Option<String>);
 
@@ -66,10 +76,11 @@ pub struct Passed {
 #[derive(Debug, Default)]
 pub struct LogGate {
     held: SeededMap<LogGroup, HeldBack>,
-    /// Per rule, the minute its last [`Action::CostIgnored`] line was
-    /// written in, and how many such events it has held back since: a
-    /// list, as there are no more of them than rules with a `cost_header`.
-    minutely: Vec<(String, u64, u64)>,
+    /// Per action written once a minute ([`minutely`]) and rule, the
+    /// minute its last line was written in, and how many such events it
+    /// has held back since: a list, as there are no more of them than
+    /// rules with a `cost_header` or `regions`.
+    minutely: Vec<(Action, String, u64, u64)>,
     /// Each group's last line, oldest first: what falls due is found at
     /// the front, so a request never walks every group a flood left.
     lines_at: VecDeque<(u64, LogGroup)>,
@@ -89,18 +100,20 @@ impl LogGate {
             held_until_ms: None,
         };
         for mut event in events {
-            if event.action == Action::CostIgnored {
-                // An origin's header is wrong for every response at once:
-                // a line a minute per rule says so.
+            if minutely(event.action) {
                 let minute = now_ms / 60_000;
-                let i = match self.minutely.iter().position(|(r, _, _)| *r == event.rule) {
+                let group = |(a, r, _, _): &(Action, String, u64, u64)| {
+                    *a == event.action && *r == event.rule
+                };
+                let i = match self.minutely.iter().position(group) {
                     Some(i) => i,
                     None => {
-                        self.minutely.push((event.rule.clone(), u64::MAX, 0));
+                        let line = (event.action, event.rule.clone(), u64::MAX, 0);
+                        self.minutely.push(line);
                         self.minutely.len() - 1
                     }
                 };
-                let (_, at, held) = &mut self.minutely[i];
+                let (_, _, at, held) = &mut self.minutely[i];
                 if *at == minute {
                     *held += 1;
                 } else {

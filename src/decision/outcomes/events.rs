@@ -49,6 +49,13 @@ pub enum Action {
     /// the next is due (`rule` is empty, `key` names the isolate's stats
     /// key).
     StatsWriteFailed,
+    /// A region's Redis could not be reached for a shared rule's pool: its
+    /// requests went to the home. Written once per rule a minute.
+    RegionUnreachable,
+    /// The home's Redis could not be reached for a shared rule: the region
+    /// spends what its pool holds, then the rule's fail mode decides.
+    /// Written once per rule a minute.
+    HomeUnreachable,
 }
 
 /// One log event.

@@ -509,6 +509,7 @@ mod tests {
             wide: &RefCell::new(RuleWide::new()),
             in_flight: &InFlight::new(TokioPause(|| 0)),
             pinned: true,
+            home: None,
         };
         let handled = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -649,6 +650,7 @@ mod tests {
             refresh: None,
             reread: vec![],
             shared: None,
+            pool: Default::default(),
         };
         rec.request(&c, &handled, &[], 0, 10);
         rec.request(&c, &handled, &[], 1, 20);

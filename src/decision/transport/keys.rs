@@ -114,6 +114,13 @@ pub fn penalty_key(state_key: &str) -> String {
     format!("{state_key}:p")
 }
 
+/// The key of the pool a region holds of a shared rule for a client: its
+/// state key and `:pool`, in the region's Redis (the state itself is the
+/// home's).
+pub fn pool_key(state_key: &str) -> String {
+    format!("{state_key}:pool")
+}
+
 /// The key of a client's override on a rule: its state key and `:o`.
 pub fn override_key(state_key: &str) -> String {
     format!("{state_key}:o")

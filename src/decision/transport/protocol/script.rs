@@ -41,11 +41,15 @@ pub enum Entry {
     /// Charges more than decisions charged, laid out as a refund: what
     /// responses reported past their estimates.
     Debit,
+    /// Spends from the pools a region holds of shared rules (`lua/pool.lua`).
+    Pool,
+    /// Writes a pool's top-up from the home into the region's Redis.
+    Credit,
 }
 
 impl Entry {
     /// Every entry point.
-    pub const ALL: [Entry; 7] = [
+    pub const ALL: [Entry; 9] = [
         Entry::OneGcra,
         Entry::OneWindowed,
         Entry::Decide,
@@ -53,6 +57,8 @@ impl Entry {
         Entry::Reset,
         Entry::Refund,
         Entry::Debit,
+        Entry::Pool,
+        Entry::Credit,
     ];
 
     /// A GCRA rule's word, first in its arguments: alone, its call's
@@ -71,6 +77,10 @@ impl Entry {
     pub const REFUND: &'static str = "refund";
     /// `ARGV[1]` of a debit.
     pub const DEBIT: &'static str = "debit";
+    /// `ARGV[1]` of a pool's spend.
+    pub const POOL: &'static str = "pool";
+    /// `ARGV[1]` of a pool's credit.
+    pub const CREDIT: &'static str = "credit";
 
     /// The operation name `ARGV[1]` holds for this entry.
     pub fn operation(self) -> &'static str {
@@ -82,6 +92,8 @@ impl Entry {
             Entry::Reset => Entry::RESET,
             Entry::Refund => Entry::REFUND,
             Entry::Debit => Entry::DEBIT,
+            Entry::Pool => Entry::POOL,
+            Entry::Credit => Entry::CREDIT,
         }
     }
 }

@@ -1,0 +1,137 @@
+-- Pools: quota the home region granted this region's Redis for a rule kept
+-- across regions (`regions = "shared"`), spent here without asking the home.
+--
+-- The home charges a pool as leases are charged (gcra.lua, windowed.lua's
+-- grant): its units count as arriving at its deadline, r + ms on the home's
+-- clock, r being when the home granted it. So every unit must be spent
+-- before r + ms in real time. The region cannot read the home's clock, and
+-- trusting the write's delay would over-admit by that delay; instead the
+-- deadline is counted on this Redis's own clock, from an instant known to
+-- come before r: the call that asked for the pool records its own time c0
+-- as the pending top-up, and only its reply sends the isolate to the home.
+-- The credit then sets the deadline to c0 + ms. Since c0 came before r, and
+-- one clock is compared only with itself, every spend falls before r + ms.
+--
+-- A pool key holds eight numbers, decimal text: units and deadline (us) of
+-- the tranche spent first, the same of the next (a top-up lands while the
+-- last one lasts), the pending top-up's c0 (0: none), units spent since the
+-- demand span began, units spent in the span before, and when it began.
+--
+-- ARGV[1] == 'pool': spend from every pool in KEYS, all or nothing.
+--   ARGV[2]   the clock (common.lua)
+--   ARGV[3..] per key: the request's cost, the pool's length (ms: the
+--             longest the home grants, and the demand span), the most
+--             units one top-up may ask for
+--   Reply: five integers per key: 1 if the pools covered the request and
+--   it was spent, else 0 (then nothing was spent anywhere: the home
+--   decides); the units left; ms until the last of them lapses; units to
+--   ask the home for (0: no top-up now); the top-up's c0 (us), which its
+--   credit must name.
+-- ARGV[1] == 'credit': a top-up's grant, written into each pool in KEYS.
+--   ARGV[3..] per key: c0, units granted, their ms, the pool's length (ms)
+--   Reply: 1 per key if the units went into the pool, 0 if the pending
+--   top-up was no longer c0's (lapsed, or asked again): its units lapse
+--   unspent, as the home already charged them.
+if op == 'pool' or op == 'credit' then
+  local clock_us = now_us
+  if not clock_us then
+    local time = call('TIME')
+    clock_us = time[1] * 1000000 + time[2]
+  end
+  -- A pool's numbers, with every lapsed tranche gone and the next moved up.
+  local function read_pool(key)
+    local got = redis.pcall('GET', key)
+    local f = {}
+    if type(got) == 'string' then
+      for n in string.gmatch(got, '%d+') do
+        f[#f + 1] = n + 0
+      end
+    end
+    if #f ~= 8 then
+      f = { 0, 0, 0, 0, 0, 0, 0, clock_us }
+    end
+    if f[4] <= clock_us then
+      f[3] = 0
+    end
+    if f[2] <= clock_us or f[1] == 0 then
+      f[1], f[2], f[3], f[4] = f[3], f[4], 0, 0
+    end
+    if f[3] == 0 then
+      f[4] = 0
+    end
+    return f
+  end
+  -- Kept until its last tranche, its pending top-up and its demand span
+  -- have lapsed; a day longer on a pinned clock (common.lua).
+  local function write_pool(key, f, hold_us)
+    local last = math.max(f[2], f[4], f[5] + hold_us, f[8] + 2 * hold_us)
+    local ttl = math.max(math.ceil((last - clock_us) / 1000), 1)
+    if now_us then
+      ttl = ttl + 86400000
+    end
+    call('SET', key, string.format('%d %d %d %d %d %d %d %d', unpack(f)), 'PX', string.format('%d', ttl))
+  end
+
+  local reply, n = {}, #KEYS
+  if op == 'credit' then
+    for i = 1, n do
+      local c0, units, ms, hold = read(4)
+      c0, units = c0 + 0, units + 0
+      local f = read_pool(KEYS[i])
+      local credited = 0
+      if f[5] == c0 and c0 > 0 then
+        credited, f[5] = 1, 0
+        local deadline = c0 + ms * 1000
+        if units > 0 and deadline > clock_us then
+          if f[1] == 0 then
+            f[1], f[2] = units, deadline
+          else
+            -- At most one top-up is pending, so a third tranche cannot be;
+            -- should one, merged under the sooner deadline it is still safe.
+            f[3], f[4] = f[3] + units, math.min(f[4] > 0 and f[4] or deadline, deadline)
+          end
+        end
+      end
+      write_pool(KEYS[i], f, hold * 1000)
+      reply[i] = credited
+    end
+    return reply
+  end
+
+  local pools, covered = {}, true
+  for i = 1, n do
+    local cost, hold, most = read(3)
+    local f = read_pool(KEYS[i])
+    pools[i] = { f = f, cost = cost + 0, hold_us = hold * 1000, most = most + 0 }
+    if f[1] + f[3] < cost + 0 then
+      covered = false
+    end
+  end
+  for i, p in ipairs(pools) do
+    local f, cost, hold_us = p.f, p.cost, p.hold_us
+    if covered then
+      local first = math.min(f[1], cost)
+      f[1], f[3] = f[1] - first, f[3] - (cost - first)
+    end
+    -- Demand, spent here or sent to the home, over the last one to two spans.
+    if clock_us - f[8] >= hold_us then
+      f[7] = clock_us - f[8] < 2 * hold_us and f[6] or 0
+      f[6], f[8] = 0, clock_us
+    end
+    f[6] = f[6] + cost
+    local left = f[1] + f[3]
+    local want = math.min(math.max(f[6] + f[7], cost, 1), p.most)
+    local ends = math.max(f[2], f[4])
+    local ask, c0 = 0, 0
+    -- A lost top-up lapses with the longest pool it could have brought.
+    local pending = f[5] > 0 and clock_us < f[5] + hold_us
+    if not pending and (not covered or left < math.ceil(want / 2) or (f[3] == 0 and ends - clock_us < hold_us / 2)) then
+      ask, c0, f[5] = want, clock_us, clock_us
+    end
+    write_pool(KEYS[i], f, hold_us)
+    local k = #reply
+    reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5] =
+      covered and 1 or 0, left, math.max(math.ceil((ends - clock_us) / 1000), 0), ask, c0
+  end
+  return reply
+end

@@ -1,0 +1,284 @@
+//! Rules kept across regions (`regions = "shared"`), in a region other
+//! than the home: a request is spent from the region's pools in one nearby
+//! call; when they cannot cover it, the home decides it, exactly, in one
+//! far call that also asks for the top-up the spend asked for. A spend that
+//! finds a pool low asks for its top-up after the response (`top_up`), so
+//! that a steady region never waits on the home.
+//!
+//! Why the pools never go over, and why the spend asks before the home is
+//! asked: `lua/pool.lua`.
+
+use super::{
+    outcome::{decided, failed, Forward, Handled, Outcome, PoolWork, TopUpAsk},
+    selection::budget_of,
+    state::Limiter,
+};
+use crate::decision::{
+    outcomes::events::{Action, Event},
+    outcomes::verdict::{Decision, Grant, RuleState, Verdict},
+    transport::keys::{pool_key, rule_key},
+    transport::protocol::{
+        credit, run, spend, Check, Credit, LeaseAsk, PoolSpend, PoolState, Reply, ScriptCall,
+        ScriptError, ScriptRunner,
+    },
+};
+use crate::rules::rule::{Mode, Rule, RuleId};
+
+impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
+    /// `checks` (every one a shared rule's) decided at `now_ms` in this
+    /// region, `home` being the home's Redis: from the pools, else at the
+    /// home. A region that cannot be reached sends its requests to the
+    /// home; a home that cannot be reached leaves the pools to spend, then
+    /// the rules' fail mode.
+    pub(super) async fn pooled(
+        &self,
+        home: &S,
+        checks: &[(Check<'c>, Vec<&str>)],
+        ids: &[RuleId],
+        now_ms: u64,
+    ) -> Handled<'c> {
+        let keys: Vec<String> = checks.iter().map(|(c, id)| rule_key(c.rule, id)).collect();
+        let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let own = ScriptCall::decide_at(checks, &key_refs, self.clock(now_ms));
+        let signature = own.signature();
+        if let Some(handled) = self.cached_denial(checks, (&own, &signature), now_ms) {
+            return handled;
+        }
+        let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
+        let pools: Vec<PoolSpend> = (checks.iter().zip(&keys))
+            .map(|((c, _), key)| {
+                let (hold_ms, most) = c.rule.shared.map_or((0, 0), |p| (p.hold_ms, p.most));
+                PoolSpend {
+                    key: pool_key(key),
+                    cost: c.cost,
+                    hold_ms,
+                    most,
+                }
+            })
+            .collect();
+        let mut events = vec![];
+        let states = match spend(self.store, &pools, self.clock(now_ms), budget).await {
+            Ok(states) => states,
+            Err(error) => {
+                events.extend(unreachable(
+                    Action::RegionUnreachable,
+                    checks,
+                    &keys,
+                    &error,
+                ));
+                vec![]
+            }
+        };
+        let asks: Vec<(usize, TopUpAsk)> = (states.iter().enumerate())
+            .filter(|(_, s)| s.ask > 0)
+            .map(|(i, s)| {
+                let ask = TopUpAsk {
+                    rule: ids[i],
+                    key: keys[i].clone(),
+                    units: s.ask,
+                    asked_us: s.asked_us,
+                };
+                (i, ask)
+            })
+            .collect();
+        let mut handled = match states.first().is_some_and(|s| s.covered) {
+            true => {
+                let work = PoolWork {
+                    asks: asks.into_iter().map(|(_, a)| a).collect(),
+                    credits: vec![],
+                };
+                let mut handled = decided(checks, &own, spent(checks, &states));
+                handled.pool = work;
+                handled
+            }
+            false => {
+                self.at_home(home, checks, (own, signature), &asks, budget, now_ms)
+                    .await
+            }
+        };
+        events.append(&mut handled.events);
+        handled.events = events;
+        handled
+    }
+
+    /// `checks` decided by the home, asking for `asks`' top-ups with
+    /// them; what it grants goes into the region's pools after the
+    /// response.
+    async fn at_home(
+        &self,
+        home: &S,
+        checks: &[(Check<'c>, Vec<&str>)],
+        (own, signature): (ScriptCall, String),
+        asks: &[(usize, TopUpAsk)],
+        budget: std::time::Duration,
+        now_ms: u64,
+    ) -> Handled<'c> {
+        let call = own.asking(lease_asks(checks, asks));
+        match run(home, &call, budget).await.and_then(Reply::decision) {
+            Ok(decision) => {
+                self.remember(checks, signature, &decision, now_ms);
+                let credits = credits(checks, asks, &decision.grants);
+                let mut handled = decided(checks, &call, decision);
+                handled.pool.credits = credits;
+                handled
+            }
+            Err(error) => {
+                let keys = call.rule_keys();
+                let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+                let mut handled = failed(checks, &call, &error);
+                let mut events = unreachable(Action::HomeUnreachable, checks, &keys, &error);
+                events.append(&mut handled.events);
+                handled.events = events;
+                handled
+            }
+        }
+    }
+
+    /// After a response: asks the home for `work`'s top-ups in one call
+    /// charging no request, then writes what it granted, and `work`'s own
+    /// credits, into the region's pools in one call. A fault is logged;
+    /// the pool's pending top-up then lapses, and a later spend asks again.
+    pub async fn top_up(&self, work: &PoolWork, now_ms: u64) -> Vec<Event> {
+        let Some(home) = self.home else {
+            return vec![];
+        };
+        let mut events = vec![];
+        let mut credited = work.credits.clone();
+        let found: Vec<(Check<'c>, &TopUpAsk)> = (work.asks.iter())
+            .filter_map(|a| {
+                let rule = self.config.rule(a.rule)?;
+                Some((Check { rule, cost: 0 }, a))
+            })
+            .collect();
+        if !found.is_empty() {
+            let checks: Vec<(Check<'c>, Vec<&str>)> =
+                found.iter().map(|(c, _)| (*c, vec![])).collect();
+            let keys: Vec<&str> = found.iter().map(|(_, a)| a.key.as_str()).collect();
+            let asks: Vec<(usize, TopUpAsk)> = (found.iter().enumerate())
+                .map(|(i, (_, a))| (i, (*a).clone()))
+                .collect();
+            let call = ScriptCall::decide_at(&checks, &keys, self.clock(now_ms))
+                .asking(lease_asks(&checks, &asks));
+            let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
+            match run(home, &call, budget).await.and_then(Reply::decision) {
+                Ok(decision) => credited.extend(credits(&checks, &asks, &decision.grants)),
+                Err(error) => {
+                    let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+                    events.extend(unreachable(Action::HomeUnreachable, &checks, &keys, &error));
+                }
+            }
+        }
+        if credited.is_empty() {
+            return events;
+        }
+        let rules: Vec<&Rule> = (credited.iter())
+            .filter_map(|(id, _)| self.config.rule(*id))
+            .collect();
+        let budget = budget_of(rules.iter().copied());
+        let given: Vec<Credit> = credited.iter().map(|(_, c)| c.clone()).collect();
+        if let Err(error) = credit(self.store, &given, self.clock(now_ms), budget).await {
+            events.extend(rules.iter().zip(&given).map(|(rule, c)| Event {
+                key: Some(c.key.clone()),
+                error: Some(error.to_string()),
+                ..Event::new(Action::RegionUnreachable, &rule.name)
+            }));
+        }
+        events
+    }
+}
+
+/// The request spent from every pool: each rule admits it, with what its
+/// pool has left and how long that lasts.
+fn spent(checks: &[(Check<'_>, Vec<&str>)], states: &[PoolState]) -> Decision {
+    let rules = (checks.iter().zip(states))
+        .map(|((c, _), s)| RuleState {
+            verdict: Verdict::Admitted,
+            limit: c.rule.policy.capacity(),
+            remaining: s.left,
+            reset_after_ms: s.lasts_ms,
+            window: 1,
+        })
+        .collect();
+    let modes: Vec<Mode> = checks.iter().map(|(c, _)| c.rule.mode).collect();
+    Decision::settle(rules, &modes)
+}
+
+/// The home's lease asks for `asks`' top-ups: a pool is charged there as
+/// a lease is, for as long as the rule's pool lasts.
+fn lease_asks(checks: &[(Check<'_>, Vec<&str>)], asks: &[(usize, TopUpAsk)]) -> Vec<LeaseAsk> {
+    (asks.iter())
+        .filter_map(|(i, a)| {
+            let pool = checks.get(*i)?.0.rule.shared?;
+            Some(LeaseAsk {
+                rule: *i,
+                units: a.units,
+                for_ms: pool.hold_ms,
+            })
+        })
+        .collect()
+}
+
+/// The credits of what the home granted for `asks`, each with its rule:
+/// an ask it granted nothing for too, whose credit of no units ends the
+/// pending top-up, so that the next spend may ask again.
+fn credits(
+    checks: &[(Check<'_>, Vec<&str>)],
+    asks: &[(usize, TopUpAsk)],
+    grants: &[Grant],
+) -> Vec<(RuleId, Credit)> {
+    (asks.iter())
+        .filter_map(|(i, ask)| {
+            let pool = checks.get(*i)?.0.rule.shared?;
+            let grant = grants.iter().find(|g| g.rule == *i);
+            let credit = Credit {
+                key: pool_key(&ask.key),
+                asked_us: ask.asked_us,
+                units: grant.map_or(0, |g| g.units),
+                ms: grant.map_or(0, |g| g.for_ms),
+                hold_ms: pool.hold_ms,
+            };
+            Some((ask.rule, credit))
+        })
+        .collect()
+}
+
+/// A request's decision under its shared rules (`pooled`) and under its
+/// other rules (`rest`), decided after: forwarded only if both forward
+/// it, with every rule's state in the headers, the rest's first so that
+/// their indices, which marks and grants name, stand.
+pub(super) fn joined<'c>(pooled: Handled<'c>, rest: Handled<'c>) -> Handled<'c> {
+    let mut events = pooled.events;
+    let mut handled = rest;
+    events.append(&mut handled.events);
+    handled.events = events;
+    handled.pool = pooled.pool;
+    let Outcome::Forward(Forward::Admitted(shared)) = pooled.outcome else {
+        return handled;
+    };
+    if let Outcome::Forward(Forward::Admitted(rest)) = &mut handled.outcome {
+        let mut states = std::mem::take(&mut rest.decision.rules);
+        states.extend(shared.decision.rules);
+        rest.rules.extend(shared.rules);
+        let modes: Vec<Mode> = rest.rules.iter().map(|r| r.mode).collect();
+        rest.decision.verdict = Decision::settle(states.clone(), &modes).verdict;
+        rest.decision.rules = states;
+    }
+    handled
+}
+
+/// One event per rule: the region's Redis, or the home's, could not be
+/// reached (the log writes one line per rule a minute).
+fn unreachable(
+    action: Action,
+    checks: &[(Check<'_>, Vec<&str>)],
+    keys: &[String],
+    error: &ScriptError,
+) -> Vec<Event> {
+    (checks.iter().zip(keys))
+        .map(|((c, _), key)| Event {
+            key: Some(key.clone()),
+            error: Some(error.to_string()),
+            ..Event::new(action, &c.rule.name)
+        })
+        .collect()
+}

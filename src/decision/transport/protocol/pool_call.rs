@@ -1,0 +1,154 @@
+//! The calls on a region's pools of shared rules (`lua/pool.lua`): spend
+//! from them, and write a top-up the home granted.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::{reply::ScriptError, runner::ScriptRunner, script::Entry, script::LIMITER};
+
+/// One shared rule's pool in a spend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolSpend {
+    /// The pool's key ([`pool_key`](crate::decision::transport::keys::pool_key)).
+    pub key: String,
+    /// Units the request costs under the rule.
+    pub cost: u64,
+    /// How long a pool lasts at most, ms.
+    pub hold_ms: u64,
+    /// The most units one top-up asks for.
+    pub most: u64,
+}
+
+/// What a spend says of one pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolState {
+    /// Whether the pools covered the request, which was then spent from
+    /// every one; if not, nothing was spent and the home decides.
+    pub covered: bool,
+    /// Units left in the pool.
+    pub left: u64,
+    /// Ms until the last of them lapses.
+    pub lasts_ms: u64,
+    /// Units to ask the home for now (0: no top-up).
+    pub ask: u64,
+    /// The instant the top-up was asked at, on the region's clock (us):
+    /// its credit names it, and its deadline counts from it.
+    pub asked_us: u64,
+}
+
+/// A top-up the home granted, for the region's pool at `key`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credit {
+    /// The pool's key.
+    pub key: String,
+    /// The spend's [`PoolState::asked_us`] that asked for it.
+    pub asked_us: u64,
+    /// Units granted.
+    pub units: u64,
+    /// How long they may be spent, ms, from `asked_us`.
+    pub ms: u64,
+    /// How long the pool lasts at most, ms.
+    pub hold_ms: u64,
+}
+
+/// The clock argument: pinned ms, or empty for Redis's.
+fn clock(now_ms: Option<u64>) -> String {
+    now_ms.map_or_else(String::new, |ms| ms.to_string())
+}
+
+/// Spends the request from every pool of `pools`, all or nothing, on the
+/// pinned clock `now_ms` or the region Redis's.
+pub async fn spend(
+    runner: &impl ScriptRunner,
+    pools: &[PoolSpend],
+    now_ms: Option<u64>,
+    budget: Duration,
+) -> Result<Vec<PoolState>, ScriptError> {
+    let keys: Vec<String> = pools.iter().map(|p| p.key.clone()).collect();
+    let mut args = vec![Entry::POOL.to_owned(), clock(now_ms)];
+    for p in pools {
+        args.extend([p.cost, p.hold_ms, p.most].map(|n| n.to_string()));
+    }
+    let reply = runner.eval(&LIMITER, &keys, &args, budget).await?;
+    decode_spend(&reply, pools.len())
+}
+
+/// Reads a spend's reply: five integers per pool.
+fn decode_spend(reply: &Value, pools: usize) -> Result<Vec<PoolState>, ScriptError> {
+    let numbers = integers(reply, 5 * pools)?;
+    let states: Vec<PoolState> = numbers
+        .chunks(5)
+        .map(|n| PoolState {
+            covered: n[0] == 1,
+            left: n[1],
+            lasts_ms: n[2],
+            ask: n[3],
+            asked_us: n[4],
+        })
+        .collect();
+    let agreed = states.windows(2).all(|w| w[0].covered == w[1].covered);
+    if !agreed || numbers.chunks(5).any(|n| n[0] > 1) {
+        return Err(ScriptError::Reply(format!("{reply} is no pool's spend")));
+    }
+    Ok(states)
+}
+
+/// Writes `credits` into the region's pools; per credit, whether it went
+/// in (not when its top-up was asked again since, or has lapsed).
+pub async fn credit(
+    runner: &impl ScriptRunner,
+    credits: &[Credit],
+    now_ms: Option<u64>,
+    budget: Duration,
+) -> Result<Vec<bool>, ScriptError> {
+    let keys: Vec<String> = credits.iter().map(|c| c.key.clone()).collect();
+    let mut args = vec![Entry::CREDIT.to_owned(), clock(now_ms)];
+    for c in credits {
+        args.extend([c.asked_us, c.units, c.ms, c.hold_ms].map(|n| n.to_string()));
+    }
+    let reply = runner.eval(&LIMITER, &keys, &args, budget).await?;
+    let numbers = integers(&reply, credits.len())?;
+    if numbers.iter().any(|n| *n > 1) {
+        return Err(ScriptError::Reply(format!("{reply} is no credit's reply")));
+    }
+    Ok(numbers.into_iter().map(|n| n == 1).collect())
+}
+
+/// `reply` as `n` integers of 0 or more.
+fn integers(reply: &Value, n: usize) -> Result<Vec<u64>, ScriptError> {
+    reply
+        .as_array()
+        .filter(|items| items.len() == n)
+        .and_then(|items| {
+            items
+                .iter()
+                .map(Value::as_u64)
+                .collect::<Option<Vec<u64>>>()
+        })
+        .ok_or_else(|| ScriptError::Reply(format!("{reply} is not {n} counts")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_spend_replies_five_counts_a_pool_and_one_verdict_for_all() {
+        let states = decode_spend(&json!([1, 4, 900, 0, 0, 1, 2, 300, 6, 17]), 2).unwrap();
+        assert!(states.iter().all(|s| s.covered));
+        assert_eq!((states[1].ask, states[1].asked_us), (6, 17));
+        for bad in [
+            json!([1, 4, 900, 0, 0, 0, 2, 300, 6, 17]),
+            json!([2, 0, 0, 0, 0]),
+            json!([1, 2]),
+        ] {
+            assert!(
+                decode_spend(&bad, bad.as_array().unwrap().len() / 5).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(decode_spend(&json!([1, -1, 0, 0, 0]), 1).is_err());
+    }
+}
