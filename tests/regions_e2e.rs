@@ -6,6 +6,7 @@
 
 mod support;
 
+use edge_limiter_local::fault_proxy::Fault;
 use support::{worker::Stack, Backend};
 
 /// docs/deploying.md's regions, where wrangler dev places every request in
@@ -188,6 +189,15 @@ async fn a_shared_rule_keeps_one_limit_across_regions() {
     assert_eq!(home.redis(&["EXISTS", &format!("el:{{{ip}}}:api")]), "1");
     assert_eq!(eu.redis(&["EXISTS", &format!("el:{{{ip}}}:api")]), "0");
     assert_eq!(eu.redis(&["EXISTS", &format!("el:{{{ip}}}:api:pool")]), "1");
+    // `inspect` shows the home's state and the region's pool.
+    let out = stack
+        .edge_limiter(&["inspect", "api", ip])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains("gcra 100/60000ms burst 20: "), "{shown}");
+    let pool_line = shown.lines().find(|l| l.starts_with("  pool in eu: "));
+    assert!(pool_line.is_some(), "{shown}");
 
     // A steady client in `eu`, below the rate: its region's Redis decides,
     // the home only tops the pool up.
@@ -238,4 +248,97 @@ async fn send_all(url: &str, ip: &str, region: &str, n: usize) -> Vec<u16> {
         statuses.push(handle.await.unwrap());
     }
     statuses
+}
+
+/// Units `b`'s pool of `ip` on the api rule holds: its two tranches'.
+fn pooled(b: &Backend, ip: &str) -> u64 {
+    let text = b.redis(&["GET", &format!("el:{{{ip}}}:api:pool")]);
+    let n: Vec<u64> = text
+        .split_whitespace()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    n.first().copied().unwrap_or(0) + n.get(2).copied().unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_region_spends_its_pool_while_the_home_is_out_of_reach_then_fails_as_told() {
+    let stack = Stack::builder(&shared())
+        .region("eu")
+        .through_fault_proxy()
+        .start();
+    let (proxy, eu) = (stack.proxy.as_ref().unwrap(), &stack.regions[0].1);
+    let url = format!("{}/page", stack.worker.url);
+    let ip = "203.0.113.9";
+    // A few requests fill the pool: the home grants with the first, and
+    // tops it up after the others.
+    for _ in 0..4 {
+        assert_eq!(send(&url, ip, Some("eu"), 1).await, [200]);
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    let held = pooled(eu, ip) as usize;
+    assert!(held >= 1, "{held} units pooled");
+    proxy.set(Fault::Status {
+        status: 503,
+        body: "down".into(),
+    });
+    // The pool's units are spent; then the rule fails closed, as configured.
+    let statuses = send(&url, ip, Some("eu"), held + 2).await;
+    assert_eq!(statuses[..held], vec![200; held][..], "{statuses:?}");
+    assert_eq!(statuses[held..], [503, 503], "{statuses:?}");
+    // Each top-up asked for and each far call failed, and one line says so.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while stack.worker.events_of("home_unreachable").is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            stack.worker.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(stack.worker.events_of("home_unreachable").len(), 1);
+
+    // A region out of reach sends its requests to the home.
+    proxy.set(Fault::Pass);
+    eu.redis(&["CLIENT", "PAUSE", "3000", "ALL"]);
+    let other = "203.0.113.10";
+    assert_eq!(send(&url, other, Some("eu"), 2).await, [200, 200]);
+    assert_eq!(
+        stack
+            .backend
+            .redis(&["EXISTS", &format!("el:{{{other}}}:api")]),
+        "1"
+    );
+    assert_eq!(stack.worker.events_of("region_unreachable").len(), 1);
+    eu.redis(&["CLIENT", "UNPAUSE"]);
+}
+
+#[tokio::test]
+async fn a_block_set_at_the_home_reaches_a_region_within_cache_hold() {
+    let toml = shared()
+        .replace(
+            "regions = \"shared\"",
+            "regions = \"shared\"\noverrides = true",
+        )
+        .replace("[vars.LIMITER]", "[vars.LIMITER]\ncache_hold = \"2s\"");
+    let stack = Stack::builder(&toml).region("eu").start();
+    let url = format!("{}/page", stack.worker.url);
+    let ip = "203.0.113.11";
+    for _ in 0..3 {
+        assert_eq!(send(&url, ip, Some("eu"), 1).await, [200]);
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let out = stack
+        .edge_limiter(&["limit", "set", "api", ip, "--block"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Pools granted before it last no longer than cache_hold; the home
+    // grants none under the block.
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+    assert_eq!(send(&url, ip, Some("eu"), 3).await, [429, 429, 429]);
+    assert_eq!(send(&url, ip, Some("us"), 1).await, [429]);
 }

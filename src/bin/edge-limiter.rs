@@ -848,7 +848,16 @@ refusing or out of reach, a log line --strict stops at).";
                 removed.render()
             }
         } else {
-            let standing = runtime.block_on(inspect::inspect(&client, rule, &values))?;
+            let mut standing = runtime.block_on(inspect::inspect(&client, rule, &values))?;
+            // A shared rule's state is the home's; each other region holds a pool of it.
+            if rule.shared.is_some() && args.from.region.is_none() {
+                for (at, region) in config.regions.iter().enumerate().skip(1) {
+                    let near = client_of(&config, at)?;
+                    let pool = inspect::pool_in(&near, &region.name, &standing.key);
+                    let pool = runtime.block_on(pool)?;
+                    standing.pools.push(pool);
+                }
+            }
             if args.from.json {
                 format!("{}\n", standing.to_json())
             } else {

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use crate::{
     decision::{
         outcomes::verdict::{OverrideRead, OverrideSource, Retry, RuleState, Verdict},
-        transport::keys::{penalty_key, rule_key, rule_wide_key, shown_form},
+        transport::keys::{penalty_key, pool_key, rule_key, rule_wide_key, shown_form},
         transport::protocol::{
             read_rule_wide, run, Check, Reply, ScriptCall, ScriptError, WideRead,
         },
@@ -326,6 +326,63 @@ pub struct ClientState {
     /// For an in-flight rule, each slot held: milliseconds until it is
     /// free if its release never comes, soonest first.
     pub slots_ms: Option<Vec<u64>>,
+    /// For a shared rule, the pool each region other than the home holds.
+    pub pools: Vec<PoolStanding>,
+}
+
+/// What a region's Redis holds of a shared rule's pool for one client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolStanding {
+    /// The region.
+    pub region: String,
+    /// Units it may still spend.
+    pub units: u64,
+    /// Milliseconds until the last of them lapses (0: none held).
+    pub lasts_ms: u64,
+}
+
+/// The pool `region`'s Redis (`client`) holds of the client's state `key`
+/// on a shared rule, read with `TIME` and `GET`, so that nothing changes.
+/// The eight numbers are `lua/pool.lua`'s, the lapsed tranches not counted.
+pub async fn pool_in(
+    client: &RestClient,
+    region: &str,
+    key: &str,
+) -> Result<PoolStanding, InspectError> {
+    let commands = [
+        vec!["TIME".to_owned()],
+        vec!["GET".to_owned(), pool_key(key)],
+    ];
+    let replies = client.pipeline(&commands, BUDGET).await?;
+    let mut replies = replies.into_iter();
+    let time = replies.next().transpose()?.unwrap_or_default();
+    let stored = replies.next().transpose()?.unwrap_or_default();
+    let seconds = |i: usize| time[i].as_str().and_then(|t| t.parse::<u64>().ok());
+    let now_us = match (seconds(0), seconds(1)) {
+        (Some(s), Some(us)) => s * 1_000_000 + us,
+        _ => {
+            let why = format!("{time} for TIME");
+            return Err(InspectError::Script(ScriptError::Reply(why)));
+        }
+    };
+    let numbers: Vec<u64> = (stored.as_str().unwrap_or(""))
+        .split(' ')
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    let (mut units, mut last_us) = (0, now_us);
+    if let [a, a_ends, b, b_ends, ..] = numbers[..] {
+        for (n, ends) in [(a, a_ends), (b, b_ends)] {
+            if n > 0 && ends > now_us {
+                units += n;
+                last_us = last_us.max(ends);
+            }
+        }
+    }
+    Ok(PoolStanding {
+        region: region.to_owned(),
+        units,
+        lasts_ms: (last_us - now_us).div_ceil(1000),
+    })
 }
 
 impl ClientState {
@@ -367,6 +424,15 @@ impl ClientState {
         if let Some(o) = &self.overridden {
             out.push_str(&format!("  override: {o}\n"));
         }
+        for p in &self.pools {
+            out.push_str(&match p.units {
+                0 => format!("  pool in {}: none\n", p.region),
+                n => format!(
+                    "  pool in {}: {n} units, {} ms left\n",
+                    p.region, p.lasts_ms
+                ),
+            });
+        }
         out
     }
 
@@ -385,6 +451,11 @@ impl ClientState {
             "penalty_ms": self.penalty_ms,
             "slots_ms": self.slots_ms,
             "override": self.overridden,
+            "pools": self.pools.iter().map(|p| json!({
+                "region": p.region,
+                "units": p.units,
+                "lasts_ms": p.lasts_ms,
+            })).collect::<Vec<_>>(),
         })
     }
 }
@@ -462,6 +533,7 @@ pub async fn inspect(
         penalty_ms,
         overridden,
         slots_ms,
+        pools: vec![],
     })
 }
 

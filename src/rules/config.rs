@@ -16,7 +16,7 @@ use super::{
     regions::{self, Region},
     request::{self, CfField, RequestMeta},
     rule::{Cost, DenyBody, FailMode, KeyPart, Mode, Rule, RuleId, DEFAULT_BUDGET_MS},
-    shared::Pool,
+    shared::{Pool, MAX_POOL_MS},
     stats::{self, StatsClients, StatsSettings},
 };
 
@@ -154,6 +154,10 @@ impl Config {
                 .map_err(|why| invalid("cache_hold", why))
                 .and_then(|w| duration("cache_hold", &w))?,
         };
+        for rule in rules.iter_mut().filter(|r| r.shared.is_some()) {
+            let pool = Pool::of(&rule.policy, cache_hold_ms);
+            rule.shared = Some(pool.map_err(|e| rule_error(&rule.name, e.field, e.problem))?);
+        }
         let stats = stats(&raw)?;
         // Until `keyed_by` gives the secret, an HMAC form keys by none:
         // `needs_secret` tells the worker to refuse to run so.
@@ -402,7 +406,7 @@ impl TryFrom<RawRule> for Rule {
             Some("shared") => {
                 let settled = !count_status.is_empty() || cost_header.is_some();
                 Pool::fits(mode, lease.is_some(), settled, penalty_ms.is_some())?;
-                Some(Pool::of(&policy)?)
+                Some(Pool::of(&policy, MAX_POOL_MS)?)
             }
             Some(other) => {
                 return Err(invalid(

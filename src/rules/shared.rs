@@ -14,8 +14,8 @@ use super::{
     rule::Mode,
 };
 
-/// The longest a pool lasts: a `limit set` at the home reaches every
-/// region within it.
+/// The longest a pool lasts, and no longer than `cache_hold`: a `limit
+/// set` at the home reaches every region within it.
 pub const MAX_POOL_MS: u64 = 10_000;
 
 /// What a region's pool of a shared rule may hold.
@@ -29,17 +29,17 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// The pool of a shared rule with `policy`: as long as [`MAX_POOL_MS`]
-    /// and the figures allow while leaving a fresh client's pool at least
-    /// half the units a lease of no length could take. The error names
-    /// `regions`.
-    pub fn of(policy: &Policy) -> Result<Pool, FieldError> {
+    /// The pool of a shared rule with `policy`: as long as `longest_ms`
+    /// (at most [`MAX_POOL_MS`]) and the figures allow while leaving a
+    /// fresh client's pool at least half the units a lease of no length
+    /// could take. The error names `regions`.
+    pub fn of(policy: &Policy, longest_ms: u64) -> Result<Pool, FieldError> {
         let algorithm = policy.algorithm();
         if algorithm.no_lease().is_some() || algorithm.released() {
             return Err(invalid("regions", "a shared rule's regions spend pools the home granted, as leases are spent, which this rule cannot take; remove `regions` or use a GCRA or windowed rule without `on_limit`"));
         }
         let full = algorithm.lease_largest(0, LEASE_SHARE);
-        let mut hold_ms = algorithm.lease_cap_ms(MAX_POOL_MS);
+        let mut hold_ms = algorithm.lease_cap_ms(longest_ms.min(MAX_POOL_MS));
         while hold_ms > 1 && 2 * algorithm.lease_largest(hold_ms, LEASE_SHARE) < full {
             hold_ms /= 2;
         }
@@ -103,6 +103,22 @@ mod tests {
             Some(Pool {
                 hold_ms: 10_000,
                 most: 49
+            })
+        );
+    }
+
+    #[test]
+    fn a_pool_lasts_no_longer_than_cache_hold() {
+        let regions = json!([{"name": "us", "home": true}, {"name": "eu", "colos": ["FRA"]}]);
+        let rule = json!({"name": "r", "key": ["ip"], "algorithm": "gcra", "rate": 100,
+                          "period": "1m", "regions": "shared"});
+        let c =
+            Config::from_json(&json!({"rules": [rule], "regions": regions, "cache_hold": "2s"}));
+        assert_eq!(
+            c.unwrap().rules[0].shared,
+            Some(Pool {
+                hold_ms: 2000,
+                most: 47
             })
         );
     }

@@ -39,9 +39,14 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     ) -> Handled<'c> {
         let keys: Vec<String> = checks.iter().map(|(c, id)| rule_key(c.rule, id)).collect();
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        // Under the rule-wide overrides this isolate holds, read from the
+        // home: the home decides and grants under them.
         let own = ScriptCall::decide_at(checks, &key_refs, self.clock(now_ms));
+        let own = self.under_rule_wide(own, checks, now_ms);
         let signature = own.signature();
-        if let Some(handled) = self.cached_denial(checks, (&own, &signature), now_ms) {
+        let reread = self.reread_due(checks, now_ms);
+        if let Some(mut handled) = self.cached_denial(checks, (&own, &signature), now_ms) {
+            handled.reread = reread;
             return handled;
         }
         let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
@@ -98,6 +103,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         };
         events.append(&mut handled.events);
         handled.events = events;
+        handled.reread = reread;
         handled
     }
 
@@ -157,8 +163,9 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             let asks: Vec<(usize, TopUpAsk)> = (found.iter().enumerate())
                 .map(|(i, (_, a))| (i, (*a).clone()))
                 .collect();
-            let call = ScriptCall::decide_at(&checks, &keys, self.clock(now_ms))
-                .asking(lease_asks(&checks, &asks));
+            let call = ScriptCall::decide_at(&checks, &keys, self.clock(now_ms));
+            let call = self.under_rule_wide(call, &checks, now_ms);
+            let call = call.asking(lease_asks(&checks, &asks));
             let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
             match run(home, &call, budget).await.and_then(Reply::decision) {
                 Ok(decision) => credited.extend(credits(&checks, &asks, &decision.grants)),
@@ -252,6 +259,7 @@ pub(super) fn joined<'c>(pooled: Handled<'c>, rest: Handled<'c>) -> Handled<'c> 
     events.append(&mut handled.events);
     handled.events = events;
     handled.pool = pooled.pool;
+    handled.reread.extend(pooled.reread);
     let Outcome::Forward(Forward::Admitted(shared)) = pooled.outcome else {
         return handled;
     };

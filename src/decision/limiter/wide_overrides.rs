@@ -28,14 +28,38 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     /// `now_ms`, after the response has gone. A key that holds no override
     /// of its rule is none, logged; a fault is only logged: the isolate
     /// keeps that rule's copy and reads it again after a response a second
-    /// later.
+    /// later. A shared rule's, away from the home, are read from the home's Redis,
+    /// which decides and grants under them.
     pub async fn reread(&self, rules: &[String], now_ms: u64) -> Vec<Event> {
         let keys: Vec<String> = rules.iter().map(|r| rule_wide_key(r)).collect();
         let budget = Duration::from_millis(DEFAULT_BUDGET_MS);
-        let read = match read_rule_wide(self.store, &keys, budget).await {
-            Ok(read) => read,
-            Err(e) => vec![WideRead::Failed(e); rules.len()],
+        let at_home = |name: &String| {
+            let rule = self.config.rules.iter().find(|r| r.name == *name);
+            self.home.is_some() && rule.is_some_and(|r| r.shared.is_some())
         };
+        let mut read: Vec<Option<WideRead>> = vec![None; rules.len()];
+        for home in [false, true] {
+            let store = match home {
+                true => self.home.unwrap_or(self.store),
+                false => self.store,
+            };
+            let (picked, keys): (Vec<usize>, Vec<String>) = (rules.iter().zip(&keys))
+                .enumerate()
+                .filter(|(_, (r, _))| at_home(r) == home)
+                .map(|(i, (_, k))| (i, k.clone()))
+                .unzip();
+            if keys.is_empty() {
+                continue;
+            }
+            let got = match read_rule_wide(store, &keys, budget).await {
+                Ok(got) => got,
+                Err(e) => vec![WideRead::Failed(e); keys.len()],
+            };
+            for (i, got) in picked.into_iter().zip(got) {
+                read[i] = Some(got);
+            }
+        }
+        let read = read.into_iter().map(|r| r.unwrap_or(WideRead::NotText));
         let mut wide = self.wide.borrow_mut();
         let mut events = vec![];
         for ((rule, key), read) in rules.iter().zip(keys).zip(read) {
