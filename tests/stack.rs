@@ -95,18 +95,19 @@ impl Drop for Stack {
     }
 }
 
-#[test]
-fn ctrl_c_stops_the_stack_and_says_what_it_stopped() {
+/// Starts `scripts/stack` in a tree of links, on free ports for `names`
+/// (and `env`), and waits until it says it runs: the stack, the ports, and
+/// what it said.
+fn started(
+    tree: &str,
+    names: &[&'static str],
+    env: &[(&str, &str)],
+) -> (Stack, Vec<(&'static str, u16)>, String) {
     let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let tree = tmp.join("stack-tree");
+    let tree = tmp.join(tree);
     link_tree(&tree);
-    let ports = [
-        ("REDIS_PORT", free_port()),
-        ("REST_PORT", free_port()),
-        ("ORIGIN_PORT", free_port()),
-        ("WORKER_PORT", free_port()),
-    ];
-    let log = tmp.join("stack-test.log");
+    let ports: Vec<(&'static str, u16)> = names.iter().map(|n| (*n, free_port())).collect();
+    let log = tree.with_extension("log");
     let out = fs::File::create(&log).unwrap();
     // With SIGINT at its default, as a terminal's shell leaves it: a
     // non-interactive bash started in the background ignores it, and a
@@ -121,14 +122,19 @@ fn ctrl_c_stops_the_stack_and_says_what_it_stopped() {
         .stdout(out.try_clone().unwrap())
         .stderr(out)
         .process_group(0);
-    for (name, port) in ports {
+    for (name, port) in &ports {
         cmd.env(name, port.to_string());
     }
-    let mut stack = Stack {
+    for (name, value) in env {
+        cmd.env(name, value);
+    }
+    // Not shown, so not among the ports checked: wrangler's inspector.
+    cmd.env("INSPECTOR_PORT", free_port().to_string());
+    let stack = Stack {
         child: cmd.spawn().expect("scripts/stack starts"),
         log,
     };
-
+    let mut stack = stack;
     // It builds the worker, and on a first run the REST endpoint.
     let deadline = Instant::now() + Duration::from_secs(900);
     while !stack.output().contains("Ctrl-C stops everything.") {
@@ -146,13 +152,18 @@ fn ctrl_c_stops_the_stack_and_says_what_it_stopped() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let running = stack.output();
-    for (name, port) in ports {
+    for (name, port) in &ports {
         assert!(
             running.contains(&format!("127.0.0.1:{port}")),
             "{name} {port} not shown:\n{running}"
         );
     }
+    (stack, ports, running)
+}
 
+/// Ctrl-C to `stack`, which must stop what it started, newest first, as
+/// `stopped` names them, and free every port.
+fn stopped_by_ctrl_c(mut stack: Stack, ports: &[(&str, u16)], running: &str, stopped: &[&str]) {
     assert!(stack.signal("INT"), "the stack's group is gone");
     let status = stack
         .wait(Duration::from_secs(60))
@@ -160,22 +171,73 @@ fn ctrl_c_stops_the_stack_and_says_what_it_stopped() {
     let said = stack.output();
     let stopping = &said[running.len()..];
     assert_eq!(status.code(), Some(0), "{stopping}");
-    assert_eq!(
-        stopping.lines().collect::<Vec<_>>(),
-        [
-            "[stack] stopping",
-            "[stack] stopped worker",
-            "[stack] stopped origin",
-            "[stack] stopped rest",
-            "[stack] stopped redis",
-            "[stack] every log is in .stack/",
-        ],
-        "{said}"
-    );
+    let mut lines = vec!["[stack] stopping".to_owned()];
+    lines.extend(stopped.iter().map(|name| format!("[stack] stopped {name}")));
+    lines.push("[stack] every log is in .stack/".to_owned());
+    assert_eq!(stopping.lines().collect::<Vec<_>>(), lines, "{said}");
     for (name, port) in ports {
         assert!(
-            TcpStream::connect(("127.0.0.1", port)).is_err(),
+            TcpStream::connect(("127.0.0.1", *port)).is_err(),
             "{name} {port} still answers after the stop"
         );
     }
+}
+
+const PORTS: [&str; 4] = ["REDIS_PORT", "REST_PORT", "ORIGIN_PORT", "WORKER_PORT"];
+
+#[test]
+fn ctrl_c_stops_the_stack_and_says_what_it_stopped() {
+    let (stack, ports, running) = started("stack-tree", &PORTS, &[]);
+    stopped_by_ctrl_c(
+        stack,
+        &ports,
+        &running,
+        &["worker", "origin", "rest", "redis"],
+    );
+}
+
+/// The status of a GET of `/` at `port` from `ip`, naming region `eu`.
+fn get_in_eu(port: u16, ip: &str) -> String {
+    use std::io::{Read, Write};
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let head = format!(
+        "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nCF-Connecting-IP: {ip}\r\n\
+         X-Edge-Limiter-Region: eu\r\nConnection: close\r\n\r\n"
+    );
+    conn.write_all(head.as_bytes()).unwrap();
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).unwrap();
+    reply.lines().next().unwrap_or_default().to_owned()
+}
+
+/// `REGIONS=2`: a second region, its Redis near and the home's 80 ms away;
+/// docs/deploying.md's shared rule spends eu's pool there.
+#[test]
+fn regions_2_runs_a_home_far_away_and_a_region_near() {
+    let mut names = PORTS.to_vec();
+    names.extend(["EU_REDIS_PORT", "EU_REST_PORT", "HOME_PROXY_PORT"]);
+    let (stack, ports, running) = started("stack-regions-tree", &names, &[("REGIONS", "2")]);
+    assert!(running.contains("80 ms away"), "{running}");
+    let port = |name: &str| ports.iter().find(|(n, _)| *n == name).unwrap().1;
+    let ip = "203.0.113.77";
+    for _ in 0..3 {
+        assert_eq!(get_in_eu(port("WORKER_PORT"), ip), "HTTP/1.1 200 OK");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let pool = Command::new("redis-cli")
+        .args(["-p", &port("EU_REDIS_PORT").to_string(), "EXISTS"])
+        .arg(format!("el:{{{ip}}}:api:pool"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&pool.stdout).trim(), "1");
+    let stops = [
+        "worker",
+        "origin",
+        "home-proxy",
+        "eu-rest",
+        "eu-redis",
+        "rest",
+        "redis",
+    ];
+    stopped_by_ctrl_c(stack, &ports, &running, &stops);
 }

@@ -95,9 +95,14 @@ impl FaultProxy {
     /// Starts a proxy in front of `upstream` (an HTTP/1.1 server), passing requests
     /// through until told otherwise.
     pub fn start(upstream: SocketAddr) -> io::Result<FaultProxy> {
+        FaultProxy::start_at(SocketAddr::from(([127, 0, 0, 1], 0)), upstream)
+    }
+
+    /// The same, listening on `listen` (port 0: a free one).
+    pub fn start_at(listen: SocketAddr, upstream: SocketAddr) -> io::Result<FaultProxy> {
         // Bound here, outside any runtime, so that a test may start the proxy from
         // synchronous code and from async code alike.
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let listener = std::net::TcpListener::bind(listen)?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -144,6 +149,12 @@ impl FaultProxy {
     /// Applies `fault` to every request that arrives from now on.
     pub fn set(&self, fault: Fault) {
         *lock(&self.shared.fault) = fault;
+    }
+
+    /// Forgets the requests seen so far: a proxy that runs for long keeps
+    /// no log growing.
+    pub fn forget(&self) {
+        lock(&self.shared.log).clear();
     }
 
     /// Every request seen so far, oldest first.
