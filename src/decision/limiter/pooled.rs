@@ -119,20 +119,17 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         budget: std::time::Duration,
         now_ms: u64,
     ) -> Handled<'c> {
-        let call = own.asking(lease_asks(checks, asks));
-        match run(home, &call, budget).await.and_then(Reply::decision) {
-            Ok(decision) => {
+        let (call, asked) = ask_home(home, checks, own, asks, budget).await;
+        match asked {
+            Ok((decision, credits)) => {
                 self.remember(checks, signature, &decision, now_ms);
-                let credits = credits(checks, asks, &decision.grants);
                 let mut handled = decided(checks, &call, decision);
                 handled.pool.credits = credits;
                 handled
             }
             Err(error) => {
-                let keys = call.rule_keys();
-                let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+                let mut events = home_unreachable(checks, &call, &error);
                 let mut handled = failed(checks, &call, &error);
-                let mut events = unreachable(Action::HomeUnreachable, checks, &keys, &error);
                 events.append(&mut handled.events);
                 handled.events = events;
                 handled
@@ -165,14 +162,10 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                 .collect();
             let call = ScriptCall::decide_at(&checks, &keys, self.clock(now_ms));
             let call = self.under_rule_wide(call, &checks, now_ms);
-            let call = call.asking(lease_asks(&checks, &asks));
             let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
-            match run(home, &call, budget).await.and_then(Reply::decision) {
-                Ok(decision) => credited.extend(credits(&checks, &asks, &decision.grants)),
-                Err(error) => {
-                    let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
-                    events.extend(unreachable(Action::HomeUnreachable, &checks, &keys, &error));
-                }
+            match ask_home(home, &checks, call, &asks, budget).await {
+                (_, Ok((_, credits))) => credited.extend(credits),
+                (call, Err(error)) => events = home_unreachable(&checks, &call, &error),
             }
         }
         if credited.is_empty() {
@@ -192,6 +185,38 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         }
         events
     }
+}
+
+/// `call`, deciding `checks`, sent to the home with `asks`' top-ups: the
+/// call as sent, and its decision with the credits of what it granted.
+async fn ask_home<S: ScriptRunner>(
+    home: &S,
+    checks: &[(Check<'_>, Vec<&str>)],
+    call: ScriptCall,
+    asks: &[(usize, TopUpAsk)],
+    budget: std::time::Duration,
+) -> (
+    ScriptCall,
+    Result<(Decision, Vec<(RuleId, Credit)>), ScriptError>,
+) {
+    let call = call.asking(lease_asks(checks, asks));
+    let asked = run(home, &call, budget).await.and_then(Reply::decision);
+    let asked = asked.map(|d| {
+        let credits = credits(checks, asks, &d.grants);
+        (d, credits)
+    });
+    (call, asked)
+}
+
+/// One `home_unreachable` event per rule of `call`, which failed with
+/// `error` (the log writes one line per rule a minute).
+fn home_unreachable(
+    checks: &[(Check<'_>, Vec<&str>)],
+    call: &ScriptCall,
+    error: &ScriptError,
+) -> Vec<Event> {
+    let keys: Vec<String> = call.rule_keys().iter().map(|k| (*k).to_owned()).collect();
+    unreachable(Action::HomeUnreachable, checks, &keys, error)
 }
 
 /// The request spent from every pool: each rule admits it, with what its

@@ -230,6 +230,24 @@ mod tests {
         assert_eq!(next[0].repeated, Some(2), "it stands for the two held back");
     }
 
+    /// A Redis out of reach meets every request at once: a line a minute
+    /// per rule and action, the home's and a region's apart.
+    #[test]
+    fn a_redis_out_of_reach_is_written_once_per_rule_and_side_a_minute() {
+        let mut g = LogGate::new();
+        let home = |rule: &str| Event::new(Action::HomeUnreachable, rule);
+        let region = |rule: &str| Event::new(Action::RegionUnreachable, rule);
+        let at = 60_000 * 3;
+        let first = g.pass(vec![home("api"), region("api"), home("api")], at);
+        assert_eq!(first.lines.len(), 2, "one each");
+        assert!(g
+            .pass(vec![home("api"), region("api")], at + 1_000)
+            .lines
+            .is_empty());
+        let next = g.pass(vec![home("api")], at + 60_000).lines;
+        assert_eq!((next.len(), next[0].repeated), (1, Some(2)));
+    }
+
     #[test]
     fn a_flood_writes_a_line_a_second_and_every_denial_is_counted() {
         let mut g = LogGate::new();
