@@ -124,8 +124,10 @@ if op == 'pool' or op == 'credit' then
     local ends = math.max(f[2], f[4])
     local ask, c0 = 0, 0
     -- A lost top-up lapses with the longest pool it could have brought.
+    -- Asked when a quarter of the demand or of the pool's length is left:
+    -- soon enough for a far trip, and once per pool for a steady client.
     local pending = f[5] > 0 and clock_us < f[5] + hold_us
-    if not pending and (not covered or left < math.ceil(want / 2) or (f[3] == 0 and ends - clock_us < hold_us / 2)) then
+    if not pending and (not covered or left < math.ceil(want / 4) or (f[3] == 0 and ends - clock_us < hold_us / 4)) then
       ask, c0, f[5] = want, clock_us, clock_us
     end
     write_pool(KEYS[i], f, hold_us)

@@ -20,6 +20,7 @@ mod in_flight;
 mod load;
 mod peer;
 mod redis_side;
+mod regions;
 mod report;
 mod size;
 mod stack;
@@ -60,7 +61,7 @@ usage: edge-limiter-bench [--quick] [--rounds N] [--seconds S] [--baseline DIR]
                another build of our worker (what scripts/build-worker leaves
                in build/, e.g. of an earlier commit), run beside this one
                under load: a change's before and after in one run
-  --parts LIST the parts to run, comma-separated (default 1,2,3,4,6,7,8,9; 2
+  --parts LIST the parts to run, comma-separated (default 1,2,3,4,6,7,8,9,10; 2
                also measures 5): '--parts 2 --baseline DIR --no-save' compares
                two builds under load in a few minutes, '--parts 8 --no-save'
                sends the hostile requests alone
@@ -78,7 +79,7 @@ struct Options {
     /// Requests of each hostile shape per measurement (part 8).
     hostile_batch: usize,
     /// Which parts run; index 0 is unused, 5 goes with 2.
-    parts: [bool; 10],
+    parts: [bool; 11],
     out: Option<PathBuf>,
 }
 
@@ -89,7 +90,7 @@ impl Options {
         SLICES.min(self.seconds).max(1)
     }
 
-    /// Whether `part` (1 to 9) is to run.
+    /// Whether `part` (1 to 10) is to run.
     fn runs(&self, part: usize) -> bool {
         self.parts[part]
     }
@@ -107,7 +108,7 @@ impl Options {
             far_clients: 200,
             baseline: None,
             hostile_batch: 60,
-            parts: [true; 10],
+            parts: [true; 11],
             out: Some(repo().join("bench/RESULTS.md")),
         };
         while let Some(arg) = args.next() {
@@ -147,14 +148,14 @@ impl Options {
 }
 
 /// `1,2,6` as the parts it names; 5 is measured with 2, so it names 2.
-fn parts(list: &str) -> Result<[bool; 10], String> {
-    let mut on = [false; 10];
+fn parts(list: &str) -> Result<[bool; 11], String> {
+    let mut on = [false; 11];
     for item in list.split(',') {
         match item.trim().parse::<usize>() {
-            Ok(n @ 1..=9) => on[if n == 5 { 2 } else { n }] = true,
+            Ok(n @ 1..=10) => on[if n == 5 { 2 } else { n }] = true,
             _ => {
                 return Err(format!(
-                    "--parts takes numbers 1 to 9, comma-separated, not {list:?}"
+                    "--parts takes numbers 1 to 10, comma-separated, not {list:?}"
                 ))
             }
         }
@@ -252,6 +253,11 @@ async fn run(o: &Options) -> Result<Results, String> {
     }
     if o.runs(9) {
         in_flight_part(&b, &mut r).await?;
+    }
+    if o.runs(10) {
+        say("part 10: one limit across two regions, each 80 ms from the other");
+        let measured = regions::measure(&b.http, &b.built, &b.scratch, &b.origin, &passthrough);
+        r.regions = Some(measured.await?);
     }
     drop(passthrough);
     let _ = std::fs::remove_dir_all(&b.scratch);
@@ -946,7 +952,8 @@ mod tests {
         assert!(alone.runs(8) && !alone.runs(2));
         let in_flight = parse(&["--parts", "9"]).unwrap();
         assert!(in_flight.runs(9) && !in_flight.runs(8));
-        assert!(parse(&["--parts", "10"]).is_err());
+        assert!(parse(&["--parts", "10"]).unwrap().runs(10));
+        assert!(parse(&["--parts", "11"]).is_err());
         assert!(parse(&["--parts"]).is_err());
     }
 }

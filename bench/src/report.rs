@@ -67,6 +67,8 @@ pub struct Results {
     pub in_flight: Option<InFlight>,
     /// Part 9, the wait instead of 429.
     pub delayed: Option<Delayed>,
+    /// Part 10.
+    pub regions: Option<crate::regions::Regions>,
     /// Part 4.
     pub wasm: Size,
     pub our_bundle: Option<Size>,
@@ -243,6 +245,7 @@ pub fn render(r: &Results) -> String {
         hostile_rows(&r.hostile),
         in_flight_rows(r.in_flight.as_ref()),
         delayed_rows(r.delayed.as_ref()),
+        regions_rows(r.regions.as_ref()),
     ];
     for cells in parts.iter().flatten() {
         let _ = writeln!(out, "| {} |", cells.join(" | "));
@@ -857,6 +860,62 @@ fn hot_rows(runs: &[(&'static str, Vec<Steady>)], part: &str, far: bool) -> Vec<
     rows
 }
 
+/// Part 10: one limit across two regions, ours and the peer's.
+fn regions_rows(g: Option<&crate::regions::Regions>) -> Vec<Row> {
+    let Some(g) = g else {
+        return vec![];
+    };
+    let part = "10 regions";
+    let (o, p) = (&g.ours, &g.peer);
+    let added = |s: &crate::regions::Side| {
+        format!(
+            "{:.1} (near round trip {:.1})",
+            s.added_p50_ms, s.near_rtt_ms
+        )
+    };
+    vec![
+        row([
+            part,
+            "a steady client in the far region: latency added at p50, ms",
+            &added(o),
+            &added(p),
+            "",
+            "<= near round trip + 2",
+            met(Some(o.added_p50_ms <= o.near_rtt_ms + 2.0)),
+        ]),
+        row([
+            part,
+            "its far REST calls per allowed request",
+            &format!("{:.3}", o.far_per_allowed),
+            &format!("{:.3}", p.far_per_allowed),
+            "",
+            "<= 0.1",
+            met(Some(o.far_per_allowed <= 0.1)),
+        ]),
+        row([
+            part,
+            &format!(
+                "a fresh client's page load ({} at once): near + far REST calls",
+                crate::regions::PAGE
+            ),
+            &format!("{} + {}", o.page_near, o.page_far),
+            &format!("{} + {}", p.page_near, p.page_far),
+            "",
+            "1 + 0",
+            met(Some(o.page_near == 1 && o.page_far == 0)),
+        ]),
+        row([
+            part,
+            "one client at both regions at once: over the limit at the origin (admitted)",
+            &format!("{} ({})", o.both_over, o.both_admitted),
+            &format!("{} ({})", p.both_over, p.both_admitted),
+            "",
+            "0",
+            met(Some(o.both_over == 0)),
+        ]),
+    ]
+}
+
 /// Part 9: REST requests per request under an in-flight rule, and what
 /// the origin held at once of a client sending more than its limit.
 fn in_flight_rows(f: Option<&InFlight>) -> Vec<Row> {
@@ -1263,6 +1322,23 @@ fn far_parts_measured(r: &Results) -> String {
             delayed::BATCH,
             delayed::CROWD,
             delayed::SLACK_MS
+        );
+    }
+    if let Some(g) = &r.regions {
+        let _ = writeln!(
+            out,
+            "10. Two regions, each a redis-server and REST endpoint of its own, each {} ms from the other region's workers through a delaying proxy; two instances of each worker, one per region. Ours: a GCRA rule of {} a minute, burst {}, `regions = \"shared\"`. The peer: `MultiRegionRatelimit` (@upstash/ratelimit {}) over the same two servers, its near one first, a sliding window of {} per 60 s. A steady client in eu sends {} requests {} ms apart, each just after a passthrough request and followed by a bare REST round trip to eu's endpoint; a fresh client's page load is {} requests at once; then one client sends {} requests to each region at once, {} times 300 ms apart, and the demo origin's arrival times, by its own clock, are held to the rule by GCRA's virtual scheduling, a request counting as decided up to {} ms before it arrived.",
+            crate::regions::FAR.as_millis(),
+            crate::regions::RATE_PER_MINUTE,
+            crate::regions::BURST,
+            g.peer_version,
+            crate::regions::BURST,
+            crate::regions::STEADY.0,
+            crate::regions::STEADY.1,
+            crate::regions::PAGE,
+            crate::regions::BOTH.0,
+            crate::regions::BOTH.1,
+            crate::regions::SLACK_MS
         );
     }
     if let Some(settings) = r.hostile.settings {

@@ -1,0 +1,334 @@
+//! Part 10, one limit across two regions (issue 48): a home Redis and a
+//! second region's (`eu`), each a redis-server and REST endpoint of its
+//! own, each 80 ms from the other region's workers through a delaying
+//! fault proxy. Two instances of each worker, one per region: ours with
+//! a shared GCRA rule, the peer with `MultiRegionRatelimit` over the same
+//! two Redis servers (its near one first), as its README writes it.
+//!
+//! Measured: a steady client in the far region (its latency added to a
+//! passthrough's, beside a bare REST round trip to its near Redis, and
+//! the far calls per allowed request); a fresh client's page load (near
+//! and far calls); and a client sending to both regions at once, as the
+//! origin's own arrival times count what got over the limit.
+
+use std::{path::Path, time::Duration};
+
+use edge_limiter::{
+    operator::simulate::conform::{self, Charge},
+    rules::config::Config,
+};
+use edge_limiter_local::{
+    fault_proxy::{Fault, FaultProxy},
+    testenv::{Endpoint, RedisServer},
+};
+
+use crate::{
+    stack::{copy_build, repo, Origin, Worker, TOKEN},
+    stats::percentile,
+    timed::timed,
+};
+
+/// How far each region's workers are from the other region's Redis.
+pub const FAR: Duration = Duration::from_millis(80);
+/// The rule both sides keep: 100 a minute, as many at once (GCRA's
+/// burst when none is written).
+pub const RATE_PER_MINUTE: u64 = 100;
+/// Its burst.
+pub const BURST: u64 = 100;
+/// The steady client's requests, and how far apart: below the rate.
+pub const STEADY: (usize, u64) = (40, 700);
+/// The requests a page load sends at once.
+pub const PAGE: usize = 4;
+/// The requests the client sends to each region at once, in waves: more
+/// than its burst in all.
+pub const BOTH: (usize, usize) = (40, 4);
+
+/// What part 10 measured of one side.
+#[derive(Debug, Clone, Default)]
+pub struct Side {
+    /// The steady client's latency added to a passthrough's, ms, p50.
+    pub added_p50_ms: f64,
+    /// A bare REST round trip to the near Redis, ms, p50.
+    pub near_rtt_ms: f64,
+    /// Far REST calls per allowed request of the steady client.
+    pub far_per_allowed: f64,
+    /// Near and far REST calls of a fresh client's page load.
+    pub page_near: u64,
+    pub page_far: u64,
+    /// Of the client sending to both regions: admitted at the origin, and
+    /// of those over the limit by their arrival times.
+    pub both_admitted: u64,
+    pub both_over: u64,
+}
+
+/// Both sides, ours first.
+#[derive(Debug, Clone, Default)]
+pub struct Regions {
+    pub ours: Side,
+    pub peer: Side,
+    pub peer_version: String,
+}
+
+/// The two Redis servers, their endpoints, and the proxies that put each
+/// 80 ms from the other region's workers.
+struct Place {
+    _redis: RedisServer,
+    endpoint: Endpoint,
+    far: FaultProxy,
+}
+
+impl Place {
+    fn start() -> Result<Place, String> {
+        let redis = RedisServer::start();
+        let endpoint = Endpoint::start(&redis.addr(), TOKEN);
+        let far = FaultProxy::start(endpoint.addr()).map_err(|e| format!("fault proxy: {e}"))?;
+        far.set(Fault::Delay(FAR));
+        Ok(Place {
+            _redis: redis,
+            endpoint,
+            far,
+        })
+    }
+}
+
+/// Our regions, and the place wrangler dev gives every request (North
+/// America) routed to `home_of` or to `eu`.
+fn our_toml(in_eu: bool) -> String {
+    let places = if in_eu { "[\"NA\"]" } else { "[\"EU\"]" };
+    format!(
+        "[vars.LIMITER]\nregions = [{{ name = \"us\", home = true }}, {{ name = \"eu\", continents = {places} }}]\n\n\
+         [[vars.LIMITER.rules]]\nname = \"shared\"\nkey = [\"ip\"]\nalgorithm = \"gcra\"\nrate = {RATE_PER_MINUTE}\n\
+         period = \"1m\"\nburst = {BURST}\nregions = \"shared\"\npath_prefix = \"/timed/\"\n"
+    )
+}
+
+/// A worker's `[vars]`: its near and far Redis, named as each side reads them.
+fn vars(ours: bool, in_eu: bool, home: &Place, eu: &Place, origin: &str) -> String {
+    let (home_url, eu_url) = match in_eu {
+        true => (home.far.url(), eu.endpoint.url()),
+        false => (home.endpoint.url(), eu.far.url()),
+    };
+    let (near, far) = if in_eu {
+        (&eu_url, &home_url)
+    } else {
+        (&home_url, &eu_url)
+    };
+    let redis = match ours {
+        true => format!("UPSTASH_REDIS_REST_URL = \"{home_url}\"\nUPSTASH_REDIS_REST_URL_EU = \"{eu_url}\"\nUPSTASH_REDIS_REST_TOKEN_EU = \"{TOKEN}\""),
+        false => format!("NEAR_URL = \"{near}\"\nFAR_URL = \"{far}\"\nPEER_LIMIT = \"{BURST}\"\nPEER_WINDOW = \"60 s\""),
+    };
+    format!("{redis}\nUPSTASH_REDIS_REST_TOKEN = \"{TOKEN}\"\nORIGIN_URL = \"{origin}\"")
+}
+
+/// Starts the four workers: ours in eu and at the home, the peer's the same.
+fn spawn(
+    built: &Path,
+    scratch: &Path,
+    (home, eu): (&Place, &Place),
+    origin: &str,
+) -> Result<[Worker; 4], String> {
+    let ours = |label: &'static str, in_eu: bool| -> Result<Worker, String> {
+        let dir = scratch.join(label);
+        copy_build(built, &dir)?;
+        let main = Path::new("build/worker/shim.mjs");
+        Worker::spawn(
+            label,
+            dir,
+            main,
+            &vars(true, in_eu, home, eu, origin),
+            &our_toml(in_eu),
+        )
+    };
+    let peer = |label: &'static str, in_eu: bool| -> Result<Worker, String> {
+        let main = repo().join("bench/workers/peer-regions.mjs");
+        Worker::spawn(
+            label,
+            scratch.join(label),
+            &main,
+            &vars(false, in_eu, home, eu, origin),
+            "",
+        )
+    };
+    Ok([
+        ours("regions-ours-eu", true)?,
+        ours("regions-ours-us", false)?,
+        peer("regions-peer-eu", true)?,
+        peer("regions-peer-us", false)?,
+    ])
+}
+
+/// Part 10, both sides.
+pub async fn measure(
+    http: &reqwest::Client,
+    built: &Path,
+    scratch: &Path,
+    origin: &Origin,
+    passthrough: &Worker,
+) -> Result<Regions, String> {
+    let (home, eu) = (Place::start()?, Place::start()?);
+    let workers = spawn(built, scratch, (&home, &eu), &origin.url)?;
+    for w in &workers {
+        w.ready(http).await?;
+    }
+    let [ours_eu, ours_us, peer_eu, peer_us] = &workers;
+    let salt = std::process::id();
+    let mut out = Regions {
+        peer_version: crate::peer::version("@upstash/ratelimit"),
+        ..Regions::default()
+    };
+    for (side, (in_eu, at_home), tag) in [
+        (&mut out.ours, (ours_eu, ours_us), "ours"),
+        (&mut out.peer, (peer_eu, peer_us), "peer"),
+    ] {
+        let run = Run {
+            http,
+            origin,
+            passthrough,
+            home: &home,
+            eu: &eu,
+        };
+        *side = run.side(in_eu, at_home, tag, salt).await?;
+    }
+    Ok(out)
+}
+
+struct Run<'a> {
+    http: &'a reqwest::Client,
+    origin: &'a Origin,
+    passthrough: &'a Worker,
+    home: &'a Place,
+    eu: &'a Place,
+}
+
+impl Run<'_> {
+    /// Far calls: what the proxy in front of the home has seen from eu.
+    fn far_calls(&self) -> u64 {
+        self.home.far.exchanges().len() as u64
+    }
+
+    async fn near_calls(&self) -> Result<u64, String> {
+        let url = format!("{}/__stats", self.eu.endpoint.url());
+        let stats: serde_json::Value = async {
+            (self.http.get(url).bearer_auth(TOKEN).send().await?)
+                .json()
+                .await
+        }
+        .await
+        .map_err(|e| format!("the eu endpoint's counts: {e}"))?;
+        Ok(stats["requests"].as_u64().unwrap_or(0))
+    }
+
+    /// Waits for the calls a worker makes after its responses.
+    async fn settled(&self) {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        self.home.far.wait_idle(Duration::from_secs(10));
+    }
+
+    async fn side(
+        &self,
+        in_eu: &Worker,
+        at_home: &Worker,
+        tag: &str,
+        salt: u32,
+    ) -> Result<Side, String> {
+        let mut side = Side::default();
+        let (n, salt) = (u32::from(tag == "peer"), format!("{tag}-{salt}"));
+        let ip = |client: u32| format!("10.{}.{}.{client}", 100 + n, std::process::id() % 250);
+        // A steady client in eu, below the rate, after its first request.
+        let steady = ip(1);
+        let path = format!("/timed/steady-{salt}");
+        let headers = [("CF-Connecting-IP", steady.as_str())];
+        let url = |w: &Worker, p: &str| format!("{}{p}", w.url);
+        timed(self.http, &url(in_eu, &path), &headers).await?;
+        self.settled().await;
+        let (far_before, mut allowed) = (self.far_calls(), 0u64);
+        let (mut worker_ms, mut through_ms, mut rtt_ms) = (vec![], vec![], vec![]);
+        for _ in 0..STEADY.0 {
+            let (ms, _) = timed(self.http, &url(self.passthrough, &path), &headers).await?;
+            through_ms.push(ms);
+            let (ms, status) = timed(self.http, &url(in_eu, &path), &headers).await?;
+            worker_ms.push(ms);
+            allowed += u64::from(status == 200);
+            let ping = format!("{}/ping", self.eu.endpoint.url());
+            let started = std::time::Instant::now();
+            let sent = self.http.get(ping).bearer_auth(TOKEN).send().await;
+            sent.map_err(|e| format!("a REST round trip: {e}"))?;
+            rtt_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+            tokio::time::sleep(Duration::from_millis(STEADY.1)).await;
+        }
+        self.settled().await;
+        side.added_p50_ms = percentile(&worker_ms, 50.0) - percentile(&through_ms, 50.0);
+        side.near_rtt_ms = percentile(&rtt_ms, 50.0);
+        side.far_per_allowed = (self.far_calls() - far_before) as f64 / allowed.max(1) as f64;
+
+        // A fresh client's page load: its requests at once.
+        let fresh = ip(2);
+        let (near_before, far_before) = (self.near_calls().await?, self.far_calls());
+        let page = format!("/timed/page-{salt}");
+        let (page_url, page_headers) = (url(in_eu, &page), [("CF-Connecting-IP", fresh.as_str())]);
+        let loads = (0..PAGE).map(|_| timed(self.http, &page_url, &page_headers));
+        for loaded in futures_util::future::join_all(loads).await {
+            loaded?;
+        }
+        self.settled().await;
+        side.page_near = self.near_calls().await? - near_before;
+        side.page_far = self.far_calls() - far_before;
+
+        // One client at both regions at once: waves of requests to each.
+        let both = ip(3);
+        let path = format!("/timed/both-{salt}");
+        for _ in 0..BOTH.1 {
+            let sent = [in_eu, at_home].into_iter().flat_map(|w| {
+                let both = both.as_str();
+                let url = url(w, &path);
+                (0..BOTH.0).map(move |_| {
+                    let url = url.clone();
+                    async move { timed(self.http, &url, &[("CF-Connecting-IP", both)]).await }
+                })
+            });
+            for answered in futures_util::future::join_all(sent).await {
+                answered?;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let arrivals = self.arrivals(&path).await?;
+        side.both_admitted = arrivals.len() as u64;
+        side.both_over = over(&arrivals);
+        Ok(side)
+    }
+
+    /// The origin's arrival times on `path`, ms.
+    async fn arrivals(&self, path: &str) -> Result<Vec<u64>, String> {
+        let url = format!("{}/__origin/arrivals?path={path}", self.origin.url);
+        let times: Vec<f64> = async { self.http.get(url).send().await?.json().await }
+            .await
+            .map_err(|e| format!("the origin's arrivals: {e}"))?;
+        let mut times: Vec<u64> = times.into_iter().map(|t| t as u64).collect();
+        times.sort_unstable();
+        Ok(times)
+    }
+}
+
+/// How many of `arrivals` (ms, in order) went over the rule, by the
+/// independent checker: each decided at most [`SLACK_MS`] before it
+/// reached the origin, and over only if no such instant conforms.
+fn over(arrivals: &[u64]) -> u64 {
+    let config = format!(
+        "{{\"rules\": [{{\"name\": \"x\", \"key\": [\"ip\"], \"algorithm\": \"gcra\", \"rate\": {RATE_PER_MINUTE}, \"period\": \"1m\", \"burst\": {BURST}}}]}}"
+    );
+    let config: Config = config.parse().expect("the rule's figures");
+    let policy = &config.rules[0].policy;
+    let charges: Vec<Charge<'_>> = (arrivals.iter())
+        .map(|&t| Charge {
+            from_ms: t.saturating_sub(SLACK_MS),
+            to_ms: t,
+            cost: 1,
+            under: vec![policy],
+        })
+        .collect();
+    conform::over(&charges, 0)
+}
+
+/// How long before its arrival at the origin a request may have been
+/// decided: the forward's own time, on a loaded machine.
+pub const SLACK_MS: u64 = 50;
