@@ -12,21 +12,25 @@
 -- The credit then sets the deadline to c0 + ms. Since c0 came before r, and
 -- one clock is compared only with itself, every spend falls before r + ms.
 --
--- A pool key holds eight numbers, decimal text: units and deadline (us) of
+-- A pool key holds nine numbers, decimal text: units and deadline (us) of
 -- the tranche spent first, the same of the next (a top-up lands while the
 -- last one lasts), the pending top-up's c0 (0: none), units spent since the
--- demand span began, units spent in the span before, and when it began.
+-- demand span began, units spent in the span before, when it began, and
+-- the TAT (us) of the region's own share of the client's limit, a GCRA on
+-- this clock that the home's figures leave room for (src/rules/shared.rs):
+-- what a fresh client spends before any pool is granted.
 --
 -- ARGV[1] == 'pool': spend from every pool in KEYS, all or nothing.
 --   ARGV[2]   the clock (common.lua)
 --   ARGV[3..] per key: the request's cost, the pool's length (ms: the
 --             longest the home grants, and the demand span), the most
---             units one top-up may ask for
---   Reply: five integers per key: 1 if the pools covered the request and
---   it was spent, else 0 (then nothing was spent anywhere: the home
---   decides); the units left; ms until the last of them lapses; units to
---   ask the home for (0: no top-up now); the top-up's c0 (us), which its
---   credit must name.
+--             units one top-up may ask for, the share's units at once (0:
+--             none) and its interval (us)
+--   Reply: five integers per key: 1 if the pools (else the shares)
+--   covered the request and it was spent, else 0 (then nothing was spent
+--   anywhere: the home decides); the units left, pool and share; ms until
+--   the last of the pool's lapses; units to ask the home for (0: no
+--   top-up now); the top-up's c0 (us), which its credit must name.
 -- ARGV[1] == 'credit': a top-up's grant, written into each pool in KEYS.
 --   ARGV[3..] per key: c0, units granted, their ms, the pool's length (ms)
 --   Reply: 1 per key if the units went into the pool, 0 if the pending
@@ -47,8 +51,8 @@ if op == 'pool' or op == 'credit' then
         f[#f + 1] = n + 0
       end
     end
-    if #f ~= 8 then
-      f = { 0, 0, 0, 0, 0, 0, 0, clock_us }
+    if #f ~= 9 then
+      f = { 0, 0, 0, 0, 0, 0, 0, clock_us, 0 }
     end
     if f[4] <= clock_us then
       f[3] = 0
@@ -64,12 +68,12 @@ if op == 'pool' or op == 'credit' then
   -- Kept until its last tranche, its pending top-up and its demand span
   -- have lapsed; a day longer on a pinned clock (common.lua).
   local function write_pool(key, f, hold_us)
-    local last = math.max(f[2], f[4], f[5] + hold_us, f[8] + 2 * hold_us)
+    local last = math.max(f[2], f[4], f[5] + hold_us, f[8] + 2 * hold_us, f[9])
     local ttl = math.max(math.ceil((last - clock_us) / 1000), 1)
     if now_us then
       ttl = ttl + 86400000
     end
-    call('SET', key, string.format('%d %d %d %d %d %d %d %d', unpack(f)), 'PX', string.format('%d', ttl))
+    call('SET', key, string.format('%d %d %d %d %d %d %d %d %d', unpack(f)), 'PX', string.format('%d', ttl))
   end
 
   local reply, n = {}, #KEYS
@@ -100,18 +104,25 @@ if op == 'pool' or op == 'credit' then
 
   local pools, covered = {}, true
   for i = 1, n do
-    local cost, hold, most = read(3)
+    local cost, hold, most, units, every = read(5)
     local f = read_pool(KEYS[i])
-    pools[i] = { f = f, cost = cost + 0, hold_us = hold * 1000, most = most + 0 }
-    if f[1] + f[3] < cost + 0 then
+    local p = { f = f, cost = cost + 0, hold_us = hold * 1000, most = most + 0, units = units + 0,
+      every = every + 0, ahead = math.max(f[9] - clock_us, 0) }
+    p.pooled = f[1] + f[3] >= p.cost
+    p.shared = p.units > 0 and p.ahead + p.cost * p.every <= p.units * p.every
+    if not (p.pooled or p.shared) then
       covered = false
     end
+    pools[i] = p
   end
   for i, p in ipairs(pools) do
     local f, cost, hold_us = p.f, p.cost, p.hold_us
-    if covered then
+    if covered and p.pooled then
       local first = math.min(f[1], cost)
       f[1], f[3] = f[1] - first, f[3] - (cost - first)
+    elseif covered then
+      p.ahead = p.ahead + cost * p.every
+      f[9] = clock_us + p.ahead
     end
     -- Demand, spent here or sent to the home, over the last one to two spans.
     if clock_us - f[8] >= hold_us then
@@ -131,6 +142,9 @@ if op == 'pool' or op == 'credit' then
       ask, c0, f[5] = want, clock_us, clock_us
     end
     write_pool(KEYS[i], f, hold_us)
+    if p.units > 0 then
+      left = left + math.floor((p.units * p.every - p.ahead) / p.every)
+    end
     local k = #reply
     reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5] =
       covered and 1 or 0, left, math.max(math.ceil((ends - clock_us) / 1000), 0), ask, c0

@@ -293,10 +293,18 @@ async fn a_region_spends_its_pool_while_the_home_is_out_of_reach_then_fails_as_t
         status: 503,
         body: "down".into(),
     });
-    // The pool's units are spent; then the rule fails closed, as configured.
-    let statuses = send(&url, ip, Some("eu"), held + 2).await;
-    assert_eq!(statuses[..held], vec![200; held][..], "{statuses:?}");
-    assert_eq!(statuses[held..], [503, 503], "{statuses:?}");
+    // The pool's units are spent, then what the region's share (5 at
+    // once) has left; then the rule fails closed, as configured.
+    let statuses = send(&url, ip, Some("eu"), held + 7).await;
+    let served = statuses.iter().take_while(|s| **s == 200).count();
+    assert!(
+        (held..=held + 5).contains(&served),
+        "{held} pooled: {statuses:?}"
+    );
+    assert!(statuses[served..].iter().all(|s| *s == 503), "{statuses:?}");
+    // A fresh client is decided in the region alone, from its share.
+    let fresh = send(&url, "203.0.113.12", Some("eu"), 6).await;
+    assert_eq!(fresh, [200, 200, 200, 200, 200, 503]);
     // Each top-up asked for and each far call failed, and one line says so.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while stack.worker.events_of("home_unreachable").is_empty() {
@@ -331,7 +339,9 @@ async fn a_block_set_at_the_home_reaches_a_region_within_cache_hold() {
             "regions = \"shared\"",
             "regions = \"shared\"\noverrides = true",
         )
-        .replace("[vars.LIMITER]", "[vars.LIMITER]\ncache_hold = \"2s\"");
+        .replace("[vars.LIMITER]", "[vars.LIMITER]\ncache_hold = \"2s\"")
+        // A region's share would not follow an override: `check` refuses both.
+        .replace("region_share = 5\n", "");
     let stack = Stack::builder(&toml).region("eu").start();
     let url = format!("{}/page", stack.worker.url);
     let ip = "203.0.113.11";

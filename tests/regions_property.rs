@@ -75,6 +75,8 @@ struct Case {
     far: Vec<u64>,
     /// Whether the adversary spends a pool at its last instant.
     adversary: bool,
+    /// Each region's own share of a GCRA rule's burst (0: none).
+    share: u64,
 }
 
 fn arrivals(span_ms: u64, most: usize) -> impl Strategy<Value = Vec<(u64, u64)>> {
@@ -115,20 +117,26 @@ fn case(regions: usize) -> impl Strategy<Value = Case> {
         prop::collection::vec(0..6u64, 64),
         prop::collection::vec(10..121u64, 64),
         any::<bool>(),
+        prop_oneof![Just(0u64), 1..4u64],
     )
-        .prop_map(|(figures, home, regions, near, far, adversary)| Case {
-            figures,
-            home,
-            regions,
-            near,
-            far,
-            adversary,
-        })
+        .prop_map(
+            |(figures, home, regions, near, far, adversary, share)| Case {
+                figures,
+                home,
+                regions,
+                near,
+                far,
+                adversary,
+                share,
+            },
+        )
 }
 
 impl Case {
-    /// The configuration: the shared rule, with as many regions as drawn.
-    fn config(&self) -> Config {
+    /// The configuration: the shared rule, with as many regions as drawn;
+    /// or, not `shared`, the rule's own figures alone, which the checker
+    /// holds every admission to.
+    fn config(&self, shared: bool) -> Config {
         let mut rule = match self.figures {
             Figures::Gcra {
                 rate,
@@ -149,7 +157,15 @@ impl Case {
         };
         rule["name"] = json!("shared");
         rule["key"] = json!(["ip"]);
+        if !shared {
+            return Config::from_json(&json!({ "rules": [rule] })).expect("a valid rule");
+        }
         rule["regions"] = json!("shared");
+        if let Figures::Gcra { burst, .. } = self.figures {
+            if self.share > 0 && burst >= 20 {
+                rule["region_share"] = json!(self.share);
+            }
+        }
         let mut regions = vec![json!({"name": "home", "home": true})];
         for (i, _) in self.regions.iter().enumerate() {
             regions.push(json!({"name": format!("r{i}"), "colos": [format!("RG{}", (b'A' + i as u8) as char)]}));
@@ -230,7 +246,7 @@ fn skewed(ms: u64, skew_ms: i64) -> u64 {
 }
 
 async fn run_case(case: &Case, backends: &[Backend], id: &str) -> Seen {
-    let config = case.config();
+    let config = case.config(true);
     let rule = &config.rules[0];
     let pool = rule.shared.expect("a shared rule");
     let mut run = Run {
@@ -279,6 +295,7 @@ async fn run_case(case: &Case, backends: &[Backend], id: &str) -> Seen {
                     cost,
                     hold_ms: pool.hold_ms,
                     most: pool.most,
+                    share: pool.share.map_or((0, 0), |s| (s.units, s.interval_us)),
                 };
                 let states = spend(
                     &regions[at].client,
@@ -442,7 +459,7 @@ fn property(regions: usize, cases: u32) {
         counter.set(n + 1);
         let id = format!("10.{regions}.{}.{}", n / 200, n % 200);
         let seen = rt.block_on(run_case(&case, &backends, &id));
-        let config = case.config();
+        let config = case.config(false);
         let rule = &config.rules[0];
         let key = rule_key(rule, &[id.as_str()]);
         let offset = window_offset(&key, rule.policy.longest_ms());
@@ -491,4 +508,49 @@ fn two_regions_never_go_over_one_limit() {
 #[test]
 fn three_regions_never_go_over_one_limit() {
     property(2, 48);
+}
+
+/// The worst moment for a region's share: a fresh client spends its share
+/// in the region while the home admits all it can, at one instant. The
+/// home must have kept the share out of its own figures.
+#[test]
+fn a_regions_share_is_kept_out_of_the_homes_figures() {
+    let backends: Vec<Backend> = (0..2).map(|_| Backend::start()).collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let rule = json!({"name": "shared", "key": ["ip"], "algorithm": "gcra", "rate": 10,
+                      "period": "1s", "burst": 30, "regions": "shared", "region_share": 4});
+    let regions = json!([{"name": "home", "home": true}, {"name": "r0", "colos": ["RGA"]}]);
+    let config = Config::from_json(&json!({"rules": [rule], "regions": regions})).unwrap();
+    let rule = &config.rules[0];
+    let pool = rule.shared.unwrap();
+    let id = "10.9.9.9";
+    let spent = PoolSpend {
+        key: pool_key(&rule_key(rule, &[id])),
+        cost: 1,
+        hold_ms: pool.hold_ms,
+        most: pool.most,
+        share: pool.share.map_or((0, 0), |s| (s.units, s.interval_us)),
+    };
+    let admitted = rt.block_on(async {
+        let mut admitted = 0;
+        for _ in 0..6 {
+            let states = spend(
+                &backends[1].client,
+                std::slice::from_ref(&spent),
+                Some(T0),
+                BUDGET,
+            );
+            admitted += u64::from(states.await.unwrap()[0].covered);
+        }
+        assert_eq!(admitted, 4, "the share, and no more, with no pool granted");
+        for _ in 0..40 {
+            let call = ScriptCall::decide(&[(Check { rule, cost: 1 }, vec![id])], Some(T0));
+            admitted += u64::from(run_call(&backends[0], &call).await.admitted());
+        }
+        admitted
+    });
+    assert_eq!(admitted, 30, "the whole burst, the share's part included");
 }

@@ -35,6 +35,8 @@ pub const FAR: Duration = Duration::from_millis(80);
 pub const RATE_PER_MINUTE: u64 = 100;
 /// Its burst.
 pub const BURST: u64 = 100;
+/// Of which each region other than ours decides alone (`region_share`).
+pub const SHARE: u64 = 5;
 /// The steady client's requests, and how far apart: below the rate.
 pub const STEADY: (usize, u64) = (40, 700);
 /// The requests a page load sends at once.
@@ -98,7 +100,7 @@ fn our_toml(in_eu: bool) -> String {
     format!(
         "[vars.LIMITER]\nregions = [{{ name = \"us\", home = true }}, {{ name = \"eu\", continents = {places} }}]\n\n\
          [[vars.LIMITER.rules]]\nname = \"shared\"\nkey = [\"ip\"]\nalgorithm = \"gcra\"\nrate = {RATE_PER_MINUTE}\n\
-         period = \"1m\"\nburst = {BURST}\nregions = \"shared\"\npath_prefix = \"/timed/\"\n"
+         period = \"1m\"\nburst = {BURST}\nregions = \"shared\"\nregion_share = {SHARE}\npath_prefix = \"/timed/\"\n"
     )
 }
 

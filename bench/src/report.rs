@@ -1327,10 +1327,11 @@ fn far_parts_measured(r: &Results) -> String {
     if let Some(g) = &r.regions {
         let _ = writeln!(
             out,
-            "10. Two regions, each a redis-server and REST endpoint of its own, each {} ms from the other region's workers through a delaying proxy; two instances of each worker, one per region. Ours: a GCRA rule of {} a minute, burst {}, `regions = \"shared\"`. The peer: `MultiRegionRatelimit` (@upstash/ratelimit {}) over the same two servers, its near one first, a sliding window of {} per 60 s. A steady client in eu sends {} requests {} ms apart, each just after a passthrough request and followed by a bare REST round trip to eu's endpoint; a fresh client's page load is {} requests at once; then one client sends {} requests to each region at once, {} times 300 ms apart, and the demo origin's arrival times, by its own clock, are held to the rule by GCRA's virtual scheduling, a request counting as decided up to {} ms before it arrived.",
+            "10. Two regions, each a redis-server and REST endpoint of its own, each {} ms from the other region's workers through a delaying proxy; two instances of each worker, one per region. Ours: a GCRA rule of {} a minute, burst {}, `regions = \"shared\"`, `region_share = {}`. The peer: `MultiRegionRatelimit` (@upstash/ratelimit {}) over the same two servers, its near one first, a sliding window of {} per 60 s. A steady client in eu sends {} requests {} ms apart, each just after a passthrough request and followed by a bare REST round trip to eu's endpoint; a fresh client's page load is {} requests at once; then one client sends {} requests to each region at once, {} times 300 ms apart, and the demo origin's arrival times, by its own clock, are held to the rule by GCRA's virtual scheduling, a request counting as decided up to {} ms before it arrived.",
             crate::regions::FAR.as_millis(),
             crate::regions::RATE_PER_MINUTE,
             crate::regions::BURST,
+            crate::regions::SHARE,
             g.peer_version,
             crate::regions::BURST,
             crate::regions::STEADY.0,

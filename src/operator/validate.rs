@@ -81,9 +81,17 @@ pub fn describe(config: &Config) -> Vec<String> {
             }
             if let Some(pool) = r.shared {
                 line.push_str(&format!(
-                    ", shared across regions (pools of up to {} units for {}ms)",
+                    ", shared across regions (pools of up to {} units for {}ms",
                     pool.most, pool.hold_ms
                 ));
+                if let Some(share) = pool.share {
+                    line.push_str(&format!(
+                        "; each region decides {} at once alone, one more per {}ms, the home the figures above",
+                        share.units,
+                        share.interval_us.div_ceil(1000)
+                    ));
+                }
+                line.push(')');
             }
             if !r.except_ips.is_empty() {
                 let list: Vec<String> = r.except_ips.iter().map(ToString::to_string).collect();

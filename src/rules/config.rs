@@ -16,7 +16,7 @@ use super::{
     regions::{self, Region},
     request::{self, CfField, RequestMeta},
     rule::{Cost, DenyBody, FailMode, KeyPart, Mode, Rule, RuleId, DEFAULT_BUDGET_MS},
-    shared::{Pool, MAX_POOL_MS},
+    shared::{Pool, Share, MAX_POOL_MS},
     stats::{self, StatsClients, StatsSettings},
 };
 
@@ -154,9 +154,27 @@ impl Config {
                 .map_err(|why| invalid("cache_hold", why))
                 .and_then(|w| duration("cache_hold", &w))?,
         };
+        let regions = regions::read(raw.regions.as_ref())?;
+        if let Some(rule) = rules.iter().find(|r| r.shared.is_some()) {
+            if regions.len() < 2 {
+                return Err(rule_error(&rule.name, "regions", "`\"shared\"` keeps one limit across the configuration's `regions`, which name no region besides the home; add them, or remove `regions` from the rule"));
+            }
+        }
+        let others = regions.len().saturating_sub(1) as u64;
         for rule in rules.iter_mut().filter(|r| r.shared.is_some()) {
-            let pool = Pool::of(&rule.policy, cache_hold_ms);
-            rule.shared = Some(pool.map_err(|e| rule_error(&rule.name, e.field, e.problem))?);
+            let named = |e: FieldError| rule_error(&rule.name, e.field, e.problem);
+            // The home keeps the rule's figures less every region's share.
+            let asked = rule.shared.and_then(|p| p.share);
+            let share = match (asked, &rule.policy) {
+                (Some(asked), Policy::Gcra(g)) => {
+                    let (share, home) = Share::split(g, others, asked.units).map_err(named)?;
+                    rule.policy = Policy::Gcra(home);
+                    Some(share)
+                }
+                _ => None,
+            };
+            let pool = Pool::of(&rule.policy, cache_hold_ms).map_err(named)?;
+            rule.shared = Some(Pool { share, ..pool });
         }
         let stats = stats(&raw)?;
         // Until `keyed_by` gives the secret, an HMAC form keys by none:
@@ -168,12 +186,6 @@ impl Config {
         };
         for rule in &mut rules {
             rule.form = form.clone();
-        }
-        let regions = regions::read(raw.regions.as_ref())?;
-        if let Some(rule) = rules.iter().find(|r| r.shared.is_some()) {
-            if regions.len() < 2 {
-                return Err(rule_error(&rule.name, "regions", "`\"shared\"` keeps one limit across the configuration's `regions`, which name no region besides the home; add them, or remove `regions` from the rule"));
-            }
         }
         Ok(Config {
             rules,
@@ -401,12 +413,29 @@ impl TryFrom<RawRule> for Rule {
         if lease.is_some() && cost_header.is_some() {
             return Err(invalid("lease", "a `cost_header` rule settles each request's charge in Redis after its response, which a lease's units, spent in the isolate, cannot; remove `lease` or `cost_header`"));
         }
+        if raw.region_share.is_some() && raw.regions.as_deref() != Some("shared") {
+            return Err(invalid("region_share", "needs `regions = \"shared\"`"));
+        }
         let shared = match raw.regions.as_deref() {
             None => None,
             Some("shared") => {
                 let settled = !count_status.is_empty() || cost_header.is_some();
                 Pool::fits(mode, lease.is_some(), settled, penalty_ms.is_some())?;
-                Some(Pool::of(&policy, MAX_POOL_MS)?)
+                let share = raw.region_share.map(|units| Share {
+                    units,
+                    interval_us: 0,
+                });
+                let gcra = matches!(policy, Policy::Gcra(_));
+                let why = match (&share, gcra, raw.overrides == Some(true)) {
+                    (Some(_), false, _) => Some("a region's share is a GCRA of its own; use a GCRA rule, or remove `region_share`"),
+                    (Some(_), _, true) => Some("an override holds at the home, which a region's share, decided there alone, would not follow; remove `overrides` or `region_share`"),
+                    _ => None,
+                };
+                if let Some(why) = why {
+                    return Err(invalid("region_share", why));
+                }
+                let pool = Pool::of(&policy, MAX_POOL_MS)?;
+                Some(Pool { share, ..pool })
             }
             Some(other) => {
                 return Err(invalid(

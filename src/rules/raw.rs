@@ -103,6 +103,7 @@ pub(super) struct RawRule {
     pub(super) except_ips: Vec<String>,
     pub(super) fold: Vec<String>,
     pub(super) regions: Option<String>,
+    pub(super) region_share: Option<u64>,
 }
 
 /// The fields every rule may have, in the order docs/rules.md lists them:
@@ -131,6 +132,7 @@ const FIELDS_AFTER: &[&str] = &[
     "overrides",
     "except_ips",
     "regions",
+    "region_share",
 ];
 
 impl FromJson for Mode {
@@ -216,6 +218,7 @@ impl RawRule {
             except_ips: list(rule, "except_ips")?.unwrap_or_default(),
             fold: list(rule, "fold")?.unwrap_or_default(),
             regions: one(rule, "regions")?,
+            region_share: one(rule, "region_share")?,
         })
     }
 }

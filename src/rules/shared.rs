@@ -6,11 +6,17 @@
 //! A pool is charged at the home as a lease is: its units count as
 //! arriving when it ends, and it is granted only if that conforms
 //! (`lua/pool.lua`, `docs/deploying.md`).
+//!
+//! A GCRA rule may also give each region a share of every client's limit
+//! (`region_share`), which its Redis decides alone, so that a fresh
+//! client's first requests need no far call. The home's figures are the
+//! rule's less every region's share, burst and rate alike: the sum of
+//! streams that conform to each part conforms to the whole.
 
 use super::{
     fields::{invalid, FieldError},
     lease::LEASE_SHARE,
-    policy::Policy,
+    policy::{Gcra, Policy},
     rule::Mode,
 };
 
@@ -26,6 +32,52 @@ pub struct Pool {
     pub hold_ms: u64,
     /// The most units one top-up asks for.
     pub most: u64,
+    /// The share of every client's limit each region decides alone.
+    pub share: Option<Share>,
+}
+
+/// A region's own share of every client's limit: a GCRA of `units` at
+/// once, one more every `interval_us`, on the region's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    /// Units a fresh client may spend at once in the region.
+    pub units: u64,
+    /// Time a unit occupies, microseconds (rounded up).
+    pub interval_us: u64,
+}
+
+impl Share {
+    /// `units` a region of `gcra`'s burst, for each of `regions` regions
+    /// besides the home: the share, and the home's figures, less every
+    /// share. The home's interval is rounded up, as the share's is, so the
+    /// parts' rates add up to at most the rule's. The error names
+    /// `region_share`.
+    pub fn split(gcra: &Gcra, regions: u64, units: u64) -> Result<(Share, Gcra), FieldError> {
+        let (burst, interval) = (gcra.burst(), gcra.interval_us());
+        let taken = units.saturating_mul(regions);
+        if units == 0 || taken >= burst {
+            return Err(invalid(
+                "region_share",
+                format!("must be at least 1, and the {regions} region(s) besides the home must leave it some of the burst of {burst}: at most {}", (burst - 1) / regions.max(1)),
+            ));
+        }
+        let left = burst - taken;
+        let span = interval * burst;
+        // The home's `left` units take the span the whole burst did.
+        let mut period_ms = span.div_ceil(1000);
+        let home = loop {
+            let home = Gcra::new(left, period_ms, left)?;
+            if home.interval_us() * left >= span {
+                break home;
+            }
+            period_ms += 1;
+        };
+        let share = Share {
+            units,
+            interval_us: span.div_ceil(units),
+        };
+        Ok((share, home))
+    }
 }
 
 impl Pool {
@@ -47,7 +99,11 @@ impl Pool {
         if most == 0 {
             return Err(invalid("regions", "the figures leave no room for a pool: a region would send every request to the home; raise `burst` (or the window's limit), or remove `regions`"));
         }
-        Ok(Pool { hold_ms, most })
+        Ok(Pool {
+            hold_ms,
+            most,
+            share: None,
+        })
     }
 
     /// Checks what a shared rule may not combine with: each is decided in
@@ -89,7 +145,8 @@ mod tests {
             gcra,
             Some(Pool {
                 hold_ms: 10_000,
-                most: 41
+                most: 41,
+                share: None
             })
         );
         // Burst 10 at 10/s: 1 s of tolerance, halved until half the units fit.
@@ -102,9 +159,67 @@ mod tests {
             pool(windows).unwrap(),
             Some(Pool {
                 hold_ms: 10_000,
-                most: 49
+                most: 49,
+                share: None
             })
         );
+    }
+
+    /// The home keeps the rule less every region's share, burst and rate:
+    /// the parts add up to the rule.
+    #[test]
+    fn a_regions_share_comes_out_of_the_homes_figures() {
+        let regions = json!([{"name": "us", "home": true}, {"name": "eu", "colos": ["FRA"]},
+                             {"name": "ap", "colos": ["SIN"]}]);
+        let rule = json!({"name": "r", "key": ["ip"], "algorithm": "gcra", "rate": 100,
+                          "period": "1m", "burst": 20, "regions": "shared", "region_share": 3});
+        let c = Config::from_json(&json!({"rules": [rule], "regions": regions})).unwrap();
+        let Policy::Gcra(home) = c.rules[0].policy else {
+            panic!("a GCRA rule");
+        };
+        assert_eq!((home.burst(), home.interval_us()), (14, 857_143));
+        let share = c.rules[0].shared.unwrap().share.unwrap();
+        assert_eq!(
+            share,
+            Share {
+                units: 3,
+                interval_us: 4_000_000
+            }
+        );
+        // The parts add up to the rule's burst, and to no more than its rate.
+        assert_eq!(home.burst() + 2 * share.units, 20);
+        let rate = 1.0 / home.interval_us() as f64 + 2.0 / share.interval_us as f64;
+        assert!(rate <= 1.0 / 600_000.0, "{rate}");
+        for (rule, says) in [
+            (
+                json!({"algorithm": "windowed", "windows": [["1m", 100, "10s"]], "region_share": 2}),
+                "GCRA",
+            ),
+            (
+                json!({"algorithm": "gcra", "rate": 100, "period": "1m", "region_share": 2, "overrides": true}),
+                "overrides",
+            ),
+            (
+                json!({"algorithm": "gcra", "rate": 100, "period": "1m", "region_share": 100}),
+                "at most 99",
+            ),
+            (
+                json!({"algorithm": "gcra", "rate": 100, "period": "1m", "region_share": 0}),
+                "at least 1",
+            ),
+        ] {
+            let error = pool(rule).unwrap_err();
+            assert!(
+                error.contains("region_share") && error.contains(says),
+                "{error}"
+            );
+        }
+        let alone = json!({"name": "r", "key": ["ip"], "algorithm": "gcra", "rate": 10,
+                           "period": "1s", "region_share": 2});
+        let error = Config::from_json(&json!({"rules": [alone]}))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("needs `regions = \"shared\"`"), "{error}");
     }
 
     #[test]
@@ -118,7 +233,8 @@ mod tests {
             c.unwrap().rules[0].shared,
             Some(Pool {
                 hold_ms: 2000,
-                most: 47
+                most: 47,
+                share: None
             })
         );
     }

@@ -52,12 +52,15 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
         let pools: Vec<PoolSpend> = (checks.iter().zip(&keys))
             .map(|((c, _), key)| {
-                let (hold_ms, most) = c.rule.shared.map_or((0, 0), |p| (p.hold_ms, p.most));
+                let pool = c.rule.shared;
+                let (hold_ms, most) = pool.map_or((0, 0), |p| (p.hold_ms, p.most));
+                let share = pool.and_then(|p| p.share);
                 PoolSpend {
                     key: pool_key(key),
                     cost: c.cost,
                     hold_ms,
                     most,
+                    share: share.map_or((0, 0), |s| (s.units, s.interval_us)),
                 }
             })
             .collect();

@@ -18,6 +18,9 @@ pub struct PoolSpend {
     pub hold_ms: u64,
     /// The most units one top-up asks for.
     pub most: u64,
+    /// The region's own share of the client's limit, units at once (0:
+    /// none), and the time one takes to come back, us.
+    pub share: (u64, u64),
 }
 
 /// What a spend says of one pool.
@@ -26,7 +29,7 @@ pub struct PoolState {
     /// Whether the pools covered the request, which was then spent from
     /// every one; if not, nothing was spent and the home decides.
     pub covered: bool,
-    /// Units left in the pool.
+    /// Units left in the pool and the region's share.
     pub left: u64,
     /// Ms until the last of them lapses.
     pub lasts_ms: u64,
@@ -68,7 +71,8 @@ pub async fn spend(
     let keys: Vec<String> = pools.iter().map(|p| p.key.clone()).collect();
     let mut args = vec![Entry::POOL.to_owned(), clock(now_ms)];
     for p in pools {
-        args.extend([p.cost, p.hold_ms, p.most].map(|n| n.to_string()));
+        let (units, interval_us) = p.share;
+        args.extend([p.cost, p.hold_ms, p.most, units, interval_us].map(|n| n.to_string()));
     }
     let reply = runner.eval(&LIMITER, &keys, &args, budget).await?;
     decode_spend(&reply, pools.len())
