@@ -3,10 +3,11 @@
 //! both. `scripts/bench` builds what it needs and runs this; it prints one
 //! table and saves it, with the date and machine, to `bench/RESULTS.md`.
 //!
-//! The eight parts (see `report.rs`): Redis-side cost per decision, worker
+//! The parts (see `report.rs`): Redis-side cost per decision, worker
 //! overhead under load, REST calls per decision, wasm size and start,
 //! exactness under load, latency with Redis far away, a hot key under
-//! quota leases, and hostile requests. Only figures: no timing fails a
+//! quota leases, hostile requests, requests in flight and waits, and one
+//! limit across two regions. Only figures: no timing fails a
 //! run; targets are ratios to figures of the same run.
 
 mod bare;
