@@ -68,14 +68,29 @@ pub async fn spend(
     now_ms: Option<u64>,
     budget: Duration,
 ) -> Result<Vec<PoolState>, ScriptError> {
-    let keys: Vec<String> = pools.iter().map(|p| p.key.clone()).collect();
-    let mut args = vec![Entry::POOL.to_owned(), clock(now_ms)];
-    for p in pools {
+    let each = pools.iter().map(|p| {
         let (units, interval_us) = p.share;
-        args.extend([p.cost, p.hold_ms, p.most, units, interval_us].map(|n| n.to_string()));
-    }
-    let reply = runner.eval(&LIMITER, &keys, &args, budget).await?;
+        (&p.key, [p.cost, p.hold_ms, p.most, units, interval_us])
+    });
+    let reply = on_pools(runner, Entry::POOL, each, now_ms, budget).await?;
     decode_spend(&reply, pools.len())
+}
+
+/// Runs operation `entry` of `lua/pool.lua` on pools, each a key and its
+/// numbers.
+async fn on_pools<'a, const N: usize>(
+    runner: &impl ScriptRunner,
+    entry: &str,
+    each: impl Iterator<Item = (&'a String, [u64; N])>,
+    now_ms: Option<u64>,
+    budget: Duration,
+) -> Result<Value, ScriptError> {
+    let (mut keys, mut args) = (vec![], vec![entry.to_owned(), clock(now_ms)]);
+    for (key, numbers) in each {
+        keys.push(key.clone());
+        args.extend(numbers.map(|n| n.to_string()));
+    }
+    Ok(runner.eval(&LIMITER, &keys, &args, budget).await?)
 }
 
 /// Reads a spend's reply: five integers per pool.
@@ -106,12 +121,8 @@ pub async fn credit(
     now_ms: Option<u64>,
     budget: Duration,
 ) -> Result<Vec<bool>, ScriptError> {
-    let keys: Vec<String> = credits.iter().map(|c| c.key.clone()).collect();
-    let mut args = vec![Entry::CREDIT.to_owned(), clock(now_ms)];
-    for c in credits {
-        args.extend([c.asked_us, c.units, c.ms, c.hold_ms].map(|n| n.to_string()));
-    }
-    let reply = runner.eval(&LIMITER, &keys, &args, budget).await?;
+    let each = (credits.iter()).map(|c| (&c.key, [c.asked_us, c.units, c.ms, c.hold_ms]));
+    let reply = on_pools(runner, Entry::CREDIT, each, now_ms, budget).await?;
     let numbers = integers(&reply, credits.len())?;
     if numbers.iter().any(|n| *n > 1) {
         return Err(ScriptError::Reply(format!("{reply} is no credit's reply")));
