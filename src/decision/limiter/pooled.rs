@@ -296,8 +296,8 @@ pub(super) fn joined<'c>(pooled: Handled<'c>, rest: Handled<'c>) -> Handled<'c> 
         states.extend(shared.decision.rules);
         rest.rules.extend(shared.rules);
         let modes: Vec<Mode> = rest.rules.iter().map(|r| r.mode).collect();
-        rest.decision.verdict = Decision::settle(states.clone(), &modes).verdict;
-        rest.decision.rules = states;
+        let settled = Decision::settle(states, &modes);
+        (rest.decision.verdict, rest.decision.rules) = (settled.verdict, settled.rules);
     }
     handled
 }
