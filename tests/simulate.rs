@@ -918,3 +918,97 @@ fn a_plan_of_overrides_is_tried_on_a_log() {
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("line 1: rate: must be at least 1"), "{err}");
 }
+
+/// `--regions`: a shared rule replayed through two regions, the home 80 ms
+/// away from eu: each line goes to its continent's region, eu's client
+/// under the limit is served mostly from its pool, and nothing goes over
+/// the one limit across both.
+#[test]
+fn regions_replay_a_shared_rule_as_one_limit() {
+    let dir = temp_dir("regions");
+    let config = dir.join("wrangler.toml");
+    std::fs::write(
+        &config,
+        r#"
+[vars.LIMITER]
+regions = [{ name = "us", home = true }, { name = "eu", continents = ["EU"] }]
+[[vars.LIMITER.rules]]
+name = "api"
+key = ["ip"]
+algorithm = "gcra"
+rate = 600
+period = "1m"
+burst = 100
+regions = "shared"
+region_share = 5
+"#,
+    )
+    .unwrap();
+    let latencies = dir.join("latencies.txt");
+    std::fs::write(&latencies, "us eu 80  # ms each way\neu eu 1\n").unwrap();
+    // One client at both regions, 5 a second in eu (under the limit) and
+    // then 20 a second in both (over it).
+    let mut log = String::from("time,ip,method,path,cf:continent\n");
+    for i in 0..300u64 {
+        log.push_str(&format!("{},198.51.100.1,GET,/,EU\n", T0 + i * 200));
+    }
+    for i in 0..600u64 {
+        let place = ["EU", "NA"][(i % 2) as usize];
+        log.push_str(&format!(
+            "{},198.51.100.1,GET,/,{place}\n",
+            T0 + 60_000 + i * 25
+        ));
+    }
+    let path = dir.join("access.csv");
+    std::fs::write(&path, log).unwrap();
+    let out = bin()
+        .arg("simulate")
+        .arg(&config)
+        .arg("--log")
+        .arg(&path)
+        .arg("--regions")
+        .arg(&latencies)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = &report["isolates"];
+    assert_eq!(
+        (r["requests"].clone(), r["over_limit"].clone()),
+        (json!(900), json!(0)),
+        "{r}"
+    );
+    assert_eq!(r["errors"], json!(0), "{r}");
+    let (us, eu) = (&r["regions"][0], &r["regions"][1]);
+    assert_eq!(
+        (us["requests"].clone(), eu["requests"].clone()),
+        (json!(300), json!(600)),
+        "{r}"
+    );
+    assert_eq!(
+        (us["far_calls"].clone(), eu["home_ms"].clone()),
+        (json!(0), json!(80)),
+        "{r}"
+    );
+    let far = eu["far_calls"].as_u64().unwrap();
+    assert!(far > 0 && far < 300, "pools spare most far calls: {r}");
+    // A missing pair is named.
+    std::fs::write(&latencies, "eu eu 1\n").unwrap();
+    let out = bin()
+        .arg("simulate")
+        .arg(&config)
+        .args([
+            "--log".as_ref(),
+            path.as_os_str(),
+            "--regions".as_ref(),
+            latencies.as_os_str(),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no latency between `eu` and the home `us`"),
+        "{err}"
+    );
+}

@@ -285,6 +285,15 @@ mod cli {
         #[arg(long, value_name = "MS", requires = "isolates", default_value_t = 0,
               value_parser = clap::value_parser!(u64).range(0..=60_000))]
         latency: u64,
+        /// Also replay the log through the configuration's regions, each
+        /// with its own Redis and isolates (--isolates in each, else 1),
+        /// at the latencies FILE gives between them, one pair a line:
+        /// `eu us 80` (ms each way). A line goes to the region its
+        /// `cf:colo` or `cf:continent` column (Logpush: EdgeColoCode)
+        /// routes it to. Reports calls and far calls per request, and
+        /// whether anything went over a limit.
+        #[arg(long, value_name = "FILE", conflicts_with = "latency")]
+        regions: Option<PathBuf>,
         /// Replay under these overrides: one JSON object a line, e.g.
         /// {"rule": "api", "client": ["key-1"], "rate": 100} (no "client": every client).
         #[arg(long, value_name = "FILE")]
@@ -449,10 +458,21 @@ refusing or out of reach, a log line --strict stops at).";
         engine.set_overrides(&planned)?;
         let mut heard = Heard {
             progress: Progress::new(size, args.quiet),
-            isolates: args
-                .isolates
-                .map(|n| IsolatesReplay::start(&config, n.into(), args.latency))
-                .transpose()?,
+            isolates: match &args.regions {
+                Some(path) => {
+                    let shown = path.display();
+                    let text =
+                        std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?;
+                    let distances = simulate::distances::Distances::read(&text, &config.regions)
+                        .map_err(|e| format!("{shown}: {e}"))?;
+                    let each = args.isolates.map_or(1, usize::from);
+                    Some(IsolatesReplay::across_regions(&config, each, &distances)?)
+                }
+                None => args
+                    .isolates
+                    .map(|n| IsolatesReplay::start(&config, n.into(), args.latency))
+                    .transpose()?,
+            },
         };
         if let Some(isolates) = &mut heard.isolates {
             isolates.set_overrides(&planned)?;

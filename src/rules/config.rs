@@ -426,6 +426,7 @@ impl TryFrom<RawRule> for Rule {
                 let share = raw.region_share.map(|units| Share {
                     units,
                     interval_us: 0,
+                    whole: None,
                 });
                 let gcra = matches!(policy, Policy::Gcra(_));
                 let why = match (&share, gcra, raw.overrides == Some(true)) {

@@ -44,6 +44,9 @@ pub struct Share {
     pub units: u64,
     /// Time a unit occupies, microseconds (rounded up).
     pub interval_us: u64,
+    /// The rule's figures as written, which the home's and every region's
+    /// share add up to at most; `None` until the rule is split.
+    pub whole: Option<Gcra>,
 }
 
 impl Share {
@@ -75,6 +78,7 @@ impl Share {
         let share = Share {
             units,
             interval_us: span.div_ceil(units),
+            whole: Some(*gcra),
         };
         Ok((share, home))
     }
@@ -179,12 +183,11 @@ mod tests {
         };
         assert_eq!((home.burst(), home.interval_us()), (14, 857_143));
         let share = c.rules[0].shared.unwrap().share.unwrap();
+        assert_eq!((share.units, share.interval_us), (3, 4_000_000));
         assert_eq!(
-            share,
-            Share {
-                units: 3,
-                interval_us: 4_000_000
-            }
+            share.whole.map(|w| w.burst()),
+            Some(20),
+            "the rule as written"
         );
         // The parts add up to the rule's burst, and to no more than its rate.
         assert_eq!(home.burst() + 2 * share.units, 20);

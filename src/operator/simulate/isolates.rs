@@ -8,6 +8,14 @@
 //! it shows what the rules' leases trade: REST calls saved, requests
 //! decided differently, and (from [`conform::over_limit`]) that nothing
 //! went over any rule.
+//!
+//! `--regions FILE` replays it through the configuration's regions
+//! instead: each with its own private redis-server and isolates, a
+//! request going to the region its place (`cf:colo`, `cf:continent`)
+//! routes it to, and the FILE's latencies (`distances`) between each
+//! region's isolates and its own Redis and the home's. Shared rules
+//! (`regions = "shared"`) are spent from the regions' pools and checked
+//! as one limit; any other rule counts apart in each region.
 
 use std::{
     cell::{Cell, RefCell},
@@ -23,6 +31,7 @@ use serde_json::Value;
 
 use super::{
     conform,
+    distances::Distances,
     engine::{encode_evalsha, loaded, write_client_override, EngineError, Planned, PrivateRedis},
     log::Record,
     resp,
@@ -44,6 +53,8 @@ use crate::{
         config::Config,
         overrides::Override,
         policy::Policy,
+        regions,
+        request::CfField,
         rule::{Rule, RuleId},
     },
 };
@@ -145,7 +156,44 @@ pub struct IsolatesReport {
     pub over_limit: u64,
     /// Requests the lease replay could not decide (a Redis error).
     pub errors: u64,
+    /// With `--regions`: the calls that crossed to the home's Redis from
+    /// another region (far decisions and top-ups).
+    pub far_calls: u64,
+    /// With `--regions`: each region's figures, the home first.
+    pub regions: Vec<RegionFigures>,
 }
+
+/// One region's part of a `--regions` replay.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RegionFigures {
+    /// Its name in the configuration.
+    pub name: String,
+    /// Its isolates' distance to its own Redis, and to the home's, ms each
+    /// way.
+    pub near_ms: u64,
+    /// See `near_ms`.
+    pub home_ms: u64,
+    /// Requests it received.
+    pub requests: u64,
+    /// Script calls its isolates made to its own Redis.
+    pub near_calls: u64,
+    /// Script calls its isolates made to the home's Redis, from away.
+    pub far_calls: u64,
+}
+
+/// One simulated isolate: its memory, and where it is.
+struct Isolate {
+    memory: IsolateMemory,
+    /// Its region (0: the home, or the one Redis).
+    region: usize,
+    /// To its region's Redis, and to the home's, ms each way.
+    near_ms: u64,
+    home_ms: u64,
+}
+
+/// Where a rule's state is counted: the rule, the client's key, and the
+/// region whose Redis holds it (0 for a shared rule: one limit).
+type Counted = (RuleId, String, usize);
 
 /// A charge: when it was decided (its place in the order, and ms), and
 /// its cost.
@@ -164,23 +212,24 @@ type GroupRun = ((u64, u64), usize);
 /// what they charged.
 struct Replay<'c> {
     config: &'c Config,
-    runner: SocketRunner,
+    /// Each region's Redis, the home's first (one without `--regions`).
+    runners: Vec<SocketRunner>,
     clock: Rc<Clock>,
-    /// Each isolate's; every one holds the plan's rule-wide overrides for
-    /// the whole replay.
-    isolates: Vec<IsolateMemory>,
+    /// Each region's in turn, as many in each; every one holds the plan's
+    /// rule-wide overrides for the whole replay.
+    isolates: Vec<Isolate>,
+    /// Whether requests go to the configuration's regions (`--regions`).
+    regional: bool,
     /// Each group call's run at Redis, by isolate and call, for the
     /// requests it decided.
     groups: RefCell<HashMap<(usize, u64), GroupRun>>,
-    /// The farthest isolate's distance to Redis, ms each way.
-    latency_ms: u64,
     /// The order in which requests were decided, at Redis or in an isolate.
     order: Cell<u64>,
     /// What each rule charged each client.
-    charged: RefCell<HashMap<(RuleId, String), Vec<Charged>>>,
+    charged: RefCell<HashMap<Counted, Vec<Charged>>>,
     /// What each in-flight rule's clients had at the origin: each
     /// admitted request's stay there, ms, and its slots.
-    held: RefCell<HashMap<(RuleId, String), Vec<Stay>>>,
+    held: RefCell<HashMap<Counted, Vec<Stay>>>,
     report: RefCell<IsolatesReport>,
 }
 
@@ -201,29 +250,76 @@ impl<'c> IsolatesReplay<'c> {
         isolates: usize,
         latency_ms: u64,
     ) -> Result<IsolatesReplay<'c>, EngineError> {
-        let isolates = isolates.max(1);
+        let n = isolates.max(1) as u64;
+        let places = (0..n).map(|k| (0, latency_ms * (k + 1) / n, 0)).collect();
+        let report = IsolatesReport {
+            isolates: n as usize,
+            latency_ms,
+            ..IsolatesReport::default()
+        };
+        IsolatesReplay::over(config, places, 1, report)
+    }
+
+    /// `each` isolates (at least 1) in every region of `config`, each
+    /// region on a redis-server of its own, at `distances`.
+    pub fn across_regions(
+        config: &'c Config,
+        each: usize,
+        distances: &Distances,
+    ) -> Result<IsolatesReplay<'c>, EngineError> {
+        let each = each.max(1);
+        let mut places = vec![];
+        let mut report = IsolatesReport {
+            isolates: each,
+            ..IsolatesReport::default()
+        };
+        for (at, region) in config.regions.iter().enumerate() {
+            let (near_ms, home_ms) = (distances.near_ms[at], distances.home_ms[at]);
+            places.extend((0..each).map(|_| (at, near_ms, home_ms)));
+            report.regions.push(RegionFigures {
+                name: region.name.clone(),
+                near_ms,
+                home_ms,
+                ..RegionFigures::default()
+            });
+        }
+        IsolatesReplay::over(config, places, config.regions.len(), report)
+    }
+
+    /// Isolates at `places` (region, ms to its Redis, ms to the home's),
+    /// over `redis` servers.
+    fn over(
+        config: &'c Config,
+        places: Vec<(usize, u64, u64)>,
+        redis: usize,
+        report: IsolatesReport,
+    ) -> Result<IsolatesReplay<'c>, EngineError> {
         let clock = Rc::new(Clock::at(0));
+        let runners = (0..redis)
+            .map(|_| SocketRunner::start())
+            .collect::<Result<_, _>>()?;
         let replay = Replay {
             config,
-            runner: SocketRunner::start()?,
-            isolates: (0..isolates)
-                .map(|_| {
+            runners,
+            regional: redis > 1,
+            isolates: (places.into_iter())
+                .map(|(region, near_ms, home_ms)| {
                     // Calls here never time out, nor does a wait in line.
                     let in_flight = InFlight::new(OnTimeline(clock.clone())).ignoring_budgets();
-                    IsolateMemory::new(config.cache_hold_ms, in_flight)
+                    Isolate {
+                        memory: IsolateMemory::new(config.cache_hold_ms, in_flight),
+                        region,
+                        near_ms,
+                        home_ms,
+                    }
                 })
                 .collect(),
             groups: RefCell::new(HashMap::new()),
             clock,
-            latency_ms,
             order: Cell::new(0),
             charged: RefCell::new(HashMap::new()),
             held: RefCell::new(HashMap::new()),
-            report: RefCell::new(IsolatesReport {
-                isolates,
-                latency_ms,
-                ..IsolatesReport::default()
-            }),
+            report: RefCell::new(report),
         };
         Ok(IsolatesReplay {
             replay: Rc::new(replay),
@@ -238,13 +334,16 @@ impl<'c> IsolatesReplay<'c> {
         self.planned.extend_from_slice(overrides);
         for o in overrides {
             match &o.client {
+                // In every region's Redis: `limit set --region` writes each.
                 Some(id) => {
-                    let mut conn = self.replay.runner.conn.borrow_mut();
-                    write_client_override(&mut conn, &o.rule, id, &o.text)?;
+                    for runner in &self.replay.runners {
+                        let mut conn = runner.conn.borrow_mut();
+                        write_client_override(&mut conn, &o.rule, id, &o.text)?;
+                    }
                 }
                 None => {
                     for isolate in &self.replay.isolates {
-                        isolate.wide.borrow_mut().hold(&o.rule, &o.text);
+                        isolate.memory.wide.borrow_mut().hold(&o.rule, &o.text);
                     }
                 }
             }
@@ -257,8 +356,8 @@ impl<'c> IsolatesReplay<'c> {
     pub fn finish(mut self) -> IsolatesReport {
         self.timeline.run_until(&self.replay.clock, u64::MAX);
         let mut report = self.replay.report.borrow().clone();
-        report.rest_calls = self.replay.runner.calls.get();
-        for ((rule_id, key), charged) in self.replay.charged.borrow_mut().iter_mut() {
+        report.rest_calls = self.replay.runners.iter().map(|r| r.calls.get()).sum();
+        for ((rule_id, key, _), charged) in self.replay.charged.borrow_mut().iter_mut() {
             let Some(rule) = self.replay.config.rule(*rule_id) else {
                 continue;
             };
@@ -271,10 +370,10 @@ impl<'c> IsolatesReplay<'c> {
                 Some(Override::Figures(figures)) => conform::over_limit(&figures, offset, &charged),
                 // A blocked client may be charged nothing.
                 Some(Override::Block) => charged.len() as u64,
-                None => conform::over_limit(&rule.policy, offset, &charged),
+                None => conform::over_limit(&written(rule), offset, &charged),
             };
         }
-        for ((rule_id, key), stays) in self.replay.held.borrow().iter() {
+        for ((rule_id, key, _), stays) in self.replay.held.borrow().iter() {
             let Some(rule) = self.replay.config.rule(*rule_id) else {
                 continue;
             };
@@ -307,29 +406,67 @@ impl<'c> IsolatesReplay<'c> {
     }
 }
 
+/// The figures a rule's charges are held to: as written, whose parts a
+/// shared rule's home and regions' shares add up to.
+fn written(rule: &Rule) -> Policy {
+    match rule.shared.and_then(|p| p.share).and_then(|s| s.whole) {
+        Some(whole) => Policy::Gcra(whole),
+        None => rule.policy.clone(),
+    }
+}
+
 impl<'c> Replay<'c> {
-    /// The isolate a request reaches: a location spreads requests over its
-    /// isolates whoever sends them, so each goes to one picked from its
-    /// line, the same on every run.
+    /// The isolate a request reaches: its region's, by its place as the
+    /// worker routes it; a location spreads requests over its isolates
+    /// whoever sends them, so each goes to one picked from its line, the
+    /// same on every run.
     fn isolate_of(&self, record: &Record) -> usize {
+        let region = match self.regional {
+            true => {
+                let place = |f| record.request.cf(f);
+                regions::route(
+                    &self.config.regions,
+                    place(CfField::Colo),
+                    place(CfField::Continent),
+                )
+            }
+            false => 0,
+        };
+        let each = self.isolates.len() / self.runners.len();
         let mut h = record.line.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         h ^= h >> 29;
-        (h % self.isolates.len() as u64) as usize
+        region * each + (h % each as u64) as usize
     }
 
-    /// Isolate `i`'s limiter, its calls made through `store`.
-    fn limiter<'s, S>(&'s self, i: usize, store: &'s S) -> Limiter<'c, 's, S> {
-        Limiter::new(self.config, store, &self.isolates[i], true)
+    /// Isolate `i`'s limiter, its calls made through `near`, and through
+    /// `home` for shared rules away from the home.
+    fn limiter<'s, S>(&'s self, i: usize, near: &'s S, home: &'s S) -> Limiter<'c, 's, S> {
+        let limiter = Limiter::new(self.config, near, &self.isolates[i].memory, true);
+        let shared = self.config.rules.iter().any(|r| r.shared.is_some());
+        match self.isolates[i].region > 0 && shared {
+            true => limiter.away_from(home),
+            false => limiter,
+        }
+    }
+
+    /// Where a rule's state for state key `key` is counted, for a request
+    /// of isolate `i`.
+    fn counted(&self, i: usize, rule_id: RuleId, rule: &Rule, key: String) -> Counted {
+        let region = match rule.shared {
+            Some(_) => 0,
+            None => self.isolates[i].region,
+        };
+        (rule_id, key, region)
     }
 
     /// When the script ran the call that decided a request of isolate `i`
-    /// (`far`: its own way to Redis), at Redis (order, ms): its own call,
+    /// (`last`: its own calls' last run), at Redis (order, ms): its own call,
     /// or, for a request decided with others, the call the group's last
     /// request sent, whose run it noted; `None` for none (leased units,
     /// the block cache).
-    fn ran(&self, i: usize, far: &FarScript<'_, '_>, handled: &Handled<'_>) -> Option<(u64, u64)> {
+    fn ran(&self, i: usize, last: Option<(u64, u64)>, handled: &Handled<'_>) -> Option<(u64, u64)> {
         let Some(shared) = handled.shared else {
-            return far.ran.get();
+            return last;
         };
         let mut report = self.report.borrow_mut();
         report.grouped += 1;
@@ -338,7 +475,7 @@ impl<'c> Replay<'c> {
         if shared.sent {
             report.group_calls += 1;
             // Its group's others read it after: they resume once it returned.
-            let ran = far.ran.get()?;
+            let ran = last?;
             groups.insert(key, (ran, shared.place));
             return Some(ran);
         }
@@ -361,10 +498,24 @@ impl<'c> Replay<'c> {
     /// the exact replay's verdict (`exact`: admitted).
     async fn replay(&self, record: Record, exact: bool) {
         let i = self.isolate_of(&record);
-        let far = FarScript::new(self, i);
+        if let Some(region) = self
+            .report
+            .borrow_mut()
+            .regions
+            .get_mut(self.isolates[i].region)
+        {
+            region.requests += 1;
+        }
+        let (near, home) = (
+            FarScript::new(self, i, false),
+            FarScript::new(self, i, true),
+        );
         let now = self.clock.now_ms();
-        let handled = self.limiter(i, &far).handle(&record.request, now).await;
-        let ran = self.ran(i, &far, &handled);
+        let handled = (self.limiter(i, &near, &home))
+            .handle(&record.request, now)
+            .await;
+        // A far decision follows the nearby spend that could not cover it.
+        let ran = self.ran(i, near.ran.get().max(home.ran.get()), &handled);
         let forwarded_ms = self.clock.now_ms();
         // Its response ends the log's duration after it reached the origin.
         let ended_ms = forwarded_ms + record.duration_ms.unwrap_or(0);
@@ -376,8 +527,9 @@ impl<'c> Replay<'c> {
                     self.report.borrow_mut().from_leases += 1;
                     (self.next(), now)
                 });
-                self.charge(&record, &decided.decision.rules, at);
+                self.charge(i, &record, &decided.decision.rules, at);
                 self.stay(
+                    i,
                     &record,
                     &decided.decision.rules,
                     (at.1, forwarded_ms, ended_ms),
@@ -400,25 +552,25 @@ impl<'c> Replay<'c> {
             }
         }
         // The work after the response, as `waitUntil` runs it.
+        let (near, home) = (
+            FarScript::new(self, i, false),
+            FarScript::new(self, i, true),
+        );
+        let limiter = self.limiter(i, &near, &home);
+        if !handled.pool.is_empty() {
+            limiter.top_up(&handled.pool, self.clock.now_ms()).await;
+        }
         if let Some(refresh) = &handled.refresh {
-            let far = FarScript::new(self, i);
-            let now = self.clock.now_ms();
-            self.limiter(i, &far).refresh(refresh, now).await;
+            limiter.refresh(refresh, self.clock.now_ms()).await;
         }
         if let (Some(refund), Some(status)) = (&handled.refund, record.status) {
-            let far = FarScript::new(self, i);
-            let now = self.clock.now_ms();
-            self.limiter(i, &far)
-                .refund(refund, (status, &[]), now)
-                .await;
+            (limiter.refund(refund, (status, &[]), self.clock.now_ms())).await;
         }
         if let Some(refund) = (handled.refund.as_ref()).filter(|r| r.releases(self.config)) {
             self.clock
                 .sleep(ended_ms.saturating_sub(self.clock.now_ms()))
                 .await;
-            let far = FarScript::new(self, i);
-            let now = self.clock.now_ms();
-            self.limiter(i, &far).release(refund, now).await;
+            limiter.release(refund, self.clock.now_ms()).await;
         }
     }
 
@@ -428,6 +580,7 @@ impl<'c> Replay<'c> {
     /// `ended_ms`, or its slots expired if sooner.
     fn stay(
         &self,
+        i: usize,
         record: &Record,
         states: &[RuleState],
         (decided_ms, forwarded_ms, ended_ms): (u64, u64, u64),
@@ -447,18 +600,15 @@ impl<'c> Replay<'c> {
             }
             let parts: Vec<&str> = id.iter().map(|p| p.as_ref()).collect();
             let until = ended_ms.min(decided_ms + c.hold_ms());
-            (held.entry((*rule_id, rule_key(rule, &parts))).or_default()).push((
-                forwarded_ms,
-                until,
-                slots,
-            ));
+            let counted = self.counted(i, *rule_id, rule, rule_key(rule, &parts));
+            (held.entry(counted).or_default()).push((forwarded_ms, until, slots));
         }
     }
 
     /// Notes what an admitted request charged each rule that admitted it,
     /// decided `at` (order, ms); rules that give charges back by status are
     /// left out of the check.
-    fn charge(&self, record: &Record, states: &[RuleState], (order, ms): (u64, u64)) {
+    fn charge(&self, i: usize, record: &Record, states: &[RuleState], (order, ms): (u64, u64)) {
         let Ok(selection) = select(self.config, &record.request) else {
             return;
         };
@@ -472,11 +622,8 @@ impl<'c> Replay<'c> {
                 continue;
             }
             let parts: Vec<&str> = id.iter().map(|p| p.as_ref()).collect();
-            let key = rule_key(rule, &parts);
-            charged
-                .entry((*rule_id, key))
-                .or_default()
-                .push((order, ms, cost));
+            let counted = self.counted(i, *rule_id, rule, rule_key(rule, &parts));
+            charged.entry(counted).or_default().push((order, ms, cost));
         }
     }
 }
@@ -505,25 +652,51 @@ impl Pause for OnTimeline {
     }
 }
 
-/// The script as isolate `i` reaches it: each call run its distance after
-/// it was sent (at that instant of the pinned clock), and answered as far
-/// again.
+/// The script as isolate `i` reaches a region's Redis: each call run its
+/// distance after it was sent (at that instant of the pinned clock), and
+/// answered as far again.
 struct FarScript<'r, 'c> {
     replay: &'r Replay<'c>,
+    /// The Redis it reaches.
+    runner: &'r SocketRunner,
     /// Each way, ms.
     distance_ms: u64,
+    /// Whose calls: the isolate's region, and whether they cross to the
+    /// home's Redis from another region.
+    region: usize,
+    far: bool,
     /// When the last decision ran at Redis: (order, ms).
     ran: Cell<Option<(u64, u64)>>,
 }
 
 impl<'r, 'c> FarScript<'r, 'c> {
-    /// Isolate `i` of N: i + 1 N-ths of the replay's latency away.
-    fn new(replay: &'r Replay<'c>, i: usize) -> FarScript<'r, 'c> {
-        let n = replay.isolates.len() as u64;
+    /// Isolate `i`'s way to its region's Redis, or to the home's.
+    fn new(replay: &'r Replay<'c>, i: usize, to_home: bool) -> FarScript<'r, 'c> {
+        let isolate = &replay.isolates[i];
+        let region = isolate.region;
+        let (at, distance_ms) = match to_home {
+            true => (0, isolate.home_ms),
+            false => (region, isolate.near_ms),
+        };
         FarScript {
             replay,
-            distance_ms: replay.latency_ms * (i as u64 + 1) / n,
+            runner: &replay.runners[at],
+            distance_ms,
+            region,
+            far: at != region,
             ran: Cell::new(None),
+        }
+    }
+
+    /// Counts a call into its region's figures.
+    fn count(&self) {
+        let mut report = self.replay.report.borrow_mut();
+        report.far_calls += u64::from(self.far);
+        if let Some(region) = report.regions.get_mut(self.region) {
+            match self.far {
+                true => region.far_calls += 1,
+                false => region.near_calls += 1,
+            }
         }
     }
 }
@@ -537,16 +710,17 @@ impl ScriptRunner for FarScript<'_, '_> {
         budget: Duration,
     ) -> Result<Value, RestError> {
         let clock = &self.replay.clock;
+        self.count();
         clock.sleep(self.distance_ms).await;
         let mut args = args.to_vec();
         let now = clock.now_ms();
         // A pinned clock runs the call when it reaches Redis.
-        let clocked = ["decide", "group", "refund"].contains(&args[0].as_str());
+        let clocked = ["decide", "group", "refund", "pool", "credit"].contains(&args[0].as_str());
         if clocked && !args[1].is_empty() {
             args[1] = now.to_string();
         }
         // The private redis-server answers at once: no time passes.
-        let reply = self.replay.runner.eval(script, keys, &args, budget).await;
+        let reply = self.runner.eval(script, keys, &args, budget).await;
         self.ran.set(Some((self.replay.next(), now)));
         clock.sleep(self.distance_ms).await;
         reply
@@ -558,8 +732,9 @@ impl ScriptRunner for FarScript<'_, '_> {
         budget: Duration,
     ) -> Result<Vec<Result<Value, RestError>>, RestError> {
         let clock = &self.replay.clock;
+        self.count();
         clock.sleep(self.distance_ms).await;
-        let replies = self.replay.runner.commands(commands, budget).await;
+        let replies = self.runner.commands(commands, budget).await;
         clock.sleep(self.distance_ms).await;
         replies
     }
@@ -591,13 +766,17 @@ impl IsolatesReport {
             0 => 0.0,
             r => n as f64 / r as f64,
         };
+        let through = match self.regions.len() {
+            0 => format!("{} isolates", self.isolates),
+            n => format!("{n} regions, {} isolate(s) in each", self.isolates),
+        };
         format!(
-            "\nWith leases, through {} isolates{}:\n  \
+            "\nWith leases, through {}{}:\n  \
              REST calls per request   {:.3} ({} for {} requests; {:.3} without leases)\n{}  \
              denied only with leases  {}\n  \
              admitted only with leases {}\n  \
-             over any rule's limit    {} (checked apart from the script)\n{}",
-            self.isolates,
+             over any rule's limit    {} (checked apart from the script)\n{}{}",
+            through,
             match self.latency_ms {
                 0 => String::new(),
                 ms => format!(" up to {ms} ms from Redis each way"),
@@ -620,7 +799,35 @@ impl IsolatesReport {
             match self.errors {
                 0 => String::new(),
                 n => format!("  undecided (Redis error)  {n}\n"),
-            }
+            },
+            self.render_regions(),
         )
+    }
+
+    /// Each region's line, and the far calls per request, with `--regions`.
+    fn render_regions(&self) -> String {
+        if self.regions.is_empty() {
+            return String::new();
+        }
+        let per = |n: u64, of: u64| if of == 0 { 0.0 } else { n as f64 / of as f64 };
+        let mut text = format!(
+            "  far calls per request    {:.3} ({} to the home from other regions)\n  \
+             region    ms near/home  requests  near calls  far calls  far per request\n",
+            per(self.far_calls, self.requests),
+            self.far_calls
+        );
+        for r in &self.regions {
+            text.push_str(&format!(
+                "  {:<9} {:>4} /{:>4}  {:>9} {:>11} {:>10}  {:>15.3}\n",
+                r.name,
+                r.near_ms,
+                r.home_ms,
+                r.requests,
+                r.near_calls,
+                r.far_calls,
+                per(r.far_calls, r.requests)
+            ));
+        }
+        text
     }
 }

@@ -12,7 +12,7 @@ use std::{
 use serde::Deserialize;
 
 use super::clock;
-use crate::rules::request::RequestMeta;
+use crate::rules::request::{CfField, RequestMeta};
 
 /// How far out of order a log's requests may come and still be decided in
 /// time order: nginx and Apache write a request when it ends, and Logpush
@@ -168,6 +168,9 @@ struct Columns {
     headers: Vec<(String, usize)>,
     /// `cookie:NAME` columns.
     cookies: Vec<(String, usize)>,
+    /// `cf:NAME` columns: facts of `request.cf` (`cf:colo` also routes a
+    /// request to its region).
+    cf: Vec<(CfField, usize)>,
 }
 
 fn csv_columns(header_line: &str) -> Result<Columns, LogError> {
@@ -195,8 +198,13 @@ fn columns_of(row: &csv::StringRecord) -> Result<Columns, LogError> {
             "status" => c.status = Some(i),
             "duration_ms" => c.duration_ms = Some(i),
             _ => {
+                let cf = lower.strip_prefix("cf:");
                 if let Some(h) = lower.strip_prefix("header:") {
                     c.headers.push((h.to_owned(), i));
+                } else if let Some(f) =
+                    cf.and_then(|n| CfField::ALL.into_iter().find(|f| f.name() == n))
+                {
+                    c.cf.push((f, i));
                 } else if let Some(k) = name
                     .strip_prefix("cookie:")
                     .or(name.strip_prefix("Cookie:"))
@@ -275,6 +283,7 @@ struct RequestParts<'a> {
     user_agent: Option<&'a str>,
     headers: Vec<(String, String)>,
     cookies: Vec<String>,
+    cf: Vec<(CfField, String)>,
 }
 
 impl RequestParts<'_> {
@@ -303,7 +312,9 @@ impl RequestParts<'_> {
             headers.push(("cookie".to_owned(), self.cookies.join("; ")));
         }
         headers.extend(self.headers);
-        RequestMeta::new(self.method, without_port(host), path, query, headers)
+        let mut meta = RequestMeta::new(self.method, without_port(host), path, query, headers);
+        meta.cf = self.cf;
+        meta
     }
 }
 
@@ -356,6 +367,7 @@ fn parse_clf(line: &str, host: Option<&str>) -> Result<Line, String> {
         user_agent: user_agent.as_deref(),
         headers: vec![],
         cookies: vec![],
+        cf: vec![],
     }
     .build();
     Ok((time_ms, meta, status, None))
@@ -411,6 +423,8 @@ struct Logpush {
     client_request_host: Option<String>,
     client_request_user_agent: Option<String>,
     edge_response_status: Option<u16>,
+    /// The data centre that received it: where `regions` route it.
+    edge_colo_code: Option<String>,
     /// Custom fields: request headers a Logpush job was set to include.
     #[serde(default)]
     request_headers: HashMap<String, String>,
@@ -461,6 +475,9 @@ fn parse_logpush(line: &str) -> Result<Line, String> {
         user_agent: l.client_request_user_agent.as_deref(),
         headers,
         cookies,
+        cf: (l.edge_colo_code.into_iter())
+            .map(|colo| (CfField::Colo, colo))
+            .collect(),
     }
     .build();
     Ok((time_ms, meta, l.edge_response_status, duration_ms))
@@ -542,6 +559,9 @@ fn parse_csv_row(c: &Columns, text: &str, default_host: &str) -> Result<Line, St
         user_agent: None,
         headers,
         cookies,
+        cf: (c.cf.iter())
+            .filter_map(|(f, i)| Some((*f, row.get(*i).filter(|v| !v.is_empty())?.to_string())))
+            .collect(),
     }
     .build();
     Ok((time_ms, meta, status, duration_ms))

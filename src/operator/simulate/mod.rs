@@ -9,6 +9,7 @@
 
 pub mod clock;
 pub mod conform;
+pub mod distances;
 pub mod engine;
 pub mod isolates;
 pub mod log;
