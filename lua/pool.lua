@@ -25,7 +25,8 @@
 --   ARGV[3..] per key: the request's cost, the pool's length (ms: the
 --             longest the home grants, and the demand span), the most
 --             units one top-up may ask for, the share's units at once (0:
---             none) and its interval (us)
+--             none) and its interval (us), and how long a call to the home
+--             takes the isolate there and back (ms; 0: not known yet)
 --   Reply: five integers per key: 1 if the pools (else the shares)
 --   covered the request and it was spent, else 0 (then nothing was spent
 --   anywhere: the home decides); the units left, pool and share; ms until
@@ -104,10 +105,10 @@ if op == 'pool' or op == 'credit' then
 
   local pools, covered = {}, true
   for i = 1, n do
-    local cost, hold, most, units, every = read(5)
+    local cost, hold, most, units, every, far = read(6)
     local f = read_pool(KEYS[i])
     local p = { f = f, cost = cost + 0, hold_us = hold * 1000, most = most + 0, units = units + 0,
-      every = every + 0, ahead = math.max(f[9] - clock_us, 0) }
+      every = every + 0, ahead = math.max(f[9] - clock_us, 0), far_us = far * 1000 }
     p.pooled = f[1] + f[3] >= p.cost
     p.shared = p.units > 0 and p.ahead + p.cost * p.every <= p.units * p.every
     if not (p.pooled or p.shared) then
@@ -124,30 +125,46 @@ if op == 'pool' or op == 'credit' then
       p.ahead = p.ahead + cost * p.every
       f[9] = clock_us + p.ahead
     end
-    -- Demand, spent here or sent to the home, over the last one to two spans.
+    -- Demand, spent here or sent to the home, over the last one to two
+    -- spans, the one before counted only when it came right before.
     if clock_us - f[8] >= hold_us then
-      f[7] = clock_us - f[8] < 2 * hold_us and f[6] or 0
-      f[6], f[8] = 0, clock_us
+      local next = clock_us - f[8] < 2 * hold_us
+      f[7] = next and f[6] or 0
+      f[6], f[8] = 0, next and f[8] + hold_us or clock_us
     end
     f[6] = f[6] + cost
+    local seen = f[6] + f[7]
     local left = f[1] + f[3]
-    local want = math.min(math.max(f[6] + f[7], cost, 1), p.most)
+    local have = left
+    if p.units > 0 then
+      have = have + math.floor((p.units * p.every - p.ahead) / p.every)
+    end
+    -- A top-up asks for a pool's length at the rate seen, that rate taken
+    -- over at least a quarter of a length: a burst asks for four times
+    -- itself at most.
+    local over = math.max(clock_us - f[8] + (f[7] > 0 and hold_us or 0), hold_us / 4)
+    local want = math.min(math.max(math.ceil(seen * hold_us / over), cost, 1), p.most)
     local ends = math.max(f[2], f[4])
     local ask, c0 = 0, 0
-    -- A lost top-up lapses with the longest pool it could have brought.
-    -- Asked when a quarter of the demand or of the pool's length is left:
-    -- soon enough for a far trip, and once per pool for a steady client.
+    -- Asked when the client's next request, one gap on, would find too
+    -- little left for the top-up's far trip, twice over (a sixteenth of a
+    -- length while the trip is unknown): in units, share included, at the
+    -- rate seen, or in time. A page load the share covers asks nothing:
+    -- what is left need never be over a quarter of the units seen. Once
+    -- per length for a steady client; a lost top-up lapses with the
+    -- longest pool it could bring.
+    local far_us = p.far_us > 0 and p.far_us or hold_us / 16
+    local soon = over / seen + 2 * far_us
+    local low = have < math.min(math.ceil(seen / 4), math.ceil(seen * soon / over))
+    local ending = left > 0 and f[3] == 0 and ends - clock_us < soon
     local pending = f[5] > 0 and clock_us < f[5] + hold_us
-    if not pending and (not covered or left < math.ceil(want / 4) or (f[3] == 0 and ends - clock_us < hold_us / 4)) then
+    if not pending and (not covered or low or ending) then
       ask, c0, f[5] = want, clock_us, clock_us
     end
     write_pool(KEYS[i], f, hold_us)
-    if p.units > 0 then
-      left = left + math.floor((p.units * p.every - p.ahead) / p.every)
-    end
     local k = #reply
     reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5] =
-      covered and 1 or 0, left, math.max(math.ceil((ends - clock_us) / 1000), 0), ask, c0
+      covered and 1 or 0, have, math.max(math.ceil((ends - clock_us) / 1000), 0), ask, c0
   end
   return reply
 end

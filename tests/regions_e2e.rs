@@ -281,9 +281,9 @@ async fn a_region_spends_its_pool_while_the_home_is_out_of_reach_then_fails_as_t
     let (proxy, eu) = (stack.proxy.as_ref().unwrap(), &stack.regions[0].1);
     let url = format!("{}/page", stack.worker.url);
     let ip = "203.0.113.9";
-    // A few requests fill the pool: the home grants with the first, and
-    // tops it up after the others.
-    for _ in 0..4 {
+    // A few requests fill the pool: the region's share (5) covers the
+    // first, and the home grants a pool once that runs out.
+    for _ in 0..6 {
         assert_eq!(send(&url, ip, Some("eu"), 1).await, [200]);
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     }

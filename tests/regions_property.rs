@@ -209,6 +209,8 @@ struct Seen {
     admitted: Vec<(u64, u64)>,
     from_pools: u64,
     far: u64,
+    /// Top-ups the home granted alone, after a spend's response.
+    top_ups: u64,
     credited: u64,
     /// Credits that came too late for their pending top-up.
     stale: u64,
@@ -222,6 +224,8 @@ struct Run<'a> {
     near: std::iter::Cycle<std::slice::Iter<'a, u64>>,
     far: std::iter::Cycle<std::slice::Iter<'a, u64>>,
     seen: Seen,
+    /// The last call to the home's time there and back (0: none yet).
+    home_trip_ms: u64,
 }
 
 impl Run<'_> {
@@ -256,6 +260,7 @@ async fn run_case(case: &Case, backends: &[Backend], id: &str) -> Seen {
         near: case.near.iter().cycle(),
         far: case.far.iter().cycle(),
         seen: Seen::default(),
+        home_trip_ms: 0,
     };
     for &(t, cost) in &case.home {
         run.at(t, Step::AtHome { cost });
@@ -296,6 +301,7 @@ async fn run_case(case: &Case, backends: &[Backend], id: &str) -> Seen {
                     hold_ms: pool.hold_ms,
                     most: pool.most,
                     share: pool.share.map_or((0, 0), |s| (s.units, s.interval_us)),
+                    far_ms: run.home_trip_ms,
                 };
                 let states = spend(
                     &regions[at].client,
@@ -367,6 +373,7 @@ async fn run_case(case: &Case, backends: &[Backend], id: &str) -> Seen {
                 let call = ScriptCall::decide(&[(Check { rule, cost }, vec![id])], Some(T0 + now))
                     .asking(vec![lease]);
                 let decision = run_call(home, &call).await;
+                run.seen.top_ups += u64::from(cost == 0);
                 if cost > 0 {
                     run.seen.far += 1;
                     if decision.admitted() {
@@ -377,7 +384,11 @@ async fn run_case(case: &Case, backends: &[Backend], id: &str) -> Seen {
                 // nothing, which ends its pending top-up.
                 if ask > 0 {
                     let grant = decision.grants.first();
-                    let back = now + run.far();
+                    let far = run.far();
+                    // As the isolate times its calls to the home: there
+                    // and back, this trip's way back taken for both.
+                    run.home_trip_ms = 2 * far;
+                    let back = now + far;
                     let d = run.near();
                     run.at(
                         back + d,
@@ -533,6 +544,7 @@ fn a_regions_share_is_kept_out_of_the_homes_figures() {
         hold_ms: pool.hold_ms,
         most: pool.most,
         share: pool.share.map_or((0, 0), |s| (s.units, s.interval_us)),
+        far_ms: 0,
     };
     let admitted = rt.block_on(async {
         let mut admitted = 0;
@@ -553,4 +565,52 @@ fn a_regions_share_is_kept_out_of_the_homes_figures() {
         admitted
     });
     assert_eq!(admitted, 30, "the whole burst, the share's part included");
+}
+
+/// The far calls a region makes for the bench's clients (part 10), on a
+/// timeline 80 ms from the home: a page load the share covers asks the home
+/// nothing, and a steady client below the rate is topped up about once a
+/// pool's length, never waiting on the home.
+#[test]
+fn a_page_load_asks_the_home_nothing_and_a_steady_client_once_a_pool() {
+    let backends: Vec<Backend> = (0..2).map(|_| Backend::start()).collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let of = |arrivals: Vec<(u64, u64)>| Case {
+        figures: Figures::Gcra {
+            rate: 100,
+            period_s: 60,
+            burst: 100,
+        },
+        home: vec![],
+        regions: vec![Place {
+            arrivals,
+            skew_ms: 0,
+        }],
+        near: vec![1],
+        far: vec![80],
+        adversary: false,
+        share: 5,
+    };
+    let page = rt.block_on(run_case(&of(vec![(0, 1); 4]), &backends, "10.8.0.1"));
+    assert_eq!(
+        (page.from_pools, page.far, page.top_ups),
+        (4, 0, 0),
+        "{page:?}"
+    );
+    // One request, then 40 a gap apart, as the bench's steady client.
+    for (gap, id) in [(700, "10.8.0.2"), (720, "10.8.0.3"), (750, "10.8.0.4")] {
+        let mut steady: Vec<(u64, u64)> = (0..40).map(|k| (500 + k * gap, 1)).collect();
+        steady.insert(0, (0, 1));
+        let seen = rt.block_on(run_case(&of(steady), &backends, id));
+        assert_eq!((seen.from_pools, seen.far), (41, 0), "{seen:?}");
+        // The first top-up when the share runs out (the fourth request of
+        // the 40), then one a pool's length (10 s) less a gap and the far
+        // trip twice over.
+        let (first, last) = (500 + 3 * gap, 500 + 39 * gap);
+        let most = 1 + (last - first) / (10_000 - gap - 2 * 160);
+        assert!(seen.top_ups <= most, "{gap} ms apart: {seen:?}");
+    }
 }

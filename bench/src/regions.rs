@@ -52,6 +52,9 @@ pub struct Side {
     pub added_p50_ms: f64,
     /// A bare REST round trip to the near Redis, ms, p50.
     pub near_rtt_ms: f64,
+    /// The same made by a worker (`bench/workers/near-call.mjs`): its
+    /// latency added to a passthrough's, ms, p50.
+    pub worker_rtt_ms: f64,
     /// Far REST calls per allowed request of the steady client.
     pub far_per_allowed: f64,
     /// Near and far REST calls of a fresh client's page load.
@@ -61,6 +64,8 @@ pub struct Side {
     /// of those over the limit by their arrival times.
     pub both_admitted: u64,
     pub both_over: u64,
+    /// Of its requests, those that got no answer.
+    pub both_lost: u64,
 }
 
 /// Both sides, ours first.
@@ -122,13 +127,14 @@ fn vars(ours: bool, in_eu: bool, home: &Place, eu: &Place, origin: &str) -> Stri
     format!("{redis}\nUPSTASH_REDIS_REST_TOKEN = \"{TOKEN}\"\nORIGIN_URL = \"{origin}\"")
 }
 
-/// Starts the four workers: ours in eu and at the home, the peer's the same.
+/// Starts the five workers: ours in eu and at the home, the peer's the
+/// same, and the one that makes one call to eu's Redis.
 fn spawn(
     built: &Path,
     scratch: &Path,
     (home, eu): (&Place, &Place),
     origin: &str,
-) -> Result<[Worker; 4], String> {
+) -> Result<[Worker; 5], String> {
     let ours = |label: &'static str, in_eu: bool| -> Result<Worker, String> {
         let dir = scratch.join(label);
         copy_build(built, &dir)?;
@@ -156,6 +162,16 @@ fn spawn(
         ours("regions-ours-us", false)?,
         peer("regions-peer-eu", true)?,
         peer("regions-peer-us", false)?,
+        Worker::spawn(
+            "regions-near-call",
+            scratch.join("regions-near-call"),
+            &repo().join("bench/workers/near-call.mjs"),
+            &format!(
+                "NEAR_URL = \"{}\"\nUPSTASH_REDIS_REST_TOKEN = \"{TOKEN}\"\nORIGIN_URL = \"{origin}\"",
+                eu.endpoint.url()
+            ),
+            "",
+        )?,
     ])
 }
 
@@ -172,7 +188,7 @@ pub async fn measure(
     for w in &workers {
         w.ready(http).await?;
     }
-    let [ours_eu, ours_us, peer_eu, peer_us] = &workers;
+    let [ours_eu, ours_us, peer_eu, peer_us, near_call] = &workers;
     let salt = std::process::id();
     let mut out = Regions {
         peer_version: crate::peer::version("@upstash/ratelimit"),
@@ -186,6 +202,7 @@ pub async fn measure(
             http,
             origin,
             passthrough,
+            near_call,
             home: &home,
             eu: &eu,
         };
@@ -198,6 +215,7 @@ struct Run<'a> {
     http: &'a reqwest::Client,
     origin: &'a Origin,
     passthrough: &'a Worker,
+    near_call: &'a Worker,
     home: &'a Place,
     eu: &'a Place,
 }
@@ -241,13 +259,27 @@ impl Run<'_> {
         let path = format!("/timed/steady-{salt}");
         let headers = [("CF-Connecting-IP", steady.as_str())];
         let url = |w: &Worker, p: &str| format!("{}{p}", w.url);
+        // Each Redis has the side's scripts once another client's request
+        // at each region has run: a fresh server's first call is sent twice.
+        let other = ip(4);
+        for w in [at_home, in_eu] {
+            timed(
+                self.http,
+                &url(w, &path),
+                &[("CF-Connecting-IP", other.as_str())],
+            )
+            .await?;
+        }
         timed(self.http, &url(in_eu, &path), &headers).await?;
         self.settled().await;
         let (far_before, mut allowed) = (self.far_calls(), 0u64);
         let (mut worker_ms, mut through_ms, mut rtt_ms) = (vec![], vec![], vec![]);
+        let mut near_call_ms = vec![];
         for _ in 0..STEADY.0 {
             let (ms, _) = timed(self.http, &url(self.passthrough, &path), &headers).await?;
             through_ms.push(ms);
+            let (ms, _) = timed(self.http, &url(self.near_call, &path), &headers).await?;
+            near_call_ms.push(ms);
             let (ms, status) = timed(self.http, &url(in_eu, &path), &headers).await?;
             worker_ms.push(ms);
             allowed += u64::from(status == 200);
@@ -261,6 +293,7 @@ impl Run<'_> {
         self.settled().await;
         side.added_p50_ms = percentile(&worker_ms, 50.0) - percentile(&through_ms, 50.0);
         side.near_rtt_ms = percentile(&rtt_ms, 50.0);
+        side.worker_rtt_ms = percentile(&near_call_ms, 50.0) - percentile(&through_ms, 50.0);
         side.far_per_allowed = (self.far_calls() - far_before) as f64 / allowed.max(1) as f64;
 
         // A fresh client's page load: its requests at once.
@@ -288,8 +321,10 @@ impl Run<'_> {
                     async move { timed(self.http, &url, &[("CF-Connecting-IP", both)]).await }
                 })
             });
+            // A request the worker never answers reaches no origin: counted
+            // apart, so that one lost connection does not end the run.
             for answered in futures_util::future::join_all(sent).await {
-                answered?;
+                side.both_lost += u64::from(answered.is_err());
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }

@@ -9,7 +9,8 @@ pub async fn timed(
     headers: &[(&str, &str)],
 ) -> Result<(f64, u16), String> {
     let start = Instant::now();
-    let mut request = http.get(url);
+    // A worker that never answers ends the request, not the run.
+    let mut request = http.get(url).timeout(std::time::Duration::from_secs(30));
     for (name, value) in headers {
         request = request.header(*name, *value);
     }

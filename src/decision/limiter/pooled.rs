@@ -50,6 +50,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             return handled;
         }
         let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
+        let far_ms = self.leases.borrow().home_trip_ms();
         let pools: Vec<PoolSpend> = (checks.iter().zip(&keys))
             .map(|((c, _), key)| {
                 let pool = c.rule.shared;
@@ -61,6 +62,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                     hold_ms,
                     most,
                     share: share.map_or((0, 0), |s| (s.units, s.interval_us)),
+                    far_ms,
                 }
             })
             .collect();
@@ -122,7 +124,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         budget: std::time::Duration,
         now_ms: u64,
     ) -> Handled<'c> {
-        let (call, asked) = ask_home(home, checks, own, asks, budget).await;
+        let (call, asked) = self.ask_home(home, checks, own, asks, budget).await;
         match asked {
             Ok((decision, credits)) => {
                 self.remember(checks, signature, &decision, now_ms);
@@ -166,7 +168,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             let call = ScriptCall::decide_at(&checks, &keys, self.clock(now_ms));
             let call = self.under_rule_wide(call, &checks, now_ms);
             let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
-            match ask_home(home, &checks, call, &asks, budget).await {
+            match self.ask_home(home, &checks, call, &asks, budget).await {
                 (_, Ok((_, credits))) => credited.extend(credits),
                 (call, Err(error)) => events = home_unreachable(&checks, &call, &error),
             }
@@ -188,27 +190,35 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         }
         events
     }
-}
 
-/// `call`, deciding `checks`, sent to the home with `asks`' top-ups: the
-/// call as sent, and its decision with the credits of what it granted.
-async fn ask_home<S: ScriptRunner>(
-    home: &S,
-    checks: &[(Check<'_>, Vec<&str>)],
-    call: ScriptCall,
-    asks: &[(usize, TopUpAsk)],
-    budget: std::time::Duration,
-) -> (
-    ScriptCall,
-    Result<(Decision, Vec<(RuleId, Credit)>), ScriptError>,
-) {
-    let call = call.asking(lease_asks(checks, asks));
-    let asked = run(home, &call, budget).await.and_then(Reply::decision);
-    let asked = asked.map(|d| {
-        let credits = credits(checks, asks, &d.grants);
-        (d, credits)
-    });
-    (call, asked)
+    /// `call`, deciding `checks`, sent to the home with `asks`' top-ups:
+    /// the call as sent, and its decision with the credits of what it
+    /// granted. An answered call's time is the home's round trip, which
+    /// the region's next spends ask that much ahead of.
+    async fn ask_home(
+        &self,
+        home: &S,
+        checks: &[(Check<'c>, Vec<&str>)],
+        call: ScriptCall,
+        asks: &[(usize, TopUpAsk)],
+        budget: std::time::Duration,
+    ) -> (
+        ScriptCall,
+        Result<(Decision, Vec<(RuleId, Credit)>), ScriptError>,
+    ) {
+        let call = call.asking(lease_asks(checks, asks));
+        let sent_ms = self.in_flight.now_ms();
+        let asked = run(home, &call, budget).await.and_then(Reply::decision);
+        if asked.is_ok() {
+            let took_ms = self.in_flight.now_ms().saturating_sub(sent_ms);
+            self.leases.borrow_mut().home_trip(took_ms);
+        }
+        let asked = asked.map(|d| {
+            let credits = credits(checks, asks, &d.grants);
+            (d, credits)
+        });
+        (call, asked)
+    }
 }
 
 /// One `home_unreachable` event per rule of `call`, which failed with

@@ -60,6 +60,11 @@ impl KeyLeases {
     }
 }
 
+/// `took_ms` folded into the round trip `known` so far, at weight 1/8.
+fn smoothed(known: Option<u64>, took_ms: u64) -> u64 {
+    known.map_or(took_ms, |rt| (7 * rt + took_ms).div_ceil(8))
+}
+
 /// How long an ask holds its key, at most. A call ends within its budget
 /// (30 s at most), so an older ask is one whose request was cancelled
 /// before it could end it: it must not stop the key leasing for good.
@@ -73,6 +78,9 @@ pub struct Leases {
     /// 1/8): the part of a lease's length gone before it can be spent, as
     /// its deadline counts from the sending.
     round_trip_ms: Option<u64>,
+    /// The same of a call to the home region's Redis, from a region whose
+    /// pools it tops up (0 until one is answered): how early a pool asks.
+    home_trip_ms: u64,
 }
 
 impl Leases {
@@ -237,10 +245,18 @@ impl Leases {
 
     /// A call to Redis was answered `took_ms` after it was sent.
     pub fn round_trip(&mut self, took_ms: u64) {
-        let smoothed = self
-            .round_trip_ms
-            .map_or(took_ms, |rt| (7 * rt + took_ms).div_ceil(8));
-        self.round_trip_ms = Some(smoothed);
+        self.round_trip_ms = Some(smoothed(self.round_trip_ms, took_ms));
+    }
+
+    /// A call to the home's Redis was answered `took_ms` after it was sent.
+    pub fn home_trip(&mut self, took_ms: u64) {
+        let known = (self.home_trip_ms > 0).then_some(self.home_trip_ms);
+        self.home_trip_ms = smoothed(known, took_ms).max(1);
+    }
+
+    /// How long a call to the home takes, smoothed, ms (0: none answered).
+    pub fn home_trip_ms(&self) -> u64 {
+        self.home_trip_ms
     }
 
     /// How many times `key`'s leases were ended so far. A call notes it

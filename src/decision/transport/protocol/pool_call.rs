@@ -21,6 +21,10 @@ pub struct PoolSpend {
     /// The region's own share of the client's limit, units at once (0:
     /// none), and the time one takes to come back, us.
     pub share: (u64, u64),
+    /// How long a call to the home takes the isolate, there and back, ms
+    /// (0: not known yet): a top-up is asked that long and more before the
+    /// pool runs out.
+    pub far_ms: u64,
 }
 
 /// What a spend says of one pool.
@@ -70,7 +74,10 @@ pub async fn spend(
 ) -> Result<Vec<PoolState>, ScriptError> {
     let each = pools.iter().map(|p| {
         let (units, interval_us) = p.share;
-        (&p.key, [p.cost, p.hold_ms, p.most, units, interval_us])
+        (
+            &p.key,
+            [p.cost, p.hold_ms, p.most, units, interval_us, p.far_ms],
+        )
     });
     let reply = on_pools(runner, Entry::POOL, each, now_ms, budget).await?;
     decode_spend(&reply, pools.len())
