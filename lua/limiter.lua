@@ -76,7 +76,14 @@
 --             index, the rule-wide override's text ('' for none), its ms
 --             left (-1: no end);
 --             'penalty': per rule with a penalty, its 1-based index and
---             the penalty (ms), in penalty keys' order
+--             the penalty (ms), in penalty keys' order;
+--             'pools', in a region away from the home, for one request
+--             (no group): per pool of the request's shared rules, the six
+--             numbers a spend takes (pool.lua); the pool keys come last in
+--             KEYS. The request is admitted only if the pools, else the
+--             shares, cover it too, and then spent from them; a request
+--             they cannot cover commits nothing here (the home decides
+--             its shared rules first), and is reported as it would be.
 --
 -- Reply: six integers per rule, in KEYS order: allowed (1/0), limit,
 -- remaining, reset_after, retry_after (milliseconds; -1: never, the cost
@@ -91,6 +98,7 @@
 -- reports what it has left after the grant. Then, per override read: whose
 -- held (0: none, 1: the client's, 2: the rule's), 1 if the client's key
 -- held something that is no override, and the text in force ('' for none).
+-- Then, per pool, a spend's five integers (pool.lua).
 -- An override (src/rules/overrides.rs writes them) is 'v1 block',
 -- 'v1 gcra <rate> <period ms> <burst> <interval us>' or 'v1 windows' and
 -- '<duration ms>:<limit>' per window; a block denies like a running
@@ -192,13 +200,18 @@ elseif section == 'override' then
   end
   section, count = read(2)
 end
-local penalties = nil
+local penalties, penalized = nil, 0
 if section == 'penalty' then
-  penalties = {}
+  penalties, penalized = {}, count
   for j = 1, count do
     local rule, ms = read(2)
     penalties[rule + 0] = { key = KEYS[#rules + #overrides + j], ms = ms + 0 }
   end
+  section, count = read(2)
+end
+local pools, covered = nil, true
+if section == 'pools' then
+  pools, covered = pools_check(#rules + #overrides + penalized + 1, count)
 end
 
 -- The steps only some calls need, built for those alone: Redis builds
@@ -366,9 +379,9 @@ end
 -- Each request in turn: one, or a group's, each decided as if it came
 -- after the one before at the same instant, so that each sees what those
 -- before it charged.
-local reply, granted = {}, {}
+local reply, granted, denied, held = {}, {}, false, false
 for request, cost_of in ipairs(costs) do
-  local denied = decide(cost_of, false)
+  denied = decide(cost_of, false)
   -- A request that waits is reserved at the instant it is forwarded:
   -- every rule counts it arriving then. A shadow rule's own delay
   -- reserves its own instant.
@@ -377,14 +390,16 @@ for request, cost_of in ipairs(costs) do
     later = delay()
     denied = later == 0
   end
-  if not denied then
+  -- Admitted here but not covered by its pools: the home decides first.
+  held = not denied and not covered
+  if not denied and not held then
     for i, rule in ipairs(rules) do
       if (waits[i] and (waits[i] <= later or delays(i))) or (later > 0 and outcomes[i].allowed == 1) then
         writes[i] = shift_of(rule)(rule, outcomes[i], cost_of[i], later, waits[i]) or writes[i]
       end
     end
   end
-  if denied then
+  if denied or held then
     -- Nothing is consumed anywhere: report the admitting rules as they stand.
     decide(cost_of, true)
   else
@@ -436,7 +451,7 @@ for request, cost_of in ipairs(costs) do
     local mode = string.byte(modes, i)
     if mode == REFUNDABLE or mode == REFUNDABLE_SHADOW then
       local mark = 0
-      if not denied and writes[i] then
+      if not (denied or held) and writes[i] then
         mark = rule.algorithm.mark(writes[i])
       end
       reply[#reply + 1] = mark
@@ -448,5 +463,8 @@ for j = 1, 2 * #leases do
 end
 for j = 1, #override_reply do
   reply[#reply + 1] = override_reply[j]
+end
+if pools then
+  pools_settle(pools, covered and not denied, denied, reply)
 end
 return reply

@@ -37,12 +37,13 @@
 --   Reply: 1 per key if the units went into the pool, 0 if the pending
 --   top-up was no longer c0's (lapsed, or asked again): its units lapse
 --   unspent, as the home already charged them.
-if op == 'pool' or op == 'credit' then
-  local clock_us = now_us
-  if not clock_us then
-    local time = call('TIME')
-    clock_us = time[1] * 1000000 + time[2]
-  end
+-- ARGV[1] == 'decide' may carry a 'pools' section (limiter.lua): the
+--   request's other rules decided in the same call as its pools' spend,
+--   all or nothing. Each pool's numbers are a spend's, its key is among
+--   the last in KEYS, and the reply ends with its five integers.
+local pools_check, pools_settle
+if op == 'pool' or op == 'credit' or op == 'decide' then
+  local clock_us
   -- A pool's numbers, with every lapsed tranche gone and the next moved up.
   local function read_pool(key)
     local got = redis.pcall('GET', key)
@@ -77,9 +78,103 @@ if op == 'pool' or op == 'credit' then
     call('SET', key, string.format('%d %d %d %d %d %d %d %d %d', unpack(f)), 'PX', string.format('%d', ttl))
   end
 
-  local reply, n = {}, #KEYS
-  if op == 'credit' then
+  -- The n pools whose keys start at KEYS[first], each read with its six
+  -- numbers from ARGV; and whether the pools, else the shares, cover the
+  -- request, every one of them.
+  function pools_check(first, n)
+    clock_us = clock_us or now_us
+    if not clock_us then
+      local time = call('TIME')
+      clock_us = time[1] * 1000000 + time[2]
+    end
+    local pools, covered = {}, true
     for i = 1, n do
+      local cost, hold, most, units, every, far = read(6)
+      local key = KEYS[first + i - 1]
+      local f = read_pool(key)
+      local p = { key = key, f = f, cost = cost + 0, hold_us = hold * 1000, most = most + 0,
+        units = units + 0, every = every + 0, ahead = math.max(f[9] - clock_us, 0), far_us = far * 1000 }
+      p.pooled = f[1] + f[3] >= p.cost
+      p.shared = p.units > 0 and p.ahead + p.cost * p.every <= p.units * p.every
+      if not (p.pooled or p.shared) then
+        covered = false
+      end
+      pools[i] = p
+    end
+    return pools, covered
+  end
+
+  -- Settles the request on `pools`: spent from them when `spend`, else
+  -- sent to the home, which a top-up asked now rides with; a request
+  -- denied elsewhere (`denied`) changes nothing. Appends each pool's five
+  -- integers to `reply`.
+  function pools_settle(pools, spend, denied, reply)
+    for _, p in ipairs(pools) do
+      local f, cost, hold_us = p.f, p.cost, p.hold_us
+      local ask, c0, have = 0, 0, f[1] + f[3]
+      local ends = math.max(f[2], f[4])
+      if not denied then
+        if spend and p.pooled then
+          local first = math.min(f[1], cost)
+          f[1], f[3] = f[1] - first, f[3] - (cost - first)
+        elseif spend then
+          p.ahead = p.ahead + cost * p.every
+          f[9] = clock_us + p.ahead
+        end
+        -- Demand, spent here or sent to the home, over the last one to two
+        -- spans, the one before counted only when it came right before.
+        if clock_us - f[8] >= hold_us then
+          local next = clock_us - f[8] < 2 * hold_us
+          f[7] = next and f[6] or 0
+          f[6], f[8] = 0, next and f[8] + hold_us or clock_us
+        end
+        f[6] = f[6] + cost
+        local seen = f[6] + f[7]
+        local left = f[1] + f[3]
+        have = left
+        -- A top-up asks for a pool's length at the rate seen, that rate
+        -- taken over at least a quarter of a length: a burst asks for four
+        -- times itself at most.
+        local over = math.max(clock_us - f[8] + (f[7] > 0 and hold_us or 0), hold_us / 4)
+        local want = math.min(math.max(math.ceil(seen * hold_us / over), cost, 1), p.most)
+        if p.units > 0 then
+          have = have + math.floor((p.units * p.every - p.ahead) / p.every)
+        end
+        -- Asked when the client's next request, one gap on, would find
+        -- too little left for the top-up's far trip, twice over (a
+        -- sixteenth of a length while the trip is unknown): in units,
+        -- share included, at the rate seen, or in time. A page load the
+        -- share covers asks nothing: what is left need never be over a
+        -- quarter of the units seen. Once per length for a steady client;
+        -- a lost top-up lapses with the longest pool it could bring.
+        local far_us = p.far_us > 0 and p.far_us or hold_us / 16
+        local soon = over / seen + 2 * far_us
+        local low = have < math.min(math.ceil(seen / 4), math.ceil(seen * soon / over))
+        local ending = left > 0 and f[3] == 0 and ends - clock_us < soon
+        local pending = f[5] > 0 and clock_us < f[5] + hold_us
+        if not pending and (not spend or low or ending) then
+          ask, c0, f[5] = want, clock_us, clock_us
+        end
+        write_pool(p.key, f, hold_us)
+      elseif p.units > 0 then
+        have = have + math.floor((p.units * p.every - p.ahead) / p.every)
+      end
+      local k = #reply
+      reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5] =
+        spend and 1 or 0, have, math.max(math.ceil((ends - clock_us) / 1000), 0), ask, c0
+    end
+    return reply
+  end
+
+  if op == 'pool' then
+    local pools, covered = pools_check(1, #KEYS)
+    return pools_settle(pools, covered, false, {})
+  end
+  if op == 'credit' then
+    local reply = {}
+    -- No pool to check: only the clock, which the credit reads.
+    pools_check(1, 0)
+    for i = 1, #KEYS do
       local c0, units, ms, hold = read(4)
       c0, units = c0 + 0, units + 0
       local f = read_pool(KEYS[i])
@@ -102,69 +197,4 @@ if op == 'pool' or op == 'credit' then
     end
     return reply
   end
-
-  local pools, covered = {}, true
-  for i = 1, n do
-    local cost, hold, most, units, every, far = read(6)
-    local f = read_pool(KEYS[i])
-    local p = { f = f, cost = cost + 0, hold_us = hold * 1000, most = most + 0, units = units + 0,
-      every = every + 0, ahead = math.max(f[9] - clock_us, 0), far_us = far * 1000 }
-    p.pooled = f[1] + f[3] >= p.cost
-    p.shared = p.units > 0 and p.ahead + p.cost * p.every <= p.units * p.every
-    if not (p.pooled or p.shared) then
-      covered = false
-    end
-    pools[i] = p
-  end
-  for i, p in ipairs(pools) do
-    local f, cost, hold_us = p.f, p.cost, p.hold_us
-    if covered and p.pooled then
-      local first = math.min(f[1], cost)
-      f[1], f[3] = f[1] - first, f[3] - (cost - first)
-    elseif covered then
-      p.ahead = p.ahead + cost * p.every
-      f[9] = clock_us + p.ahead
-    end
-    -- Demand, spent here or sent to the home, over the last one to two
-    -- spans, the one before counted only when it came right before.
-    if clock_us - f[8] >= hold_us then
-      local next = clock_us - f[8] < 2 * hold_us
-      f[7] = next and f[6] or 0
-      f[6], f[8] = 0, next and f[8] + hold_us or clock_us
-    end
-    f[6] = f[6] + cost
-    local seen = f[6] + f[7]
-    local left = f[1] + f[3]
-    local have = left
-    if p.units > 0 then
-      have = have + math.floor((p.units * p.every - p.ahead) / p.every)
-    end
-    -- A top-up asks for a pool's length at the rate seen, that rate taken
-    -- over at least a quarter of a length: a burst asks for four times
-    -- itself at most.
-    local over = math.max(clock_us - f[8] + (f[7] > 0 and hold_us or 0), hold_us / 4)
-    local want = math.min(math.max(math.ceil(seen * hold_us / over), cost, 1), p.most)
-    local ends = math.max(f[2], f[4])
-    local ask, c0 = 0, 0
-    -- Asked when the client's next request, one gap on, would find too
-    -- little left for the top-up's far trip, twice over (a sixteenth of a
-    -- length while the trip is unknown): in units, share included, at the
-    -- rate seen, or in time. A page load the share covers asks nothing:
-    -- what is left need never be over a quarter of the units seen. Once
-    -- per length for a steady client; a lost top-up lapses with the
-    -- longest pool it could bring.
-    local far_us = p.far_us > 0 and p.far_us or hold_us / 16
-    local soon = over / seen + 2 * far_us
-    local low = have < math.min(math.ceil(seen / 4), math.ceil(seen * soon / over))
-    local ending = left > 0 and f[3] == 0 and ends - clock_us < soon
-    local pending = f[5] > 0 and clock_us < f[5] + hold_us
-    if not pending and (not covered or low or ending) then
-      ask, c0, f[5] = want, clock_us, clock_us
-    end
-    write_pool(KEYS[i], f, hold_us)
-    local k = #reply
-    reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5] =
-      covered and 1 or 0, have, math.max(math.ceil((ends - clock_us) / 1000), 0), ask, c0
-  end
-  return reply
 end

@@ -320,6 +320,7 @@ mod tests {
             refund_marks: vec![],
             grants: vec![],
             overrides: vec![],
+            pools: vec![],
         }
     }
 
@@ -341,6 +342,7 @@ mod tests {
             refund_marks: vec![],
             grants: vec![],
             overrides: vec![],
+            pools: vec![],
             rules: vec![
                 state(ADMITTED, 100, 50, 30_000),
                 state(ADMITTED, 10, 4, 900),

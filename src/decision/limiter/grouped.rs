@@ -75,7 +75,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                 let sent = self.send(
                     checks,
                     leased,
-                    Some(sending),
+                    (Some(sending), &[]),
                     (own, signature),
                     budget,
                     now_ms,

@@ -34,7 +34,7 @@ use crate::decision::{
     memory::in_flight::Sending,
     outcomes::events::{Action, Event},
     outcomes::verdict::Decision,
-    transport::protocol::{run, Check, ScriptCall, ScriptError, ScriptRunner},
+    transport::protocol::{run, Check, PoolSpend, ScriptCall, ScriptError, ScriptRunner},
 };
 use crate::rules::{
     request::RequestMeta,
@@ -64,10 +64,10 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             return Handled::new(Outcome::Forward(Forward::Unlimited), events);
         }
         let methods = req.methods();
-        // Away from the home, shared rules first, from the region's pools;
-        // the others then as everywhere, unless the shared ones deny.
+        // Away from the home, shared rules from the region's pools, spent
+        // in the same call as the other rules' decision.
         let shared = |r: &Rule| r.shared.is_some();
-        let (selection, pooled) = match self.home {
+        let mut handled = match self.home {
             Some(home) if selection.rules.iter().any(|(_, r, _)| shared(r)) => {
                 let (pooling, rest): (Vec<_>, Vec<_>) =
                     (selection.rules.into_iter()).partition(|(_, r, _)| shared(r));
@@ -77,34 +77,31 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                     shadow_ambiguous: vec![],
                 };
                 let checks = pooling.checks(methods);
-                let mut handled = self.pooled(home, &checks, &ids, now_ms).await;
-                if rest.is_empty() || !matches!(handled.outcome, Outcome::Forward(_)) {
-                    events.append(&mut handled.events);
-                    handled.events = events;
-                    return handled;
-                }
                 let rest = Selection {
                     rules: rest,
                     shadow_ambiguous: vec![],
                 };
-                (rest, Some(handled))
+                self.pooled(home, &checks, &ids, &rest, methods, now_ms)
+                    .await
             }
-            _ => (selection, None),
+            _ => {
+                let handled = self.handle_selected(&selection, methods, &[], now_ms);
+                handled.await
+            }
         };
-        let handled = self.handle_selected(&selection, methods, events, now_ms);
-        match pooled {
-            Some(pooled) => pooled::joined(pooled, handled.await),
-            None => handled.await,
-        }
+        events.append(&mut handled.events);
+        handled.events = events;
+        handled
     }
 
     /// Decides `selection` for a request that may be taken for any of
-    /// `methods`, at `now_ms`, `events` coming first.
+    /// `methods`, at `now_ms`; in a region away from the home, with
+    /// `pools` of its shared rules spent in its call when it makes one.
     async fn handle_selected(
         &self,
         selection: &Selection<'c, Cow<'_, str>>,
         methods: &[String],
-        mut events: Vec<Event>,
+        pools: &[PoolSpend],
         now_ms: u64,
     ) -> Handled<'c> {
         let checks = selection.checks(methods);
@@ -116,15 +113,12 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         let reread = self.reread_due(&checks, now_ms);
         if let Some(leased) = &leased {
             if let Some(mut handled) = self.served_from_leases(selection, &checks, leased, now_ms) {
-                handled.events = events;
                 handled.reread = reread;
                 return handled;
             }
         }
-        let handled = self.decide(selection, &checks, leased.as_ref(), &own, now_ms);
-        let mut handled = handled.await;
-        events.append(&mut handled.events);
-        handled.events = events;
+        let decided = self.decide(selection, &checks, leased.as_ref(), (&own, pools), now_ms);
+        let mut handled = decided.await;
         handled.reread = reread;
         if let Outcome::Forward(Forward::Admitted(decided)) = &handled.outcome {
             handled.refund = selection.pending_refund(&decided.decision, methods, &own);
@@ -177,13 +171,14 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     /// lease asks), from the cache or Redis;
     /// with `leased` keys, asking for their leases in the call and
     /// settling what it brings back. While a call for the same rules and
-    /// keys is in flight, the request waits for it (see `grouped.rs`).
+    /// keys is in flight, the request waits for it (see `grouped.rs`),
+    /// unless its call spends `pools` too: a group spends none.
     async fn decide(
         &self,
         selection: &Selection<'c, Cow<'_, str>>,
         checks: &[(Check<'c>, Vec<&str>)],
         leased: Option<&Leased>,
-        own: &ScriptCall,
+        (own, pools): (&ScriptCall, &[PoolSpend]),
         now_ms: u64,
     ) -> Handled<'c> {
         let signature = own.signature();
@@ -191,37 +186,44 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             return handled;
         }
         let line = own.rule_keys().join("\n");
-        if self.in_flight.busy(&line, now_ms) {
+        let lined = pools.is_empty();
+        if lined && self.in_flight.busy(&line, now_ms) {
             return self
                 .wait_in_line(selection, checks, leased, (own, signature), &line, now_ms)
                 .await;
         }
         let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
-        let _hold = self
-            .in_flight
-            .hold(&line, now_ms, budget.as_millis() as u64);
-        let sent = self.send(checks, leased, None, (own, signature), budget, now_ms);
+        let _hold = lined.then(|| (self.in_flight).hold(&line, now_ms, budget.as_millis() as u64));
+        let sent = self.send(
+            checks,
+            leased,
+            (None, pools),
+            (own, signature),
+            budget,
+            now_ms,
+        );
         sent.await
     }
 
     /// Sends the call deciding this request at `now_ms` within `budget`:
     /// alone, or last of `group`, the requests that waited in its line,
-    /// each of which it gives its decision. Settles what the call brings
-    /// back: the leases this request's rules ask for in it, and its
-    /// decision, which the block cache keeps under `signature` when it is
-    /// a denial (`own`: the request's call without lease asks).
+    /// each of which it gives its decision; alone, it may spend `pools`
+    /// too. Settles what the call brings back: the leases this request's
+    /// rules ask for in it, and its decision, which the block cache keeps
+    /// under `signature` when it is a denial (`own`: the request's call
+    /// without lease asks).
     async fn send(
         &self,
         checks: &[(Check<'c>, Vec<&str>)],
         leased: Option<&Leased>,
-        group: Option<Sending<'_>>,
+        (group, pools): (Option<Sending<'_>>, &[PoolSpend]),
         (own, signature): (&ScriptCall, String),
         budget: Duration,
         now_ms: u64,
     ) -> Handled<'c> {
         let asks = leased.map_or_else(Vec::new, |l| self.lease_asks(checks, l, now_ms));
         let costs = group.as_ref().map_or_else(Vec::new, Sending::costs);
-        let call = own.clone().grouped(&costs).asking(asks);
+        let call = (own.clone().grouped(&costs).asking(asks)).pooling(pools.to_vec());
         let call = self.under_rule_wide(call, checks, now_ms);
         let (result, granted) = match leased {
             Some(_) => self.call_leasing(checks, &call, budget, now_ms).await,

@@ -1,16 +1,19 @@
 //! Rules kept across regions (`regions = "shared"`), in a region other
 //! than the home: a request is spent from the region's pools in one nearby
-//! call; when they cannot cover it, the home decides it, exactly, in one
-//! far call that also asks for the top-up the spend asked for. A spend that
+//! call, which decides its other rules too, all or nothing; when they
+//! cannot cover it, the home decides it, exactly, in one far call that
+//! also asks for the top-up the spend asked for. A spend that
 //! finds a pool low asks for its top-up after the response (`top_up`), so
 //! that a steady region never waits on the home.
 //!
 //! Why the pools never go over, and why the spend asks before the home is
 //! asked: `lua/pool.lua`.
 
+use std::borrow::Cow;
+
 use super::{
     outcome::{decided, failed, Forward, Handled, Outcome, PoolWork, TopUpAsk},
-    selection::budget_of,
+    selection::{budget_of, Selection},
     state::Limiter,
 };
 use crate::decision::{
@@ -25,16 +28,22 @@ use crate::decision::{
 use crate::rules::rule::{Mode, Rule, RuleId};
 
 impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
-    /// `checks` (every one a shared rule's) decided at `now_ms` in this
-    /// region, `home` being the home's Redis: from the pools, else at the
-    /// home. A region that cannot be reached sends its requests to the
-    /// home; a home that cannot be reached leaves the pools to spend, then
-    /// the rules' fail mode.
+    /// `checks` (every one a shared rule's, `ids` theirs) decided at
+    /// `now_ms` in this region, `home` being the home's Redis, beside
+    /// `rest`, the request's other rules (`methods` as for them): the
+    /// pools are spent in the one call that decides the rest, all or
+    /// nothing. When they cannot cover the request, the home decides the
+    /// shared rules, then the rest are decided as they would be alone.
+    /// A region that cannot be reached sends its requests to the home; a
+    /// home that cannot be reached leaves the pools to spend, then the
+    /// rules' fail mode.
     pub(super) async fn pooled(
         &self,
         home: &S,
         checks: &[(Check<'c>, Vec<&str>)],
         ids: &[RuleId],
+        rest: &Selection<'c, Cow<'_, str>>,
+        methods: &[String],
         now_ms: u64,
     ) -> Handled<'c> {
         let keys: Vec<String> = checks.iter().map(|(c, id)| rule_key(c.rule, id)).collect();
@@ -49,7 +58,6 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             handled.reread = reread;
             return handled;
         }
-        let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
         let far_ms = self.leases.borrow().home_trip_ms();
         let pools: Vec<PoolSpend> = (checks.iter().zip(&keys))
             .map(|((c, _), key)| {
@@ -66,68 +74,121 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                 }
             })
             .collect();
-        let mut events = vec![];
-        let states = match spend(self.store, &pools, self.clock(now_ms), budget).await {
-            Ok(states) => states,
-            Err(error) => {
-                events.extend(unreachable(
-                    Action::RegionUnreachable,
-                    checks,
-                    &keys,
-                    &error,
-                ));
-                vec![]
+        let shared = Shared {
+            home,
+            checks,
+            ids,
+            keys: &keys,
+            own: (own, signature),
+        };
+        let mut handled = match rest.rules.is_empty() {
+            true => self.spent_alone(&shared, &pools, now_ms).await,
+            false => {
+                let beside = self.handle_selected(rest, methods, &pools, now_ms).await;
+                let states = match &beside.outcome {
+                    Outcome::Forward(Forward::Admitted(d)) => Some(d.decision.pools.clone()),
+                    Outcome::Forward(_) => Some(vec![]),
+                    _ => None,
+                };
+                match states {
+                    // Denied, or refused: nothing was spent from the pools.
+                    None => beside,
+                    // Let through without a call that carried the pools
+                    // (leased units, a fail mode): spent on their own.
+                    Some(states) if states.is_empty() => {
+                        let pooled = self.spent_alone(&shared, &pools, now_ms).await;
+                        joined(pooled, beside)
+                    }
+                    Some(states) => {
+                        let pooled = self.as_pools_leave(&shared, &states, now_ms).await;
+                        let forwarded = matches!(pooled.outcome, Outcome::Forward(_));
+                        match (forwarded, states[0].covered) {
+                            (false, _) => pooled,
+                            (true, true) => joined(pooled, beside),
+                            // The call committed nothing: the rest again,
+                            // now that the home has admitted the request.
+                            (true, false) => {
+                                let again = self.handle_selected(rest, methods, &[], now_ms);
+                                joined(pooled, again.await)
+                            }
+                        }
+                    }
+                }
             }
         };
+        handled.reread.extend(reread);
+        handled
+    }
+
+    /// The shared rules' pools spent in a call of their own.
+    async fn spent_alone(
+        &self,
+        shared: &Shared<'c, '_, S>,
+        pools: &[PoolSpend],
+        now_ms: u64,
+    ) -> Handled<'c> {
+        let budget = budget_of(shared.checks.iter().map(|(c, _)| c.rule));
+        match spend(self.store, pools, self.clock(now_ms), budget).await {
+            Ok(states) => self.as_pools_leave(shared, &states, now_ms).await,
+            Err(error) => {
+                let (checks, keys) = (shared.checks, shared.keys);
+                let mut events = unreachable(Action::RegionUnreachable, checks, keys, &error);
+                let mut handled = self.at_home(shared, &[], now_ms).await;
+                events.append(&mut handled.events);
+                handled.events = events;
+                handled
+            }
+        }
+    }
+
+    /// The shared rules as the pools' `states` leave them: admitted from
+    /// the pools, with the top-ups they ask for, or decided at the home.
+    async fn as_pools_leave(
+        &self,
+        shared: &Shared<'c, '_, S>,
+        states: &[PoolState],
+        now_ms: u64,
+    ) -> Handled<'c> {
         let asks: Vec<(usize, TopUpAsk)> = (states.iter().enumerate())
             .filter(|(_, s)| s.ask > 0)
             .map(|(i, s)| {
                 let ask = TopUpAsk {
-                    rule: ids[i],
-                    key: keys[i].clone(),
+                    rule: shared.ids[i],
+                    key: shared.keys[i].clone(),
                     units: s.ask,
                     asked_us: s.asked_us,
                 };
                 (i, ask)
             })
             .collect();
-        let mut handled = match states.first().is_some_and(|s| s.covered) {
-            true => {
-                let work = PoolWork {
-                    asks: asks.into_iter().map(|(_, a)| a).collect(),
-                    credits: vec![],
-                };
-                let mut handled = decided(checks, &own, spent(checks, &states));
-                handled.pool = work;
-                handled
-            }
-            false => {
-                self.at_home(home, checks, (own, signature), &asks, budget, now_ms)
-                    .await
-            }
+        if !states.first().is_some_and(|s| s.covered) {
+            return self.at_home(shared, &asks, now_ms).await;
+        }
+        let checks = shared.checks;
+        let mut handled = decided(checks, &shared.own.0, spent(checks, states));
+        handled.pool = PoolWork {
+            asks: asks.into_iter().map(|(_, a)| a).collect(),
+            credits: vec![],
         };
-        events.append(&mut handled.events);
-        handled.events = events;
-        handled.reread = reread;
         handled
     }
 
-    /// `checks` decided by the home, asking for `asks`' top-ups with
-    /// them; what it grants goes into the region's pools after the
+    /// The shared rules decided by the home, asking for `asks`' top-ups
+    /// with them; what it grants goes into the region's pools after the
     /// response.
     async fn at_home(
         &self,
-        home: &S,
-        checks: &[(Check<'c>, Vec<&str>)],
-        (own, signature): (ScriptCall, String),
+        shared: &Shared<'c, '_, S>,
         asks: &[(usize, TopUpAsk)],
-        budget: std::time::Duration,
         now_ms: u64,
     ) -> Handled<'c> {
-        let (call, asked) = self.ask_home(home, checks, own, asks, budget).await;
+        let (checks, (own, signature)) = (shared.checks, &shared.own);
+        let budget = budget_of(checks.iter().map(|(c, _)| c.rule));
+        let asked = self.ask_home(shared.home, checks, own.clone(), asks, budget);
+        let (call, asked) = asked.await;
         match asked {
             Ok((decision, credits)) => {
-                self.remember(checks, signature, &decision, now_ms);
+                self.remember(checks, signature.clone(), &decision, now_ms);
                 let mut handled = decided(checks, &call, decision);
                 handled.pool.credits = credits;
                 handled
@@ -221,6 +282,17 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     }
 }
 
+/// A request's shared rules, as a region decides them: the home's Redis,
+/// the rules' checks, their ids and state keys, and their own call (under
+/// the rule-wide overrides held) with its signature.
+struct Shared<'c, 'a, S> {
+    home: &'a S,
+    checks: &'a [(Check<'c>, Vec<&'a str>)],
+    ids: &'a [RuleId],
+    keys: &'a [String],
+    own: (ScriptCall, String),
+}
+
 /// One `home_unreachable` event per rule of `call`, which failed with
 /// `error` (the log writes one line per rule a minute).
 fn home_unreachable(
@@ -291,7 +363,7 @@ fn credits(
 /// other rules (`rest`), decided after: forwarded only if both forward
 /// it, with every rule's state in the headers, the rest's first so that
 /// their indices, which marks and grants name, stand.
-pub(super) fn joined<'c>(pooled: Handled<'c>, rest: Handled<'c>) -> Handled<'c> {
+fn joined<'c>(pooled: Handled<'c>, rest: Handled<'c>) -> Handled<'c> {
     let mut events = pooled.events;
     let mut handled = rest;
     events.append(&mut handled.events);

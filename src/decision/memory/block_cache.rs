@@ -113,6 +113,7 @@ mod tests {
             refund_marks: vec![],
             grants: vec![],
             overrides: vec![],
+            pools: vec![],
             rules: vec![RuleState {
                 verdict: Verdict::Denied(retry),
                 limit: 5,

@@ -164,6 +164,23 @@ pub enum RequestVerdict {
     },
 }
 
+/// What a spend says of one pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolState {
+    /// Whether the pools covered the request, which was then spent from
+    /// every one; if not, nothing was spent and the home decides.
+    pub covered: bool,
+    /// Units left in the pool and the region's share.
+    pub left: u64,
+    /// Ms until the last of them lapses.
+    pub lasts_ms: u64,
+    /// Units to ask the home for now (0: no top-up).
+    pub ask: u64,
+    /// The instant the top-up was asked at, on the region's clock (us):
+    /// its credit names it, and its deadline counts from it.
+    pub asked_us: u64,
+}
+
 /// The verdict on a whole request: all rules admitted it, or none consumed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
@@ -180,6 +197,9 @@ pub struct Decision {
     pub grants: Vec<Grant>,
     /// What each rule that takes overrides read (none for the others).
     pub overrides: Vec<OverrideRead>,
+    /// In a region away from the home, what the pools of the request's
+    /// shared rules said, when its call carried them (none otherwise).
+    pub pools: Vec<PoolState>,
 }
 
 /// Which override a rule was decided under.
@@ -262,6 +282,7 @@ impl Decision {
             refund_marks: vec![],
             grants: vec![],
             overrides: vec![],
+            pools: vec![],
         }
     }
 

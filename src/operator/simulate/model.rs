@@ -434,6 +434,7 @@ impl Model {
             refund_marks,
             grants: vec![],
             overrides: req.overrides.into_iter().flatten().collect(),
+            pools: vec![],
         }
     }
 

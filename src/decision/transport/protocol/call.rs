@@ -1,7 +1,7 @@
 //! Every call the limiter script answers, encoded as its `KEYS` and
 //! `ARGV` as `lua/limiter.lua` lays them out.
 
-use super::{algorithms, script::Entry};
+use super::{algorithms, pool_call::PoolSpend, script::Entry};
 use crate::{
     decision::transport::keys::{override_key, penalty_key, rule_key, window_offset},
     rules::{
@@ -188,6 +188,9 @@ pub struct General {
     pub leases: Vec<LeaseAsk>,
     /// The overrides read, one per rule that takes them.
     pub overrides: Vec<OverrideAsk>,
+    /// In a region away from the home, the pools of the request's shared
+    /// rules, spent in the same call, all or nothing (`lua/pool.lua`).
+    pub pools: Vec<PoolSpend>,
 }
 
 /// Requests of one client under the same rules and keys, decided one
@@ -339,6 +342,23 @@ impl ScriptCall {
         }
     }
 
+    /// This decision spending `pools` too, all or nothing: a lone rule's
+    /// call becomes the general decision, which carries them. A group
+    /// carries none: its requests' pools are spent on their own.
+    pub fn pooling(self, pools: Vec<PoolSpend>) -> ScriptCall {
+        if pools.is_empty() {
+            return self;
+        }
+        match self {
+            ScriptCall::OneRule(one) => ScriptCall::Decide(General {
+                pools,
+                ..one.general()
+            }),
+            ScriptCall::Decide(g) => ScriptCall::Decide(General { pools, ..g }),
+            other => other,
+        }
+    }
+
     /// This decision's rules and keys deciding a group of requests:
     /// `costs[r]` holds request r's cost on each rule, the first's
     /// replacing the call's own; a group of one is that request's decision.
@@ -470,6 +490,7 @@ impl ScriptCall {
             penalties: vec![],
             leases: vec![],
             overrides: vec![],
+            pools: vec![],
         })
     }
 
@@ -599,14 +620,17 @@ impl General {
             penalties,
             leases,
             overrides,
+            pools: vec![],
         }
     }
 
-    /// One key per rule, then one per override read, then one per penalty.
+    /// One key per rule, then one per override read, one per penalty, and
+    /// one per pool.
     fn keys(&self) -> Vec<String> {
         let mut keys: Vec<String> = self.rules.iter().map(|(r, _)| r.key.clone()).collect();
         keys.extend(self.overrides.iter().map(|o| o.key.clone()));
         keys.extend(self.penalties.iter().map(|p| p.key.clone()));
+        keys.extend(self.pools.iter().map(|p| p.key.clone()));
         keys
     }
 
@@ -616,7 +640,8 @@ impl General {
     /// `override`, their count and (1-based rule, rule-wide text, its ms
     /// left) triples (a signature leaves the ms left empty: it changes
     /// every millisecond, the decision does not), then `penalty`, their
-    /// count and (1-based rule, ms) pairs.
+    /// count and (1-based rule, ms) pairs, then (when `whole`) `pools`,
+    /// their count and each one's spend numbers.
     fn args(&self, now_ms: Option<u64>, whole: bool) -> Vec<String> {
         self.encode(Entry::DECIDE, &[], now_ms, whole)
     }
@@ -670,6 +695,13 @@ impl General {
                 push_numbers(&mut args, &[p.rule as u64 + 1, p.ms]);
             }
         }
+        if whole && !self.pools.is_empty() {
+            args.push("pools".to_owned());
+            push_numbers(&mut args, &[self.pools.len() as u64]);
+            for p in &self.pools {
+                push_numbers(&mut args, &p.numbers());
+            }
+        }
         args
     }
 }
@@ -713,6 +745,7 @@ impl OneRule {
             rules: vec![(self.rule.clone(), CallMode::of(self.mode, false))],
             penalties: vec![],
             leases: vec![],
+            pools: vec![],
             overrides: self
                 .override_key
                 .iter()

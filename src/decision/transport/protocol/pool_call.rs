@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::{reply::ScriptError, runner::ScriptRunner, script::Entry, script::LIMITER};
+pub use crate::decision::outcomes::verdict::PoolState;
 
 /// One shared rule's pool in a spend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,23 +28,6 @@ pub struct PoolSpend {
     pub far_ms: u64,
 }
 
-/// What a spend says of one pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PoolState {
-    /// Whether the pools covered the request, which was then spent from
-    /// every one; if not, nothing was spent and the home decides.
-    pub covered: bool,
-    /// Units left in the pool and the region's share.
-    pub left: u64,
-    /// Ms until the last of them lapses.
-    pub lasts_ms: u64,
-    /// Units to ask the home for now (0: no top-up).
-    pub ask: u64,
-    /// The instant the top-up was asked at, on the region's clock (us):
-    /// its credit names it, and its deadline counts from it.
-    pub asked_us: u64,
-}
-
 /// A top-up the home granted, for the region's pool at `key`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Credit {
@@ -59,6 +43,21 @@ pub struct Credit {
     pub hold_ms: u64,
 }
 
+impl PoolSpend {
+    /// Its numbers in a call, as `lua/pool.lua` reads them.
+    pub(super) fn numbers(&self) -> [u64; 6] {
+        let (units, interval_us) = self.share;
+        [
+            self.cost,
+            self.hold_ms,
+            self.most,
+            units,
+            interval_us,
+            self.far_ms,
+        ]
+    }
+}
+
 /// The clock argument: pinned ms, or empty for Redis's.
 fn clock(now_ms: Option<u64>) -> String {
     now_ms.map_or_else(String::new, |ms| ms.to_string())
@@ -72,13 +71,7 @@ pub async fn spend(
     now_ms: Option<u64>,
     budget: Duration,
 ) -> Result<Vec<PoolState>, ScriptError> {
-    let each = pools.iter().map(|p| {
-        let (units, interval_us) = p.share;
-        (
-            &p.key,
-            [p.cost, p.hold_ms, p.most, units, interval_us, p.far_ms],
-        )
-    });
+    let each = pools.iter().map(|p| (&p.key, p.numbers()));
     let reply = on_pools(runner, Entry::POOL, each, now_ms, budget).await?;
     decode_spend(&reply, pools.len())
 }
@@ -101,7 +94,7 @@ async fn on_pools<'a, const N: usize>(
 }
 
 /// Reads a spend's reply: five integers per pool.
-fn decode_spend(reply: &Value, pools: usize) -> Result<Vec<PoolState>, ScriptError> {
+pub(super) fn decode_spend(reply: &Value, pools: usize) -> Result<Vec<PoolState>, ScriptError> {
     let numbers = integers(reply, 5 * pools)?;
     let states: Vec<PoolState> = numbers
         .chunks(5)

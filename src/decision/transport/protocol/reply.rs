@@ -6,6 +6,7 @@ use serde_json::Value;
 use super::{
     algorithms,
     call::{General, Group, LeaseAsk, OneRule, ScriptCall},
+    pool_call::decode_spend,
 };
 use crate::{
     decision::{
@@ -88,11 +89,13 @@ impl From<RestError> for ScriptError {
 /// Fields per rule in the general reply.
 const PER_RULE: usize = 6;
 
-/// A general reply's items: each request's, the leases', the overrides'.
+/// A general reply's items: each request's, the leases', the overrides',
+/// the pools'.
 struct Parts<'r> {
     requests: &'r [Value],
     granted: &'r [Value],
     read: &'r [Value],
+    pooled: &'r [Value],
 }
 
 impl ScriptCall {
@@ -140,12 +143,17 @@ impl General {
 
     /// Six fields per rule, the penalties mask when the call has
     /// penalties, a refund mark per refundable rule, then units and ms per
-    /// lease asked for, then what each override read held.
+    /// lease asked for, then what each override read held, then each
+    /// pool's spend.
     fn decode(&self, reply: &Value) -> Result<Decision, ScriptError> {
         let parts = self.split(reply, 1)?;
         let mut decision = self.request(reply, parts.requests)?;
         self.grants(reply, parts.granted, &mut decision)?;
         decision.overrides = self.overrides_read(reply, parts.read)?;
+        if !self.pools.is_empty() {
+            let pooled = Value::Array(parts.pooled.to_vec());
+            decision.pools = decode_spend(&pooled, self.pools.len())?;
+        }
         Ok(decision)
     }
 
@@ -154,6 +162,7 @@ impl General {
         let Some(items) = reply.as_array() else {
             return Err(malformed(reply, "is not an array"));
         };
+        let (items, pooled) = items.split_at(items.len().saturating_sub(5 * self.pools.len()));
         let (items, read) = items.split_at(items.len().saturating_sub(3 * self.overrides.len()));
         let (requests, granted) = items.split_at(items.len().saturating_sub(2 * self.leases.len()));
         if requests.len() != n * self.per_request() {
@@ -164,6 +173,7 @@ impl General {
             requests,
             granted,
             read,
+            pooled,
         })
     }
 

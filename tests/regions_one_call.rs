@@ -1,0 +1,100 @@
+//! A request in a region away from the home that matches a shared rule
+//! and rules that are not shared (issue 48): its region's Redis decides it
+//! in one nearby call while the pool or the share lasts, the pool spent
+//! and the other rules charged together or not at all. Two real
+//! redis-servers behind the REST endpoint, the home's and the region's,
+//! with each one's script calls counted.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod support;
+
+use edge_limiter::{
+    decision::{
+        limiter::{Forward, Handled, Limiter, Outcome},
+        memory::{in_flight::InFlight, IsolateMemory},
+        runtime::TokioPause,
+        transport::redis_rest::RestClient,
+    },
+    rules::{config::Config, request::RequestMeta},
+};
+use serde_json::json;
+use support::Backend;
+
+/// The pinned clock's start.
+const T0: u64 = 1_795_168_800_000;
+
+/// A shared rule on every path, decided 5 units at once in the region
+/// alone (`region_share`), and a login rule of one a minute on `/login`
+/// that is not shared.
+fn config() -> Config {
+    let shared = json!({"name": "api", "key": ["ip"], "algorithm": "gcra", "rate": 100,
+                        "period": "1m", "burst": 20, "regions": "shared", "region_share": 5});
+    let login = json!({"name": "login", "key": ["ip"], "algorithm": "gcra", "rate": 1,
+                       "period": "1m", "path_prefix": "/login"});
+    let regions = json!([{"name": "us", "home": true}, {"name": "eu", "colos": ["FRA"]}]);
+    Config::from_json(&json!({"rules": [shared, login], "regions": regions})).unwrap()
+}
+
+/// Each request's status, and the script calls each Redis took for it.
+struct Seen {
+    admitted: bool,
+    near: u64,
+    far: u64,
+}
+
+async fn send(
+    limiter: &Limiter<'_, '_, RestClient>,
+    (home, eu): (&Backend, &Backend),
+    ip: &str,
+    path: &str,
+) -> Seen {
+    let (near, far) = (eu.script_calls(), home.script_calls());
+    let header = ("cf-connecting-ip".to_owned(), ip.to_owned());
+    let req = RequestMeta::new("GET", "example.com", path, None, [header]);
+    let handled: Handled<'_> = limiter.handle(&req, T0).await;
+    Seen {
+        admitted: matches!(handled.outcome, Outcome::Forward(Forward::Admitted(_))),
+        near: eu.script_calls() - near,
+        far: home.script_calls() - far,
+    }
+}
+
+#[tokio::test]
+async fn a_request_is_decided_by_one_nearby_call_while_its_pool_lasts() {
+    let (home, eu) = (Backend::start(), Backend::start());
+    let config = config();
+    let memory = IsolateMemory::new(config.cache_hold_ms, InFlight::new(TokioPause(|| 0)));
+    let limiter = Limiter::new(&config, &eu.client, &memory, true).away_from(&home.client);
+    let both = (&home, &eu);
+    // Each Redis loads the script once: its first call is sent twice.
+    for b in [&home, &eu] {
+        b.decide(&[&config.rules[1]], "warm", 1, Some(T0)).await;
+    }
+
+    // The share covers a login: one call spends it and charges the login.
+    let seen = send(&limiter, both, "192.0.2.1", "/login").await;
+    assert!(seen.admitted && (seen.near, seen.far) == (1, 0));
+    // The login rule denies the next one in the same call, which spends
+    // nothing from the share: the pool key is as it was.
+    let pool_key = "el:{192.0.2.1}:api:pool";
+    let before = eu.redis(&["GET", pool_key]);
+    let seen = send(&limiter, both, "192.0.2.1", "/login").await;
+    assert!(!seen.admitted && (seen.near, seen.far) == (1, 0));
+    assert_eq!(eu.redis(&["GET", pool_key]), before);
+
+    // A client whose share is spent: a login the login rule would admit
+    // commits nothing in the region's call, the home decides the shared
+    // rule, and a second nearby call charges the login, once.
+    for _ in 0..5 {
+        let seen = send(&limiter, both, "192.0.2.2", "/").await;
+        assert!(seen.admitted && (seen.near, seen.far) == (1, 0));
+    }
+    let seen = send(&limiter, both, "192.0.2.2", "/login").await;
+    assert!(seen.admitted && (seen.near, seen.far) == (2, 1));
+    let login = eu.redis(&["PTTL", "el:{192.0.2.2}:login"]);
+    assert!(login.parse::<i64>().unwrap() > 0, "the login was charged");
+    // One the login rule denies is refused by the region alone: the home
+    // is not asked for a request that cannot pass.
+    let seen = send(&limiter, both, "192.0.2.2", "/login").await;
+    assert!(!seen.admitted && (seen.near, seen.far) == (1, 0));
+}
