@@ -25,13 +25,22 @@
 --   ARGV[3..] per key: the request's cost, the pool's length (ms: the
 --             longest the home grants, and the demand span), the most
 --             units one top-up may ask for, the share's units at once (0:
---             none) and its interval (us), and how long a call to the home
---             takes the isolate there and back (ms; 0: not known yet)
---   Reply: five integers per key: 1 if the pools (else the shares)
+--             none) and its interval (us), how long a call to the home
+--             takes the isolate there and back (ms; 0: not known yet), and
+--             the units the isolate asks to hold itself (0: none) and for
+--             how long at most (ms)
+--   Reply: seven integers per key: 1 if the pools (else the shares)
 --   covered the request and it was spent, else 0 (then nothing was spent
 --   anywhere: the home decides); the units left, pool and share; ms until
 --   the last of the pool's lapses; units to ask the home for (0: no
---   top-up now); the top-up's c0 (us), which its credit must name.
+--   top-up now); the top-up's c0 (us), which its credit must name; units
+--   moved to the isolate, and the ms it may spend them for.
+--
+-- An isolate's units come from one tranche, after the request is spent
+-- from the pool (never from the share), and last no longer than it: whole
+-- ms to its deadline on this clock, counted down. The isolate counts them
+-- from an instant before it sent the call, on its own clock, which ran no
+-- less meanwhile, so it spends none past the tranche's deadline.
 -- ARGV[1] == 'credit': a top-up's grant, written into each pool in KEYS.
 --   ARGV[3..] per key: c0, units granted, their ms, the pool's length (ms)
 --   Reply: 1 per key if the units went into the pool, 0 if the pending
@@ -40,7 +49,7 @@
 -- ARGV[1] == 'decide' may carry a 'pools' section (limiter.lua): the
 --   request's other rules decided in the same call as its pools' spend,
 --   all or nothing. Each pool's numbers are a spend's, its key is among
---   the last in KEYS, and the reply ends with its five integers.
+--   the last in KEYS, and the reply ends with its seven integers.
 local pools_check, pools_settle
 if op == 'pool' or op == 'credit' or op == 'decide' then
   local clock_us
@@ -89,11 +98,12 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
     end
     local pools, covered = {}, true
     for i = 1, n do
-      local cost, hold, most, units, every, far = read(6)
+      local cost, hold, most, units, every, far, lease, lease_ms = read(8)
       local key = KEYS[first + i - 1]
       local f = read_pool(key)
       local p = { key = key, f = f, cost = cost + 0, hold_us = hold * 1000, most = most + 0,
-        units = units + 0, every = every + 0, ahead = math.max(f[9] - clock_us, 0), far_us = far * 1000 }
+        units = units + 0, every = every + 0, ahead = math.max(f[9] - clock_us, 0), far_us = far * 1000,
+        lease = lease + 0, lease_ms = lease_ms + 0 }
       p.pooled = f[1] + f[3] >= p.cost
       p.shared = p.units > 0 and p.ahead + p.cost * p.every <= p.units * p.every
       if not (p.pooled or p.shared) then
@@ -111,12 +121,21 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
   function pools_settle(pools, spend, denied, reply)
     for _, p in ipairs(pools) do
       local f, cost, hold_us = p.f, p.cost, p.hold_us
-      local ask, c0, have = 0, 0, f[1] + f[3]
+      local ask, c0, have, moved, moved_ms = 0, 0, f[1] + f[3], 0, 0
       local ends = math.max(f[2], f[4])
       if not denied then
         if spend and p.pooled then
           local first = math.min(f[1], cost)
           f[1], f[3] = f[1] - first, f[3] - (cost - first)
+          -- The isolate's units, from the tranche spent first, count as
+          -- demand now: the region never sees them spent.
+          local from = f[1] > 0 and 1 or 3
+          moved_ms = math.min(p.lease_ms, math.floor((f[from + 1] - clock_us) / 1000))
+          if p.lease > 0 and moved_ms > 0 then
+            moved = math.min(p.lease, f[from])
+            f[from] = f[from] - moved
+          end
+          cost = cost + moved
         elseif spend then
           p.ahead = p.ahead + cost * p.every
           f[9] = clock_us + p.ahead
@@ -140,15 +159,16 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
         if p.units > 0 then
           have = have + math.floor((p.units * p.every - p.ahead) / p.every)
         end
-        -- Asked when the client's next request, one gap on, would find
-        -- too little left for the top-up's far trip, twice over (a
-        -- sixteenth of a length while the trip is unknown): in units,
-        -- share included, at the rate seen, or in time. A page load the
+        -- Asked when the client's next request here, one gap on (or once
+        -- the isolate has spent what it took), would find too little left
+        -- for the top-up's far trip, twice over (a sixteenth of a length
+        -- while the trip is unknown): in units, share included, at the
+        -- rate seen, or in time. A page load the
         -- share covers asks nothing: what is left need never be over a
         -- quarter of the units seen. Once per length for a steady client;
         -- a lost top-up lapses with the longest pool it could bring.
         local far_us = p.far_us > 0 and p.far_us or hold_us / 16
-        local soon = over / seen + 2 * far_us
+        local soon = over / seen * (1 + moved) + 2 * far_us
         local low = have < math.min(math.ceil(seen / 4), math.ceil(seen * soon / over))
         local ending = left > 0 and f[3] == 0 and ends - clock_us < soon
         local pending = f[5] > 0 and clock_us < f[5] + hold_us
@@ -162,6 +182,7 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
       local k = #reply
       reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5] =
         spend and 1 or 0, have, math.max(math.ceil((ends - clock_us) / 1000), 0), ask, c0
+      reply[k + 6], reply[k + 7] = moved, moved > 0 and moved_ms or 0
     end
     return reply
   end

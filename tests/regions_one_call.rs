@@ -98,3 +98,41 @@ async fn a_request_is_decided_by_one_nearby_call_while_its_pool_lasts() {
     let seen = send(&limiter, both, "192.0.2.2", "/login").await;
     assert!(!seen.admitted && (seen.near, seen.far) == (1, 0));
 }
+
+/// A shared rule with `lease`: away from the home, the isolate takes
+/// units from its region's pool in the spend's own call and spends them
+/// itself, so that a steady client's requests mostly need no call at all;
+/// the pool is topped up from the home after responses, as the worker does.
+#[tokio::test]
+async fn a_steady_client_is_served_from_units_its_isolate_took_from_the_pool() {
+    let (home, eu) = (Backend::start(), Backend::start());
+    let shared = json!({"name": "api", "key": ["ip"], "algorithm": "gcra", "rate": 100,
+                        "period": "1m", "burst": 100, "regions": "shared", "region_share": 5,
+                        "lease": 10, "lease_for": "5s"});
+    let regions = json!([{"name": "us", "home": true}, {"name": "eu", "colos": ["FRA"]}]);
+    let config = Config::from_json(&json!({"rules": [shared], "regions": regions})).unwrap();
+    let memory = IsolateMemory::new(config.cache_hold_ms, InFlight::new(TokioPause(|| 0)));
+    let limiter = Limiter::new(&config, &eu.client, &memory, true).away_from(&home.client);
+    let (near, far) = (eu.script_calls(), home.script_calls());
+    let header = ("cf-connecting-ip".to_owned(), "192.0.2.9".to_owned());
+    let req = RequestMeta::new("GET", "example.com", "/", None, [header]);
+    let mut admitted = 0;
+    // 60 requests 700 ms apart: 42 s, well below 100 a minute.
+    for k in 0..60 {
+        let now = T0 + k * 700;
+        let handled = limiter.handle(&req, now).await;
+        admitted += u64::from(matches!(
+            handled.outcome,
+            Outcome::Forward(Forward::Admitted(_))
+        ));
+        if !handled.pool.is_empty() {
+            limiter.top_up(&handled.pool, now + 1).await;
+        }
+    }
+    let (near, far) = (eu.script_calls() - near, home.script_calls() - far);
+    assert_eq!(admitted, 60);
+    // Spends and credits in the region, top-ups at the home (each first
+    // call to a fresh Redis is sent twice).
+    assert!(near <= 25, "{near} calls in the region for 60 requests");
+    assert!(far <= 8, "{far} calls at the home");
+}

@@ -77,6 +77,9 @@ struct Case {
     adversary: bool,
     /// Each region's own share of a GCRA rule's burst (0: none).
     share: u64,
+    /// Units each spend asks to move to its isolate (0: none), and for
+    /// how long at most, ms: the isolate spends them at their last instant.
+    lease: (u64, u64),
 }
 
 fn arrivals(span_ms: u64, most: usize) -> impl Strategy<Value = Vec<(u64, u64)>> {
@@ -118,9 +121,10 @@ fn case(regions: usize) -> impl Strategy<Value = Case> {
         prop::collection::vec(10..121u64, 64),
         any::<bool>(),
         prop_oneof![Just(0u64), 1..4u64],
+        (prop_oneof![Just(0u64), 1..6u64], 1..5000u64),
     )
         .prop_map(
-            |(figures, home, regions, near, far, adversary, share)| Case {
+            |(figures, home, regions, near, far, adversary, share, lease)| Case {
                 figures,
                 home,
                 regions,
@@ -128,6 +132,7 @@ fn case(regions: usize) -> impl Strategy<Value = Case> {
                 far,
                 adversary,
                 share,
+                lease,
             },
         )
 }
@@ -179,11 +184,13 @@ impl Case {
 enum Step {
     /// A client's request at the home, decided there.
     AtHome { cost: u64 },
-    /// A request in region `at`: its spend runs now.
+    /// A request in region `at`, sent by its isolate at `sent`: its spend
+    /// runs now.
     Spend {
         at: usize,
         cost: u64,
         adversary: bool,
+        sent: u64,
     },
     /// The home decides a request the pool could not cover (cost > 0), or
     /// grants a top-up alone (cost 0), for the spend asked at `asked_us`.
@@ -211,6 +218,8 @@ struct Seen {
     far: u64,
     /// Top-ups the home granted alone, after a spend's response.
     top_ups: u64,
+    /// Units moved to isolates and spent there.
+    isolate_held: u64,
     credited: u64,
     /// Credits that came too late for their pending top-up.
     stale: u64,
@@ -274,6 +283,7 @@ async fn run_case(case: &Case, backends: &[Backend], id: &str) -> Seen {
                     at,
                     cost,
                     adversary: false,
+                    sent: t,
                 },
             );
         }
@@ -293,6 +303,7 @@ async fn run_case(case: &Case, backends: &[Backend], id: &str) -> Seen {
                 at,
                 cost,
                 adversary,
+                sent,
             } => {
                 let skew = case.regions[at].skew_ms;
                 let spent = PoolSpend {
@@ -302,6 +313,7 @@ async fn run_case(case: &Case, backends: &[Backend], id: &str) -> Seen {
                     most: pool.most,
                     share: pool.share.map_or((0, 0), |s| (s.units, s.interval_us)),
                     far_ms: run.home_trip_ms,
+                    lease: if adversary { (0, 0) } else { case.lease },
                 };
                 let states = spend(
                     &regions[at].client,
@@ -313,6 +325,13 @@ async fn run_case(case: &Case, backends: &[Backend], id: &str) -> Seen {
                 .expect("a spend");
                 let state = states[0];
                 let back = now + run.near();
+                // Units moved to the isolate, spent at the last instant its
+                // clock allows, counted from when it sent the spend.
+                let (units, ms) = state.leased;
+                if units > 0 && sent + ms > back {
+                    run.seen.admitted.push((sent + ms - 1, units));
+                    run.seen.isolate_held += units;
+                }
                 if state.covered {
                     run.seen.admitted.push((now, cost));
                     run.seen.from_pools += 1;
@@ -331,6 +350,7 @@ async fn run_case(case: &Case, backends: &[Backend], id: &str) -> Seen {
                                     at,
                                     cost: 1,
                                     adversary: true,
+                                    sent: go.max(now + 1),
                                 },
                             );
                         }
@@ -485,6 +505,7 @@ fn property(regions: usize, cases: u32) {
         t.credited += seen.credited;
         t.stale += seen.stale;
         t.last_instant += seen.last_instant;
+        t.isolate_held += seen.isolate_held;
         Ok(())
     });
     if let Err(e) = result {
@@ -493,10 +514,11 @@ fn property(regions: usize, cases: u32) {
     let t = totals.into_inner();
     eprintln!(
         "{regions} regions: {} admitted, {} from pools ({} at a pool's last instant), \
-         {} far decisions; {} top-ups credited, {} too late",
+         {} units held by isolates, {} far decisions; {} top-ups credited, {} too late",
         t.admitted.len(),
         t.from_pools,
         t.last_instant,
+        t.isolate_held,
         t.far,
         t.credited,
         t.stale
@@ -506,7 +528,7 @@ fn property(regions: usize, cases: u32) {
         t.from_pools * 4 > t.admitted.len() as u64,
         "pools decided too little"
     );
-    assert!(t.last_instant > 0 && t.far > 0 && t.credited > 0);
+    assert!(t.last_instant > 0 && t.far > 0 && t.credited > 0 && t.isolate_held > 0);
 }
 
 /// The home and one other region.
@@ -545,6 +567,7 @@ fn a_regions_share_is_kept_out_of_the_homes_figures() {
         most: pool.most,
         share: pool.share.map_or((0, 0), |s| (s.units, s.interval_us)),
         far_ms: 0,
+        lease: (0, 0),
     };
     let admitted = rt.block_on(async {
         let mut admitted = 0;
@@ -593,6 +616,7 @@ fn a_page_load_asks_the_home_nothing_and_a_steady_client_once_a_pool() {
         far: vec![80],
         adversary: false,
         share: 5,
+        lease: (0, 0),
     };
     let page = rt.block_on(run_case(&of(vec![(0, 1); 4]), &backends, "10.8.0.1"));
     assert_eq!(

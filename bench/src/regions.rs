@@ -37,6 +37,10 @@ pub const RATE_PER_MINUTE: u64 = 100;
 pub const BURST: u64 = 100;
 /// Of which each region other than ours decides alone (`region_share`).
 pub const SHARE: u64 = 5;
+/// Ours again, with its isolates holding units of their own: at most
+/// this many, for at most this long.
+pub const LEASE: u64 = 10;
+pub const LEASE_FOR: &str = "5s";
 /// The steady client's requests, and how far apart: below the rate.
 pub const STEADY: (usize, u64) = (40, 700);
 /// The requests a page load sends at once.
@@ -45,18 +49,29 @@ pub const PAGE: usize = 4;
 /// than its burst in all.
 pub const BOTH: (usize, usize) = (40, 4);
 
-/// What part 10 measured of one side.
+/// What part 10 measured of a steady client in eu.
 #[derive(Debug, Clone, Default)]
-pub struct Side {
-    /// The steady client's latency added to a passthrough's, ms, p50.
+pub struct Steady {
+    /// Its latency added to a passthrough's, ms, p50.
     pub added_p50_ms: f64,
     /// A bare REST round trip to the near Redis, ms, p50.
     pub near_rtt_ms: f64,
     /// The same made by a worker (`bench/workers/near-call.mjs`): its
     /// latency added to a passthrough's, ms, p50.
     pub worker_rtt_ms: f64,
-    /// Far REST calls per allowed request of the steady client.
+    /// Far REST calls per allowed request.
     pub far_per_allowed: f64,
+    /// REST requests eu's endpoint took from the worker per request.
+    pub near_per_request: f64,
+}
+
+/// What part 10 measured of one side.
+#[derive(Debug, Clone, Default)]
+pub struct Side {
+    /// The steady client.
+    pub steady: Steady,
+    /// Ours only: the same under a rule with `lease`.
+    pub leased: Option<Steady>,
     /// Near and far REST calls of a fresh client's page load.
     pub page_near: u64,
     pub page_far: u64,
@@ -105,7 +120,10 @@ fn our_toml(in_eu: bool) -> String {
     format!(
         "[vars.LIMITER]\nregions = [{{ name = \"us\", home = true }}, {{ name = \"eu\", continents = {places} }}]\n\n\
          [[vars.LIMITER.rules]]\nname = \"shared\"\nkey = [\"ip\"]\nalgorithm = \"gcra\"\nrate = {RATE_PER_MINUTE}\n\
-         period = \"1m\"\nburst = {BURST}\nregions = \"shared\"\nregion_share = {SHARE}\npath_prefix = \"/timed/\"\n"
+         period = \"1m\"\nburst = {BURST}\nregions = \"shared\"\nregion_share = {SHARE}\npath_prefix = \"/timed/\"\n\n\
+         [[vars.LIMITER.rules]]\nname = \"leased\"\nkey = [\"ip\"]\nalgorithm = \"gcra\"\nrate = {RATE_PER_MINUTE}\n\
+         period = \"1m\"\nburst = {BURST}\nregions = \"shared\"\nregion_share = {SHARE}\npath_prefix = \"/leased/\"\n\
+         lease = {LEASE}\nlease_for = \"{LEASE_FOR}\"\n"
     )
 }
 
@@ -244,43 +262,23 @@ impl Run<'_> {
         self.home.far.wait_idle(Duration::from_secs(10));
     }
 
-    async fn side(
-        &self,
-        in_eu: &Worker,
-        at_home: &Worker,
-        tag: &str,
-        salt: u32,
-    ) -> Result<Side, String> {
-        let mut side = Side::default();
-        let (n, salt) = (u32::from(tag == "peer"), format!("{tag}-{salt}"));
-        let ip = |client: u32| format!("10.{}.{}.{client}", 100 + n, std::process::id() % 250);
-        // A steady client in eu, below the rate, after its first request.
-        let steady = ip(1);
-        let path = format!("/timed/steady-{salt}");
-        let headers = [("CF-Connecting-IP", steady.as_str())];
-        let url = |w: &Worker, p: &str| format!("{}{p}", w.url);
-        // Each Redis has the side's scripts once another client's request
-        // at each region has run: a fresh server's first call is sent twice.
-        let other = ip(4);
-        for w in [at_home, in_eu] {
-            timed(
-                self.http,
-                &url(w, &path),
-                &[("CF-Connecting-IP", other.as_str())],
-            )
-            .await?;
-        }
-        timed(self.http, &url(in_eu, &path), &headers).await?;
+    /// A steady client `ip` in eu on `path`: its first request, then
+    /// [`STEADY`]'s, each beside the passthrough's, a worker's near call
+    /// and a bare REST round trip.
+    async fn steady(&self, in_eu: &Worker, ip: &str, path: &str) -> Result<Steady, String> {
+        let headers = [("CF-Connecting-IP", ip)];
+        let url = |w: &Worker| format!("{}{path}", w.url);
+        timed(self.http, &url(in_eu), &headers).await?;
         self.settled().await;
-        let (far_before, mut allowed) = (self.far_calls(), 0u64);
+        let (far_before, near_before) = (self.far_calls(), self.near_calls().await?);
         let (mut worker_ms, mut through_ms, mut rtt_ms) = (vec![], vec![], vec![]);
-        let mut near_call_ms = vec![];
+        let (mut near_call_ms, mut allowed) = (vec![], 0u64);
         for _ in 0..STEADY.0 {
-            let (ms, _) = timed(self.http, &url(self.passthrough, &path), &headers).await?;
+            let (ms, _) = timed(self.http, &url(self.passthrough), &headers).await?;
             through_ms.push(ms);
-            let (ms, _) = timed(self.http, &url(self.near_call, &path), &headers).await?;
+            let (ms, _) = timed(self.http, &url(self.near_call), &headers).await?;
             near_call_ms.push(ms);
-            let (ms, status) = timed(self.http, &url(in_eu, &path), &headers).await?;
+            let (ms, status) = timed(self.http, &url(in_eu), &headers).await?;
             worker_ms.push(ms);
             allowed += u64::from(status == 200);
             let ping = format!("{}/ping", self.eu.endpoint.url());
@@ -291,10 +289,46 @@ impl Run<'_> {
             tokio::time::sleep(Duration::from_millis(STEADY.1)).await;
         }
         self.settled().await;
-        side.added_p50_ms = percentile(&worker_ms, 50.0) - percentile(&through_ms, 50.0);
-        side.near_rtt_ms = percentile(&rtt_ms, 50.0);
-        side.worker_rtt_ms = percentile(&near_call_ms, 50.0) - percentile(&through_ms, 50.0);
-        side.far_per_allowed = (self.far_calls() - far_before) as f64 / allowed.max(1) as f64;
+        // The bare round trips and the near-call worker's PINGs reach eu's
+        // endpoint too: left out of the worker's own calls.
+        let pings = 2 * STEADY.0 as u64;
+        let near = (self.near_calls().await? - near_before).saturating_sub(pings);
+        let through = percentile(&through_ms, 50.0);
+        Ok(Steady {
+            added_p50_ms: percentile(&worker_ms, 50.0) - through,
+            near_rtt_ms: percentile(&rtt_ms, 50.0),
+            worker_rtt_ms: percentile(&near_call_ms, 50.0) - through,
+            far_per_allowed: (self.far_calls() - far_before) as f64 / allowed.max(1) as f64,
+            near_per_request: near as f64 / STEADY.0 as f64,
+        })
+    }
+
+    async fn side(
+        &self,
+        in_eu: &Worker,
+        at_home: &Worker,
+        tag: &str,
+        salt: u32,
+    ) -> Result<Side, String> {
+        let mut side = Side::default();
+        let (n, salt) = (u32::from(tag == "peer"), format!("{tag}-{salt}"));
+        let ip = |client: u32| format!("10.{}.{}.{client}", 100 + n, std::process::id() % 250);
+        let url = |w: &Worker, p: &str| format!("{}{p}", w.url);
+        // Each Redis has the side's scripts once another client's request
+        // at each region has run: a fresh server's first call is sent twice.
+        let other = ip(4);
+        let warm = format!("/timed/warm-{salt}");
+        for w in [at_home, in_eu] {
+            let headers = [("CF-Connecting-IP", other.as_str())];
+            timed(self.http, &url(w, &warm), &headers).await?;
+        }
+        // A steady client in eu, below the rate; ours again under a rule
+        // whose isolates hold units of their own (`lease`).
+        side.steady = self.steady(in_eu, &ip(1), &format!("/timed/steady-{salt}")).await?;
+        if tag == "ours" {
+            let path = format!("/leased/steady-{salt}");
+            side.leased = Some(self.steady(in_eu, &ip(5), &path).await?);
+        }
 
         // A fresh client's page load: its requests at once.
         let fresh = ip(2);

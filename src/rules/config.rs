@@ -420,7 +420,7 @@ impl TryFrom<RawRule> for Rule {
             None => None,
             Some("shared") => {
                 let settled = !count_status.is_empty() || cost_header.is_some();
-                Pool::fits(mode, lease.is_some(), settled, penalty_ms.is_some())?;
+                Pool::fits(mode, settled, penalty_ms.is_some())?;
                 // Its interval, and the home's figures less it, wait for the
                 // count of regions: `Config::from_json` splits the rule.
                 let share = raw.region_share.map(|units| Share {

@@ -111,11 +111,11 @@ impl Pool {
     }
 
     /// Checks what a shared rule may not combine with: each is decided in
-    /// the home's Redis on every request, or per response.
-    pub fn fits(mode: Mode, lease: bool, settled: bool, penalty: bool) -> Result<(), FieldError> {
+    /// the home's Redis on every request, or per response. A `lease` is
+    /// taken from the region's pool away from the home.
+    pub fn fits(mode: Mode, settled: bool, penalty: bool) -> Result<(), FieldError> {
         let why = match () {
             _ if mode == Mode::Shadow => "a shadow rule reports every denial it would make, so it is decided in one Redis on every request; remove `regions` or `mode`",
-            _ if lease => "a shared rule's regions hold pools in place of an isolate's lease; remove `lease` or `regions`",
             _ if settled => "a rule that settles per response (`count_status`, `cost_header`) does so in one Redis; remove it or `regions`",
             _ if penalty => "a penalty starts in the Redis that denied, which a region spending its pool is not; remove `penalty` or `regions`",
             _ => return Ok(()),
@@ -256,10 +256,6 @@ mod tests {
             (
                 json!({"algorithm": "gcra", "rate": 10, "period": "1s", "burst": 20, "mode": "shadow"}),
                 "shadow",
-            ),
-            (
-                json!({"algorithm": "gcra", "rate": 10, "period": "1s", "burst": 20, "lease": 2}),
-                "lease",
             ),
             (
                 json!({"algorithm": "gcra", "rate": 10, "period": "1s", "burst": 20, "penalty": "1m"}),

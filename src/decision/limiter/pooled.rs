@@ -58,12 +58,26 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             handled.reread = reread;
             return handled;
         }
+        // An isolate holds units of its own (`lease`) only for requests no
+        // other rule matches: theirs are decided in the call anyway.
+        let leased = match rest.rules.is_empty() {
+            true => self.observe(checks, &key_refs, now_ms),
+            false => None,
+        };
+        if let Some(leased) = &leased {
+            if let Some(mut handled) = self.admit_from_leases(checks, leased, now_ms) {
+                handled.reread = reread;
+                return handled;
+            }
+        }
+        let asks = (leased.as_ref()).map_or_else(Vec::new, |l| self.lease_asks(checks, l, now_ms));
         let far_ms = self.leases.borrow().home_trip_ms();
-        let pools: Vec<PoolSpend> = (checks.iter().zip(&keys))
-            .map(|((c, _), key)| {
+        let pools: Vec<PoolSpend> = (checks.iter().zip(&keys).enumerate())
+            .map(|(i, ((c, _), key))| {
                 let pool = c.rule.shared;
                 let (hold_ms, most) = pool.map_or((0, 0), |p| (p.hold_ms, p.most));
                 let share = pool.and_then(|p| p.share);
+                let lease = asks.iter().find(|a| a.rule == i);
                 PoolSpend {
                     key: pool_key(key),
                     cost: c.cost,
@@ -71,6 +85,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
                     most,
                     share: share.map_or((0, 0), |s| (s.units, s.interval_us)),
                     far_ms,
+                    lease: lease.map_or((0, 0), |a| (a.units, a.for_ms)),
                 }
             })
             .collect();
@@ -82,7 +97,14 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             own: (own, signature),
         };
         let mut handled = match rest.rules.is_empty() {
-            true => self.spent_alone(&shared, &pools, now_ms).await,
+            true => {
+                let handled = self.spent_alone(&shared, &pools, now_ms).await;
+                let mut leases = self.leases.borrow_mut();
+                for ask in &asks {
+                    leases.answered(&keys[ask.rule]);
+                }
+                handled
+            }
             false => {
                 let beside = self.handle_selected(rest, methods, &pools, now_ms).await;
                 let states = match &beside.outcome {
@@ -165,7 +187,15 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             return self.at_home(shared, &asks, now_ms).await;
         }
         let checks = shared.checks;
-        let mut handled = decided(checks, &shared.own.0, spent(checks, states));
+        let decision = spent(checks, states);
+        // Units moved to this isolate, counted from before it sent the call.
+        let mut leases = self.leases.borrow_mut();
+        for ((key, state), s) in shared.keys.iter().zip(&decision.rules).zip(states) {
+            let (units, ms) = s.leased;
+            leases.grant(key, units, ms, now_ms, (*state, None));
+        }
+        drop(leases);
+        let mut handled = decided(checks, &shared.own.0, decision);
         handled.pool = PoolWork {
             asks: asks.into_iter().map(|(_, a)| a).collect(),
             credits: vec![],

@@ -179,6 +179,9 @@ pub struct PoolState {
     /// The instant the top-up was asked at, on the region's clock (us):
     /// its credit names it, and its deadline counts from it.
     pub asked_us: u64,
+    /// Units moved from the pool to the isolate that asked, and how long
+    /// it may spend them, ms from before it sent the call.
+    pub leased: (u64, u64),
 }
 
 /// The verdict on a whole request: all rules admitted it, or none consumed.

@@ -26,6 +26,9 @@ pub struct PoolSpend {
     /// (0: not known yet): a top-up is asked that long and more before the
     /// pool runs out.
     pub far_ms: u64,
+    /// The units this isolate asks to hold itself, spent without a call
+    /// (0: none), and for how long at most, ms.
+    pub lease: (u64, u64),
 }
 
 /// A top-up the home granted, for the region's pool at `key`.
@@ -45,7 +48,7 @@ pub struct Credit {
 
 impl PoolSpend {
     /// Its numbers in a call, as `lua/pool.lua` reads them.
-    pub(super) fn numbers(&self) -> [u64; 6] {
+    pub(super) fn numbers(&self) -> [u64; 8] {
         let (units, interval_us) = self.share;
         [
             self.cost,
@@ -54,6 +57,8 @@ impl PoolSpend {
             units,
             interval_us,
             self.far_ms,
+            self.lease.0,
+            self.lease.1,
         ]
     }
 }
@@ -93,21 +98,25 @@ async fn on_pools<'a, const N: usize>(
     Ok(runner.eval(&LIMITER, &keys, &args, budget).await?)
 }
 
-/// Reads a spend's reply: five integers per pool.
+/// Integers a spend's reply holds per pool.
+pub(super) const SPENT: usize = 7;
+
+/// Reads a spend's reply: [`SPENT`] integers per pool.
 pub(super) fn decode_spend(reply: &Value, pools: usize) -> Result<Vec<PoolState>, ScriptError> {
-    let numbers = integers(reply, 5 * pools)?;
+    let numbers = integers(reply, SPENT * pools)?;
     let states: Vec<PoolState> = numbers
-        .chunks(5)
+        .chunks(SPENT)
         .map(|n| PoolState {
             covered: n[0] == 1,
             left: n[1],
             lasts_ms: n[2],
             ask: n[3],
             asked_us: n[4],
+            leased: (n[5], n[6]),
         })
         .collect();
     let agreed = states.windows(2).all(|w| w[0].covered == w[1].covered);
-    if !agreed || numbers.chunks(5).any(|n| n[0] > 1) {
+    if !agreed || numbers.chunks(SPENT).any(|n| n[0] > 1) {
         return Err(ScriptError::Reply(format!("{reply} is no pool's spend")));
     }
     Ok(states)
@@ -150,20 +159,22 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn a_spend_replies_five_counts_a_pool_and_one_verdict_for_all() {
-        let states = decode_spend(&json!([1, 4, 900, 0, 0, 1, 2, 300, 6, 17]), 2).unwrap();
+    fn a_spend_replies_seven_counts_a_pool_and_one_verdict_for_all() {
+        let reply = json!([1, 4, 900, 0, 0, 0, 0, 1, 2, 300, 6, 17, 3, 250]);
+        let states = decode_spend(&reply, 2).unwrap();
         assert!(states.iter().all(|s| s.covered));
         assert_eq!((states[1].ask, states[1].asked_us), (6, 17));
+        assert_eq!((states[0].leased, states[1].leased), ((0, 0), (3, 250)));
         for bad in [
-            json!([1, 4, 900, 0, 0, 0, 2, 300, 6, 17]),
-            json!([2, 0, 0, 0, 0]),
+            json!([1, 4, 900, 0, 0, 0, 0, 0, 2, 300, 6, 17, 0, 0]),
+            json!([2, 0, 0, 0, 0, 0, 0]),
             json!([1, 2]),
         ] {
             assert!(
-                decode_spend(&bad, bad.as_array().unwrap().len() / 5).is_err(),
+                decode_spend(&bad, bad.as_array().unwrap().len() / SPENT).is_err(),
                 "{bad}"
             );
         }
-        assert!(decode_spend(&json!([1, -1, 0, 0, 0]), 1).is_err());
+        assert!(decode_spend(&json!([1, -1, 0, 0, 0, 0, 0]), 1).is_err());
     }
 }

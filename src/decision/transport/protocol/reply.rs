@@ -6,7 +6,7 @@ use serde_json::Value;
 use super::{
     algorithms,
     call::{General, Group, LeaseAsk, OneRule, ScriptCall},
-    pool_call::decode_spend,
+    pool_call::{decode_spend, SPENT},
 };
 use crate::{
     decision::{
@@ -162,7 +162,8 @@ impl General {
         let Some(items) = reply.as_array() else {
             return Err(malformed(reply, "is not an array"));
         };
-        let (items, pooled) = items.split_at(items.len().saturating_sub(5 * self.pools.len()));
+        let pooled_len = SPENT * self.pools.len();
+        let (items, pooled) = items.split_at(items.len().saturating_sub(pooled_len));
         let (items, read) = items.split_at(items.len().saturating_sub(3 * self.overrides.len()));
         let (requests, granted) = items.split_at(items.len().saturating_sub(2 * self.leases.len()));
         if requests.len() != n * self.per_request() {
