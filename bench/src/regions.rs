@@ -72,9 +72,11 @@ pub struct Side {
     pub steady: Steady,
     /// Ours only: the same under a rule with `lease`.
     pub leased: Option<Steady>,
-    /// Near and far REST calls of a fresh client's page load.
+    /// Near and far REST calls of a fresh client's page load, and the
+    /// commands its near ones carried.
     pub page_near: u64,
     pub page_far: u64,
+    pub page_commands: u64,
     /// Of the client sending to both regions: admitted at the origin, and
     /// of those over the limit by their arrival times.
     pub both_admitted: u64,
@@ -244,7 +246,13 @@ impl Run<'_> {
         self.home.far.exchanges().len() as u64
     }
 
+    /// Requests eu's endpoint has taken so far.
     async fn near_calls(&self) -> Result<u64, String> {
+        Ok(self.near_counts().await?.0)
+    }
+
+    /// Requests and commands eu's endpoint has taken so far.
+    async fn near_counts(&self) -> Result<(u64, u64), String> {
         let url = format!("{}/__stats", self.eu.endpoint.url());
         let stats: serde_json::Value = async {
             (self.http.get(url).bearer_auth(TOKEN).send().await?)
@@ -253,7 +261,8 @@ impl Run<'_> {
         }
         .await
         .map_err(|e| format!("the eu endpoint's counts: {e}"))?;
-        Ok(stats["requests"].as_u64().unwrap_or(0))
+        let count = |name: &str| stats[name].as_u64().unwrap_or(0);
+        Ok((count("requests"), count("commands")))
     }
 
     /// Waits for the calls a worker makes after its responses.
@@ -324,7 +333,9 @@ impl Run<'_> {
         }
         // A steady client in eu, below the rate; ours again under a rule
         // whose isolates hold units of their own (`lease`).
-        side.steady = self.steady(in_eu, &ip(1), &format!("/timed/steady-{salt}")).await?;
+        side.steady = self
+            .steady(in_eu, &ip(1), &format!("/timed/steady-{salt}"))
+            .await?;
         if tag == "ours" {
             let path = format!("/leased/steady-{salt}");
             side.leased = Some(self.steady(in_eu, &ip(5), &path).await?);
@@ -332,7 +343,7 @@ impl Run<'_> {
 
         // A fresh client's page load: its requests at once.
         let fresh = ip(2);
-        let (near_before, far_before) = (self.near_calls().await?, self.far_calls());
+        let (near_before, far_before) = (self.near_counts().await?, self.far_calls());
         let page = format!("/timed/page-{salt}");
         let (page_url, page_headers) = (url(in_eu, &page), [("CF-Connecting-IP", fresh.as_str())]);
         let loads = (0..PAGE).map(|_| timed(self.http, &page_url, &page_headers));
@@ -340,7 +351,8 @@ impl Run<'_> {
             loaded?;
         }
         self.settled().await;
-        side.page_near = self.near_calls().await? - near_before;
+        let near = self.near_counts().await?;
+        (side.page_near, side.page_commands) = (near.0 - near_before.0, near.1 - near_before.1);
         side.page_far = self.far_calls() - far_before;
 
         // One client at both regions at once: waves of requests to each.
