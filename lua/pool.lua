@@ -127,9 +127,10 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
         if spend and p.pooled then
           local first = math.min(f[1], cost)
           f[1], f[3] = f[1] - first, f[3] - (cost - first)
-          -- The isolate's units, from the tranche spent first, count as
+          -- The isolate's units come from the tranche spent first, unless
+          -- it is short of the ask and the next holds more; they count as
           -- demand now: the region never sees them spent.
-          local from = f[1] > 0 and 1 or 3
+          local from = (f[1] >= p.lease or f[1] >= f[3]) and 1 or 3
           moved_ms = math.min(p.lease_ms, math.floor((f[from + 1] - clock_us) / 1000))
           if p.lease > 0 and moved_ms > 0 then
             moved = math.min(p.lease, f[from])
