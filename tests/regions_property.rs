@@ -543,16 +543,22 @@ fn three_regions_never_go_over_one_limit() {
     property(2, 48);
 }
 
+/// A home's Redis and one region's, and a runtime to call them from.
+fn home_and_one_region() -> (Vec<Backend>, tokio::runtime::Runtime) {
+    let backends = (0..2).map(|_| Backend::start()).collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    (backends, rt)
+}
+
 /// The worst moment for a region's share: a fresh client spends its share
 /// in the region while the home admits all it can, at one instant. The
 /// home must have kept the share out of its own figures.
 #[test]
 fn a_regions_share_is_kept_out_of_the_homes_figures() {
-    let backends: Vec<Backend> = (0..2).map(|_| Backend::start()).collect();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (backends, rt) = home_and_one_region();
     let rule = json!({"name": "shared", "key": ["ip"], "algorithm": "gcra", "rate": 10,
                       "period": "1s", "burst": 30, "regions": "shared", "region_share": 4});
     let regions = json!([{"name": "home", "home": true}, {"name": "r0", "colos": ["RGA"]}]);
@@ -596,11 +602,7 @@ fn a_regions_share_is_kept_out_of_the_homes_figures() {
 /// pool's length, never waiting on the home.
 #[test]
 fn a_page_load_asks_the_home_nothing_and_a_steady_client_once_a_pool() {
-    let backends: Vec<Backend> = (0..2).map(|_| Backend::start()).collect();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (backends, rt) = home_and_one_region();
     let of = |arrivals: Vec<(u64, u64)>| Case {
         figures: Figures::Gcra {
             rate: 100,

@@ -328,18 +328,7 @@ impl ScriptCall {
         if leases.is_empty() {
             return self;
         }
-        match self {
-            ScriptCall::OneRule(one) => ScriptCall::Decide(General {
-                leases,
-                ..one.general()
-            }),
-            ScriptCall::Decide(g) => ScriptCall::Decide(General { leases, ..g }),
-            ScriptCall::Group(Group { first, further }) => ScriptCall::Group(Group {
-                first: General { leases, ..first },
-                further,
-            }),
-            other => other,
-        }
+        self.general_with(|g| General { leases, ..g }, true)
     }
 
     /// This decision spending `pools` too, all or nothing: a lone rule's
@@ -349,12 +338,19 @@ impl ScriptCall {
         if pools.is_empty() {
             return self;
         }
+        self.general_with(|g| General { pools, ..g }, false)
+    }
+
+    /// This decision's general call made over by `change`, a lone rule's
+    /// first turned into one; a group's first request's too when `groups`.
+    fn general_with(self, change: impl FnOnce(General) -> General, groups: bool) -> ScriptCall {
         match self {
-            ScriptCall::OneRule(one) => ScriptCall::Decide(General {
-                pools,
-                ..one.general()
+            ScriptCall::OneRule(one) => ScriptCall::Decide(change(one.general())),
+            ScriptCall::Decide(g) => ScriptCall::Decide(change(g)),
+            ScriptCall::Group(Group { first, further }) if groups => ScriptCall::Group(Group {
+                first: change(first),
+                further,
             }),
-            ScriptCall::Decide(g) => ScriptCall::Decide(General { pools, ..g }),
             other => other,
         }
     }
