@@ -78,7 +78,7 @@
 --             'penalty': per rule with a penalty, its 1-based index and
 --             the penalty (ms), in penalty keys' order;
 --             'pools', in a region away from the home, for one request
---             (no group): per pool of the request's shared rules, the six
+--             (no group): per pool of the request's shared rules, the eight
 --             numbers a spend takes (pool.lua); the pool keys come last in
 --             KEYS. The request is admitted only if the pools, else the
 --             shares, cover it too, and then spent from them; a request
@@ -98,7 +98,7 @@
 -- reports what it has left after the grant. Then, per override read: whose
 -- held (0: none, 1: the client's, 2: the rule's), 1 if the client's key
 -- held something that is no override, and the text in force ('' for none).
--- Then, per pool, a spend's five integers (pool.lua).
+-- Then, per pool, a spend's seven integers (pool.lua).
 -- An override (src/rules/overrides.rs writes them) is 'v1 block',
 -- 'v1 gcra <rate> <period ms> <burst> <interval us>' or 'v1 windows' and
 -- '<duration ms>:<limit>' per window; a block denies like a running

@@ -116,8 +116,8 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
 
   -- Settles the request on `pools`: spent from them when `spend`, else
   -- sent to the home, which a top-up asked now rides with; a request
-  -- denied elsewhere (`denied`) changes nothing. Appends each pool's five
-  -- integers to `reply`.
+  -- denied elsewhere (`denied`) changes nothing. Appends each pool's
+  -- seven integers to `reply`.
   function pools_settle(pools, spend, denied, reply)
     for _, p in ipairs(pools) do
       local f, cost, hold_us = p.f, p.cost, p.hold_us
@@ -164,10 +164,10 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
         -- the isolate has spent what it took), would find too little left
         -- for the top-up's far trip, twice over (a sixteenth of a length
         -- while the trip is unknown): in units, share included, at the
-        -- rate seen, or in time. A page load the
-        -- share covers asks nothing: what is left need never be over a
-        -- quarter of the units seen. Once per length for a steady client;
-        -- a lost top-up lapses with the longest pool it could bring.
+        -- rate seen, or in time. A page load the share covers asks
+        -- nothing: what is left need never be over a quarter of the units
+        -- seen. Once per length for a steady client; a lost top-up lapses
+        -- with the longest pool it could bring.
         local far_us = p.far_us > 0 and p.far_us or hold_us / 16
         local soon = over / seen * (1 + moved) + 2 * far_us
         local low = have < math.min(math.ceil(seen / 4), math.ceil(seen * soon / over))
