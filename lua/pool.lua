@@ -149,7 +149,8 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
           f[6], f[8] = 0, next and f[8] + hold_us or clock_us
         end
         f[6] = f[6] + cost
-        local seen = f[6] + f[7]
+        -- At least one, for a refresh (cost 0) of a pool whose demand lapsed.
+        local seen = math.max(f[6] + f[7], 1)
         local left = f[1] + f[3]
         have = left
         -- A top-up asks for a pool's length at the rate seen, that rate

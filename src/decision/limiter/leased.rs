@@ -152,8 +152,23 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     /// after the response has gone (sent at `now_ms`). A fault is only
     /// logged: the next request without units makes its own call.
     pub async fn refresh(&self, pending: &LeaseRefresh, now_ms: u64) -> Vec<Event> {
-        let found: Vec<(Check<'c>, &str, u64)> = pending
-            .rules
+        // Away from the home, a shared rule's units come from the pool.
+        let (pooled, own): (Vec<_>, Vec<_>) = (pending.rules.iter()).partition(|(id, _, _)| {
+            self.home.is_some() && self.config.rule(*id).is_some_and(|r| r.shared.is_some())
+        });
+        let mut events = match pooled.is_empty() {
+            true => vec![],
+            false => self.refresh_pools(&pooled, now_ms).await,
+        };
+        if !own.is_empty() {
+            events.extend(self.refresh_own(&own, now_ms).await);
+        }
+        events
+    }
+
+    /// [`Limiter::refresh`] of rules whose units come from their own state.
+    async fn refresh_own(&self, rules: &[&(RuleId, String, u64)], now_ms: u64) -> Vec<Event> {
+        let found: Vec<(Check<'c>, &str, u64)> = rules
             .iter()
             .filter_map(|(rule_id, key, units)| {
                 let rule = self.config.rule(*rule_id)?;

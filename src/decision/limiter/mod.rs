@@ -36,10 +36,7 @@ use crate::decision::{
     outcomes::verdict::Decision,
     transport::protocol::{run, Check, PoolSpend, ScriptCall, ScriptError, ScriptRunner},
 };
-use crate::rules::{
-    request::RequestMeta,
-    rule::{Rule, RuleId},
-};
+use crate::rules::{request::RequestMeta, rule::Rule};
 
 impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     /// Decides `req` at `now_ms` (the isolate's clock: it ages cached
@@ -71,18 +68,15 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             Some(home) if selection.rules.iter().any(|(_, r, _)| shared(r)) => {
                 let (pooling, rest): (Vec<_>, Vec<_>) =
                     (selection.rules.into_iter()).partition(|(_, r, _)| shared(r));
-                let ids: Vec<RuleId> = pooling.iter().map(|(id, _, _)| *id).collect();
                 let pooling = Selection {
                     rules: pooling,
                     shadow_ambiguous: vec![],
                 };
-                let checks = pooling.checks(methods);
                 let rest = Selection {
                     rules: rest,
                     shadow_ambiguous: vec![],
                 };
-                self.pooled(home, &checks, &ids, &rest, methods, now_ms)
-                    .await
+                self.pooled(home, &pooling, &rest, methods, now_ms).await
             }
             _ => {
                 let handled = self.handle_selected(&selection, methods, &[], now_ms);

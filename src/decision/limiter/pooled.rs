@@ -28,8 +28,8 @@ use crate::decision::{
 use crate::rules::rule::{Mode, Rule, RuleId};
 
 impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
-    /// `checks` (every one a shared rule's, `ids` theirs) decided at
-    /// `now_ms` in this region, `home` being the home's Redis, beside
+    /// `pooling` (every one a shared rule) decided at `now_ms` in this
+    /// region, `home` being the home's Redis, beside
     /// `rest`, the request's other rules (`methods` as for them): the
     /// pools are spent in the one call that decides the rest, all or
     /// nothing. When they cannot cover the request, the home decides the
@@ -40,12 +40,12 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     pub(super) async fn pooled(
         &self,
         home: &S,
-        checks: &[(Check<'c>, Vec<&str>)],
-        ids: &[RuleId],
+        pooling: &Selection<'c, Cow<'_, str>>,
         rest: &Selection<'c, Cow<'_, str>>,
         methods: &[String],
         now_ms: u64,
     ) -> Handled<'c> {
+        let checks = &pooling.checks(methods);
         let keys: Vec<String> = checks.iter().map(|(c, id)| rule_key(c.rule, id)).collect();
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         // Under the rule-wide overrides this isolate holds, read from the
@@ -66,10 +66,12 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         };
         if let Some(leased) = &leased {
             if let Some(mut handled) = self.admit_from_leases(checks, leased, now_ms) {
+                handled.refresh = self.refresh_due(pooling, leased, now_ms);
                 handled.reread = reread;
                 return handled;
             }
         }
+        let ids: Vec<RuleId> = pooling.rules.iter().map(|(id, _, _)| *id).collect();
         let asks = (leased.as_ref()).map_or_else(Vec::new, |l| self.lease_asks(checks, l, now_ms));
         let far_ms = self.leases.borrow().home_trip_ms();
         let pools: Vec<PoolSpend> = (checks.iter().zip(&keys).enumerate())
@@ -92,7 +94,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         let shared = Shared {
             home,
             checks,
-            ids,
+            ids: &ids,
             keys: &keys,
             own: (own, signature),
         };
@@ -201,6 +203,74 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             credits: vec![],
         };
         handled
+    }
+
+    /// After a response: moves units from the region's pools to this
+    /// isolate for `rules` (each a shared rule that leases, its key and the
+    /// units to ask for), in one spend charging no request; a top-up it
+    /// asks for goes to the home at once. A fault is only logged: the next
+    /// request without units spends in a call of its own.
+    pub(super) async fn refresh_pools(
+        &self,
+        rules: &[&(RuleId, String, u64)],
+        now_ms: u64,
+    ) -> Vec<Event> {
+        let found: Vec<(&'c Rule, RuleId, &str, u64)> = (rules.iter())
+            .filter_map(|(id, key, units)| {
+                Some((self.config.rule(*id)?, *id, key.as_str(), *units))
+            })
+            .collect();
+        let far_ms = self.leases.borrow().home_trip_ms();
+        let pools: Vec<PoolSpend> = (found.iter())
+            .map(|(rule, _, key, units)| {
+                let pool = rule.shared;
+                let share = pool.and_then(|p| p.share);
+                PoolSpend {
+                    key: pool_key(key),
+                    cost: 0,
+                    hold_ms: pool.map_or(0, |p| p.hold_ms),
+                    most: pool.map_or(0, |p| p.most),
+                    share: share.map_or((0, 0), |s| (s.units, s.interval_us)),
+                    far_ms,
+                    lease: (*units, rule.lease.map_or(0, |l| l.for_ms)),
+                }
+            })
+            .collect();
+        let budget = budget_of(found.iter().map(|(rule, ..)| *rule));
+        let spent = spend(self.store, &pools, self.clock(now_ms), budget).await;
+        for (_, _, key, _) in &found {
+            self.leases.borrow_mut().answered(key);
+        }
+        let states = match spent {
+            Ok(states) => states,
+            Err(error) => {
+                return (found.iter())
+                    .map(|(rule, _, key, _)| Event {
+                        key: Some((*key).to_owned()),
+                        error: Some(error.to_string()),
+                        ..Event::new(Action::LeaseFailed, &rule.name)
+                    })
+                    .collect();
+            }
+        };
+        let mut work = PoolWork::default();
+        for ((rule, id, key, _), s) in found.iter().zip(&states) {
+            let state = pool_state(rule, s);
+            let (units, ms) = s.leased;
+            (self.leases.borrow_mut()).grant(key, units, ms, now_ms, (state, None));
+            if s.ask > 0 {
+                work.asks.push(TopUpAsk {
+                    rule: *id,
+                    key: (*key).to_owned(),
+                    units: s.ask,
+                    asked_us: s.asked_us,
+                });
+            }
+        }
+        match work.is_empty() {
+            true => vec![],
+            false => self.top_up(&work, now_ms).await,
+        }
     }
 
     /// The shared rules decided by the home, asking for `asks`' top-ups
@@ -338,16 +408,22 @@ fn home_unreachable(
 /// pool has left and how long that lasts.
 fn spent(checks: &[(Check<'_>, Vec<&str>)], states: &[PoolState]) -> Decision {
     let rules = (checks.iter().zip(states))
-        .map(|((c, _), s)| RuleState {
-            verdict: Verdict::Admitted,
-            limit: c.rule.policy.capacity(),
-            remaining: s.left,
-            reset_after_ms: s.lasts_ms,
-            window: 1,
-        })
+        .map(|((c, _), s)| pool_state(c.rule, s))
         .collect();
     let modes: Vec<Mode> = checks.iter().map(|(c, _)| c.rule.mode).collect();
     Decision::settle(rules, &modes)
+}
+
+/// `rule` admitting a request from its pool, which `s` says holds what
+/// it has left and how long that lasts.
+fn pool_state(rule: &Rule, s: &PoolState) -> RuleState {
+    RuleState {
+        verdict: Verdict::Admitted,
+        limit: rule.policy.capacity(),
+        remaining: s.left,
+        reset_after_ms: s.lasts_ms,
+        window: 1,
+    }
 }
 
 /// The home's lease asks for `asks`' top-ups: a pool is charged there as
