@@ -162,7 +162,8 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
           have = have + math.floor((p.units * p.every - p.ahead) / p.every)
         end
         -- Asked when the client's next request here, one gap on (or once
-        -- the isolate has spent what it took), would find too little left
+        -- the isolate has spent half of what it took, when it refreshes
+        -- its units), would find too little left
         -- for the top-up's far trip, twice over (a sixteenth of a length
         -- while the trip is unknown): in units, share included, at the
         -- rate seen, or in time. A page load the share covers asks
@@ -170,7 +171,7 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
         -- seen. Once per length for a steady client; a lost top-up lapses
         -- with the longest pool it could bring.
         local far_us = p.far_us > 0 and p.far_us or hold_us / 16
-        local soon = over / seen * (1 + moved) + 2 * far_us
+        local soon = over / seen * (1 + moved / 2) + 2 * far_us
         local low = have < math.min(math.ceil(seen / 4), math.ceil(seen * soon / over))
         local ending = left > 0 and f[3] == 0 and ends - clock_us < soon
         local pending = f[5] > 0 and clock_us < f[5] + hold_us
