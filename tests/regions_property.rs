@@ -640,3 +640,41 @@ fn a_page_load_asks_the_home_nothing_and_a_steady_client_once_a_pool() {
         assert!(seen.top_ups <= most, "{gap} ms apart: {seen:?}");
     }
 }
+
+/// Units a region moves to an isolate come from one tranche and last no
+/// longer than it, though a later one is there: the first tranche while
+/// it holds the ask, else the next. A pool written by hand, its nine
+/// numbers as `lua/pool.lua` lays them out.
+#[test]
+fn units_an_isolate_holds_end_with_their_tranche() {
+    let (backends, rt) = home_and_one_region();
+    let rule = json!({"name": "shared", "key": ["ip"], "algorithm": "gcra", "rate": 10,
+                      "period": "1s", "burst": 30, "regions": "shared"});
+    let regions = json!([{"name": "home", "home": true}, {"name": "r0", "colos": ["RGA"]}]);
+    let config = Config::from_json(&json!({"rules": [rule], "regions": regions})).unwrap();
+    let rule = &config.rules[0];
+    let pool = rule.shared.unwrap();
+    let now_us = T0 * 1000;
+    // The first tranche ends in 2 s, the next in 8 s.
+    for (n, (first, next, ends_ms)) in [(10, 10, 2000), (2, 10, 8000)].into_iter().enumerate() {
+        let key = pool_key(&rule_key(rule, &[&format!("10.6.0.{n}")]));
+        let text = format!(
+            "{first} {} {next} {} 0 0 0 {now_us} 0",
+            now_us + 2_000_000,
+            now_us + 8_000_000
+        );
+        backends[1].redis(&["SET", &key, &text]);
+        let asked = PoolSpend {
+            key,
+            cost: 1,
+            hold_ms: pool.hold_ms,
+            most: pool.most,
+            share: (0, 0),
+            far_ms: 0,
+            lease: (5, 30_000),
+        };
+        let states = rt.block_on(spend(&backends[1].client, &[asked], Some(T0), BUDGET));
+        let (units, ms) = states.unwrap()[0].leased;
+        assert_eq!((units, ms), (5, ends_ms), "{first} and {next} units");
+    }
+}
