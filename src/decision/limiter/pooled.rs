@@ -76,19 +76,9 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         let far_ms = self.leases.borrow().home_trip_ms();
         let pools: Vec<PoolSpend> = (checks.iter().zip(&keys).enumerate())
             .map(|(i, ((c, _), key))| {
-                let pool = c.rule.shared;
-                let (hold_ms, most) = pool.map_or((0, 0), |p| (p.hold_ms, p.most));
-                let share = pool.and_then(|p| p.share);
                 let lease = asks.iter().find(|a| a.rule == i);
-                PoolSpend {
-                    key: pool_key(key),
-                    cost: c.cost,
-                    hold_ms,
-                    most,
-                    share: share.map_or((0, 0), |s| (s.units, s.interval_us)),
-                    far_ms,
-                    lease: lease.map_or((0, 0), |a| (a.units, a.for_ms)),
-                }
+                let lease = lease.map_or((0, 0), |a| (a.units, a.for_ms));
+                pool_spend(c.rule, key, c.cost, far_ms, lease)
             })
             .collect();
         let shared = Shared {
@@ -174,30 +164,16 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         now_ms: u64,
     ) -> Handled<'c> {
         let asks: Vec<(usize, TopUpAsk)> = (states.iter().enumerate())
-            .filter(|(_, s)| s.ask > 0)
-            .map(|(i, s)| {
-                let ask = TopUpAsk {
-                    rule: shared.ids[i],
-                    key: shared.keys[i].clone(),
-                    units: s.ask,
-                    asked_us: s.asked_us,
-                };
-                (i, ask)
-            })
+            .filter_map(|(i, s)| Some((i, top_up_ask(shared.ids[i], &shared.keys[i], s)?)))
             .collect();
         if !states.first().is_some_and(|s| s.covered) {
             return self.at_home(shared, &asks, now_ms).await;
         }
         let checks = shared.checks;
-        let decision = spent(checks, states);
-        // Units moved to this isolate, counted from before it sent the call.
-        let mut leases = self.leases.borrow_mut();
-        for ((key, state), s) in shared.keys.iter().zip(&decision.rules).zip(states) {
-            let (units, ms) = s.leased;
-            leases.grant(key, units, ms, now_ms, (*state, None));
+        for (((c, _), key), s) in checks.iter().zip(shared.keys).zip(states) {
+            self.keep_moved(c.rule, key, s, now_ms);
         }
-        drop(leases);
-        let mut handled = decided(checks, &shared.own.0, decision);
+        let mut handled = decided(checks, &shared.own.0, spent(checks, states));
         handled.pool = PoolWork {
             asks: asks.into_iter().map(|(_, a)| a).collect(),
             credits: vec![],
@@ -223,17 +199,8 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         let far_ms = self.leases.borrow().home_trip_ms();
         let pools: Vec<PoolSpend> = (found.iter())
             .map(|(rule, _, key, units)| {
-                let pool = rule.shared;
-                let share = pool.and_then(|p| p.share);
-                PoolSpend {
-                    key: pool_key(key),
-                    cost: 0,
-                    hold_ms: pool.map_or(0, |p| p.hold_ms),
-                    most: pool.map_or(0, |p| p.most),
-                    share: share.map_or((0, 0), |s| (s.units, s.interval_us)),
-                    far_ms,
-                    lease: (*units, rule.lease.map_or(0, |l| l.for_ms)),
-                }
+                let lease = (*units, rule.lease.map_or(0, |l| l.for_ms));
+                pool_spend(rule, key, 0, far_ms, lease)
             })
             .collect();
         let budget = budget_of(found.iter().map(|(rule, ..)| *rule));
@@ -255,22 +222,23 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         };
         let mut work = PoolWork::default();
         for ((rule, id, key, _), s) in found.iter().zip(&states) {
-            let state = pool_state(rule, s);
-            let (units, ms) = s.leased;
-            (self.leases.borrow_mut()).grant(key, units, ms, now_ms, (state, None));
-            if s.ask > 0 {
-                work.asks.push(TopUpAsk {
-                    rule: *id,
-                    key: (*key).to_owned(),
-                    units: s.ask,
-                    asked_us: s.asked_us,
-                });
-            }
+            self.keep_moved(rule, key, s, now_ms);
+            work.asks.extend(top_up_ask(*id, key, s));
         }
         match work.is_empty() {
             true => vec![],
             false => self.top_up(&work, now_ms).await,
         }
+    }
+
+    /// Keeps the units `s` says the pool of `rule`'s `key` moved to this
+    /// isolate, counted from `now_ms`, before it sent the call.
+    fn keep_moved(&self, rule: &Rule, key: &str, s: &PoolState, now_ms: u64) {
+        let (units, ms) = s.leased;
+        let state = (pool_state(rule, s), None);
+        self.leases
+            .borrow_mut()
+            .grant(key, units, ms, now_ms, state);
     }
 
     /// The shared rules decided by the home, asking for `asks`' top-ups
@@ -412,6 +380,32 @@ fn spent(checks: &[(Check<'_>, Vec<&str>)], states: &[PoolState]) -> Decision {
         .collect();
     let modes: Vec<Mode> = checks.iter().map(|(c, _)| c.rule.mode).collect();
     Decision::settle(rules, &modes)
+}
+
+/// The spend of `cost` from the pool of `rule`'s state `key`, the home
+/// `far_ms` away, asking for `lease` (units, ms) for this isolate.
+fn pool_spend(rule: &Rule, key: &str, cost: u64, far_ms: u64, lease: (u64, u64)) -> PoolSpend {
+    let pool = rule.shared;
+    let share = pool.and_then(|p| p.share);
+    PoolSpend {
+        key: pool_key(key),
+        cost,
+        hold_ms: pool.map_or(0, |p| p.hold_ms),
+        most: pool.map_or(0, |p| p.most),
+        share: share.map_or((0, 0), |s| (s.units, s.interval_us)),
+        far_ms,
+        lease,
+    }
+}
+
+/// The top-up `s` asks for the pool of rule `rule`'s state `key`, if any.
+fn top_up_ask(rule: RuleId, key: &str, s: &PoolState) -> Option<TopUpAsk> {
+    (s.ask > 0).then(|| TopUpAsk {
+        rule,
+        key: key.to_owned(),
+        units: s.ask,
+        asked_us: s.asked_us,
+    })
 }
 
 /// `rule` admitting a request from its pool, which `s` says holds what

@@ -79,8 +79,8 @@ pub struct Leases {
     /// its deadline counts from the sending.
     round_trip_ms: Option<u64>,
     /// The same of a call to the home region's Redis, from a region whose
-    /// pools it tops up (0 until one is answered): how early a pool asks.
-    home_trip_ms: u64,
+    /// pools it tops up: how early a pool asks.
+    home_trip_ms: Option<u64>,
 }
 
 impl Leases {
@@ -250,13 +250,13 @@ impl Leases {
 
     /// A call to the home's Redis was answered `took_ms` after it was sent.
     pub fn home_trip(&mut self, took_ms: u64) {
-        let known = (self.home_trip_ms > 0).then_some(self.home_trip_ms);
-        self.home_trip_ms = smoothed(known, took_ms).max(1);
+        // At least 1 ms: 0 tells the script the trip is not known yet.
+        self.home_trip_ms = Some(smoothed(self.home_trip_ms, took_ms).max(1));
     }
 
     /// How long a call to the home takes, smoothed, ms (0: none answered).
     pub fn home_trip_ms(&self) -> u64 {
-        self.home_trip_ms
+        self.home_trip_ms.unwrap_or(0)
     }
 
     /// How many times `key`'s leases were ended so far. A call notes it
