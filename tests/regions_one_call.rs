@@ -8,15 +8,21 @@
 
 mod support;
 
+use std::time::Duration;
+
 use edge_limiter::{
     decision::{
         limiter::{Forward, Handled, Limiter, Outcome},
         memory::{in_flight::InFlight, IsolateMemory},
         runtime::TokioPause,
-        transport::redis_rest::RestClient,
+        transport::{
+            keys::{pool_key, rule_key},
+            redis_rest::RestClient,
+        },
     },
     rules::{config::Config, request::RequestMeta},
 };
+use edge_limiter_local::fault_proxy::{Fault, FaultProxy};
 use serde_json::json;
 use support::Backend;
 
@@ -144,4 +150,79 @@ async fn a_steady_client_is_served_from_units_its_isolate_took_from_the_pool() {
     // (each first call to a fresh Redis is sent twice).
     assert!(near <= 30, "{near} calls in the region for 60 requests");
     assert!(far <= 10, "{far} calls at the home");
+}
+
+/// Units an isolate took from a pool tranche are spent no later than the
+/// tranche's end, however late the reply that moved them arrives: the
+/// isolate counts their time from before it sent the call, as the region
+/// counted it, not from when it heard back. Counted from the arrival, they
+/// would outlive the tranche by the near trip, and be spent after the home
+/// charged them as spent at its end.
+#[tokio::test]
+async fn units_an_isolate_took_end_with_their_tranche_however_late_the_reply() {
+    let (home, eu) = (Backend::start(), Backend::start());
+    let shared = json!({"name": "api", "key": ["ip"], "algorithm": "gcra", "rate": 10,
+                        "period": "1s", "burst": 30, "regions": "shared",
+                        "lease": 5, "lease_for": "1s"});
+    let regions = json!([{"name": "us", "home": true}, {"name": "eu", "colos": ["FRA"]}]);
+    let config = Config::from_json(&json!({"rules": [shared], "regions": regions})).unwrap();
+    let rule = &config.rules[0];
+    // The isolate's clock, which the script runs on (pinned) and the
+    // isolate reads after its calls.
+    let start = std::time::Instant::now();
+    let now = move || T0 + start.elapsed().as_millis() as u64;
+    let memory = IsolateMemory::new(config.cache_hold_ms, InFlight::new(TokioPause(now)));
+    let upstream = eu
+        .endpoint
+        .url()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let proxy = FaultProxy::start(upstream).unwrap();
+    let near = RestClient::new(&proxy.url(), support::TOKEN).unwrap();
+    let limiter = Limiter::new(&config, &near, &memory, true).away_from(&home.client);
+    let warm = ("cf-connecting-ip".to_owned(), "192.0.2.200".to_owned());
+    let warm = RequestMeta::new("GET", "example.com", "/", None, [warm]);
+    limiter.handle(&warm, now()).await;
+
+    // A pool whose first tranche ends 1.5 s in, the next later; every
+    // reply then takes 300 ms to come back.
+    let key = pool_key(&rule_key(rule, &["192.0.2.10"]));
+    let (t0_us, tranche_ms) = (now() * 1000, 1500);
+    let text = format!(
+        "30 {} 30 {} 0 0 0 {t0_us} 0",
+        t0_us + tranche_ms * 1000,
+        t0_us + 8_000_000
+    );
+    eu.redis(&["SET", &key, &text, "PX", "60000"]);
+    let ends_ms = t0_us / 1000 + tranche_ms;
+    proxy.set(Fault::DelayReply(Duration::from_millis(300)));
+    let header = ("cf-connecting-ip".to_owned(), "192.0.2.10".to_owned());
+    let req = RequestMeta::new("GET", "example.com", "/", None, [header]);
+    // A steady client until its isolate holds units of the first tranche.
+    let served_alone = loop {
+        let (calls, at) = (eu.script_calls(), now());
+        assert!(at < ends_ms - 200, "the isolate took no units in time");
+        let handled = limiter.handle(&req, at).await;
+        assert!(matches!(
+            handled.outcome,
+            Outcome::Forward(Forward::Admitted(_))
+        ));
+        if eu.script_calls() == calls {
+            break at;
+        }
+    };
+    // Past the tranche's end, with the isolate's units counted from their
+    // reply's arrival still running: the request must go to the region.
+    tokio::time::sleep(Duration::from_millis(ends_ms + 100 - now())).await;
+    let calls = eu.script_calls();
+    limiter.handle(&req, now()).await;
+    assert_eq!(
+        eu.script_calls(),
+        calls + 1,
+        "a unit the isolate took was spent {} ms after its tranche ended \
+         (the first it spent alone at {} ms)",
+        now() - ends_ms,
+        served_alone - t0_us / 1000
+    );
 }
