@@ -32,10 +32,14 @@ fn main() {
     embed(out, "limiter", &PARTS);
     embed(out, "stats", &[STATS]);
     // The same list, with each file's text, for the tests that check the join.
-    let dir = env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    // Named from the crate's own directory when it compiles, not this run's:
+    // a build directory shared by two checkouts may keep this run's output
+    // after this checkout is gone.
     let entries: Vec<String> = PARTS
         .iter()
-        .map(|part| format!("({part:?}, include_str!({:?}))", Path::new(&dir).join(part)))
+        .map(|part| {
+            format!("({part:?}, include_str!(concat!(env!(\"CARGO_MANIFEST_DIR\"), \"/{part}\")))")
+        })
         .collect();
     fs::write(
         out.join("lua_files.rs"),

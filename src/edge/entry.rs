@@ -359,13 +359,16 @@ fn background(isolate: &Rc<Isolate>, ctx: &Rc<Context>, work: Background) -> Opt
         let home_calls = home_batched.as_ref().map(Counted::new);
         let limiter = isolate.limiter(&calls, home_calls.as_ref());
         let config = &isolate.config;
+        // A top-up's calls are the region's and the home's alike.
+        let both = || calls.take() + home_calls.as_ref().map_or(0, Counted::take);
         let now_ms = js_sys::Date::now() as u64;
         if !pool.is_empty() {
             log(limiter.top_up(&pool, now_ms).await);
+            isolate.count(|s| s.topped_up(&pool, both(), now_ms));
         }
         if let Some(refresh) = &refresh {
             log(limiter.refresh(refresh, now_ms).await);
-            isolate.count(|s| s.refreshed(refresh, calls.take(), now_ms));
+            isolate.count(|s| s.refreshed(refresh, both(), now_ms));
         }
         if !reread.is_empty() {
             log(limiter.reread(&reread, now_ms).await);

@@ -11,7 +11,7 @@ use super::{
 };
 use crate::{
     decision::{
-        limiter::{Decided, Forward, Handled, LeaseRefresh, Outcome, PendingRefund},
+        limiter::{Decided, Forward, Handled, LeaseRefresh, Outcome, PendingRefund, PoolWork},
         outcomes::events::Action,
         transport::keys::client_in,
     },
@@ -383,6 +383,17 @@ impl Recorder {
         self.after(rules, calls, now_ms);
     }
 
+    /// Counts the `calls` topping up and crediting `work`'s pools took,
+    /// at the home and in the region, at `now_ms`.
+    pub fn topped_up(&mut self, work: &PoolWork, calls: u64, now_ms: u64) {
+        let asked = work.asks.iter().map(|a| a.rule);
+        let credited = work.credits.iter().map(|(rule, _)| *rule);
+        let mut rules: Vec<usize> = asked.chain(credited).map(|RuleId(i)| i).collect();
+        rules.sort_unstable();
+        rules.dedup();
+        self.after(rules.into_iter().map(Some), calls, now_ms);
+    }
+
     /// Counts the `calls` reading the rule-wide overrides of `rules` took,
     /// at `now_ms`.
     pub fn reread(&mut self, config: &Config, rules: &[String], calls: u64, now_ms: u64) {
@@ -424,7 +435,7 @@ mod tests {
     use super::*;
     use crate::{
         decision::{
-            limiter::Limiter,
+            limiter::{Limiter, TopUpAsk},
             memory::block_cache::BlockCache,
             memory::in_flight::{InFlight, SharedCall},
             memory::leases::Leases,
@@ -433,7 +444,7 @@ mod tests {
             runtime::TokioPause,
             stats::{calls::Counted, counts::RULE_COUNTS, top::TopDenied},
             transport::keys::rule_key,
-            transport::protocol::ScriptRunner,
+            transport::protocol::{Credit, ScriptRunner},
             transport::redis_rest::{RestError, Script},
         },
         rules::request::RequestMeta,
@@ -664,6 +675,37 @@ mod tests {
         assert_eq!(m.rules[0][RuleCount::Leased], 1);
         assert_eq!(m.rules[0][RuleCount::Admitted], 3);
         assert_eq!(m.rules[0][RuleCount::Calls], 1);
+    }
+
+    /// A pool's top-up after a response, the home's call and the region's
+    /// credit, counts under each rule it served once, and in the totals.
+    #[test]
+    fn a_top_ups_calls_count_under_its_rules() {
+        let c = config();
+        let mut rec = Recorder::new(&c, StatsSettings::default(), 1);
+        let ask = |rule| TopUpAsk {
+            rule: RuleId(rule),
+            key: "el:{192.0.2.1}:ip".to_owned(),
+            units: 4,
+            asked_us: 0,
+        };
+        let credit = Credit {
+            key: "el:{192.0.2.1}:k:pool".to_owned(),
+            asked_us: 0,
+            units: 4,
+            ms: 1000,
+            hold_ms: 1000,
+        };
+        let work = PoolWork {
+            asks: vec![ask(0), ask(0)],
+            credits: vec![(RuleId(3), credit)],
+        };
+        rec.topped_up(&work, 3, 10);
+        rec.topped_up(&PoolWork::default(), 0, 20);
+        let m = &rec.take()[0];
+        assert_eq!(m.totals[TotalCount::Calls], 3);
+        let calls: Vec<u64> = m.rules.iter().map(|r| r[RuleCount::Calls]).collect();
+        assert_eq!(calls, [3, 0, 0, 3]);
     }
 
     /// Under `stats_clients = "hash"` or `"hmac"`, a client is kept as
