@@ -387,11 +387,13 @@ impl Recorder {
     /// at the home and in the region, at `now_ms`.
     pub fn topped_up(&mut self, work: &PoolWork, calls: u64, now_ms: u64) {
         let asked = work.asks.iter().map(|a| a.rule);
-        let credited = work.credits.iter().map(|(rule, _)| *rule);
-        let mut rules: Vec<usize> = asked.chain(credited).map(|RuleId(i)| i).collect();
-        rules.sort_unstable();
-        rules.dedup();
-        self.after(rules.into_iter().map(Some), calls, now_ms);
+        let mut rules = vec![];
+        for RuleId(i) in asked.chain(work.credits.iter().map(|(rule, _)| *rule)) {
+            if !rules.contains(&Some(i)) {
+                rules.push(Some(i));
+            }
+        }
+        self.after(rules.into_iter(), calls, now_ms);
     }
 
     /// Counts the `calls` reading the rule-wide overrides of `rules` took,
