@@ -114,6 +114,15 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
     return pools, covered
   end
 
+  -- Units the pool and the share hold.
+  local function held(p)
+    local have = p.f[1] + p.f[3]
+    if p.units > 0 then
+      have = have + math.floor((p.units * p.every - p.ahead) / p.every)
+    end
+    return have
+  end
+
   -- Settles the request on `pools`: spent from them when `spend`, else
   -- sent to the home, which a top-up asked now rides with; a request
   -- denied elsewhere (`denied`) changes nothing. Appends each pool's
@@ -121,7 +130,7 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
   function pools_settle(pools, spend, denied, reply)
     for _, p in ipairs(pools) do
       local f, cost, hold_us = p.f, p.cost, p.hold_us
-      local ask, c0, have, moved, moved_ms = 0, 0, f[1] + f[3], 0, 0
+      local ask, c0, moved, moved_ms = 0, 0, 0, 0
       local ends = math.max(f[2], f[4])
       if not denied then
         if spend and p.pooled then
@@ -151,16 +160,12 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
         f[6] = f[6] + cost
         -- At least one, for a refresh (cost 0) of a pool whose demand lapsed.
         local seen = math.max(f[6] + f[7], 1)
-        local left = f[1] + f[3]
-        have = left
+        local left, have = f[1] + f[3], held(p)
         -- A top-up asks for a pool's length at the rate seen, that rate
         -- taken over at least a quarter of a length: a burst asks for four
         -- times itself at most.
         local over = math.max(clock_us - f[8] + (f[7] > 0 and hold_us or 0), hold_us / 4)
         local want = math.min(math.max(math.ceil(seen * hold_us / over), cost, 1), p.most)
-        if p.units > 0 then
-          have = have + math.floor((p.units * p.every - p.ahead) / p.every)
-        end
         -- Asked when the client's next request here, one gap on (or once
         -- the isolate has spent half of what it took, when it refreshes
         -- its units), would find too little left
@@ -179,12 +184,10 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
           ask, c0, f[5] = want, clock_us, clock_us
         end
         write_pool(p.key, f, hold_us)
-      elseif p.units > 0 then
-        have = have + math.floor((p.units * p.every - p.ahead) / p.every)
       end
       local k = #reply
       reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5] =
-        spend and 1 or 0, have, math.max(math.ceil((ends - clock_us) / 1000), 0), ask, c0
+        spend and 1 or 0, held(p), math.max(math.ceil((ends - clock_us) / 1000), 0), ask, c0
       reply[k + 6], reply[k + 7] = moved, moved > 0 and moved_ms or 0
     end
     return reply
