@@ -12,13 +12,16 @@
 -- The credit then sets the deadline to c0 + ms. Since c0 came before r, and
 -- one clock is compared only with itself, every spend falls before r + ms.
 --
--- A pool key holds nine numbers, decimal text: units and deadline (us) of
--- the tranche spent first, the same of the next (a top-up lands while the
--- last one lasts), the pending top-up's c0 (0: none), units spent since the
--- demand span began, units spent in the span before, when it began, and
--- the TAT (us) of the region's own share of the client's limit, a GCRA on
--- this clock that the home's figures leave room for (src/rules/shared.rs):
--- what a fresh client spends before any pool is granted.
+-- A pool key holds eleven numbers, decimal text: units and deadline (us)
+-- of the tranche spent first, the same of the next (a top-up lands while
+-- the last one lasts), the pending top-up's c0 (0: none), units spent
+-- since the demand span began, units spent in the span before, when it
+-- began, the TAT (us) of the region's own share of the client's limit, a
+-- GCRA on this clock that the home's figures leave room for
+-- (src/rules/shared.rs): what a fresh client spends before any pool is
+-- granted; then the units the home had left when it last granted (the
+-- pool's own aside) and when it would be full again (us, this clock), for
+-- the headers. A key of nine, as written before those two, reads as none.
 --
 -- ARGV[1] == 'pool': spend from every pool in KEYS, all or nothing.
 --   ARGV[2]   the clock (common.lua)
@@ -29,12 +32,14 @@
 --             takes the isolate there and back (ms; 0: not known yet), and
 --             the units the isolate asks to hold itself (0: none) and for
 --             how long at most (ms)
---   Reply: seven integers per key: 1 if the pools (else the shares)
+--   Reply: nine integers per key: 1 if the pools (else the shares)
 --   covered the request and it was spent, else 0 (then nothing was spent
 --   anywhere: the home decides); the units left, pool and share; ms until
 --   the last of the pool's lapses; units to ask the home for (0: no
 --   top-up now); the top-up's c0 (us), which its credit must name; units
---   moved to the isolate, and the ms it may spend them for.
+--   moved to the isolate, and the ms it may spend them for; the units the
+--   home had left at its last grant, and ms until the home and the share
+--   are both full again, as the last grant and this clock tell.
 --
 -- An isolate's units come from one tranche, after the request is spent
 -- from the pool (never from the share), and last no longer than it: whole
@@ -42,14 +47,15 @@
 -- from an instant before it sent the call, on its own clock, which ran no
 -- less meanwhile, so it spends none past the tranche's deadline.
 -- ARGV[1] == 'credit': a top-up's grant, written into each pool in KEYS.
---   ARGV[3..] per key: c0, units granted, their ms, the pool's length (ms)
+--   ARGV[3..] per key: c0, units granted, their ms, the pool's length
+--             (ms), the units the home had left, and ms until it is full
 --   Reply: 1 per key if the units went into the pool, 0 if the pending
 --   top-up was no longer c0's (lapsed, or asked again): its units lapse
 --   unspent, as the home already charged them.
 -- ARGV[1] == 'decide' may carry a 'pools' section (limiter.lua): the
 --   request's other rules decided in the same call as its pools' spend,
 --   all or nothing. Each pool's numbers are a spend's, its key is among
---   the last in KEYS, and the reply ends with its seven integers.
+--   the last in KEYS, and the reply ends with its nine integers.
 local pools_check, pools_settle
 if op == 'pool' or op == 'credit' or op == 'decide' then
   local clock_us
@@ -62,8 +68,10 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
         f[#f + 1] = n + 0
       end
     end
-    if #f ~= 9 then
-      f = { 0, 0, 0, 0, 0, 0, 0, clock_us, 0 }
+    if #f == 9 then
+      f[10], f[11] = 0, 0
+    elseif #f ~= 11 then
+      f = { 0, 0, 0, 0, 0, 0, 0, clock_us, 0, 0, 0 }
     end
     if f[4] <= clock_us then
       f[3] = 0
@@ -84,7 +92,7 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
     if now_us then
       ttl = ttl + 86400000
     end
-    call('SET', key, string.format('%d %d %d %d %d %d %d %d %d', unpack(f)), 'PX', string.format('%d', ttl))
+    call('SET', key, string.format('%d %d %d %d %d %d %d %d %d %d %d', unpack(f)), 'PX', string.format('%d', ttl))
   end
 
   -- The n pools whose keys start at KEYS[first], each read with its six
@@ -126,7 +134,7 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
   -- Settles the request on `pools`: spent from them when `spend`, else
   -- sent to the home, which a top-up asked now rides with; a request
   -- denied elsewhere (`denied`) changes nothing. Appends each pool's
-  -- seven integers to `reply`.
+  -- nine integers to `reply`.
   function pools_settle(pools, spend, denied, reply)
     for _, p in ipairs(pools) do
       local f, cost, hold_us = p.f, p.cost, p.hold_us
@@ -189,6 +197,7 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
       reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5] =
         spend and 1 or 0, held(p), math.max(math.ceil((ends - clock_us) / 1000), 0), ask, c0
       reply[k + 6], reply[k + 7] = moved, moved > 0 and moved_ms or 0
+      reply[k + 8], reply[k + 9] = f[10], math.ceil(math.max(f[11] - clock_us, p.ahead, 0) / 1000)
     end
     return reply
   end
@@ -202,12 +211,13 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
     -- No pool to check: only the clock, which the credit reads.
     pools_check(1, 0)
     for i = 1, #KEYS do
-      local c0, units, ms, hold = read(4)
+      local c0, units, ms, hold, home_left, home_full_ms = read(6)
       c0, units = c0 + 0, units + 0
       local f = read_pool(KEYS[i])
       local credited = 0
       if f[5] == c0 and c0 > 0 then
         credited, f[5] = 1, 0
+        f[10], f[11] = home_left + 0, clock_us + home_full_ms * 1000
         local deadline = c0 + ms * 1000
         if units > 0 and deadline > clock_us then
           if f[1] == 0 then

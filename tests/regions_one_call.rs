@@ -226,3 +226,50 @@ async fn units_an_isolate_took_end_with_their_tranche_however_late_the_reply() {
         served_alone - t0_us / 1000
     );
 }
+
+/// A steady client's `RateLimit-Remaining` away from the home runs on
+/// from the home's figures: what the pool and the share hold on top of
+/// what the home had at its last grant, not the pool's few units alone,
+/// which would tell a client at 85 a minute of a limit of 100 that it has
+/// none left each time its pool runs low.
+#[tokio::test]
+async fn a_steady_clients_remaining_away_from_the_home_is_the_limits() {
+    let (home, eu) = (Backend::start(), Backend::start());
+    let shared = json!({"name": "api", "key": ["ip"], "algorithm": "gcra", "rate": 100,
+                        "period": "1m", "burst": 100, "regions": "shared", "region_share": 5});
+    let regions = json!([{"name": "us", "home": true}, {"name": "eu", "colos": ["FRA"]}]);
+    let config = Config::from_json(&json!({"rules": [shared], "regions": regions})).unwrap();
+    let memory = IsolateMemory::new(config.cache_hold_ms, InFlight::new(TokioPause(|| 0)));
+    let limiter = Limiter::new(&config, &eu.client, &memory, true).away_from(&home.client);
+    let header = ("cf-connecting-ip".to_owned(), "192.0.2.30".to_owned());
+    let req = RequestMeta::new("GET", "example.com", "/", None, [header]);
+    let mut seen = vec![];
+    for k in 0..40 {
+        let now = T0 + k * 700;
+        let far = home.script_calls();
+        let handled = limiter.handle(&req, now).await;
+        let Outcome::Forward(Forward::Admitted(decided)) = &handled.outcome else {
+            panic!("request {k} was not admitted");
+        };
+        let state = &decided.decision.rules[0];
+        seen.push((
+            state.remaining,
+            state.reset_after_ms,
+            home.script_calls() > far,
+        ));
+        if !handled.pool.is_empty() {
+            limiter.top_up(&handled.pool, now + 1).await;
+        }
+    }
+    let pooled: Vec<_> = seen.iter().skip(5).filter(|(.., far)| !far).collect();
+    assert!(pooled.len() >= 30, "{seen:?}");
+    // Past the share's first five: within what the client spent in the
+    // last minute, less the pools' deadlines the home counts them at.
+    assert!(pooled.iter().all(|(left, ..)| *left >= 40), "{seen:?}");
+    assert!(
+        pooled
+            .iter()
+            .all(|(_, reset, _)| (1..=60_000).contains(reset)),
+        "{seen:?}"
+    );
+}

@@ -434,6 +434,7 @@ async fn run_case(case: &Case, backends: &[Backend], id: &str) -> Seen {
                     units,
                     ms,
                     hold_ms: pool.hold_ms,
+                    home: (0, 0),
                 };
                 let went = credit(
                     &regions[at].client,

@@ -18,7 +18,7 @@ use super::{
 };
 use crate::decision::{
     outcomes::events::{Action, Event},
-    outcomes::verdict::{Decision, Grant, RuleState, Verdict},
+    outcomes::verdict::{Decision, RuleState, Verdict},
     transport::keys::{pool_key, rule_key},
     transport::protocol::{
         credit, run, spend, Check, Credit, LeaseAsk, PoolSpend, PoolState, Reply, ScriptCall,
@@ -343,7 +343,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             self.leases.borrow_mut().home_trip(took_ms);
         }
         let asked = asked.map(|d| {
-            let credits = credits(checks, asks, &d.grants);
+            let credits = credits(checks, asks, &d);
             (d, credits)
         });
         (call, asked)
@@ -408,14 +408,18 @@ fn top_up_ask(rule: RuleId, key: &str, s: &PoolState) -> Option<TopUpAsk> {
     })
 }
 
-/// `rule` admitting a request from its pool, which `s` says holds what
-/// it has left and how long that lasts.
+/// `rule` admitting a request from its pool, as the client's headers
+/// tell it: what the pool and the share have left on top of what the home
+/// had at its last grant, so that a client's figures run on smoothly
+/// from a far decision to the pool's and back.
 fn pool_state(rule: &Rule, s: &PoolState) -> RuleState {
+    let limit = rule.policy.capacity();
+    let (home_left, full_ms) = s.home;
     RuleState {
         verdict: Verdict::Admitted,
-        limit: rule.policy.capacity(),
-        remaining: s.left,
-        reset_after_ms: s.lasts_ms,
+        limit,
+        remaining: s.left.saturating_add(home_left).min(limit),
+        reset_after_ms: full_ms,
         window: 1,
     }
 }
@@ -441,18 +445,20 @@ fn lease_asks(checks: &[(Check<'_>, Vec<&str>)], asks: &[(usize, TopUpAsk)]) -> 
 fn credits(
     checks: &[(Check<'_>, Vec<&str>)],
     asks: &[(usize, TopUpAsk)],
-    grants: &[Grant],
+    decided: &Decision,
 ) -> Vec<(RuleId, Credit)> {
     (asks.iter())
         .filter_map(|(i, ask)| {
             let pool = checks.get(*i)?.0.rule.shared?;
-            let grant = grants.iter().find(|g| g.rule == *i);
+            let grant = decided.grants.iter().find(|g| g.rule == *i);
+            let home = (decided.rules.get(*i)).map_or((0, 0), |s| (s.remaining, s.reset_after_ms));
             let credit = Credit {
                 key: pool_key(&ask.key),
                 asked_us: ask.asked_us,
                 units: grant.map_or(0, |g| g.units),
                 ms: grant.map_or(0, |g| g.for_ms),
                 hold_ms: pool.hold_ms,
+                home,
             };
             Some((ask.rule, credit))
         })

@@ -697,6 +697,7 @@ mod tests {
             units: 4,
             ms: 1000,
             hold_ms: 1000,
+            home: (0, 0),
         };
         let work = PoolWork {
             asks: vec![ask(0), ask(0)],

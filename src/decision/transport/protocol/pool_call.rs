@@ -44,6 +44,9 @@ pub struct Credit {
     pub ms: u64,
     /// How long the pool lasts at most, ms.
     pub hold_ms: u64,
+    /// The units the home had left once it granted these, and ms until
+    /// it is full again: what the region's headers tell until the next.
+    pub home: (u64, u64),
 }
 
 impl PoolSpend {
@@ -99,7 +102,7 @@ async fn on_pools<'a, const N: usize>(
 }
 
 /// Integers a spend's reply holds per pool.
-pub(super) const SPENT: usize = 7;
+pub(super) const SPENT: usize = 9;
 
 /// Reads a spend's reply: [`SPENT`] integers per pool.
 pub(super) fn decode_spend(reply: &Value, pools: usize) -> Result<Vec<PoolState>, ScriptError> {
@@ -113,6 +116,7 @@ pub(super) fn decode_spend(reply: &Value, pools: usize) -> Result<Vec<PoolState>
             ask: n[3],
             asked_us: n[4],
             leased: (n[5], n[6]),
+            home: (n[7], n[8]),
         })
         .collect();
     let agreed = states.windows(2).all(|w| w[0].covered == w[1].covered);
@@ -130,7 +134,13 @@ pub async fn credit(
     now_ms: Option<u64>,
     budget: Duration,
 ) -> Result<Vec<bool>, ScriptError> {
-    let each = (credits.iter()).map(|c| (&c.key, [c.asked_us, c.units, c.ms, c.hold_ms]));
+    let each = (credits.iter()).map(|c| {
+        let (left, full_ms) = c.home;
+        (
+            &c.key,
+            [c.asked_us, c.units, c.ms, c.hold_ms, left, full_ms],
+        )
+    });
     let reply = on_pools(runner, Entry::CREDIT, each, now_ms, budget).await?;
     let numbers = integers(&reply, credits.len())?;
     if numbers.iter().any(|n| *n > 1) {
@@ -159,15 +169,16 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn a_spend_replies_seven_counts_a_pool_and_one_verdict_for_all() {
-        let reply = json!([1, 4, 900, 0, 0, 0, 0, 1, 2, 300, 6, 17, 3, 250]);
+    fn a_spend_replies_nine_counts_a_pool_and_one_verdict_for_all() {
+        let reply = json!([1, 4, 900, 0, 0, 0, 0, 0, 0, 1, 2, 300, 6, 17, 3, 250, 70, 9000]);
         let states = decode_spend(&reply, 2).unwrap();
         assert!(states.iter().all(|s| s.covered));
         assert_eq!((states[1].ask, states[1].asked_us), (6, 17));
         assert_eq!((states[0].leased, states[1].leased), ((0, 0), (3, 250)));
+        assert_eq!((states[0].home, states[1].home), ((0, 0), (70, 9000)));
         for bad in [
-            json!([1, 4, 900, 0, 0, 0, 0, 0, 2, 300, 6, 17, 0, 0]),
-            json!([2, 0, 0, 0, 0, 0, 0]),
+            json!([1, 4, 900, 0, 0, 0, 0, 0, 0, 0, 2, 300, 6, 17, 0, 0, 0, 0]),
+            json!([2, 0, 0, 0, 0, 0, 0, 0, 0]),
             json!([1, 2]),
         ] {
             assert!(
@@ -175,6 +186,6 @@ mod tests {
                 "{bad}"
             );
         }
-        assert!(decode_spend(&json!([1, -1, 0, 0, 0, 0, 0]), 1).is_err());
+        assert!(decode_spend(&json!([1, -1, 0, 0, 0, 0, 0, 0, 0]), 1).is_err());
     }
 }
