@@ -98,7 +98,7 @@
 -- reports what it has left after the grant. Then, per override read: whose
 -- held (0: none, 1: the client's, 2: the rule's), 1 if the client's key
 -- held something that is no override, and the text in force ('' for none).
--- Then, per pool, a spend's nine integers (pool.lua).
+-- Then, per pool, a spend's ten integers (pool.lua).
 -- An override (src/rules/overrides.rs writes them) is 'v1 block',
 -- 'v1 gcra <rate> <period ms> <burst> <interval us>' or 'v1 windows' and
 -- '<duration ms>:<limit>' per window; a block denies like a running

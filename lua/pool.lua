@@ -32,14 +32,15 @@
 --             takes the isolate there and back (ms; 0: not known yet), and
 --             the units the isolate asks to hold itself (0: none) and for
 --             how long at most (ms)
---   Reply: nine integers per key: 1 if the pools (else the shares)
+--   Reply: ten integers per key: 1 if the pools (else the shares)
 --   covered the request and it was spent, else 0 (then nothing was spent
 --   anywhere: the home decides); the units left, pool and share; ms until
 --   the last of the pool's lapses; units to ask the home for (0: no
 --   top-up now); the top-up's c0 (us), which its credit must name; units
---   moved to the isolate, and the ms it may spend them for; the units the
---   home had left at its last grant, and ms until the home and the share
---   are both full again, as the last grant and this clock tell.
+--   moved to the isolate, and the ms it may spend them for; ms until the
+--   home and the share are both full again, as the last grant and this
+--   clock tell; 1 if the home may not be full yet, then the units it had
+--   left at that grant, else 0 and 0.
 --
 -- An isolate's units come from one tranche, after the request is spent
 -- from the pool (never from the share), and last no longer than it: whole
@@ -55,7 +56,7 @@
 -- ARGV[1] == 'decide' may carry a 'pools' section (limiter.lua): the
 --   request's other rules decided in the same call as its pools' spend,
 --   all or nothing. Each pool's numbers are a spend's, its key is among
---   the last in KEYS, and the reply ends with its nine integers.
+--   the last in KEYS, and the reply ends with its ten integers.
 local pools_check, pools_settle
 if op == 'pool' or op == 'credit' or op == 'decide' then
   local clock_us
@@ -134,7 +135,7 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
   -- Settles the request on `pools`: spent from them when `spend`, else
   -- sent to the home, which a top-up asked now rides with; a request
   -- denied elsewhere (`denied`) changes nothing. Appends each pool's
-  -- nine integers to `reply`.
+  -- ten integers to `reply`.
   function pools_settle(pools, spend, denied, reply)
     for _, p in ipairs(pools) do
       local f, cost, hold_us = p.f, p.cost, p.hold_us
@@ -197,7 +198,9 @@ if op == 'pool' or op == 'credit' or op == 'decide' then
       reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5] =
         spend and 1 or 0, held(p), math.max(math.ceil((ends - clock_us) / 1000), 0), ask, c0
       reply[k + 6], reply[k + 7] = moved, moved > 0 and moved_ms or 0
-      reply[k + 8], reply[k + 9] = f[10], math.ceil(math.max(f[11] - clock_us, p.ahead, 0) / 1000)
+      local filling = f[11] > clock_us
+      reply[k + 8] = math.ceil(math.max(f[11] - clock_us, p.ahead, 0) / 1000)
+      reply[k + 9], reply[k + 10] = filling and 1 or 0, filling and f[10] or 0
     end
     return reply
   end

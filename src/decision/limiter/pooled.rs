@@ -410,15 +410,15 @@ fn top_up_ask(rule: RuleId, key: &str, s: &PoolState) -> Option<TopUpAsk> {
 
 /// `rule` admitting a request from its pool, as the client's headers
 /// tell it: what the pool and the share have left on top of what the home
-/// had at its last grant, so that a client's figures run on smoothly
-/// from a far decision to the pool's and back.
+/// had at its last grant (all of it once it is full again, or before any),
+/// so that a client's figures run on from a far decision to the pool's.
 fn pool_state(rule: &Rule, s: &PoolState) -> RuleState {
     let limit = rule.policy.capacity();
-    let (home_left, full_ms) = s.home;
+    let (full_ms, home_left) = s.home;
     RuleState {
         verdict: Verdict::Admitted,
         limit,
-        remaining: s.left.saturating_add(home_left).min(limit),
+        remaining: s.left.saturating_add(home_left.unwrap_or(limit)).min(limit),
         reset_after_ms: full_ms,
         window: 1,
     }

@@ -182,10 +182,11 @@ pub struct PoolState {
     /// Units moved from the pool to the isolate that asked, and how long
     /// it may spend them, ms from before it sent the call.
     pub leased: (u64, u64),
-    /// What the home said at its last grant, for the headers: the units
-    /// it had left (the pool's own aside), and ms until it and the
-    /// region's share are both full again.
-    pub home: (u64, u64),
+    /// For the headers: ms until the home and the region's share are both
+    /// full again, as the home's last grant tells, and the units the home
+    /// had left then (the pool's own aside) while it may not be full yet
+    /// (`None`: full, or never asked).
+    pub home: (u64, Option<u64>),
 }
 
 /// The verdict on a whole request: all rules admitted it, or none consumed.

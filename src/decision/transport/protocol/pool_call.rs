@@ -102,7 +102,7 @@ async fn on_pools<'a, const N: usize>(
 }
 
 /// Integers a spend's reply holds per pool.
-pub(super) const SPENT: usize = 9;
+pub(super) const SPENT: usize = 10;
 
 /// Reads a spend's reply: [`SPENT`] integers per pool.
 pub(super) fn decode_spend(reply: &Value, pools: usize) -> Result<Vec<PoolState>, ScriptError> {
@@ -116,11 +116,11 @@ pub(super) fn decode_spend(reply: &Value, pools: usize) -> Result<Vec<PoolState>
             ask: n[3],
             asked_us: n[4],
             leased: (n[5], n[6]),
-            home: (n[7], n[8]),
+            home: (n[7], (n[8] == 1).then_some(n[9])),
         })
         .collect();
     let agreed = states.windows(2).all(|w| w[0].covered == w[1].covered);
-    if !agreed || numbers.chunks(SPENT).any(|n| n[0] > 1) {
+    if !agreed || numbers.chunks(SPENT).any(|n| n[0] > 1 || n[8] > 1) {
         return Err(ScriptError::Reply(format!("{reply} is no pool's spend")));
     }
     Ok(states)
@@ -169,16 +169,20 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn a_spend_replies_nine_counts_a_pool_and_one_verdict_for_all() {
-        let reply = json!([1, 4, 900, 0, 0, 0, 0, 0, 0, 1, 2, 300, 6, 17, 3, 250, 70, 9000]);
+    fn a_spend_replies_ten_counts_a_pool_and_one_verdict_for_all() {
+        let reply = json!([1, 4, 900, 0, 0, 0, 0, 0, 0, 0, 1, 2, 300, 6, 17, 3, 250, 9000, 1, 70]);
         let states = decode_spend(&reply, 2).unwrap();
         assert!(states.iter().all(|s| s.covered));
         assert_eq!((states[1].ask, states[1].asked_us), (6, 17));
         assert_eq!((states[0].leased, states[1].leased), ((0, 0), (3, 250)));
-        assert_eq!((states[0].home, states[1].home), ((0, 0), (70, 9000)));
+        assert_eq!(
+            (states[0].home, states[1].home),
+            ((0, None), (9000, Some(70)))
+        );
         for bad in [
-            json!([1, 4, 900, 0, 0, 0, 0, 0, 0, 0, 2, 300, 6, 17, 0, 0, 0, 0]),
-            json!([2, 0, 0, 0, 0, 0, 0, 0, 0]),
+            json!([1, 4, 900, 0, 0, 0, 0, 0, 0, 0, 0, 2, 300, 6, 17, 0, 0, 0, 0, 0]),
+            json!([2, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+            json!([1, 0, 0, 0, 0, 0, 0, 0, 2, 0]),
             json!([1, 2]),
         ] {
             assert!(
@@ -186,6 +190,6 @@ mod tests {
                 "{bad}"
             );
         }
-        assert!(decode_spend(&json!([1, -1, 0, 0, 0, 0, 0, 0, 0]), 1).is_err());
+        assert!(decode_spend(&json!([1, -1, 0, 0, 0, 0, 0, 0, 0, 0]), 1).is_err());
     }
 }
