@@ -46,6 +46,35 @@ fn main() {
         format!("&[{}]", entries.join(", ")),
     )
     .expect("writing the list of Lua files");
+    // Cargo runs this again when a Lua file's time is newer than its last
+    // run, whichever checkout that run was for: a checksum of what it read
+    // lets the crate refuse to build on another checkout's script.
+    let read: Vec<String> = PARTS
+        .iter()
+        .chain([&STATS])
+        .map(|part| fs::read_to_string(part).unwrap_or_else(|e| panic!("reading {part}: {e}")))
+        .collect();
+    let files: Vec<String> = PARTS
+        .iter()
+        .chain([&STATS])
+        .map(|part| format!("include_str!(concat!(env!(\"CARGO_MANIFEST_DIR\"), \"/{part}\"))"))
+        .collect();
+    let sum = fnv1a(read.iter().map(String::as_str));
+    fs::write(
+        out.join("lua_read.rs"),
+        format!("({sum:#x}, &[{}])", files.join(", ")),
+    )
+    .expect("writing the checksum of the Lua files read");
+}
+
+/// FNV-1a (64 bits) of `texts` one after the other; `script.rs` sums the
+/// checkout's files the same way.
+fn fnv1a<'a>(texts: impl Iterator<Item = &'a str>) -> u64 {
+    texts
+        .flat_map(str::bytes)
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        })
 }
 
 /// Joins `parts` behind the shebang, without their comments, into

@@ -10,6 +10,33 @@ pub const LIMITER: Script = Script {
     sha1: include_str!(concat!(env!("OUT_DIR"), "/limiter.sha1")),
 };
 
+/// What `build.rs` read of `lua/`, as a checksum, and the files this
+/// checkout holds: they differ when a build directory another checkout
+/// shares kept that one's script, and the crate then does not build.
+const LUA_READ: (u64, &[&str]) = include!(concat!(env!("OUT_DIR"), "/lua_read.rs"));
+const _: () = assert!(
+    LUA_READ.0 == fnv1a(LUA_READ.1),
+    "the Lua script build.rs joined is not this checkout's lua/ (a build directory another \
+     checkout shares?): `touch lua/*.lua` and build again"
+);
+
+/// FNV-1a (64 bits) of `texts` one after the other, as `build.rs` sums
+/// the files it reads.
+const fn fnv1a(texts: &[&str]) -> u64 {
+    let mut sum: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < texts.len() {
+        let bytes = texts[i].as_bytes();
+        let mut j = 0;
+        while j < bytes.len() {
+            sum = (sum ^ bytes[j] as u64).wrapping_mul(0x100_0000_01b3);
+            j += 1;
+        }
+        i += 1;
+    }
+    sum
+}
+
 /// The Lua files joined into [`LIMITER`], in order, each with its text:
 /// the list `build.rs` keeps, for the tests that hold the script to them.
 #[cfg(test)]
