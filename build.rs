@@ -49,16 +49,13 @@ fn main() {
     // Cargo runs this again when a Lua file's time is newer than its last
     // run, whichever checkout that run was for: a checksum of what it read
     // lets the crate refuse to build on another checkout's script.
-    let read: Vec<String> = PARTS
-        .iter()
-        .chain([&STATS])
-        .map(|part| fs::read_to_string(part).unwrap_or_else(|e| panic!("reading {part}: {e}")))
-        .collect();
-    let files: Vec<String> = PARTS
-        .iter()
-        .chain([&STATS])
-        .map(|part| format!("include_str!(concat!(env!(\"CARGO_MANIFEST_DIR\"), \"/{part}\"))"))
-        .collect();
+    let (mut read, mut files) = (vec![], vec![]);
+    for part in PARTS.iter().chain([&STATS]) {
+        read.push(fs::read_to_string(part).unwrap_or_else(|e| panic!("reading {part}: {e}")));
+        files.push(format!(
+            "include_str!(concat!(env!(\"CARGO_MANIFEST_DIR\"), \"/{part}\"))"
+        ));
+    }
     let sum = fnv1a(read.iter().map(String::as_str));
     fs::write(
         out.join("lua_read.rs"),

@@ -414,7 +414,7 @@ fn top_up_ask(rule: RuleId, key: &str, s: &PoolState) -> Option<TopUpAsk> {
 /// so that a client's figures run on from a far decision to the pool's.
 fn pool_state(rule: &Rule, s: &PoolState) -> RuleState {
     let limit = rule.policy.capacity();
-    let (full_ms, home_left) = s.home;
+    let (home_left, full_ms) = s.home;
     RuleState {
         verdict: Verdict::Admitted,
         limit,

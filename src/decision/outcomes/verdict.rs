@@ -182,11 +182,11 @@ pub struct PoolState {
     /// Units moved from the pool to the isolate that asked, and how long
     /// it may spend them, ms from before it sent the call.
     pub leased: (u64, u64),
-    /// For the headers: ms until the home and the region's share are both
-    /// full again, as the home's last grant tells, and the units the home
-    /// had left then (the pool's own aside) while it may not be full yet
-    /// (`None`: full, or never asked).
-    pub home: (u64, Option<u64>),
+    /// For the headers: the units the home had left at its last grant
+    /// (the pool's own aside) while it may not be full yet (`None`: full,
+    /// or never asked), and ms until the home and the region's share are
+    /// both full again, as that grant tells.
+    pub home: (Option<u64>, u64),
 }
 
 /// The verdict on a whole request: all rules admitted it, or none consumed.

@@ -116,7 +116,7 @@ pub(super) fn decode_spend(reply: &Value, pools: usize) -> Result<Vec<PoolState>
             ask: n[3],
             asked_us: n[4],
             leased: (n[5], n[6]),
-            home: (n[7], (n[8] == 1).then_some(n[9])),
+            home: ((n[8] == 1).then_some(n[9]), n[7]),
         })
         .collect();
     let agreed = states.windows(2).all(|w| w[0].covered == w[1].covered);
@@ -177,7 +177,7 @@ mod tests {
         assert_eq!((states[0].leased, states[1].leased), ((0, 0), (3, 250)));
         assert_eq!(
             (states[0].home, states[1].home),
-            ((0, None), (9000, Some(70)))
+            ((None, 0), (Some(70), 9000))
         );
         for bad in [
             json!([1, 4, 900, 0, 0, 0, 0, 0, 0, 0, 0, 2, 300, 6, 17, 0, 0, 0, 0, 0]),
