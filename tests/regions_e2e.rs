@@ -198,10 +198,31 @@ async fn a_shared_rule_keeps_one_limit_across_regions() {
     let (home_before, eu_before) = (home.script_calls(), eu.script_calls());
     let mut steady = vec![];
     for _ in 0..10 {
-        steady.extend(send(&url, ip, Some("eu"), 1).await);
+        let r = (support::http().get(&url))
+            .header("CF-Connecting-IP", ip)
+            .header("X-Edge-Limiter-Region", "eu")
+            .send()
+            .await
+            .expect("the worker answers");
+        let told = support::header(&r, "RateLimit").unwrap_or("").to_owned();
+        steady.push((r.status().as_u16(), told));
         tokio::time::sleep(std::time::Duration::from_millis(700)).await;
     }
-    assert!(steady.iter().all(|s| *s == 200), "{steady:?}");
+    assert!(steady.iter().all(|(s, _)| *s == 200), "{steady:?}");
+    // Its headers count the home's figures, not the share's few units
+    // alone (3, 2, 1 as the share ran out): before its first grant, the
+    // home's whole burst, 15 as `check` said above.
+    let left = |told: &str| {
+        told.split(";r=")
+            .nth(1)?
+            .split(';')
+            .next()?
+            .parse::<u64>()
+            .ok()
+    };
+    assert_eq!(left(&steady[0].1), Some(15), "{steady:?}");
+    let told: Vec<Option<u64>> = steady.iter().map(|(_, told)| left(told)).collect();
+    assert!(told.iter().all(|r| r.is_some_and(|r| r > 5)), "{steady:?}");
     let home_calls = home.script_calls() - home_before;
     let eu_calls = eu.script_calls() - eu_before;
     eprintln!("burst: {admitted} of 30 admitted in {took_ms} ms; steady: {eu_calls} calls in eu, {home_calls} at the home");
