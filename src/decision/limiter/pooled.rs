@@ -451,7 +451,10 @@ fn credits(
         .filter_map(|(i, ask)| {
             let pool = checks.get(*i)?.0.rule.shared?;
             let grant = decided.grants.iter().find(|g| g.rule == *i);
-            let home = (decided.rules.get(*i)).map_or((0, 0), |s| (s.remaining, s.reset_after_ms));
+            // A block's reset of never, capped where the script's clock
+            // arithmetic (a Lua double, in us) stays exact.
+            let home = (decided.rules.get(*i))
+                .map_or((0, 0), |s| (s.remaining, s.reset_after_ms.min(1 << 40)));
             let credit = Credit {
                 key: pool_key(&ask.key),
                 asked_us: ask.asked_us,
@@ -505,4 +508,46 @@ fn unreachable(
             ..Event::new(action, &c.rule.name)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::rules::config::Config;
+
+    /// A block's reset of never reaches the region's pool as one the
+    /// script's clock arithmetic holds exactly; the units left as the home
+    /// said.
+    #[test]
+    fn a_credit_carries_the_homes_figures_its_reset_capped() {
+        let regions = json!([{"name": "us", "home": true}, {"name": "eu", "colos": ["FRA"]}]);
+        let rule = json!({"name": "api", "key": ["ip"], "algorithm": "gcra", "rate": 100,
+                          "period": "1m", "burst": 100, "regions": "shared"});
+        let config = Config::from_json(&json!({"rules": [rule], "regions": regions})).unwrap();
+        let rule = &config.rules[0];
+        let checks = [(Check { rule, cost: 0 }, vec![])];
+        let ask = TopUpAsk {
+            rule: RuleId(0),
+            key: "el:{192.0.2.1}:api".to_owned(),
+            units: 5,
+            asked_us: 7,
+        };
+        for (remaining, reset_after_ms, sent) in
+            [(40, 9_000, (40, 9_000)), (0, u64::MAX, (0, 1 << 40))]
+        {
+            let state = RuleState {
+                verdict: Verdict::Admitted,
+                limit: 100,
+                remaining,
+                reset_after_ms,
+                window: 1,
+            };
+            let decided = Decision::settle(vec![state], &[Mode::Enforce]);
+            let given = credits(&checks, &[(0, ask.clone())], &decided);
+            assert_eq!(given[0].1.home, sent);
+            assert_eq!((given[0].1.asked_us, given[0].1.units), (7, 0));
+        }
+    }
 }
