@@ -688,15 +688,15 @@ async fn run_on_redis_clock(
         // does not read: marks are compared on the pinned clock only.
         real.iter_mut().for_each(|d| d.refund_marks.clear());
         let requests = s.requests();
-        // The model deciding the step's requests in order at `t`.
-        let decide_at = |model: &mut Model, t: u64| -> Vec<Decision> {
-            requests
-                .iter()
-                .map(|r| model.decide(&checks_of(&rules, r, &client), t))
+        // The model deciding the step's requests in order, each at its
+        // instant of `at`.
+        let decide_at = |model: &mut Model, at: &[u64]| -> Vec<Decision> {
+            (requests.iter().zip(at))
+                .map(|(r, t)| model.decide(&checks_of(&rules, r, &client), *t))
                 .collect()
         };
         if before == after {
-            let mut expected = decide_at(&mut model, before);
+            let mut expected = decide_at(&mut model, &vec![before; requests.len()]);
             expected.iter_mut().for_each(|d| d.refund_marks.clear());
             prop_assert_eq!(
                 &real,
@@ -718,13 +718,7 @@ async fn run_on_redis_clock(
         let admitted = |ds: &[Decision]| ds.iter().map(Decision::admitted).collect::<Vec<_>>();
         let verdicts: Vec<Vec<bool>> = rising(before, after, requests.len())
             .into_iter()
-            .map(|instants| {
-                let mut model = model.clone();
-                let decided: Vec<Decision> = (requests.iter().zip(instants))
-                    .map(|(r, t)| model.decide(&checks_of(&rules, r, &client), t))
-                    .collect();
-                admitted(&decided)
-            })
+            .map(|at| admitted(&decide_at(&mut model.clone(), &at)))
             .collect();
         prop_assert!(
             verdicts.contains(&admitted(&real)),
