@@ -220,13 +220,10 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
     }
     let now_ms = js_sys::Date::now() as u64;
     let ctx = Rc::new(ctx);
-    let batched = isolate.calls.for_request(OnRequest(ctx.clone()));
-    let calls = Counted::new(&batched);
-    let home_batched = (isolate.home.as_ref()).map(|h| h.for_request(OnRequest(ctx.clone())));
-    let home_calls = home_batched.as_ref().map(Counted::new);
-    let limiter = isolate.limiter(&calls, home_calls.as_ref());
+    let batched = isolate.batched(&OnRequest(ctx.clone()));
+    let calls = batched.counted();
+    let limiter = isolate.limiter(&calls);
     let handled = limiter.handle(&meta, now_ms).await;
-    let far = home_calls.as_ref().map_or(0, Counted::take);
     // Where a denial came from, for the stats: read off `request.cf` only
     // then, unless a rule's key read it already.
     let denied = handled.events.iter().any(|e| e.action == Action::Deny);
@@ -235,7 +232,7 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
         false => vec![],
     };
     let from = if from.is_empty() { &meta.cf } else { &from };
-    isolate.count(|s| s.request(&isolate.config, &handled, from, calls.take() + far, now_ms));
+    isolate.count(|s| s.request(&isolate.config, &handled, from, calls.take(), now_ms));
     let Handled {
         outcome,
         events,
@@ -352,23 +349,19 @@ fn background(isolate: &Rc<Isolate>, ctx: &Rc<Context>, work: Background) -> Opt
     let isolate = isolate.clone();
     let runtime = OnRequest(ctx.clone());
     ctx.wait_until(async move {
-        let batched = isolate.calls.for_request(runtime.clone());
         let log = |events| isolate.log(&runtime, events);
-        let calls = Counted::new(&batched);
-        let home_batched = (isolate.home.as_ref()).map(|h| h.for_request(runtime.clone()));
-        let home_calls = home_batched.as_ref().map(Counted::new);
-        let limiter = isolate.limiter(&calls, home_calls.as_ref());
+        let batched = isolate.batched(&runtime);
+        let calls = batched.counted();
+        let limiter = isolate.limiter(&calls);
         let config = &isolate.config;
-        // A top-up's calls are the region's and the home's alike.
-        let both = || calls.take() + home_calls.as_ref().map_or(0, Counted::take);
         let now_ms = js_sys::Date::now() as u64;
         if !pool.is_empty() {
             log(limiter.top_up(&pool, now_ms).await);
-            isolate.count(|s| s.topped_up(&pool, both(), now_ms));
+            isolate.count(|s| s.topped_up(&pool, calls.take(), now_ms));
         }
         if let Some(refresh) = &refresh {
             log(limiter.refresh(refresh, now_ms).await);
-            isolate.count(|s| s.refreshed(refresh, both(), now_ms));
+            isolate.count(|s| s.refreshed(refresh, calls.take(), now_ms));
         }
         if !reread.is_empty() {
             log(limiter.reread(&reread, now_ms).await);
@@ -485,15 +478,50 @@ fn status_channel() -> (StatusSender, impl Future<Output = Option<Answered>>) {
 /// One request's script calls, carried with the isolate's others, counted.
 type Calls<'a> = Counted<'a, Batched<'a, RestClient, OnRequest>>;
 
+/// One request's ways to Redis: its region's, and the home's where a
+/// region other than the home has shared rules.
+struct RequestBatches<'a> {
+    near: Batched<'a, RestClient, OnRequest>,
+    home: Option<Batched<'a, RestClient, OnRequest>>,
+}
+
+/// [`RequestBatches`] counted, each on its own.
+struct RequestCalls<'a> {
+    near: Calls<'a>,
+    home: Option<Calls<'a>>,
+}
+
+impl RequestBatches<'_> {
+    /// Each way counted: what the stats bill the request's rules for.
+    fn counted(&self) -> RequestCalls<'_> {
+        RequestCalls {
+            near: Counted::new(&self.near),
+            home: self.home.as_ref().map(Counted::new),
+        }
+    }
+}
+
+impl RequestCalls<'_> {
+    /// The calls made since last asked, near and far alike: a top-up's
+    /// are the region's and the home's, and each is billed.
+    fn take(&self) -> u64 {
+        self.near.take() + self.home.as_ref().map_or(0, Counted::take)
+    }
+}
+
 impl Isolate {
-    /// A limiter on `store`: the isolate's calls, a request's counted.
-    fn limiter<'a>(
-        &'a self,
-        store: &'a Calls<'a>,
-        home: Option<&'a Calls<'a>>,
-    ) -> Limiter<'a, 'a, Calls<'a>> {
-        let limiter = Limiter::new(&self.config, store, &self.memory, false);
-        match home {
+    /// `runtime`'s request's ways to Redis.
+    fn batched(&self, runtime: &OnRequest) -> RequestBatches<'_> {
+        RequestBatches {
+            near: self.calls.for_request(runtime.clone()),
+            home: (self.home.as_ref()).map(|h| h.for_request(runtime.clone())),
+        }
+    }
+
+    /// A limiter on a request's `calls`.
+    fn limiter<'a>(&'a self, calls: &'a RequestCalls<'a>) -> Limiter<'a, 'a, Calls<'a>> {
+        let limiter = Limiter::new(&self.config, &calls.near, &self.memory, false);
+        match &calls.home {
             Some(home) => limiter.away_from(home),
             None => limiter,
         }
