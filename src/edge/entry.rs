@@ -156,7 +156,7 @@ fn made(env: &Env, at: usize) -> std::result::Result<Rc<Isolate>, String> {
         RestClient::new(&url, &token).map_err(|e| e.to_string())
     };
     let client = connect(at)?;
-    let home = match at > 0 && config.rules.iter().any(|r| r.shared.is_some()) {
+    let home = match at > 0 && config.shares_rules() {
         true => Some(Batches::new(connect(0)?)),
         false => None,
     };

@@ -259,6 +259,12 @@ pub const STATS_SECRET: &str = "STATS_SECRET";
 pub const MIN_SECRET_BYTES: usize = 32;
 
 impl Config {
+    /// Whether a rule keeps one limit across regions: a region other than
+    /// the home then needs the home's Redis too.
+    pub fn shares_rules(&self) -> bool {
+        self.rules.iter().any(|r| r.shared.is_some())
+    }
+
     /// Whether `stats_clients = "hmac"` asks for [`STATS_SECRET`].
     pub fn needs_secret(&self) -> bool {
         self.stats.is_some_and(|s| s.clients == StatsClients::Hmac)

@@ -442,8 +442,7 @@ impl<'c> Replay<'c> {
     /// `home` for shared rules away from the home.
     fn limiter<'s, S>(&'s self, i: usize, near: &'s S, home: &'s S) -> Limiter<'c, 's, S> {
         let limiter = Limiter::new(self.config, near, &self.isolates[i].memory, true);
-        let shared = self.config.rules.iter().any(|r| r.shared.is_some());
-        match self.isolates[i].region > 0 && shared {
+        match self.isolates[i].region > 0 && self.config.shares_rules() {
             true => limiter.away_from(home),
             false => limiter,
         }
