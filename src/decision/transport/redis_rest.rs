@@ -4,7 +4,7 @@
 
 use std::{future::Future, time::Duration};
 
-use reqwest::header::{HeaderValue, AUTHORIZATION};
+use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use serde_json::{json, Value};
 
 /// A script as Redis knows it: its source, and the SHA1 that `EVALSHA` names.
@@ -101,6 +101,10 @@ impl std::fmt::Debug for RestClient {
 
 /// How much of an unexpected body goes into an error message.
 const BODY_EXCERPT: usize = 200;
+
+/// The body's type. Set by hand with a body written by serde_json: reqwest's
+/// `json()` costs the worker's wasm 0.8 KB gzip more for the same bytes.
+const JSON: HeaderValue = HeaderValue::from_static("application/json");
 
 impl RestClient {
     /// A client for the endpoint at `url` (e.g. `https://xyz.upstash.io`).
@@ -224,7 +228,8 @@ impl RestClient {
             .post(url.clone())
             .header(AUTHORIZATION, self.authorization.clone())
             .timeout(budget)
-            .json(&body)
+            .header(CONTENT_TYPE, JSON)
+            .body(body.to_string())
             .send()
             .await
             .map_err(failed)?;
