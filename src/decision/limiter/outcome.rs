@@ -12,6 +12,7 @@ use crate::decision::{
 };
 use crate::rules::{
     config::Config,
+    overrides::Override,
     rule::{Ambiguous, FailMode, Mode, Rule, RuleId},
 };
 
@@ -180,7 +181,7 @@ impl PendingRefund {
             };
             let value = (reported.iter().find(|(name, _)| name == header))
                 .and_then(|(_, value)| value.as_deref());
-            let Some(cost) = value.and_then(|v| reported_cost(v, rule.policy.capacity())) else {
+            let Some(cost) = value.and_then(|v| reported_cost(v, r.capacity(rule))) else {
                 settlement.ignored.push((rule, value.map(str::to_owned)));
                 continue;
             };
@@ -237,6 +238,16 @@ pub fn reported_cost(value: &str, capacity: u64) -> Option<u64> {
 }
 
 impl RefundRule {
+    /// The most one request may cost under `rule` as its charge was made:
+    /// an override's figures when one was read, so that a client whose
+    /// limit was raised is charged what it reports, not the estimate.
+    fn capacity(&self, rule: &Rule) -> u64 {
+        match Override::parse(&self.under, &rule.policy) {
+            Some(Override::Figures(figures)) => figures.capacity(),
+            _ => rule.policy.capacity(),
+        }
+    }
+
     /// Its charge under `rule`, ready for [`ScriptCall::refund`].
     fn charge<'a>(&'a self, rule: &'a Rule) -> RefundCharge<'a> {
         RefundCharge {
@@ -467,7 +478,43 @@ pub(super) fn failed<'c>(
 
 #[cfg(test)]
 mod tests {
-    use super::reported_cost;
+    use serde_json::json;
+
+    use super::{reported_cost, PendingRefund, RefundRule};
+    use crate::rules::{config::Config, overrides::Override, rule::RuleId};
+
+    /// A report above the rule's burst but within an override's that
+    /// raised it is charged; without the override it is no cost.
+    #[test]
+    fn a_reported_cost_is_held_to_the_override_the_charge_was_made_under() {
+        let rule = |burst: u64| {
+            json!({"name": "tokens", "key": ["ip"], "algorithm": "gcra", "rate": burst,
+                   "period": "1d", "burst": burst, "cost": 5, "cost_header": "X-Tokens"})
+        };
+        let config = Config::from_json(&json!({"rules": [rule(100)]})).unwrap();
+        let raised = Config::from_json(&json!({"rules": [rule(1000)]})).unwrap();
+        let raised = Override::Figures(raised.rules[0].policy.clone()).to_text();
+        let pending = |under: String| PendingRefund {
+            rules: vec![RefundRule {
+                rule: RuleId(0),
+                id: vec!["198.51.100.7".into()],
+                key: "k".into(),
+                cost: 5,
+                mark: 1,
+                under,
+            }],
+        };
+        let reported = [("x-tokens".to_owned(), Some("500".to_owned()))];
+        let plain = pending(String::new());
+        let settled = plain.settled(&config, &reported);
+        assert!(settled.more.is_empty());
+        assert_eq!(settled.ignored[0].1.as_deref(), Some("500"));
+        let under = pending(raised);
+        let settled = under.settled(&config, &reported);
+        assert!(settled.ignored.is_empty(), "{:?}", settled.ignored);
+        let more: Vec<u64> = settled.more.iter().map(|c| c.check.cost).collect();
+        assert_eq!(more, [495]);
+    }
 
     #[test]
     fn a_reported_cost_is_a_whole_number_within_the_rule() {
