@@ -282,7 +282,7 @@ async fn counters_grow_once_per_write_whoever_writes() {
     };
     let rules = ["api".to_owned(), "login".to_owned()];
     let before = now_ms();
-    let nothing = read_counters(client, &rules).await.unwrap();
+    let nothing = read_counters(client, &rules, now_ms()).await.unwrap();
     assert_eq!(nothing.written_ms, None);
     assert_eq!(nothing.rules[1].1, RuleCounts::default());
     let yesterday = denials(day * DAY_MINUTES - 1, &[("k", 2)]);
@@ -290,13 +290,22 @@ async fn counters_grow_once_per_write_whoever_writes() {
     send(1, 1, vec![yesterday, today.clone()]).await.unwrap();
     send(1, 1, vec![today.clone()]).await.unwrap();
     send(2, 1, vec![today]).await.unwrap();
-    let read = read_counters(client, &rules).await.unwrap();
+    let read = read_counters(client, &rules, now_ms()).await.unwrap();
     assert_eq!(read.totals[TotalCount::Requests], 10);
     assert_eq!(read.totals[TotalCount::Denied], 10);
     assert_eq!(read.rules[1].1[RuleCount::Denied], 10);
     assert_eq!(read.rules[0].1, RuleCounts::default());
+    // On this machine's clock as it read before the call: up to a round
+    // trip early.
     let written = read.written_ms.unwrap();
-    assert!((before..=now_ms()).contains(&written), "{written}");
+    assert!((before - 50..=now_ms()).contains(&written), "{written}");
+    // Read by a machine whose clock is an hour ahead, the write is as old.
+    const AHEAD_MS: u64 = 3_600_000;
+    let ahead = read_counters(client, &rules, now_ms() + AHEAD_MS)
+        .await
+        .unwrap();
+    let written = ahead.written_ms.unwrap() - AHEAD_MS;
+    assert!((before - 50..=now_ms()).contains(&written), "{written}");
     let pttl = b.client.command(&["PTTL", COUNTERS_KEY]).await.unwrap();
     let left = pttl.as_i64().unwrap();
     assert!((3_598_000..=3_600_000).contains(&left), "{left}");

@@ -344,12 +344,15 @@ async fn the_live_page_shows_known_traffic_then_new_traffic_without_a_reload() {
         !names.iter().any(|n| n == "HGETALL" || n == "SCAN"),
         "{names:?}"
     );
-    // A scrape: the counters, and the rule's places over 5 minutes (which
-    // may touch the day before).
+    // A scrape: the counters with Redis's clock, which the age and the
+    // places' minutes are read by, and the rule's places over 5 minutes
+    // (which may touch the day before).
     let before = proxy.exchanges().len();
     let metrics = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n");
     assert!(raw(&addr, &metrics).starts_with("HTTP/1.1 200 OK"));
     let names = commands(before);
     let places_days = if since_midnight < 300 { 2 } else { 1 };
-    assert_eq!(names, vec!["HMGET"; 1 + places_days], "a scrape");
+    let mut scrape = vec!["HMGET", "TIME"];
+    scrape.extend(vec!["HMGET"; places_days]);
+    assert_eq!(names, scrape, "a scrape");
 }

@@ -183,7 +183,7 @@ impl<'a> Live<'a> {
         // The newest write of any region's isolates.
         let mut written_ms = None;
         for client in self.clients {
-            let counters = read_counters(client, &[]).await;
+            let counters = read_counters(client, &[], now_ms).await;
             written_ms = written_ms.max(counters.map_err(|e| e.to_string())?.written_ms);
         }
         let shown = Shown {

@@ -23,7 +23,7 @@ use crate::{
             },
             top::{Denials, KEPT, PLACES},
         },
-        transport::redis_rest::{RestClient, RestError},
+        transport::redis_rest::{RestClient, RestError, COMMAND_BUDGET},
     },
     operator::{
         inspect::InspectError,
@@ -38,7 +38,8 @@ pub struct Counters {
     pub totals: TotalCounts,
     /// Per rule asked for, in that order (zeros for a rule never written).
     pub rules: Vec<(String, RuleCounts)>,
-    /// When the last write landed, ms on Redis's clock; `None` before any.
+    /// When the last write landed, ms on the reading machine's clock (Redis
+    /// stamped it with its own: see [`read_counters`]); `None` before any.
     pub written_ms: Option<u64>,
     /// Per rule asked for: where its denials came from over the last
     /// [`PLACES_MINUTES`] (empty when not read).
@@ -65,16 +66,17 @@ impl Counters {
 /// written, and those before it.
 pub const PLACES_MINUTES: u64 = 5;
 
-/// Everything `/metrics` serves, read at `now_ms`: the counters in one
-/// `HMGET`, and per rule one more (two across midnight) of the places its
-/// last [`PLACES_MINUTES`] denied from.
+/// Everything `/metrics` serves, read at `now_ms` (this machine's clock):
+/// the counters in one `HMGET`, and per rule one more (two across
+/// midnight) of the places its last [`PLACES_MINUTES`] denied from, those
+/// minutes by Redis's clock, which stamped them.
 pub async fn scrape(
     client: &RestClient,
     rules: &[String],
     now_ms: u64,
 ) -> Result<Counters, InspectError> {
-    let mut counters = read_counters(client, rules).await?;
-    let next = now_ms / MINUTE_MS + 1;
+    let (mut counters, redis_ms) = read_counters_timed(client, rules, now_ms).await?;
+    let next = redis_ms / MINUTE_MS + 1;
     let minutes = next.saturating_sub(PLACES_MINUTES)..next;
     for rule in rules {
         let mut denials = Denials::default();
@@ -104,21 +106,48 @@ pub async fn scrape_all(
     added_up(clients, |c| scrape(c, rules, now_ms), Counters::add).await
 }
 
-/// Reads the counters of `rules` in one `HMGET`.
+/// Reads the counters of `rules` in one `HMGET`, with the time of the
+/// last write moved onto this machine's clock, which read `now_ms`.
 pub async fn read_counters(
     client: &RestClient,
     rules: &[String],
+    now_ms: u64,
 ) -> Result<Counters, InspectError> {
+    Ok(read_counters_timed(client, rules, now_ms).await?.0)
+}
+
+/// [`read_counters`], and Redis's clock as it read them, ms: the `HMGET`
+/// and a `TIME` in one pipeline.
+async fn read_counters_timed(
+    client: &RestClient,
+    rules: &[String],
+    now_ms: u64,
+) -> Result<(Counters, u64), InspectError> {
     let mut command = vec!["HMGET", COUNTERS_KEY, ALL_REQUESTS, WRITTEN];
     command.extend(rules.iter().map(String::as_str));
-    let reply = client.command(&command).await?;
-    let values = reply
+    let commands = [
+        command.iter().map(|&c| c.to_owned()).collect(),
+        vec!["TIME".to_owned()],
+    ];
+    let mut replies = client
+        .pipeline(&commands, COMMAND_BUDGET)
+        .await?
+        .into_iter();
+    let (Some(values), Some(time)) = (replies.next(), replies.next()) else {
+        return Err(
+            RestError::Malformed("the pipeline answered fewer than two results".into()).into(),
+        );
+    };
+    let (values, time) = (values?, time?);
+    let values = values
         .as_array()
         .ok_or_else(|| RestError::Malformed("HMGET answered something other than a list".into()))?;
+    let redis_ms = redis_time_ms(&time)
+        .ok_or_else(|| RestError::Malformed(format!("TIME answered {time}")))?;
     let text = |i: usize| values.get(i).and_then(Value::as_str).unwrap_or_default();
-    Ok(Counters {
+    let counters = Counters {
         totals: TotalCounts(read_figures::<TOTAL_COUNTS>(text(0))),
-        written_ms: text(1).parse().ok(),
+        written_ms: (text(1).parse().ok()).map(|w| on_local_clock(w, redis_ms, now_ms)),
         places: vec![],
         rules: (rules.iter().enumerate())
             .map(|(i, name)| {
@@ -126,7 +155,21 @@ pub async fn read_counters(
                 (name.clone(), RuleCounts(figures))
             })
             .collect(),
-    })
+    };
+    Ok((counters, redis_ms))
+}
+
+/// `TIME`'s reply (seconds and microseconds, as strings) in ms.
+fn redis_time_ms(time: &Value) -> Option<u64> {
+    let part = |i: usize| time.get(i)?.as_str()?.parse::<u64>().ok();
+    Some(part(0)? * 1000 + part(1)? / 1000)
+}
+
+/// `written_ms`, stamped by a Redis whose clock read `redis_ms` when this
+/// machine's read `now_ms`, on this machine's clock: the age stays the
+/// age Redis sees, however far apart the two clocks are.
+fn on_local_clock(written_ms: u64, redis_ms: u64, now_ms: u64) -> u64 {
+    now_ms.saturating_sub(redis_ms.saturating_sub(written_ms))
 }
 
 /// Which text format to write.
@@ -314,6 +357,23 @@ fn places(out: &mut String, flavor: Flavor, rules: &[(String, Denials)]) {
 mod tests {
     use super::*;
     use crate::decision::stats::top::{Counted, TopDenied};
+
+    /// A write Redis stamped 2 s before its own now is 2 s old whichever
+    /// way this machine's clock is off, and never from the future.
+    #[test]
+    fn a_writes_age_is_the_one_redis_sees() {
+        let redis_ms = 1_700_000_002_000;
+        for skew_ms in [0, 90_000, 3_600_000] {
+            for now_ms in [redis_ms + skew_ms, redis_ms - skew_ms] {
+                let written = on_local_clock(redis_ms - 2_000, redis_ms, now_ms);
+                assert_eq!(now_ms - written, 2_000, "{skew_ms}");
+            }
+        }
+        assert_eq!(on_local_clock(redis_ms + 5, redis_ms, 10), 10);
+        let time = serde_json::json!(["1700000002", "345678"]);
+        assert_eq!(redis_time_ms(&time), Some(1_700_000_002_345));
+        assert_eq!(redis_time_ms(&serde_json::json!("OK")), None);
+    }
 
     fn counters() -> Counters {
         let mut totals = TotalCounts::default();
