@@ -153,21 +153,6 @@ async fn send(stack: &Stack, client: &str, n: usize) -> Vec<u16> {
     statuses
 }
 
-/// Waits until `stats --json` holds the `sent` requests: the worker's own
-/// timer writes them, with no request after.
-async fn written(stack: &Stack, sent: u64) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let out = stack.edge_limiter(&["stats", "--json"]).output().unwrap();
-        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-        if report["requests"] == sent {
-            return;
-        }
-        assert!(Instant::now() < deadline, "stats hold {report}");
-    }
-}
-
 /// A raw request to the page's server: its status line and whole answer.
 fn raw(addr: &str, request: &str) -> String {
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
@@ -189,7 +174,7 @@ async fn the_live_page_shows_known_traffic_then_new_traffic_without_a_reload() {
     assert_eq!(send(&stack, "c3", 2).await, [200, 200]);
     proxy.set(Fault::Pass);
     let mut sent = 8;
-    written(&stack, sent).await;
+    stack.stats_once_written(sent).await;
     let blocked = stack
         .edge_limiter(&["limit", "set", "limited", "leaked-7", "--block"])
         .output()
@@ -264,7 +249,7 @@ async fn the_live_page_shows_known_traffic_then_new_traffic_without_a_reload() {
     // New traffic, written by the worker: the page shows it by itself.
     assert_eq!(send(&stack, "c9", 6).await, [200, 200, 200, 200, 429, 429]);
     sent += 6;
-    written(&stack, sent).await;
+    stack.stats_once_written(sent).await;
     let then = browser.figures_once(|t| t.contains("c9\tlimited\t2"));
     assert!(
         then.contains(&format!("{sent} requests, admitted")),

@@ -57,21 +57,6 @@ async fn send(stack: &Stack, path: &str, client: &str, n: usize) -> Vec<u16> {
     statuses
 }
 
-/// `stats --json`, once it holds the `sent` requests: the worker's own
-/// timer writes them, with no request after.
-async fn written(stack: &Stack, sent: u64) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let out = stack.edge_limiter(&["stats", "--json"]).output().unwrap();
-        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-        if report["requests"] == sent {
-            return report;
-        }
-        assert!(Instant::now() < deadline, "stats hold {report}");
-    }
-}
-
 /// The YAML block after `heading` in docs/stats.md.
 fn documented_yaml(heading: &str) -> String {
     support::documented("docs/stats.md", heading, ("yaml", 1))
@@ -183,7 +168,7 @@ async fn prometheus_counts_what_stats_reports() {
     );
     assert_eq!(send(&stack, "/w", "c2", 3).await, [200, 200, 200]);
     let sent = 9;
-    let report = written(&stack, sent).await;
+    let report = stack.stats_once_written(sent).await;
     prometheus
         .until("edge_limiter_requests_total", sent as f64)
         .await;

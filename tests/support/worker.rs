@@ -264,6 +264,22 @@ impl Stack {
         command
     }
 
+    /// `stats --json` once it counts `sent` requests: the isolates write
+    /// within `stats_every`, so it waits up to a minute.
+    pub async fn stats_once_written(&self, sent: u64) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let out = self.edge_limiter(&["stats", "--json"]).output().unwrap();
+            let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            if report["requests"] == sent {
+                return report;
+            }
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(Instant::now() < deadline, "stats hold {report}\n{stderr}");
+        }
+    }
+
     /// A worker with these rules (`[[vars.LIMITER.rules]]` tables, and any
     /// other `[vars.LIMITER]` settings) in front of the demo origin, on a
     /// fresh Redis.
