@@ -42,11 +42,18 @@ static ALGORITHMS: [Listed; 3] = [
     },
 ];
 
-/// The first of `fields` that `table` holds (`null` counts as absent),
-/// leaving out those `own` has too.
-fn held<'a>(table: &Map<String, Value>, fields: &[&'a str], own: &[&str]) -> Option<&'a str> {
-    let held = |f: &&str| table.get(*f).is_some_and(|v| !v.is_null()) && !own.contains(f);
-    fields.iter().copied().find(held)
+/// The first name `table` holds (`null` counts as absent) that another
+/// algorithm lists in `names` and `own` does not, with that algorithm.
+fn foreign(
+    table: &Map<String, Value>,
+    own: &Written,
+    names: fn(&Written) -> &'static [&'static str],
+) -> Option<(&'static str, &'static Written)> {
+    let held = |f: &str| table.get(f).is_some_and(|v| !v.is_null()) && !names(own).contains(&f);
+    ALGORITHMS.iter().find_map(|a| {
+        let field = names(a.written).iter().copied().find(|f| held(f))?;
+        Some((field, a.written))
+    })
 }
 
 /// A rate-limiting policy: which algorithm, with which numbers.
@@ -68,16 +75,12 @@ impl Policy {
         let names: Vec<&str> = ALGORITHMS.iter().map(|a| a.written.name).collect();
         let this = &ALGORITHMS[named(name, &names).map_err(|e| invalid("algorithm", e))?];
         let own = this.written;
-        for other in ALGORITHMS.iter().map(|a| a.written) {
-            if let Some(field) = held(table, other.fields, own.fields) {
-                return Err(invalid(
-                    field,
-                    format!(
-                        "belongs to algorithm \"{}\"; {} takes {}",
-                        other.name, own.label, own.takes
-                    ),
-                ));
-            }
+        if let Some((field, other)) = foreign(table, own, |w| w.fields) {
+            let says = format!(
+                "belongs to algorithm \"{}\"; {} takes {}",
+                other.name, own.label, own.takes
+            );
+            return Err(invalid(field, says));
         }
         (this.read)(table)
     }
@@ -98,16 +101,12 @@ impl Policy {
     /// algorithm's option is refused, naming whose it is.
     pub fn changed(&self, given: &Map<String, Value>) -> Result<Policy, FieldError> {
         let own = self.algorithm().written();
-        for other in ALGORITHMS.iter().map(|a| a.written) {
-            if let Some(option) = held(given, other.options, own.options) {
-                return Err(invalid(
-                    option,
-                    format!(
-                        "is for {} rules; a {} rule takes {}",
-                        other.label, own.label, own.takes_options
-                    ),
-                ));
-            }
+        if let Some((option, other)) = foreign(given, own, |w| w.options) {
+            let says = format!(
+                "is for {} rules; a {} rule takes {}",
+                other.label, own.label, own.takes_options
+            );
+            return Err(invalid(option, says));
         }
         match self {
             Policy::Gcra(g) => g.changed(given).map(Policy::Gcra),
