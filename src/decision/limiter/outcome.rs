@@ -181,8 +181,11 @@ impl PendingRefund {
             };
             let value = (reported.iter().find(|(name, _)| name == header))
                 .and_then(|(_, value)| value.as_deref());
-            let Some(cost) = value.and_then(|v| reported_cost(v, r.capacity(rule))) else {
-                settlement.ignored.push((rule, value.map(str::to_owned)));
+            let capacity = r.capacity(rule);
+            let Some(cost) = value.and_then(|v| reported_cost(v, capacity)) else {
+                settlement
+                    .ignored
+                    .push((rule, value.map(str::to_owned), capacity));
                 continue;
             };
             let mut charge = r.charge(rule);
@@ -224,8 +227,9 @@ pub struct Settlement<'a> {
     pub back: Vec<RefundCharge<'a>>,
     /// Charges to charge again, each of the units the cost exceeded the estimate by.
     pub more: Vec<RefundCharge<'a>>,
-    /// Rules whose header held no cost, with what it held (`None`: absent).
-    pub ignored: Vec<(&'a Rule, Option<String>)>,
+    /// Rules whose header held no cost, with what it held (`None`: absent)
+    /// and the most it could have said.
+    pub ignored: Vec<(&'a Rule, Option<String>, u64)>,
 }
 
 /// A cost as a response reports it: a whole number in plain digits, from
@@ -509,6 +513,7 @@ mod tests {
         let settled = plain.settled(&config, &reported);
         assert!(settled.more.is_empty());
         assert_eq!(settled.ignored[0].1.as_deref(), Some("500"));
+        assert_eq!(settled.ignored[0].2, 100);
         let under = pending(raised);
         let settled = under.settled(&config, &reported);
         assert!(settled.ignored.is_empty(), "{:?}", settled.ignored);

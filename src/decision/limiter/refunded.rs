@@ -42,14 +42,13 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             let call = ScriptCall::debit(&more, self.clock(now_ms));
             events.extend(self.settled(&more, &call, Some(status)).await);
         }
-        events.extend(ignored.into_iter().map(|(rule, value)| {
+        events.extend(ignored.into_iter().map(|(rule, value, capacity)| {
             let header = rule.cost_header.as_deref().unwrap_or_default();
             let error = match value {
                 // Cut short: the line is for a person to see what came.
                 Some(v) => format!(
-                    "`{header}: {}` is no whole number from 0 to {}",
+                    "`{header}: {}` is no whole number from 0 to {capacity}",
                     v.chars().take(40).collect::<String>(),
-                    rule.policy.capacity()
                 ),
                 None => format!("the response had no `{header}`"),
             };
