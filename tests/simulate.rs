@@ -510,6 +510,51 @@ fn count_status_and_penalties_by_hand() {
     }
 }
 
+/// A `count_status` charge comes back when the origin has answered, as
+/// the worker gives it back: the log's duration after the request. Burst
+/// 1 an hour: a success that takes 1 s still holds the unit 500 ms in,
+/// so the second request is denied; once its answer is in, the third is
+/// admitted. Given back at arrival, the second would be admitted.
+#[test]
+fn a_charge_comes_back_when_the_answer_has_come() {
+    let config = Config::from_json(&json!({"rules": [
+        {"name": "failed", "path_prefix": "/login", "key": ["ip"], "algorithm": "gcra",
+         "rate": 1, "period": "1h", "burst": 1, "count_status": [401]}
+    ]}))
+    .unwrap();
+    let mut csv = String::from("time,ip,method,path,status,duration_ms\n");
+    for (t, status, took) in [(0, 200, 1000), (500, 200, 10), (1500, 200, 10)] {
+        let line = format!("{},203.0.113.1,POST,/login,{status},{took}\n", T0 + t);
+        csv.push_str(&line);
+    }
+    for report in through_both_engines(&config, &csv) {
+        let c = &report.rules[0].counts;
+        let figures = (c[RuleCount::Admitted], c[RuleCount::Denied]);
+        assert_eq!(figures, (2, 1), "{}", report.engine);
+    }
+    // Through an isolate, the charge comes back as late: no verdict differs.
+    let dir = temp_dir("answered");
+    let (toml, log) = (dir.join("wrangler.toml"), dir.join("access.csv"));
+    let rule =
+        "[[vars.LIMITER.rules]]\nname = \"failed\"\npath_prefix = \"/login\"\nkey = [\"ip\"]\n\
+                algorithm = \"gcra\"\nrate = 1\nperiod = \"1h\"\nburst = 1\ncount_status = [401]\n";
+    std::fs::write(&toml, rule).unwrap();
+    std::fs::write(&log, &csv).unwrap();
+    let out = (bin().arg("simulate").arg(&toml).arg("--log").arg(&log))
+        .args(["--isolates", "1", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let isolates = &report["isolates"];
+    assert_eq!(
+        isolates["admitted_only_with_leases"],
+        json!(0),
+        "{isolates}"
+    );
+    assert_eq!(isolates["denied_only_with_leases"], json!(0), "{isolates}");
+}
+
 /// A delaying rule, worked out by hand: GCRA 2/s (500 ms a unit), burst
 /// 2, waits up to 1 s. Five at once: two go, the third waits 500 ms, the
 /// fourth 1000 ms, the fifth would wait 1500 ms and is denied. At 1200 ms

@@ -7,7 +7,7 @@ use super::{
 };
 use crate::decision::{
     outcomes::verdict::Decision,
-    transport::protocol::{Check, ScriptCall},
+    transport::protocol::{Check, RefundCharge, ScriptCall},
 };
 
 impl<'c, S> Limiter<'c, '_, S> {
@@ -41,5 +41,15 @@ impl<'c, S> Limiter<'c, '_, S> {
         self.cache
             .borrow_mut()
             .remember(signature, decision, now_ms, early_ms);
+    }
+
+    /// Forgets the denials the isolate remembers on the keys of `charges`,
+    /// once they have been given back: a refund that frees the client is
+    /// seen by its next request, not a `cache_hold` later.
+    pub(super) fn forget(&self, charges: &[RefundCharge<'_>]) {
+        let mut cache = self.cache.borrow_mut();
+        for charge in charges {
+            cache.forget(charge.key);
+        }
     }
 }

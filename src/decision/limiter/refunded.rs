@@ -82,7 +82,11 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             return vec![];
         }
         let call = ScriptCall::refund(charges, self.clock(now_ms));
-        self.settled(charges, &call, status).await
+        let events = self.settled(charges, &call, status).await;
+        if events.is_empty() {
+            self.forget(charges);
+        }
+        events
     }
 
     /// Runs `call`, a refund or a debit of `charges`; the events of a

@@ -87,6 +87,13 @@ impl BlockCache {
             .insert(signature, (now_ms, until, decision.clone()));
     }
 
+    /// Forgets every denial whose call named state `key`: units given back
+    /// there may admit the client's next request, which Redis decides.
+    pub fn forget(&mut self, key: &str) {
+        self.entries
+            .retain(|signature, _| !signature.lines().any(|line| line == key));
+    }
+
     /// Entries held now.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -122,6 +129,21 @@ mod tests {
                 window: 1,
             }],
         }
+    }
+
+    /// A key given back frees every denial whose call named it, and no other.
+    #[test]
+    fn a_key_given_back_forgets_the_denials_that_named_it() {
+        let mut c = BlockCache::new(HOLD);
+        c.remember("el:{a}:login\nel:{a}:ip\n1".into(), &denied(5000), 0, 0);
+        c.remember("el:{a}:login\n1".into(), &denied(5000), 0, 0);
+        c.remember("el:{b}:login\n1".into(), &denied(5000), 0, 0);
+        c.forget("el:{a}:login");
+        assert_eq!(c.len(), 1);
+        assert!(c.lookup("el:{b}:login\n1", 100).is_some());
+        // Part of a key is not the key.
+        c.forget("el:{b}:log");
+        assert_eq!(c.len(), 1);
     }
 
     #[test]

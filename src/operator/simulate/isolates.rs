@@ -562,13 +562,18 @@ impl<'c> Replay<'c> {
         if let Some(refresh) = &handled.refresh {
             limiter.refresh(refresh, self.clock.now_ms()).await;
         }
+        // The origin's status is known once its response has come: the
+        // log's duration after the request reached it.
+        let ended = || {
+            self.clock
+                .sleep(ended_ms.saturating_sub(self.clock.now_ms()))
+        };
         if let (Some(refund), Some(status)) = (&handled.refund, record.status) {
+            ended().await;
             (limiter.refund(refund, (status, &[]), self.clock.now_ms())).await;
         }
         if let Some(refund) = (handled.refund.as_ref()).filter(|r| r.releases(self.config)) {
-            self.clock
-                .sleep(ended_ms.saturating_sub(self.clock.now_ms()))
-                .await;
+            ended().await;
             limiter.release(refund, self.clock.now_ms()).await;
         }
     }

@@ -98,9 +98,6 @@ struct Picked<'c> {
     /// Its rules, or (`Err`) the enforced rule that refuses it with a 400.
     selection: Result<Selection<'c, String>, usize>,
     pending: Pending,
-    /// Whether a charge may be given back after its response: its batch
-    /// then ends with it.
-    refunds: bool,
 }
 
 impl<'c> Picked<'c> {
@@ -114,7 +111,6 @@ impl<'c> Picked<'c> {
             record,
             selection,
             pending,
-            refunds,
         }
     }
 }
@@ -244,8 +240,9 @@ impl<'a> Pipeline<'a> {
         tally: &mut Tally,
         observer: &mut dyn Observer,
     ) -> Result<(), SimError> {
-        // Slots whose responses ended by now are free for this request: the
-        // batches before it are counted first, so that every slot due is known.
+        // Slots and charges whose responses ended by now are back for this
+        // request: the batches before it are counted first, so that every
+        // one due is known.
         let now = picked.record.time_ms;
         let due = self
             .unsettled_release
@@ -255,14 +252,11 @@ impl<'a> Pipeline<'a> {
             self.settle(tally, observer)?;
             self.releases.give_back(self.config, self.engine, now)?;
         }
-        if let Some(at) = picked.pending.release_at {
+        if let Some(at) = picked.pending.back_at {
             self.unsettled_release = Some(self.unsettled_release.map_or(at, |u| u.min(at)));
         }
-        // A request with a charge to give back after its response ends its
-        // batch: the refund must land before its client's next request.
-        let refunds = picked.refunds;
         self.batch.push(picked);
-        if self.batch.len() == BATCH || refunds {
+        if self.batch.len() == BATCH {
             let full = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH));
             self.flush(full, tally, observer)?;
         }
@@ -276,11 +270,6 @@ impl<'a> Pipeline<'a> {
         tally: &mut Tally,
         observer: &mut dyn Observer,
     ) -> Result<(), SimError> {
-        // A batch with refunds after responses is finished (its refunds
-        // made) before the next is sent; any other overlaps the next.
-        if self.in_flight.as_ref().is_some_and(|b| b.refunds) {
-            self.finish_in_flight(tally, observer)?;
-        }
         let sent = send_batch(records, self.engine)?;
         let before = self.in_flight.replace(sent);
         self.finish_batch(before, tally, observer)
@@ -332,19 +321,21 @@ impl<'a> Pipeline<'a> {
     }
 }
 
-/// In-flight slots taken, each request's to give back when its response
-/// ended.
+/// In-flight slots taken, and charges of `count_status` rules that do not
+/// count the origin's answer, each request's to give back when its
+/// response ended: as the worker, once the origin has answered.
 #[derive(Default)]
 struct Releases {
-    /// By when (epoch ms) and the order they were taken in.
-    due: BTreeMap<(u64, u64), PendingRefund>,
+    /// By when (epoch ms) and the order they were taken in, each with the
+    /// status that uncounts its charges, if one does.
+    due: BTreeMap<(u64, u64), (PendingRefund, Option<u16>)>,
     taken: u64,
 }
 
 impl Releases {
-    fn push(&mut self, at_ms: u64, pending: PendingRefund) {
+    fn push(&mut self, at_ms: u64, pending: PendingRefund, uncounted: Option<u16>) {
         self.taken += 1;
-        self.due.insert((at_ms, self.taken), pending);
+        self.due.insert((at_ms, self.taken), (pending, uncounted));
     }
 
     /// When the first is due.
@@ -352,7 +343,8 @@ impl Releases {
         self.due.first_key_value().map(|((at, _), _)| *at)
     }
 
-    /// Gives back, in order and each at its time, the slots due by `now_ms`.
+    /// Gives back, in order and each at its time, the slots and charges
+    /// due by `now_ms`.
     fn give_back(
         &mut self,
         config: &Config,
@@ -363,10 +355,11 @@ impl Releases {
             if entry.key().0 > now_ms {
                 break;
             }
-            let ((at_ms, _), pending) = entry.remove_entry();
-            let slots = pending.releasing(config);
-            if !slots.is_empty() {
-                engine.refund(&slots, at_ms)?;
+            let ((at_ms, _), (pending, uncounted)) = entry.remove_entry();
+            let mut back = uncounted.map_or_else(Vec::new, |s| pending.uncounted(config, s));
+            back.extend(pending.releasing(config));
+            if !back.is_empty() {
+                engine.refund(&back, at_ms)?;
             }
         }
         Ok(())
@@ -448,10 +441,10 @@ struct Pending {
     /// The status its origin answered, when one of its `count_status`
     /// rules does not count it.
     uncounted: Option<u16>,
-    /// For a request under an in-flight limit: when its response ended
-    /// (epoch ms), its arrival plus the log's duration, or its arrival where
-    /// the log gives none.
-    release_at: Option<u64>,
+    /// For a request under an in-flight limit, or with charges its status
+    /// gives back: when its response ended (epoch ms), its arrival plus the
+    /// log's duration, or its arrival where the log gives none.
+    back_at: Option<u64>,
 }
 
 impl Pending {
@@ -471,7 +464,7 @@ impl Pending {
                     rules: vec![],
                     call: None,
                     uncounted: None,
-                    release_at: None,
+                    back_at: None,
                 }
             }
             Ok(s) => s,
@@ -497,8 +490,8 @@ impl Pending {
                 .map(|(rule, _, id)| (rule.0, id.join(" | ")))
                 .collect(),
             call,
+            back_at: (uncounted.is_some() || releases).then_some(ended),
             uncounted,
-            release_at: releases.then_some(ended),
         }
     }
 }
@@ -506,9 +499,6 @@ impl Pending {
 /// A batch sent to the engine, its decisions still to come.
 struct SentBatch<'c> {
     picked: Vec<Picked<'c>>,
-    /// Whether a request of it may have a charge given back after its
-    /// response.
-    refunds: bool,
 }
 
 /// Sends the decisions `picked` asks for to the engine, without waiting
@@ -528,8 +518,7 @@ fn send_batch<'c>(
         .collect();
     engine.send(&jobs)?;
     drop(jobs);
-    let refunds = picked.iter().any(|p| p.pending.uncounted.is_some());
-    Ok(SentBatch { picked, refunds })
+    Ok(SentBatch { picked })
 }
 
 /// Receives a batch's decisions from the engine and counts its requests.
@@ -567,7 +556,7 @@ fn finish_batch(
         };
         tally.decided(record.time_ms, &fate.rules, &decision);
         observer.verdict(record, Replayed::Decided(&decision));
-        if fate.release_at.is_some() && record.duration_ms.is_none() {
+        if record.duration_ms.is_none() {
             for (rule, _) in &fate.rules {
                 if config.rules[*rule].policy.algorithm().released() {
                     tally.without_duration(*rule);
@@ -587,17 +576,8 @@ fn finish_batch(
                 })
                 .collect(),
         };
-        // A forwarded request whose origin answered a status a rule does not
-        // count gets that rule's charge back now, before the client's next
-        // request.
-        if let Some(status) = fate.uncounted {
-            let refunds = pending.uncounted(config, status);
-            if !refunds.is_empty() {
-                engine.refund(&refunds, record.time_ms)?;
-            }
-        }
-        if let Some(at_ms) = fate.release_at {
-            releases.push(at_ms, pending);
+        if let Some(at_ms) = fate.back_at {
+            releases.push(at_ms, pending, fate.uncounted);
         }
     }
     Ok(())
