@@ -16,6 +16,10 @@ use crate::decision::outcomes::events::{Action, Event};
 /// than written.
 pub const QUIET_MS: u64 = 1000;
 
+/// How long after a minutely line ([`minutely`]) the next of its rule
+/// and action is held back.
+const MINUTE_MS: u64 = 60_000;
+
 /// Groups remembered at most: a flood of distinct clients
 /// cannot grow the isolate's memory beyond this.
 pub const CAPACITY: usize = 10_000;
@@ -76,10 +80,10 @@ pub struct Passed {
 #[derive(Debug, Default)]
 pub struct LogGate {
     held: SeededMap<LogGroup, HeldBack>,
-    /// Per action written once a minute ([`minutely`]) and rule, the
-    /// minute its last line was written in, and how many such events it
-    /// has held back since: a list, as there are no more of them than
-    /// rules with a `cost_header` or `regions`.
+    /// Per action written once a minute ([`minutely`]) and rule, when its
+    /// last line was written (ms), and how many such events it has held
+    /// back since: a list, as there are no more of them than rules with a
+    /// `cost_header` or `regions`.
     minutely: Vec<(Action, String, u64, u64)>,
     /// Each group's last line, oldest first: what falls due is found at
     /// the front, so a request never walks every group a flood left.
@@ -101,7 +105,6 @@ impl LogGate {
         };
         for mut event in events {
             if minutely(event.action) {
-                let minute = now_ms / 60_000;
                 let group = |(a, r, _, _): &(Action, String, u64, u64)| {
                     *a == event.action && *r == event.rule
                 };
@@ -113,12 +116,14 @@ impl LogGate {
                         self.minutely.len() - 1
                     }
                 };
+                // A minute since its last line, not a minute of the clock:
+                // events either side of a minute's turn make one line.
                 let (_, _, at, held) = &mut self.minutely[i];
-                if *at == minute {
+                if *at != u64::MAX && now_ms.saturating_sub(*at) < MINUTE_MS {
                     *held += 1;
                 } else {
                     event.repeated = (*held > 0).then_some(*held);
-                    (*at, *held) = (minute, 0);
+                    (*at, *held) = (now_ms, 0);
                     passed.lines.push(event);
                 }
                 continue;
@@ -237,7 +242,8 @@ mod tests {
         let mut g = LogGate::new();
         let home = |rule: &str| Event::new(Action::HomeUnreachable, rule);
         let region = |rule: &str| Event::new(Action::RegionUnreachable, rule);
-        let at = 60_000 * 3;
+        // Half a second before a minute of the clock turns.
+        let at = 60_000 * 3 - 500;
         let first = g.pass(vec![home("api"), region("api"), home("api")], at);
         assert_eq!(first.lines.len(), 2, "one each");
         assert!(g
