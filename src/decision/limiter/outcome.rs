@@ -161,17 +161,22 @@ impl PendingRefund {
             .collect()
     }
 
-    /// What the response's `reported` costs settle (each `cost_header`
-    /// rule's header value, by header name): the charges to give back and
-    /// to charge again, each of the units between the estimate and the
-    /// cost reported, and the rules whose value was no cost (with what it
-    /// was), whose estimates stand.
+    /// What a response of `status` whose headers `reported` costs (each
+    /// `cost_header` rule's value, by header name) settles: the charges to
+    /// give back, whole for `count_status` rules that do not count the
+    /// status and by the units the estimate exceeded the cost reported by;
+    /// those to charge again, by the units the cost exceeded it by; and the
+    /// rules whose value was no cost (with what it was), whose estimates
+    /// stand.
     pub fn settled<'a>(
         &'a self,
         config: &'a Config,
-        reported: &[(String, Option<String>)],
+        (status, reported): (u16, &[(String, Option<String>)]),
     ) -> Settlement<'a> {
-        let mut settlement = Settlement::default();
+        let mut settlement = Settlement {
+            back: self.uncounted(config, status),
+            ..Settlement::default()
+        };
         for r in &self.rules {
             let Some(rule) = config.rule(r.rule) else {
                 continue;
@@ -223,7 +228,8 @@ impl PendingRefund {
 /// What a response's reported costs settle: see [`PendingRefund::settled`].
 #[derive(Debug, Default)]
 pub struct Settlement<'a> {
-    /// Charges to give back, each of the units the estimate exceeded the cost by.
+    /// Charges to give back: whole where the status is not counted, else
+    /// of the units the estimate exceeded the cost by.
     pub back: Vec<RefundCharge<'a>>,
     /// Charges to charge again, each of the units the cost exceeded the estimate by.
     pub more: Vec<RefundCharge<'a>>,
@@ -510,12 +516,12 @@ mod tests {
         };
         let reported = [("x-tokens".to_owned(), Some("500".to_owned()))];
         let plain = pending(String::new());
-        let settled = plain.settled(&config, &reported);
-        assert!(settled.more.is_empty());
+        let settled = plain.settled(&config, (200, &reported));
+        assert!(settled.more.is_empty() && settled.back.is_empty());
         assert_eq!(settled.ignored[0].1.as_deref(), Some("500"));
         assert_eq!(settled.ignored[0].2, 100);
         let under = pending(raised);
-        let settled = under.settled(&config, &reported);
+        let settled = under.settled(&config, (200, &reported));
         assert!(settled.ignored.is_empty(), "{:?}", settled.ignored);
         let more: Vec<u64> = settled.more.iter().map(|c| c.check.cost).collect();
         assert_eq!(more, [495]);

@@ -34,10 +34,8 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             back,
             more,
             ignored,
-        } = pending.settled(self.config, reported);
-        let mut charges = pending.uncounted(self.config, status);
-        charges.extend(back);
-        let mut events = self.give_back(&charges, Some(status), now_ms).await;
+        } = pending.settled(self.config, (status, reported));
+        let mut events = self.give_back(&back, Some(status), now_ms).await;
         if !more.is_empty() {
             let call = ScriptCall::debit(&more, self.clock(now_ms));
             events.extend(self.settled(&more, &call, Some(status)).await);

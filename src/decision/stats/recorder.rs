@@ -362,10 +362,9 @@ impl Recorder {
         calls: u64,
         now_ms: u64,
     ) {
-        let charges = pending.uncounted(config, status);
-        let settled = pending.settled(config, reported);
-        let rules = (charges.iter().chain(&settled.back).chain(&settled.more))
-            .map(|c| index_of(config, c.check.rule));
+        let settled = pending.settled(config, (status, reported));
+        let rules =
+            (settled.back.iter().chain(&settled.more)).map(|c| index_of(config, c.check.rule));
         self.after(rules, calls, now_ms);
     }
 
