@@ -2,12 +2,12 @@
 //! remembers, with no call, and a decision kept when it is a denial.
 
 use super::{
-    outcome::{decided, Handled},
+    outcome::{decided, Handled, PendingRefund},
     state::Limiter,
 };
 use crate::decision::{
     outcomes::verdict::Decision,
-    transport::protocol::{Check, RefundCharge, ScriptCall},
+    transport::protocol::{Check, ScriptCall},
 };
 
 impl<'c, S> Limiter<'c, '_, S> {
@@ -43,13 +43,11 @@ impl<'c, S> Limiter<'c, '_, S> {
             .remember(signature, decision, now_ms, early_ms);
     }
 
-    /// Forgets the denials the isolate remembers on the keys of `charges`,
-    /// once they have been given back: a refund that frees the client is
-    /// seen by its next request, not a `cache_hold` later.
-    pub(super) fn forget(&self, charges: &[RefundCharge<'_>]) {
-        let mut cache = self.cache.borrow_mut();
-        for charge in charges {
-            cache.forget(charge.key);
-        }
+    /// Forgets the denial the isolate remembers for `pending`'s call, once
+    /// its charges have been given back: a refund that frees the client is
+    /// seen by its next request, not a `cache_hold` later. One lookup: a
+    /// cache full of other clients costs a refund nothing more.
+    pub(super) fn forget(&self, pending: &PendingRefund) {
+        self.cache.borrow_mut().forget(&pending.signature);
     }
 }

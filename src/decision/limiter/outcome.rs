@@ -100,6 +100,9 @@ impl<'c> Handled<'c> {
 pub struct PendingRefund {
     /// The rules, each with its client, cost and refund mark.
     pub rules: Vec<RefundRule>,
+    /// The signature of the call that charged them, under which the
+    /// isolate remembers that client's denials (see `block_cache`).
+    pub signature: String,
 }
 
 /// One rule of a [`PendingRefund`].
@@ -513,6 +516,7 @@ mod tests {
                 mark: 1,
                 under,
             }],
+            signature: String::new(),
         };
         let reported = [("x-tokens".to_owned(), Some("500".to_owned()))];
         let plain = pending(String::new());

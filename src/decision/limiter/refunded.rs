@@ -35,7 +35,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
             more,
             ignored,
         } = pending.settled(self.config, (status, reported));
-        let mut events = self.give_back(&back, Some(status), now_ms).await;
+        let mut events = self.give_back(pending, &back, Some(status), now_ms).await;
         if !more.is_empty() {
             let call = ScriptCall::debit(&more, self.clock(now_ms));
             events.extend(self.settled(&more, &call, Some(status)).await);
@@ -65,13 +65,16 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
     /// slot is then free after the rule's `hold_for`.
     pub async fn release(&self, pending: &PendingRefund, now_ms: u64) -> Vec<Event> {
         let charges = pending.releasing(self.config);
-        self.give_back(&charges, None, now_ms).await
+        self.give_back(pending, &charges, None, now_ms).await
     }
 
-    /// Gives `charges` back in one call at `now_ms`, after a response of
-    /// `status` where one was known; the events of a failure.
+    /// Gives `charges`, some of `pending`'s, back in one call at `now_ms`,
+    /// after a response of `status` where one was known; the events of a
+    /// failure. Once they are back, the isolate forgets the denial it
+    /// remembers for `pending`'s call.
     async fn give_back(
         &self,
+        pending: &PendingRefund,
         charges: &[RefundCharge<'_>],
         status: Option<u16>,
         now_ms: u64,
@@ -82,7 +85,7 @@ impl<'c, S: ScriptRunner> Limiter<'c, '_, S> {
         let call = ScriptCall::refund(charges, self.clock(now_ms));
         let events = self.settled(charges, &call, status).await;
         if events.is_empty() {
-            self.forget(charges);
+            self.forget(pending);
         }
         events
     }

@@ -85,7 +85,8 @@ impl<'c, P: AsRef<str>> Selection<'c, P> {
                 Some(RefundRule::of(decision, (i, mark), *rule_id, client, cost))
             })
             .collect();
-        (!rules.is_empty()).then_some(PendingRefund { rules })
+        let signature = call.signature();
+        (!rules.is_empty()).then_some(PendingRefund { rules, signature })
     }
 }
 

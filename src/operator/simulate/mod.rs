@@ -567,6 +567,7 @@ fn finish_batch(
             continue;
         };
         let pending = PendingRefund {
+            signature: String::new(),
             rules: decision
                 .refund_marks
                 .iter()
