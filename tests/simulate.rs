@@ -289,6 +289,23 @@ fn through_both_engines(config: &Config, csv: &str) -> Vec<Report> {
         .collect()
 }
 
+/// `simulate CONFIG --log LOG ARGS --json`, which must succeed: its report.
+fn simulated_json(
+    config: impl AsRef<std::path::Path>,
+    log: impl AsRef<std::path::Path>,
+    args: &[&str],
+) -> serde_json::Value {
+    let out = (bin().arg("simulate").arg(config.as_ref()))
+        .arg("--log")
+        .arg(log.as_ref())
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_edge-limiter"))
 }
@@ -540,12 +557,7 @@ fn a_charge_comes_back_when_the_answer_has_come() {
                 algorithm = \"gcra\"\nrate = 1\nperiod = \"1h\"\nburst = 1\ncount_status = [401]\n";
     std::fs::write(&toml, rule).unwrap();
     std::fs::write(&log, &csv).unwrap();
-    let out = (bin().arg("simulate").arg(&toml).arg("--log").arg(&log))
-        .args(["--isolates", "1", "--json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = simulated_json(&toml, &log, &["--isolates", "1"]);
     let isolates = &report["isolates"];
     assert_eq!(
         isolates["admitted_only_with_leases"],
@@ -664,16 +676,7 @@ hold_for = "2s"
     let path = dir.join("access.csv");
     std::fs::write(&path, log).unwrap();
     for latency in ["0", "30"] {
-        let out = bin()
-            .arg("simulate")
-            .arg(&config)
-            .arg("--log")
-            .arg(&path)
-            .args(["--isolates", "3", "--latency", latency, "--json"])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let report = simulated_json(&config, &path, &["--isolates", "3", "--latency", latency]);
         let isolates = &report["isolates"];
         assert_eq!(isolates["requests"], json!(800), "{isolates}");
         assert_eq!(isolates["over_limit"], json!(0), "{isolates}");
@@ -776,16 +779,7 @@ burst = 20
         lines.push_str(&format!("{T0},198.51.100.9,GET,/\n"));
     }
     std::fs::write(&log, lines).unwrap();
-    let out = bin()
-        .arg("simulate")
-        .arg(&config)
-        .arg("--log")
-        .arg(&log)
-        .args(["--isolates", "1", "--latency", "40", "--json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = simulated_json(&config, &log, &["--isolates", "1", "--latency", "40"]);
     let isolates = &report["isolates"];
     assert_eq!(isolates["rest_calls"], json!(2), "{isolates}");
     assert_eq!(isolates["grouped"], json!(29), "{isolates}");
@@ -829,16 +823,7 @@ lease_for = "500ms"
     }
     std::fs::write(&log, lines).unwrap();
     let replay = |config: &std::path::Path, log: &std::path::Path, latency: &str| {
-        let out = bin()
-            .arg("simulate")
-            .arg(config)
-            .arg("--log")
-            .arg(log)
-            .args(["--isolates", "3", "--latency", latency, "--json"])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let report = simulated_json(config, log, &["--isolates", "3", "--latency", latency]);
         report["isolates"].clone()
     };
     let near = replay(&config, &log, "0");
@@ -877,16 +862,11 @@ lease_for = "500ms"
 fn a_sites_bursts_lose_no_request_to_leases() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     for isolates in ["1", "2", "3", "4"] {
-        let out = bin()
-            .arg("simulate")
-            .arg(root.join("examples/wrangler.toml"))
-            .arg("--log")
-            .arg(root.join("examples/access.log"))
-            .args(["--isolates", isolates, "--json"])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let report = simulated_json(
+            root.join("examples/wrangler.toml"),
+            root.join("examples/access.log"),
+            &["--isolates", isolates],
+        );
         let report = &report["isolates"];
         for field in [
             "denied_only_with_leases",
@@ -1006,18 +986,7 @@ region_share = 5
     }
     let path = dir.join("access.csv");
     std::fs::write(&path, log).unwrap();
-    let out = bin()
-        .arg("simulate")
-        .arg(&config)
-        .arg("--log")
-        .arg(&path)
-        .arg("--regions")
-        .arg(&latencies)
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = simulated_json(&config, &path, &["--regions", latencies.to_str().unwrap()]);
     let r = &report["isolates"];
     assert_eq!(
         (r["requests"].clone(), r["over_limit"].clone()),
