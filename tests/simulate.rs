@@ -1026,3 +1026,63 @@ region_share = 5
         "{err}"
     );
 }
+
+/// docs/deploying.md's page loads: 20 fresh clients in eu, each sending
+/// 30 requests within 80 ms, the home 80 ms away. A share smaller than the
+/// page sends what it cannot cover to the home, one far call each; a share
+/// the size of the page decides it near, with one far call a page (its
+/// pool's top-up). Both within the one limit.
+#[test]
+fn a_region_share_the_size_of_a_page_keeps_its_load_near() {
+    let dir = temp_dir("page-loads");
+    let latencies = dir.join("latencies.txt");
+    std::fs::write(&latencies, "us eu 80\neu eu 1\n").unwrap();
+    let mut log = String::from("time,ip,method,path,cf:continent\n");
+    for client in 0..20u64 {
+        let opened = T0 + client * 2_000;
+        log.push_str(&format!("{opened},198.51.100.{client},GET,/,EU\n"));
+        for k in 0..29u64 {
+            let at = opened + 40 + k / 10 * 20;
+            log.push_str(&format!("{at},198.51.100.{client},GET,/a{k},EU\n"));
+        }
+    }
+    let path = dir.join("access.csv");
+    std::fs::write(&path, log).unwrap();
+    let far_per_page = |share: u32| {
+        let config = dir.join(format!("share-{share}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                r#"
+[vars.LIMITER]
+regions = [{{ name = "us", home = true }}, {{ name = "eu", continents = ["EU"] }}]
+[[vars.LIMITER.rules]]
+name = "api"
+key = ["ip"]
+algorithm = "gcra"
+rate = 600
+period = "1m"
+burst = 100
+regions = "shared"
+region_share = {share}
+"#
+            ),
+        )
+        .unwrap();
+        let report = simulated_json(&config, &path, &["--regions", latencies.to_str().unwrap()]);
+        let r = &report["isolates"];
+        assert_eq!(
+            (r["requests"].clone(), r["over_limit"].clone()),
+            (json!(600), json!(0)),
+            "{r}"
+        );
+        assert_eq!(report["denied"], json!(0), "{report}");
+        r["regions"][1]["far_calls"].as_u64().unwrap() as f64 / 20.0
+    };
+    let small = far_per_page(5);
+    assert!(
+        small >= 20.0,
+        "a share of 5 leaves most of a page far: {small}"
+    );
+    assert_eq!(far_per_page(30), 1.0, "a share of 30 covers the page");
+}
