@@ -646,6 +646,35 @@ fn slots_by_hand() {
     }
 }
 
+/// A `cost_header` rule is replayed at its estimate, and the report says
+/// how many admitted requests were charged so: 3 of cost 10 fit a burst of
+/// 30, the fourth is denied and charged nothing; the other rule has no
+/// note.
+#[test]
+fn a_reported_cost_is_replayed_at_its_estimate_and_said_so() {
+    let config = Config::from_json(&json!({"rules": [
+        {"name": "tokens", "path_prefix": "/v1", "key": ["ip"], "algorithm": "gcra",
+         "rate": 30, "period": "1m", "burst": 30, "cost": 10, "cost_header": "X-Cost"},
+        {"name": "all", "key": ["ip"], "algorithm": "gcra", "rate": 100, "period": "1s", "burst": 100}
+    ]}))
+    .unwrap();
+    let mut csv = String::from("time,ip,method,path,status\n");
+    for t in 0..4 {
+        csv.push_str(&format!("{},203.0.113.4,POST,/v1/chat,200\n", T0 + t));
+    }
+    for report in through_both_engines(&config, &csv) {
+        let estimated: Vec<_> = (report.rules.iter()).map(|r| r.at_estimate).collect();
+        assert_eq!(estimated, [3, 0], "{}", report.engine);
+        let text = report.render_text("access.csv");
+        assert!(
+            text.contains("rule `tokens`: 3 admitted requests were charged their estimate"),
+            "{text}"
+        );
+        assert!(!text.contains("rule `all`: "), "{text}");
+        assert_eq!(report.to_json()["rules"]["tokens"]["at_estimate"], json!(3));
+    }
+}
+
 /// `--isolates --latency`: in-flight slots given back a round trip after
 /// each response ends, through three isolates, never let the origin hold
 /// more than the limit, by the independent check of each client's stays.

@@ -556,11 +556,13 @@ fn finish_batch(
         };
         tally.decided(record.time_ms, &fate.rules, &decision);
         observer.verdict(record, Replayed::Decided(&decision));
-        if record.duration_ms.is_none() {
-            for (rule, _) in &fate.rules {
-                if config.rules[*rule].policy.algorithm().released() {
-                    tally.without_duration(*rule);
-                }
+        for (rule, _) in &fate.rules {
+            let rule_of = &config.rules[*rule];
+            if record.duration_ms.is_none() && rule_of.policy.algorithm().released() {
+                tally.without_duration(*rule);
+            }
+            if decision.admitted() && rule_of.cost_header.is_some() {
+                tally.at_estimate(*rule);
             }
         }
         let Some(rules) = fate.call.as_ref().filter(|_| decision.admitted()) else {

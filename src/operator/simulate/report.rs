@@ -41,6 +41,9 @@ pub struct RuleReport {
     /// An in-flight limit's requests whose log line gave no duration: their
     /// slots came back at once.
     pub without_duration: u64,
+    /// A `cost_header` rule's admitted requests, each charged its estimate
+    /// (`cost`): a log has no column for the cost the origin reported.
+    pub at_estimate: u64,
     /// Whom it denied and from where, as the isolates recorded it (empty in
     /// a replay): bounded summaries, with their errors.
     pub denials: Denials,
@@ -310,6 +313,12 @@ impl Tally {
     /// A request under in-flight rule `rule` whose log line gave no duration.
     pub fn without_duration(&mut self, rule: usize) {
         self.report.rules[rule].without_duration += 1;
+    }
+
+    /// A request admitted under `cost_header` rule `rule`, charged its
+    /// estimate.
+    pub fn at_estimate(&mut self, rule: usize) {
+        self.report.rules[rule].at_estimate += 1;
     }
 
     /// A decided request: `rules` are the indices of the rules in the call,
@@ -716,8 +725,9 @@ impl Report {
         Some(note)
     }
 
-    /// The text report's last words: requests whose slots were guessed,
-    /// requests logged out of order, and lines that could not be read.
+    /// The text report's last words: requests whose slots were guessed or
+    /// whose cost stayed at its estimate, requests logged out of order, and
+    /// lines that could not be read.
     fn unread_text(&self) -> String {
         let mut out = String::new();
         for r in self.rules.iter().filter(|r| r.without_duration > 0) {
@@ -726,6 +736,15 @@ impl Report {
                  column, Logpush as EdgeEndTimestamp, CLF nowhere); their in-flight slots came \
                  back at once, so the worker may deny more of them than this replay did\n",
                 r.name, r.without_duration
+            ));
+        }
+        for r in self.rules.iter().filter(|r| r.at_estimate > 0) {
+            out.push_str(&format!(
+                "\nrule `{}`: {} admitted requests were charged their estimate (the rule's `cost`): \
+                 a log does not carry what the origin reported in the `cost_header`, which the \
+                 worker settles after each response, so it may admit fewer or more of them than \
+                 this replay did\n",
+                r.name, r.at_estimate
             ));
         }
         if self.late > 0 {
@@ -837,6 +856,9 @@ impl Report {
                 }
                 if r.without_duration > 0 {
                     rule.insert("without_duration".into(), json!(r.without_duration));
+                }
+                if r.at_estimate > 0 {
+                    rule.insert("at_estimate".into(), json!(r.at_estimate));
                 }
                 if self.kind == Kind::Recorded {
                     rule.insert("denied_from".into(), places_json(&r.denials));
