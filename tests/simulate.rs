@@ -973,19 +973,14 @@ fn a_plan_of_overrides_is_tried_on_a_log() {
     assert!(err.contains("line 1: rate: must be at least 1"), "{err}");
 }
 
-/// `--regions`: a shared rule replayed through two regions, the home 80 ms
-/// away from eu: each line goes to its continent's region, eu's client
-/// under the limit is served mostly from its pool, and nothing goes over
-/// the one limit across both.
-#[test]
-fn regions_replay_a_shared_rule_as_one_limit() {
-    let dir = temp_dir("regions");
-    let config = dir.join("wrangler.toml");
-    std::fs::write(
-        &config,
+/// Two regions, the home `us` and `eu` (continent EU), and one rule of 600
+/// a minute, burst 100, shared across them, with `region_share` units
+/// decided in eu alone.
+fn shared_across_two_regions(region_share: u32) -> String {
+    format!(
         r#"
 [vars.LIMITER]
-regions = [{ name = "us", home = true }, { name = "eu", continents = ["EU"] }]
+regions = [{{ name = "us", home = true }}, {{ name = "eu", continents = ["EU"] }}]
 [[vars.LIMITER.rules]]
 name = "api"
 key = ["ip"]
@@ -994,10 +989,20 @@ rate = 600
 period = "1m"
 burst = 100
 regions = "shared"
-region_share = 5
-"#,
+region_share = {region_share}
+"#
     )
-    .unwrap();
+}
+
+/// `--regions`: a shared rule replayed through two regions, the home 80 ms
+/// away from eu: each line goes to its continent's region, eu's client
+/// under the limit is served mostly from its pool, and nothing goes over
+/// the one limit across both.
+#[test]
+fn regions_replay_a_shared_rule_as_one_limit() {
+    let dir = temp_dir("regions");
+    let config = dir.join("wrangler.toml");
+    std::fs::write(&config, shared_across_two_regions(5)).unwrap();
     let latencies = dir.join("latencies.txt");
     std::fs::write(&latencies, "us eu 80  # ms each way\neu eu 1\n").unwrap();
     // One client at both regions, 5 a second in eu (under the limit) and
@@ -1079,25 +1084,7 @@ fn a_region_share_the_size_of_a_page_keeps_its_load_near() {
     std::fs::write(&path, log).unwrap();
     let far_per_page = |share: u32| {
         let config = dir.join(format!("share-{share}.toml"));
-        std::fs::write(
-            &config,
-            format!(
-                r#"
-[vars.LIMITER]
-regions = [{{ name = "us", home = true }}, {{ name = "eu", continents = ["EU"] }}]
-[[vars.LIMITER.rules]]
-name = "api"
-key = ["ip"]
-algorithm = "gcra"
-rate = 600
-period = "1m"
-burst = 100
-regions = "shared"
-region_share = {share}
-"#
-            ),
-        )
-        .unwrap();
+        std::fs::write(&config, shared_across_two_regions(share)).unwrap();
         let report = simulated_json(&config, &path, &["--regions", latencies.to_str().unwrap()]);
         let r = &report["isolates"];
         assert_eq!(
