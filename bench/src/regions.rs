@@ -73,6 +73,9 @@ pub struct Side {
     pub steady: Steady,
     /// Ours only: the same under a rule with `lease`.
     pub leased: Option<Steady>,
+    /// Ours only: the same under a rule without `regions`, one decision in
+    /// eu's own Redis: what a request costs the worker with no region in it.
+    pub plain: Option<Steady>,
     /// Near and far REST calls of a fresh client's page load, and the
     /// commands its near ones carried.
     pub page_near: u64,
@@ -126,7 +129,9 @@ fn our_toml(in_eu: bool) -> String {
          period = \"1m\"\nburst = {BURST}\nregions = \"shared\"\nregion_share = {SHARE}\npath_prefix = \"/timed/\"\n\n\
          [[vars.LIMITER.rules]]\nname = \"leased\"\nkey = [\"ip\"]\nalgorithm = \"gcra\"\nrate = {RATE_PER_MINUTE}\n\
          period = \"1m\"\nburst = {BURST}\nregions = \"shared\"\nregion_share = {SHARE}\npath_prefix = \"/leased/\"\n\
-         lease = {LEASE}\nlease_for = \"{LEASE_FOR}\"\n"
+         lease = {LEASE}\nlease_for = \"{LEASE_FOR}\"\n\n\
+         [[vars.LIMITER.rules]]\nname = \"plain\"\nkey = [\"ip\"]\nalgorithm = \"gcra\"\nrate = {RATE_PER_MINUTE}\n\
+         period = \"1m\"\nburst = {BURST}\npath_prefix = \"/plain/\"\n"
     )
 }
 
@@ -358,13 +363,16 @@ impl Run<'_> {
             timed(self.http, &url(w, &warm), &headers).await?;
         }
         // A steady client in eu, below the rate; ours again under a rule
-        // whose isolates hold units of their own (`lease`).
+        // whose isolates hold units of their own (`lease`), and under one
+        // without `regions`, decided in eu's Redis alone.
         side.steady = self
             .steady(in_eu, &ip(1), &format!("/timed/steady-{salt}"))
             .await?;
         if tag == "ours" {
             let path = format!("/leased/steady-{salt}");
             side.leased = Some(self.steady(in_eu, &ip(5), &path).await?);
+            let path = format!("/plain/steady-{salt}");
+            side.plain = Some(self.steady(in_eu, &ip(6), &path).await?);
         }
 
         // A fresh client's page load: its requests at once.

@@ -900,6 +900,17 @@ fn regions_rows(g: Option<&crate::regions::Regions>) -> Vec<Row> {
             met(Some(o.steady.far_per_allowed <= 0.1)),
         ]),
     ];
+    if let Some(plain) = &o.plain {
+        rows.push(row([
+            part,
+            "the same, ours on a rule without `regions` (one decision in eu's own Redis, no region in it): latency added at p50, ms",
+            &added(plain),
+            "-",
+            "",
+            "",
+            "",
+        ]));
+    }
     if let Some(l) = &o.leased {
         let label = format!(
             "the same, ours with `lease = {}`, `lease_for = \"{}\"`: latency added at p50, ms; far calls per allowed request; near REST requests per request",
@@ -1359,7 +1370,7 @@ fn far_parts_measured(r: &Results) -> String {
     if let Some(g) = &r.regions {
         let _ = writeln!(
             out,
-            "10. Two regions, each a redis-server and REST endpoint of its own, each {} ms from the other region's workers through a delaying proxy; two instances of each worker, one per region. Ours: a GCRA rule of {} a minute, burst {}, `regions = \"shared\"`, `region_share = {}`. The peer: `MultiRegionRatelimit` (@upstash/ratelimit {}) over the same two servers, its near one first, a sliding window of {} per 60 s. After one request of another client at each region (each Redis then holds each side's scripts), a steady client in eu sends {} requests {} ms apart, each in a round with a passthrough request, a request through a worker that makes one REST call to eu's Redis (`bench/workers/near-call.mjs`: the near round trip as a worker pays it, the floor of any limiter that asks its near Redis) and a bare REST round trip to eu's endpoint (near REST requests leave those two out), the four in each of their 24 orders twice; ours again with a fresh client on a second rule, the same but for `lease` (its isolates take units from eu's pool in a spend's own call, and spend them without one); a fresh client's page load is {} requests at once; then one client sends {} requests to each region at once, {} times 300 ms apart, and the demo origin's arrival times, by its own clock, are held to the rule by GCRA's virtual scheduling, a request counting as decided up to {} ms before it arrived.",
+            "10. Two regions, each a redis-server and REST endpoint of its own, each {} ms from the other region's workers through a delaying proxy; two instances of each worker, one per region. Ours: a GCRA rule of {} a minute, burst {}, `regions = \"shared\"`, `region_share = {}`. The peer: `MultiRegionRatelimit` (@upstash/ratelimit {}) over the same two servers, its near one first, a sliding window of {} per 60 s. After one request of another client at each region (each Redis then holds each side's scripts), a steady client in eu sends {} requests {} ms apart, each in a round with a passthrough request, a request through a worker that makes one REST call to eu's Redis (`bench/workers/near-call.mjs`: the near round trip as a worker pays it, the floor of any limiter that asks its near Redis) and a bare REST round trip to eu's endpoint (near REST requests leave those two out), the four in each of their 24 orders twice; ours again with a fresh client on a second rule, the same but for `lease` (its isolates take units from eu's pool in a spend's own call, and spend them without one), and on a third without `regions`, decided in eu's Redis alone; a fresh client's page load is {} requests at once; then one client sends {} requests to each region at once, {} times 300 ms apart, and the demo origin's arrival times, by its own clock, are held to the rule by GCRA's virtual scheduling, a request counting as decided up to {} ms before it arrived.",
             crate::regions::FAR.as_millis(),
             crate::regions::RATE_PER_MINUTE,
             crate::regions::BURST,
