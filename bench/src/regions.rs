@@ -41,9 +41,11 @@ pub const SHARE: u64 = 5;
 /// this many, for at most this long.
 pub const LEASE: u64 = 10;
 pub const LEASE_FOR: &str = "5s";
-/// The steady client's requests, and how far apart: below the rate. Twice
-/// each order of a round's four requests ([`round_order`]).
-pub const STEADY: (usize, u64) = (48, 700);
+/// The steady client's requests, and how far apart: below the rate. Each
+/// order of a round's four requests three times ([`round_order`]); enough
+/// requests that one top-up more or less, by where the run starts in a
+/// pool's length, keeps a steady client's far calls a request at its rate.
+pub const STEADY: (usize, u64) = (72, 700);
 /// The requests a page load sends at once.
 pub const PAGE: usize = 4;
 /// The requests the client sends to each region at once, in waves: more
