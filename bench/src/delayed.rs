@@ -55,6 +55,12 @@ pub struct Delayed {
     /// `SLACK_MS` by the origin's clock.
     pub crowd_admitted: usize,
     pub early: usize,
+    /// The crowd's arrivals: ms apart on average, and how far they strayed
+    /// around that even pace (largest less smallest offset). An even pace
+    /// of the interval with a spread over the slack is the forward's
+    /// timing, not the limiter's schedule.
+    pub pace_ms: f64,
+    pub spread_ms: f64,
 }
 
 impl Delayed {
@@ -100,12 +106,15 @@ pub async fn measure(
         .filter_map(|t| t.as_f64())
         .collect();
     times.sort_by(f64::total_cmp);
+    let (pace_ms, spread_ms) = pace(&times);
     Ok(Delayed {
         admitted_cpu_ms,
         delayed_cpu_ms,
         waited,
         crowd_admitted: statuses.iter().filter(|s| **s == 200).count(),
         early: early(&times, INTERVAL_MS as f64),
+        pace_ms,
+        spread_ms,
     })
 }
 
@@ -155,6 +164,22 @@ fn early(arrivals: &[f64], interval: f64) -> usize {
     early
 }
 
+/// Arrivals' (ms, sorted) average gap, and the spread of their offsets
+/// from an even schedule at that gap: one late arrival shows as a spread,
+/// where it would make every later one on time count as early.
+fn pace(arrivals: &[f64]) -> (f64, f64) {
+    let (Some(first), Some(last)) = (arrivals.first(), arrivals.last()) else {
+        return (0.0, 0.0);
+    };
+    let gap = (last - first) / (arrivals.len() - 1).max(1) as f64;
+    let offsets = arrivals
+        .iter()
+        .enumerate()
+        .map(|(k, t)| t - first - k as f64 * gap);
+    let (low, high) = offsets.fold((0.0f64, 0.0f64), |(l, h), o| (l.min(o), h.max(o)));
+    (gap, high - low)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,5 +189,13 @@ mod tests {
         assert_eq!(early(&[0.0, 50.0, 100.0, 160.0], 50.0), 0);
         assert_eq!(early(&[0.0, 20.0, 100.0], 50.0), 1);
         assert_eq!(early(&[0.0, 45.0], 50.0), 0, "within the slack");
+    }
+
+    #[test]
+    fn one_late_arrival_is_a_spread_around_an_even_pace() {
+        let (gap, spread) = pace(&[0.0, 65.0, 100.0, 150.0, 200.0]);
+        assert_eq!((gap, spread), (50.0, 15.0));
+        assert_eq!(early(&[0.0, 65.0, 100.0, 150.0, 200.0], 50.0), 3);
+        assert_eq!(pace(&[7.0]), (0.0, 0.0));
     }
 }

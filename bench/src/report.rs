@@ -1027,12 +1027,15 @@ fn delayed_rows(d: Option<&Delayed>) -> Vec<Row> {
         row([
             part,
             &format!(
-                "a client's {} requests at once, one per {} ms: arrivals early at the origin by more than {} ms (admitted)",
+                "a client's {} requests at once, one per {} ms: arrivals early at the origin by more than {} ms (admitted; ms apart on average, and their spread around that pace)",
                 delayed::CROWD,
                 delayed::INTERVAL_MS,
                 delayed::SLACK_MS
             ),
-            &format!("{} ({})", d.early, d.crowd_admitted),
+            &format!(
+                "{} ({}; {:.1}, {:.0})",
+                d.early, d.crowd_admitted, d.pace_ms, d.spread_ms
+            ),
             "-",
             "",
             "0",
