@@ -325,6 +325,47 @@ async fn a_quiet_isolate_writes_its_counts_itself() {
     );
 }
 
+/// A call a request's background work makes after its response (here the
+/// refund a `count_status` rule sends for a 200) is counted after the
+/// isolate's last timer may have woken and written: the work then wakes a
+/// timer of its own, so the count reaches Redis with no further request.
+/// Before, it waited in the isolate for the next request, and a quiet
+/// isolate never wrote it.
+#[tokio::test]
+async fn a_call_counted_after_the_last_write_is_written_too() {
+    let rules = format!(
+        "[vars.LIMITER]\nstats = true\nstats_every = \"1s\"\n{PER_IP}\
+         count_status = [401]\nbudget = \"5s\"\n"
+    );
+    let stack = Stack::builder(&rules).through_fault_proxy().start();
+    let proxy = stack.proxy.as_ref().expect("asked for");
+    let url = format!("{}/page", stack.worker.url);
+    let b = &stack.backend;
+    let calls = || kept(b, "per-ip").0[TotalCount::Calls as usize];
+    let settled = |want: u64, within: Duration| async move {
+        let deadline = Instant::now() + within;
+        while calls() < want && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        calls()
+    };
+    // A decision and its refund, written (the first write loads the script).
+    assert_eq!(send(&url, "203.0.113.12", 1).await, [200]);
+    assert_eq!(settled(2, Duration::from_secs(30)).await, 2);
+    // Past stats_every since that write, every REST call 400 ms long: the
+    // request's timer wakes as its decision returns and writes at once,
+    // while its refund is still on the way.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    proxy.set(Fault::Delay(Duration::from_millis(400)));
+    assert_eq!(send(&url, "203.0.113.12", 1).await, [200]);
+    assert_eq!(
+        settled(4, Duration::from_secs(10)).await,
+        4,
+        "the second request's refund was never written; log:\n{}",
+        stack.worker.log()
+    );
+}
+
 /// A write whose reply is lost (Redis took it, the worker cannot tell) is
 /// sent again, unchanged, with the next due write, and Redis adds it once:
 /// what it keeps is what the worker did. Before, the worker counted the

@@ -258,12 +258,9 @@ async fn fetch(req: web_sys::Request, env: Env, ctx: Context) -> Result<web_sys:
     // Before the origin is asked, so that nothing it does, and no
     // cancelled request, can skip the work or leave its flags set.
     let mut origin_status = background(&isolate, &ctx, work);
-    if let Some(recorder) = &isolate.stats {
-        let due = recorder.borrow().next_due_ms();
-        if let Some(wake_ms) = isolate.stats_timer.borrow_mut().plan(now_ms, due) {
-            let runtime = OnRequest(ctx.clone());
-            ctx.wait_until(timed_write(isolate.clone(), runtime, wake_ms));
-        }
+    if let Some(wake_ms) = isolate.write_timer(now_ms) {
+        let runtime = OnRequest(ctx.clone());
+        ctx.wait_until(timed_write(isolate.clone(), runtime, wake_ms));
     }
     let (response, status) = match responses::render(&outcome, &isolate.config) {
         Response::Answer {
@@ -390,6 +387,13 @@ fn background(isolate: &Rc<Isolate>, ctx: &Rc<Context>, work: Background) -> Opt
             let now_ms = js_sys::Date::now() as u64;
             log(limiter.release(refund, now_ms).await);
             isolate.count(|s| s.released(config, refund, calls.take(), now_ms));
+        }
+        // What this work counted came after the request's own timer was
+        // planned, which may have woken and written already: without a
+        // timer of its own it would wait for the isolate's next request.
+        drop(batched);
+        if let Some(wake_ms) = isolate.write_timer(js_sys::Date::now() as u64) {
+            timed_write(isolate.clone(), runtime.clone(), wake_ms).await;
         }
     });
     Some(sender)
@@ -557,6 +561,14 @@ impl Isolate {
         if let Some(stats) = &self.stats {
             f(&mut stats.borrow_mut());
         }
+    }
+
+    /// When a timer should wake to write the stats counted so far, unless
+    /// one set before wakes for them: `None` too when the stats are off or
+    /// hold nothing to write.
+    fn write_timer(&self, now_ms: u64) -> Option<u64> {
+        let due = self.stats.as_ref()?.borrow().next_due_ms();
+        self.stats_timer.borrow_mut().plan(now_ms, due)
     }
 }
 
