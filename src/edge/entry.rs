@@ -391,6 +391,7 @@ fn background(isolate: &Rc<Isolate>, ctx: &Rc<Context>, work: Background) -> Opt
         // What this work counted came after the request's own timer was
         // planned, which may have woken and written already: without a
         // timer of its own it would wait for the isolate's next request.
+        // The request's batches are let go first: the timer may be long.
         drop(batched);
         if let Some(wake_ms) = isolate.write_timer(js_sys::Date::now() as u64) {
             timed_write(isolate.clone(), runtime.clone(), wake_ms).await;
