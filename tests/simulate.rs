@@ -994,6 +994,25 @@ region_share = {region_share}
     )
 }
 
+/// `simulate --json` of `log` through `config`'s regions at `latencies`:
+/// its report, once it has replayed all of the log's `requests` and let
+/// none of them over a limit.
+fn replayed_in_regions(
+    config: &std::path::Path,
+    log: &std::path::Path,
+    latencies: &std::path::Path,
+    requests: u64,
+) -> serde_json::Value {
+    let report = simulated_json(config, log, &["--regions", latencies.to_str().unwrap()]);
+    let r = &report["isolates"];
+    assert_eq!(
+        (r["requests"].clone(), r["over_limit"].clone()),
+        (json!(requests), json!(0)),
+        "{r}"
+    );
+    report
+}
+
 /// `--regions`: a shared rule replayed through two regions, the home 80 ms
 /// away from eu: each line goes to its continent's region, eu's client
 /// under the limit is served mostly from its pool, and nothing goes over
@@ -1020,13 +1039,8 @@ fn regions_replay_a_shared_rule_as_one_limit() {
     }
     let path = dir.join("access.csv");
     std::fs::write(&path, log).unwrap();
-    let report = simulated_json(&config, &path, &["--regions", latencies.to_str().unwrap()]);
+    let report = replayed_in_regions(&config, &path, &latencies, 900);
     let r = &report["isolates"];
-    assert_eq!(
-        (r["requests"].clone(), r["over_limit"].clone()),
-        (json!(900), json!(0)),
-        "{r}"
-    );
     assert_eq!(r["errors"], json!(0), "{r}");
     let (us, eu) = (&r["regions"][0], &r["regions"][1]);
     assert_eq!(
@@ -1085,15 +1099,12 @@ fn a_region_share_the_size_of_a_page_keeps_its_load_near() {
     let far_per_page = |share: u32| {
         let config = dir.join(format!("share-{share}.toml"));
         std::fs::write(&config, shared_across_two_regions(share)).unwrap();
-        let report = simulated_json(&config, &path, &["--regions", latencies.to_str().unwrap()]);
-        let r = &report["isolates"];
-        assert_eq!(
-            (r["requests"].clone(), r["over_limit"].clone()),
-            (json!(600), json!(0)),
-            "{r}"
-        );
+        let report = replayed_in_regions(&config, &path, &latencies, 600);
         assert_eq!(report["denied"], json!(0), "{report}");
-        r["regions"][1]["far_calls"].as_u64().unwrap() as f64 / 20.0
+        report["isolates"]["regions"][1]["far_calls"]
+            .as_u64()
+            .unwrap() as f64
+            / 20.0
     };
     let small = far_per_page(5);
     assert!(
